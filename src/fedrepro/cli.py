@@ -49,7 +49,7 @@ def cmd_train(args) -> None:
 
 def cmd_expand(args) -> None:
     from fedrepro import config
-    runs = config.expand(config.load_params(args.configfile))
+    runs = config.expand(config.load_params_files(args.configfile))
     for run in runs:
         print(run.experiment, run.id)
     print(f"{len(config.unique_runs(runs))} runs", file=sys.stderr)
@@ -57,7 +57,7 @@ def cmd_expand(args) -> None:
 
 def cmd_plan(args) -> None:
     from fedrepro import config, plan
-    params = config.load_params(args.configfile)
+    params = config.load_params_files(args.configfile)
     if args.only:
         params["only"] = args.only
     result = plan.plan(params, args.bench, args.runs_dir)
@@ -78,10 +78,7 @@ def cmd_report(args) -> None:
     from fedrepro import config, report
     manifest = args.manifest
     if manifest is None:  # straight from the params files: a partial grid, while runs are missing
-        params = {}
-        for path in args.configfile:
-            params = config.deep_merge(params, config.load_params(path) if not params else _yaml(path))
-        config.validate(params, "params.schema.yaml", " ".join(args.configfile))
+        params = config.load_params_files(args.configfile)
         name = Path(args.configfile[-1]).stem
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         manifest = Path(args.out).with_suffix(".manifest.json")
@@ -90,11 +87,6 @@ def cmd_report(args) -> None:
                                         "command": "fedrepro report --configfile " + " ".join(args.configfile)}))
     out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.index)
     print(f"report: {Path(out).resolve()}")
-
-
-def _yaml(path: str) -> dict:
-    import yaml
-    return yaml.safe_load(Path(path).read_text())
 
 
 def cmd_collect(args) -> None:
@@ -148,11 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("expand", help="list the runs a params file declares (validates it)")
-    p.add_argument("--configfile", required=True)
+    p.add_argument("--configfile", required=True, nargs="+", help="params file(s), merged in order as snakemake does")
     p.set_defaults(func=cmd_expand)
 
     p = sub.add_parser("plan", help="runs per experiment and estimated compute, before submitting")
-    p.add_argument("--configfile", required=True)
+    p.add_argument("--configfile", required=True, nargs="+", help="params file(s), merged in order as snakemake does")
     p.add_argument("--only", help="experiment names or patterns, comma-separated (as --config only=...)")
     p.add_argument("--bench", help="bench.json with step_seconds (default results/bench/bench.json)")
     p.add_argument("--runs-dir", default="results/runs", help="finished runs here are not counted again")

@@ -350,6 +350,21 @@ def load_params(path: str | Path) -> dict:
     return validate(params, "params.schema.yaml", str(path))
 
 
+def load_params_files(paths: list[str | Path]) -> dict:
+    """Params files merged in order as Snakemake merges several --configfile (mappings key by key,
+    lists replace), validated as a whole: a subset file need not be a complete params file."""
+    params: dict = {}
+    for path in paths:
+        if not params:
+            params = load_params(path)
+            continue
+        extra = yaml.safe_load(Path(path).read_text())
+        if not isinstance(extra, dict):
+            raise ConfigError(f"{path}: expected a mapping")
+        params = deep_merge(params, extra)
+    return validate(params, "params.schema.yaml", " ".join(str(p) for p in paths))
+
+
 def unique_runs(runs: list[Run]) -> dict[str, Run]:
     return {run.id: run for run in runs}
 
