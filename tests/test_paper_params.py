@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedrepro import config, paper, registry
+from fedrepro import claims, config, paper, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT.parent / "shared" / "specs"
@@ -49,7 +49,7 @@ EXPECTED = {
     },
     "fednova": {
         "fednova_table1_e2": 18,           # 6 solver/aggregator pairs x 3 seeds
-        "fednova_table1_u25": 27,          # 9 x 3
+        "fednova_table1_u25": 33,          # 11 x 3 (with FedNova-VR and momentum + VR)
         "fednova_fig5_synthetic": 18,      # 2 methods x 3 settings x 3 seeds
     },
 }
@@ -191,7 +191,9 @@ def test_join_matches_cells_to_runs_and_computes_each_papers_metric():
     # cells without runs stay, reported as missing
     missing = next(c for c in joined if c.row == "PACS (AlexNet) α=0.1 (+FS), FMA" and c.column == "FedGMA")
     assert missing.ours == [] and missing.delta is None
-    assert paper.claim_count(joined, "ima_table1") == (1, 1)
+    [ima_beats_fma] = claims.evaluate_table("ima_table1", paper.load_results()["ima_table1"], joined)
+    assert (ima_beats_fma.ours.holds, ima_beats_fma.ours.total) == (1, 1)
+    assert (ima_beats_fma.paper.holds, ima_beats_fma.paper.total) == (96, 96)
     frame = paper.table_frame(joined, "ima_table1")
     assert len(frame) == 192 and frame["within"].notna().sum() == 2
 

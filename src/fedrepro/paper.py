@@ -168,20 +168,3 @@ def table_frame(joined: list[Cell], table: str, tolerance: float = 1.0):
                         "diverged": len(c.diverged),
                         "within": None if c.delta is None else abs(c.delta) <= tolerance})
     return pd.DataFrame.from_records(records)
-
-
-def claim_count(joined: list[Cell], table: str, better=lambda ours, base: ours > base,
-                pair=("FMA", "+IMA")) -> tuple[int, int]:
-    """For tables whose rows come in pairs (IMA Table 1: 'X, FMA' / 'X, +IMA'): in how many cells
-    our +IMA number beats our FMA number, out of the cells where both exist."""
-    by_key = {(c.row, c.column): c for c in joined if c.table == table}
-    wins = total = 0
-    for (row, column), cell in by_key.items():
-        if not row.endswith(", " + pair[1]):
-            continue
-        base = by_key.get((row[: -len(pair[1])] + pair[0], column))
-        if base is None or cell.ours_mean is None or base.ours_mean is None:
-            continue
-        total += 1
-        wins += better(cell.ours_mean, base.ours_mean)
-    return wins, total

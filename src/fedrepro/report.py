@@ -136,7 +136,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     ``T_*`` (e.g. ``ima_table1`` from ``ima_table1_fmnist``), so ablation runs that happen to share
     a cell's settings never leak into it.
     """
-    from fedrepro import paper
+    from fedrepro import claims, paper
 
     tables = paper.load_results()
     out = []
@@ -156,12 +156,9 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
             rows.append({"label": label, "cells": [_nan_to_none(cells.loc[c].to_dict()) for c in columns]})
         compared = frame.dropna(subset=["paper", "ours"])
         verdict = f"Δ within ±{tolerance:g}: {int(compared['within'].sum())}/{len(compared)} cells reproduced so far"
-        checks = [verdict]
-        if name == "ima_table1":
-            wins, total = paper.claim_count(joined, name)
-            checks.append(f"ours: +IMA beats FMA in {wins}/{total} cells")
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
-                    "rows": rows, "checks": checks, "experiments": experiments, "tolerance": tolerance,
+                    "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
+                    "experiments": experiments, "tolerance": tolerance,
                     "unit": "rounds" if metric == "rounds_to_target" else "%"})
     return out
 

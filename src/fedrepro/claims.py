@@ -1,0 +1,135 @@
+"""A paper's qualitative claims as checks on its table, counted on the paper's numbers and on ours.
+
+A table of params/paper_results.yaml lists its claims under ``checks``. Each check compares cells
+of that table along one ``axis`` (``rows`` or ``columns``: which labels are compared), once per
+line of the other axis (``lines``: glob patterns restricting those, default all):
+
+  beats  every label matching ``winner`` against every label matching ``loser``. Glob patterns
+         pair by what their ``*`` stands for ("*, +IMA" with "*, FMA"); a pattern without ``*``
+         pairs with every label the other side matches.
+  ties   as beats, but a comparison holds when the two are within ``tolerance`` of each other.
+  best   per line, the best of the ``winner`` labels beats every other label of the line.
+  order  per line, the ``order`` labels are monotone: each at least as good as the next.
+
+``among`` (glob patterns) restricts the compared labels, e.g. ``best`` among some rows only.
+``better: lower`` flips the direction (rounds to a target accuracy). A check is counted on each
+side separately over the comparisons whose cells that side has: "paper 16/16, ours 11/12 (4 not
+run)" says the claim holds in the paper's numbers, and how far it holds in ours so far.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from fedrepro.paper import Cell
+
+KINDS = ("beats", "ties", "best", "order")
+
+
+@dataclass
+class Count:
+    holds: int = 0
+    total: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.holds}/{self.total}"
+
+
+@dataclass
+class Verdict:
+    text: str
+    paper: Count
+    ours: Count
+    pending: int  # comparisons the paper makes that we cannot make yet (a cell not run)
+
+    def __str__(self) -> str:
+        tail = f" ({self.pending} not run yet)" if self.pending else ""
+        return f"{self.text}: paper {self.paper}, ours {self.ours}{tail}"
+
+
+def _captures(pattern: str, label: str) -> tuple | None:
+    regex = "".join("(.*)" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern))
+    found = re.fullmatch(regex, label)
+    return found.groups() if found else None
+
+
+def _select(labels: list[str], patterns) -> dict[str, tuple]:
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    out = {}
+    for label in labels:
+        for pattern in patterns:
+            groups = _captures(pattern, label)
+            if groups is not None:
+                out[label] = groups
+                break
+    return out
+
+
+def _comparisons(check: dict, labels: list[str]) -> list[tuple[list[str], list[str]]]:
+    """Per line, the (better, worse) label groups whose values the check compares."""
+    kind = check["kind"]
+    if kind in ("beats", "ties"):
+        winners, losers = _select(labels, check["winner"]), _select(labels, check["loser"])
+        return [([w], [l]) for w, wg in winners.items() for l, lg in losers.items()
+                if w != l and (wg == lg or not wg or not lg)]
+    if kind == "best":
+        winners = list(_select(labels, check["winner"]))
+        return [(winners, [l for l in labels if l not in winners])]
+    if kind == "order":
+        order = [l for l in check["order"] if l in labels]
+        return [([a], [b]) for a, b in zip(order, order[1:])]
+    raise ValueError(f"check kind '{kind}' is not one of {', '.join(KINDS)}")
+
+
+def _holds(check: dict, better: list[float], worse: list[float]) -> bool:
+    sign = -1 if check.get("better", "higher") == "lower" else 1
+    if check["kind"] == "ties":
+        return abs(better[0] - worse[0]) <= check["tolerance"]
+    best = max(sign * v for v in better)
+    if check["kind"] == "order":
+        return best >= sign * worse[0]
+    return all(best > sign * v for v in worse)
+
+
+def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
+    grid = {(c.row, c.column): c for c in joined if c.table == table}
+    rows = list(dict.fromkeys(c.row for c in joined if c.table == table))
+    columns = list(dict.fromkeys(c.column for c in joined if c.table == table))
+    axis = check.get("axis", "columns")
+    if axis not in ("rows", "columns"):
+        raise ValueError(f"check axis '{axis}' must be rows or columns")
+    labels, lines = (columns, rows) if axis == "columns" else (rows, columns)
+    if "among" in check:
+        labels = [l for l in labels if any(fnmatch.fnmatchcase(l, p) for p in check["among"])]
+    if "lines" in check:
+        lines = [l for l in lines if any(fnmatch.fnmatchcase(l, p) for p in check["lines"])]
+
+    def cell(line: str, label: str) -> Cell:
+        return grid[(line, label)] if axis == "columns" else grid[(label, line)]
+
+    paper, ours, pending = Count(), Count(), 0
+    for line in lines:
+        for better, worse in _comparisons(check, labels):
+            involved = [cell(line, label) for label in better + worse]
+            published = [c for c in involved if c.value is not None]
+            if check["kind"] == "best":  # the best among what the paper printed
+                better = [l for l in better if cell(line, l).value is not None]
+                worse = [l for l in worse if cell(line, l).value is not None]
+                if not better or not worse:
+                    continue
+            elif len(published) < len(involved):
+                continue
+            paper.total += 1
+            paper.holds += _holds(check, [cell(line, l).value for l in better], [cell(line, l).value for l in worse])
+            if any(c.ours_mean is None for c in published):
+                pending += 1
+                continue
+            ours.total += 1
+            ours.holds += _holds(check, [cell(line, l).ours_mean for l in better],
+                                 [cell(line, l).ours_mean for l in worse])
+    return Verdict(check["text"], paper, ours, pending)
+
+
+def evaluate_table(table_name: str, table: dict, joined: list[Cell]) -> list[Verdict]:
+    return [evaluate(check, table_name, joined) for check in table.get("checks", [])]
