@@ -32,13 +32,14 @@ CONFIG_FILE = (
     if workflow.overwrite_configfiles
     else "params/default.yaml"
 )
+CONFIG_FILES = [os.path.relpath(f, workflow.basedir) for f in workflow.overwrite_configfiles] or [CONFIG_FILE]
 CONFIG_NAME = Path(CONFIG_FILE).stem
 PARTITIONS = {run.partition: fconfig.partition_setting(run.setting) for run in RUNS.values()}
 # The manifest's path carries a hash of its content, like every other output upstream of the report.
 MANIFEST = {
     **fconfig.manifest(config, list(RUNS.values()), CONFIG_NAME),
-    "configfiles": [CONFIG_FILE],
-    "command": f"snakemake --configfile {CONFIG_FILE}",
+    "configfiles": CONFIG_FILES,
+    "command": "snakemake --configfile " + " ".join(CONFIG_FILES),
 }
 MANIFEST_PATH = f"results/manifests/{CONFIG_NAME}-{fconfig.stable_hash(MANIFEST)}.json"
 DATA_ROOT = config["data"]["root"]

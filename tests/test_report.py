@@ -1,6 +1,7 @@
 """The report builds from fabricated run outputs, shows the paper's numbers beside ours, and lists missing runs."""
 import json
 import re
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -112,3 +113,44 @@ def test_a_diverged_run_shows_in_its_paper_cell(tmp_path, ima_fmnist_runs):
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
     html = report.build(manifest_path, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
     assert '<td class="none">79.78<small>diverged (1 seed)</small></td>' in html
+
+
+def test_index_counts_every_experiments_runs_by_state(tmp_path):
+    from fedrepro import index
+
+    params = {"title": "two experiments", "experiments": {
+        "first": {"base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "rounds": 2},
+                  "grid": {"algorithm": ["fedavg", "fedprox"], "seed": [1, 2]}},
+        "second": {"base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "rounds": 2},
+                   "grid": {"algorithm": ["fedavg"], "seed": [3]}}}}
+    path = tmp_path / "params" / "two.yaml"
+    path.parent.mkdir()
+    path.write_text(json.dumps(params))
+    runs = config.expand(config.load_params(path))
+    first = [r for r in runs if r.experiment == "first"]
+    runs_dir = tmp_path / "results" / "runs"
+    fabricate(first[0], runs_dir, 0.8)
+    fabricate(first[1], runs_dir, 0.1, status="diverged")
+    (runs_dir / first[2].id).mkdir()
+    (runs_dir / first[2].id / "checkpoint.pt").write_bytes(b"")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "two_subset.html").write_text("a partial report")
+
+    out = index.build(reports / "index.html", [path], runs_dir)
+    survey = index.survey(path, runs_dir, reports)
+    by_name = {e["name"]: e for e in survey["experiments"]}
+    assert by_name["first"] | {"title": None} == {"name": "first", "title": None, "runs": 4, "done": 1, "diverged": 1,
+                                                   "interrupted": 1, "missing": 1, "state": "partial"}
+    assert by_name["second"]["state"] == "missing" and by_name["second"]["missing"] == 1
+    assert (survey["runs"], survey["done"], survey["missing"]) == (5, 1, 2)
+    assert survey["report"] is None and "fedrepro report --configfile" in survey["report_command"]
+    html = out.read_text()
+    assert '<a href="two_subset.html">' in html, "reports of subsets are linked"
+    assert re.search(r'<td class="partial">partial</td>\s*<td>4</td><td>1</td><td>1</td><td>1</td><td>1</td>', html)
+    shutil.rmtree(runs_dir / first[2].id)
+    for run in first[2:]:
+        fabricate(run, runs_dir, 0.7)
+    (reports / "two.html").write_text("the report")
+    done = index.survey(path, runs_dir, reports)
+    assert [e["state"] for e in done["experiments"]] == ["done", "missing"] and done["report"] == "two.html"

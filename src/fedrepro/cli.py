@@ -85,8 +85,14 @@ def cmd_report(args) -> None:
         manifest.write_text(json.dumps({**config.manifest(params, config.expand(params), name),
                                         "configfiles": args.configfile,
                                         "command": "fedrepro report --configfile " + " ".join(args.configfile)}))
-    out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.index)
+    out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out)
     print(f"report: {Path(out).resolve()}")
+
+
+def cmd_index(args) -> None:
+    from fedrepro import index
+    out = index.build(args.out, args.params, args.runs_dir)
+    print(f"index: {Path(out).resolve()}")
 
 
 def cmd_collect(args) -> None:
@@ -166,8 +172,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs-dir", default="results/runs")
     p.add_argument("--partitions-dir", default="results/partitions")
     p.add_argument("--out", required=True, help="the report page")
-    p.add_argument("--index", help="also write this page with links to the other reports")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("index", help="the index page: every experiment of every params file and its state")
+    p.add_argument("--out", default="reports/index.html")
+    p.add_argument("--params", nargs="+", help="params files to survey (default: params/*.yaml of the project)")
+    p.add_argument("--runs-dir", default="results/runs")
+    p.set_defaults(func=cmd_index)
 
     from fedrepro.bench import SETTINGS as BENCH_SETTINGS
     p = sub.add_parser("collect", help="summary metrics (JSON) and all curves (CSV) for dvc metrics/plots")

@@ -196,8 +196,7 @@ def ablation_figure(runs: pd.DataFrame) -> str | None:
     return _png(fig)
 
 
-def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str | Path, out: str | Path,
-          index: str | Path | None = None) -> Path:
+def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str | Path, out: str | Path) -> Path:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
     manifest = json.loads(Path(manifest_path).read_text())
@@ -234,7 +233,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
         "runtime_total_s": float(finished["runtime_s"].sum()) if "runtime_s" in finished else 0.0,
         "runs_done": int(len(finished)), "runs_total": int(len(runs)),
     }
-    others = sorted(p.name for p in out.parent.glob("*.html") if p.name not in {"index.html", out.name})
+    others = sorted(p.name for p in out.parent.glob("*.html") if p.name != out.name)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
     env.filters["num"] = lambda v: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
     comparisons = paper_comparisons(manifest, runs_dir)
@@ -243,8 +242,6 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
                                                      others=others, page=out.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)
-    if index:
-        Path(index).write_text(html)
     return out
 
 

@@ -20,6 +20,14 @@ rule track:
         "else echo '{{\"disabled\": true}}' > {output}; fi"
 
 
+from fedrepro import index as findex
+
+# The index surveys every params file of the project, and this run's own when it lives elsewhere.
+INDEX_PARAMS = [str(p) for p in findex.params_files(Path(workflow.basedir) / "params")]
+if len(CONFIG_FILES) == 1 and Path(workflow.basedir, CONFIG_FILE).resolve() not in map(Path, INDEX_PARAMS):
+    INDEX_PARAMS.append(str(Path(workflow.basedir, CONFIG_FILE).resolve()))
+
+
 rule report:
     input:
         manifest=ancient(MANIFEST_PATH),
@@ -31,8 +39,11 @@ rule report:
         index="reports/index.html",
     log:
         f"logs/report/{CONFIG_NAME}.log",
+    params:
+        index_params=INDEX_PARAMS,
     shell:
-        "fedrepro report --manifest {input.manifest} --out {output.page} --index {output.index} > {log} 2>&1"
+        "(fedrepro report --manifest {input.manifest} --out {output.page} && "
+        "fedrepro index --out {output.index} --params {params.index_params:q}) > {log} 2>&1"
 
 
 rule collect:

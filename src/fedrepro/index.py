@@ -1,0 +1,73 @@
+"""reports/index.html: every experiment of every params file with its state, whatever has run.
+
+A run is ``done`` (summary.json, finished), ``diverged`` (summary.json, loss became NaN/inf),
+``interrupted`` (a checkpoint and no summary: it resumes where it stopped) or ``missing``. An
+experiment is done when all its runs have a summary. Each params file links to its report page when
+one exists, and says how to make it otherwise, so a partial grid is one command from a report.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from collections import Counter
+from pathlib import Path
+
+from fedrepro import config
+
+STATES = ("done", "diverged", "interrupted", "missing")
+
+
+def run_state(run_dir: Path) -> str:
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        return "diverged" if json.loads(summary.read_text()).get("status") == "diverged" else "done"
+    return "interrupted" if (run_dir / "checkpoint.pt").exists() else "missing"
+
+
+def params_files(params_dir: Path) -> list[Path]:
+    """The runnable params files (not the papers' numbers, not the subset overlays)."""
+    return sorted(p for p in params_dir.glob("*.yaml") if p.name != "paper_results.yaml")
+
+
+def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
+    params = config.load_params(params_path)
+    runs = config.expand(params)
+    state_of = {run_id: run_state(runs_dir / run_id) for run_id in config.unique_runs(runs)}
+    experiments = []
+    for name, exp in config.selected_experiments(params).items():
+        counts = Counter(state_of[r.id] for r in runs if r.experiment == name)
+        total = sum(counts.values())
+        finished = counts["done"] + counts["diverged"]
+        experiments.append({"name": name, "title": exp.get("title", name), "runs": total,
+                            **{s: counts[s] for s in STATES},
+                            "state": "done" if finished == total else ("partial" if finished or counts["interrupted"]
+                                                                       else "missing")})
+    report = reports_dir / f"{params_path.stem}.html"
+    totals = Counter(state_of.values())
+    shown = params_path.resolve()
+    shown = shown.relative_to(config.ROOT) if shown.is_relative_to(config.ROOT) else shown
+    return {"name": params_path.stem, "path": str(shown), "title": params.get("title", params_path.stem),
+            "quick": params.get("quick", False), "experiments": experiments, "runs": len(state_of),
+            **{s: totals[s] for s in STATES},
+            "report": report.name if report.exists() else None,
+            "report_command": f"fedrepro report --configfile {shown} --out {report}"}
+
+
+def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str | Path = "results/runs",
+          reports_dir: str | Path | None = None) -> Path:
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    from fedrepro.report import TEMPLATES
+
+    out = Path(out)
+    reports_dir = Path(reports_dir) if reports_dir else out.parent
+    paths = [Path(p) for p in params] if params else params_files(config.ROOT / "params")
+    files = [survey(p, Path(runs_dir), reports_dir) for p in paths]
+    listed = {f"{f['name']}.html" for f in files} | {out.name}
+    others = sorted(p.name for p in reports_dir.glob("*.html") if p.name not in listed)
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
+    html = env.get_template("index.html.j2").render(
+        files=files, others=others, generated=datetime.datetime.now().isoformat(timespec="seconds"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html)
+    return out
