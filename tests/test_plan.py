@@ -64,6 +64,41 @@ def test_batch_size_scales_a_per_batch_measurement():
     assert plan.step_seconds(costs, {"model": "vgg11", "dataset": "cifar10", "batch_size": 100}) is None
 
 
+def test_measured_keys_win_and_the_nearest_measured_batch_is_scaled():
+    costs = {"fmnist/cnn:50": 0.02, "fmnist/cnn:200": 0.05, "cnn": {"seconds": 9.0, "batch_size": 64}}
+    assert plan.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 50}) == 0.02
+    assert plan.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 100}) == 0.04  # 50 is nearer
+    assert plan.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 25}) == 0.02   # not below
+
+
+def test_the_benchmarks_table_per_device_is_read_gpu_first(tmp_path):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"step_seconds": {"cpu": {"fmnist/mlp:64": 1.0}, "cuda": {"fmnist/mlp:64": 0.001}}}))
+    costs, source = plan.load_step_costs(bench)
+    assert costs == {"fmnist/mlp:64": 0.001} and source.startswith("measured")
+
+
+def test_measure_times_every_setting_of_the_params_file_and_plan_uses_it(tmp_path):
+    params = config.validate(_params(batch_size=8), "params.schema.yaml", "test")
+    out = tmp_path / "step_costs.json"
+    table = plan.measure(params, "cpu", out, steps=2, log=lambda line: None)
+    assert list(table["step_seconds"]) == ["fmnist/mlp:8"] and table["step_seconds"]["fmnist/mlp:8"] > 0
+    assert table["device"] == "cpu" and json.loads(out.read_text()) == table
+    result = plan.plan(params, out, tmp_path)
+    steps = 4 * 5 * 2 * 750  # ceil(6000 / 8)
+    assert result["total"]["seconds"] == pytest.approx(3 * steps * table["step_seconds"]["fmnist/mlp:8"])
+    assert result["source"] == f"measured ({out})"
+
+
+def test_pythia_is_timed_from_its_published_architecture_without_the_hub():
+    setting = {"dataset": "agnews", "model": "pythia70m", "batch_size": 2, "pretrained": {"max_length": 8}}
+    forward, module, inputs, labels = plan._timed_model(setting, plan.torch.device("cpu"))
+    # Pythia-70M has 70,426,624 parameters with its 50304 x 512 output embedding; the classifier replaces
+    # that by a 512 x 4 score head (no bias)
+    assert sum(p.numel() for p in module.parameters()) == 70_426_624 - 50304 * 512 + 512 * 4
+    assert forward(inputs).shape == (2, 4) and inputs.input_ids.shape == (2, 8)
+
+
 def test_cli_plan_with_only(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     import yaml

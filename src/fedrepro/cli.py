@@ -60,6 +60,10 @@ def cmd_plan(args) -> None:
     params = config.load_params_files(args.configfile)
     if args.only:
         params["only"] = args.only
+    if args.measure:
+        import torch
+        plan.measure(params, args.device or ("cuda" if torch.cuda.is_available() else "cpu"), args.bench or plan.STEP_COSTS_FILE,
+                     log=lambda line: print(line, file=sys.stderr))
     result = plan.plan(params, args.bench, args.runs_dir)
     print(json.dumps(result, indent=2) if args.json else plan.format_plan(result))
 
@@ -152,7 +156,11 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("plan", help="runs per experiment and estimated compute, before submitting")
     p.add_argument("--configfile", required=True, nargs="+", help="params file(s), merged in order as snakemake does")
     p.add_argument("--only", help="experiment names or patterns, comma-separated (as --config only=...)")
-    p.add_argument("--bench", help="bench.json with step_seconds (default results/bench/bench.json)")
+    p.add_argument("--bench", help="the step costs to use (default results/bench/step_costs.json, else the "
+                   "benchmark's bench.json); with --measure, where to write them")
+    p.add_argument("--measure", action="store_true", help="first time a few steps of each (dataset, model, batch) "
+                   "of the params file on --device, and keep them")
+    p.add_argument("--device", help="device to measure on (default: cuda when there is one, else cpu)")
     p.add_argument("--runs-dir", default="results/runs", help="finished runs here are not counted again")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)

@@ -5,30 +5,40 @@ Compute is counted in local SGD steps (the dominant cost of these papers' runs):
     steps(run) = rounds x cohort x E x ceil((N / clients) / B)
 
 with the mean client size N / clients and, for ``+random_epochs``, the mean of its epoch range.
-Seconds per step come from ``results/bench/bench.json`` (``step_seconds``, measured on this
-machine's device by the benchmark) when it is there, else from a rough built-in table labelled as
-such. Server-side work (FedLAW's proxy epochs, FedAWARE's min-norm solve) and evaluation are not
-counted.
+Seconds per step are measured: ``fedrepro plan --measure --device cuda`` times a few SGD steps of
+every (dataset, model, batch size) the params file uses on this machine's device, on random inputs of
+the dataset's shape, and keeps them in ``results/bench/step_costs.json`` (the benchmark's
+``bench.json`` serves too, for the settings it measures). Without a measurement a rough built-in
+table is used and the plan says so. Server-side work (FedLAW's proxy epochs, FedAWARE's min-norm
+solve) and evaluation are not counted.
 """
 from __future__ import annotations
 
 import json
 import math
+import time
 from collections import defaultdict
 from pathlib import Path
 
-from fedrepro import config, registry
+import torch
+
+from fedrepro import config, models, registry
 
 BENCH_FILE = Path("results/bench/bench.json")
+STEP_COSTS_FILE = Path("results/bench/step_costs.json")
 
 # Rough seconds per local step at batch 64 on one recent data-centre GPU; only used without a
 # measurement, and reported as a guess.
 ROUGH_STEP_SECONDS = {
     "mlp": 4e-4, "lenet5": 6e-4, "cnn": 7e-4, "logreg": 2e-4, "cnn_fedaware": 7e-4, "simplecnn": 7e-4,
     "resnet20": 4e-3, "resnet56": 1e-2, "resnet18_gn32": 1.2e-2, "resnet18_gn2": 1.2e-2,
-    "vgg11": 4e-3, "vgg11_gn2": 6e-3,
+    "vgg11": 4e-3, "vgg11_gn2": 6e-3, "alexnet": 2e-3, "resnet8": 2e-3, "pythia70m": 3e-2,
 }
 ROUGH_BATCH = 64
+
+# Pythia-70M's published architecture (EleutherAI model card), to time it without the hub's weights.
+PYTHIA_70M = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8, "intermediate_size": 2048,
+              "vocab_size": 50304, "rotary_pct": 0.25, "max_position_embeddings": 2048}
 
 
 def local_steps(setting: dict) -> float:
@@ -40,25 +50,105 @@ def local_steps(setting: dict) -> float:
     return setting["rounds"] * config.cohort_size(setting) * epochs * math.ceil(mean_size / setting["batch_size"])
 
 
+def step_key(setting: dict) -> str:
+    return f"{setting['dataset']}/{setting['model']}:{setting['batch_size']}"
+
+
 def load_step_costs(path: str | Path | None = None) -> tuple[dict, str]:
-    """(model -> entry, source); an entry is seconds per step, or {seconds, batch_size}."""
-    path = Path(path) if path else BENCH_FILE
-    if path.exists():
-        bench = json.loads(path.read_text())
-        if bench.get("step_seconds"):
-            return bench["step_seconds"], f"measured ({path})"
+    """(key -> seconds per step, or {seconds, batch_size}; source). Keys are ``dataset/model:batch``
+    as measured, or a model name in the rough table."""
+    for candidate in ([Path(path)] if path else [STEP_COSTS_FILE, BENCH_FILE]):
+        if not candidate.exists():
+            continue
+        measured = json.loads(candidate.read_text()).get("step_seconds") or {}
+        if measured and all(isinstance(v, dict) and "seconds" not in v for v in measured.values()):
+            # bench.json keeps one table per device: the GPU's when there is one
+            device = next((d for d in measured if d.startswith("cuda")), next(iter(measured)))
+            measured = measured[device]
+        if measured:
+            return measured, f"measured ({candidate})"
     return {m: {"seconds": s, "batch_size": ROUGH_BATCH} for m, s in ROUGH_STEP_SECONDS.items()}, \
-        "built-in rough guess (no results/bench/bench.json)"
+        "built-in rough guess (no results/bench/step_costs.json: fedrepro plan --measure)"
 
 
 def step_seconds(costs: dict, setting: dict) -> float | None:
-    entry = costs.get(f"{setting['model']}/{setting['dataset']}", costs.get(setting["model"]))
+    if step_key(setting) in costs:
+        return float(costs[step_key(setting)])
+    prefix = f"{setting['dataset']}/{setting['model']}:"
+    other_batches = {int(k[len(prefix):]): v for k, v in costs.items() if k.startswith(prefix)}
+    if other_batches:  # the nearest measured batch size, scaled
+        batch = min(other_batches, key=lambda b: abs(b - setting["batch_size"]))
+        entry = {"seconds": other_batches[batch], "batch_size": batch}
+    else:
+        entry = costs.get(f"{setting['model']}/{setting['dataset']}", costs.get(setting["model"]))
     if entry is None:
         return None
     if isinstance(entry, dict):
         # Small models are launch-bound, so cost grows slower than the batch; linear is an upper bound.
         return entry["seconds"] * max(1.0, setting["batch_size"] / entry.get("batch_size", setting["batch_size"]))
     return float(entry)
+
+
+def _timed_model(setting: dict, device: torch.device):
+    """(model, inputs, labels) of one local step of this setting, on random data of the right shape."""
+    spec = registry.DATASETS[setting["dataset"]]
+    batch = setting["batch_size"]
+    labels = torch.randint(0, spec["num_classes"], (batch,), device=device)
+    if spec.get("text"):
+        from transformers import GPTNeoXConfig, GPTNeoXForSequenceClassification
+
+        from fedrepro.text import TokenBatch
+        net = GPTNeoXForSequenceClassification(GPTNeoXConfig(**PYTHIA_70M, num_labels=spec["num_classes"],
+                                                             pad_token_id=0, use_cache=False)).to(device)
+        length = int(setting.get("pretrained", {}).get("max_length", spec["shape"][0]))
+        ids = torch.randint(1, PYTHIA_70M["vocab_size"], (batch, length), device=device)
+        inputs = TokenBatch(ids, torch.ones_like(ids))
+        return (lambda x: net(input_ids=x.input_ids, attention_mask=x.attention_mask).logits), net, inputs, labels
+    model = models.build(setting["model"], setting["dataset"]).to(device)
+    return model, model, torch.rand((batch, *spec["shape"]), device=device), labels
+
+
+def measure_step(setting: dict, device: str = "cpu", steps: int = 10, warmup: int = 3) -> float:
+    """Seconds per local SGD step (forward, backward, update) of this setting's model and batch."""
+    device = torch.device(device)
+    forward, module, inputs, labels = _timed_model(setting, device)
+    opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(forward(inputs), labels).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / steps
+
+
+def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE, steps: int = 10,
+            log=print) -> dict:
+    """Time one step of every (dataset, model, batch size) of the params file; merge into ``out``."""
+    from fedrepro.bench import machine
+
+    out = Path(out)
+    table = json.loads(out.read_text()) if out.exists() else {}
+    if table.get("device") not in (None, device):
+        table = {}  # costs of another device do not mix
+    costs = table.get("step_seconds", {})
+    settings = {step_key(r.setting): r.setting for r in config.expand(params)}
+    for key, setting in sorted(settings.items()):
+        costs[key] = measure_step(setting, device, steps)
+        log(f"{key} on {device}: {costs[key] * 1e3:.2f} ms per step")
+    table = {"device": device, "machine": machine(), "step_seconds": costs}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table, indent=2, sort_keys=True))
+    return table
 
 
 def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs") -> dict:
@@ -89,7 +179,7 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
 
 
 def format_plan(result: dict) -> str:
-    lines = [f"{'experiment':40s} {'runs':>6s} {'shared':>6s} {'done':>5s} {'local steps':>13s} {'GPU hours':>10s}"]
+    lines = [f"{'experiment':40s} {'runs':>6s} {'shared':>6s} {'done':>5s} {'local steps':>13s} {'hours':>10s}"]
     for name, row in list(result["experiments"].items()) + [("TOTAL", result["total"])]:
         hours = row["seconds"] / 3600
         note = f"  (no step cost for: {', '.join(row['unknown'])})" if row.get("unknown") else ""
