@@ -3,26 +3,28 @@ inconsistency of the FedNova paper's quadratic example (section III, eqs. 5 and 
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from fedrepro import config
 from fedrepro.algorithms import BuildContext, fedavg, fednova
-from fedrepro.algorithms.fednova import LrScaledMomentum, NormalisedAveraging, a_norm
+from fedrepro.algorithms.fednova import CrossClientVR, LrScaledMomentum, NormalisedAveraging, a_norm
 from fedrepro.algorithms.random_epochs import RandomEpochs
 from fedrepro.client import LocalSGD, client_generator
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.models import build as build_model
-from fedrepro.parts import Algorithm, RoundUpdates
+from fedrepro.parts import Algorithm, ClientObjective, GradientCorrection, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
 
 torch.set_num_threads(1)
 
 
-def setting(momentum=0.0, mu=0.0, tau_eff="auto", server_momentum=0.0, lr=1.0):
+def setting(momentum=0.0, mu=0.0, tau_eff="auto", server_momentum=0.0, lr=1.0, vr=False):
     return {"server": {"lr": lr}, "client": {"momentum": momentum},
-            "fednova": {"mu": mu, "tau_eff": tau_eff, "server_momentum": server_momentum}}
+            "fednova": {"mu": mu, "tau_eff": tau_eff, "server_momentum": server_momentum, "vr": vr}}
 
 
 def ctx(dim=1, num_clients=1):
@@ -206,3 +208,182 @@ def test_random_epochs_cover_both_ends_and_repeat_exactly():
     again = RandomEpochs(seed=7, low=2, high=5)  # a resumed run rebuilds the hook
     assert values == [again(t, c) for t in range(50) for c in range(10)]
     assert values != [RandomEpochs(seed=8, low=2, high=5)(t, c) for t in range(50) for c in range(10)]
+
+
+# --------------------------------------------------------------------------- FedNova-VR
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the VR state is allocated in the default dtype
+    yield
+    torch.set_default_dtype(old)
+
+
+class Quadratic(ClientObjective):
+    """F_i(x) = h_i/2 ||x - e_i||^2 + b_i.x with its exact gradient (one 'sample' per client)."""
+
+    def __init__(self, h, e, b=None):
+        self.h, self.e = h, e
+        self.b = torch.zeros_like(e) if b is None else b
+
+    def begin(self, round_, client, model, x_global):
+        self.client = client
+
+    def __call__(self, model, inputs, labels):
+        i = self.client
+        model.grad = self.h[i] * (model.flat - self.e[i]) + self.b[i]
+        return (0.5 * self.h[i] * (model.flat - self.e[i]).square().sum()).detach()
+
+
+class OneSample:
+    def batch(self, index):
+        return index, index
+
+
+def quadratic_round(algorithm, objective, x, lr, taus, sizes, t, rho=0.0):
+    """One FedNova round of real LocalSGD (tau_i full-gradient steps) and the server step."""
+    local, model, deltas = LocalSGD(momentum=rho), SimpleNamespace(flat=torch.empty_like(x), grad=None), []
+    for i, tau in enumerate(taus):
+        local.train(model, OneSample(), torch.arange(1), x, lr, tau, 1, torch.Generator().manual_seed(0), i,
+                    algorithm.corrections, objective, t)
+        deltas.append(x - model.flat)
+    m = len(taus)
+    updates = RoundUpdates(t, torch.arange(m), torch.stack(deltas), sizes, torch.tensor(taus, dtype=x.dtype),
+                           torch.zeros(m), lr)
+    return algorithm.server_step(x, updates), updates
+
+
+def test_vr_matches_the_hand_computed_two_round_trajectory(float64):
+    # plain GD with a constant correction c on h/2 (x - e)^2 is GD towards e - c/h:
+    #   Delta_i = (1 - q_i)(x - e_i + c_i/h_i),  q_i = (1 - lr h_i)^tau_i,  d_i = Delta_i/(lr tau_i) - c_i
+    m, dim, lr = 4, 3, 0.1
+    gen = torch.Generator().manual_seed(5)
+    e = torch.randn(m, dim, generator=gen)
+    h = torch.tensor([0.5, 1.0, 2.0, 1.5])
+    taus, sizes = [1, 3, 5, 8], torch.tensor([1.0, 2.0, 3.0, 4.0])
+    p, tau = sizes / sizes.sum(), torch.tensor([1.0, 3.0, 5.0, 8.0])
+    q, tau_eff = (1 - lr * h) ** tau, float(p @ tau)
+    x0 = torch.randn(dim, generator=gen)
+    delta1 = (1 - q)[:, None] * (x0 - e)                      # round 1: no previous d, c = 0
+    d1 = delta1 / (lr * tau[:, None])
+    x1 = x0 - tau_eff * (p / tau) @ delta1
+    c = p @ d1 - d1                                           # round 2: c_i = sum_j p_j d_j - d_i
+    delta2 = (1 - q)[:, None] * (x1 - e + c / h[:, None])
+    d2 = delta2 / (lr * tau[:, None]) - c
+    x2 = x1 - tau_eff * (p / tau) @ delta2
+
+    algorithm = fednova.build(setting(vr=True), ctx(dim, m))
+    vr = algorithm.corrections[-1]
+    objective = Quadratic(h, e)
+    got1, _ = quadratic_round(algorithm, objective, x0, lr, taus, sizes, 0)
+    torch.testing.assert_close(got1, x1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(vr.d_clients, d1, rtol=0, atol=1e-12)
+    got2, updates = quadratic_round(algorithm, objective, got1, lr, taus, sizes, 1)
+    torch.testing.assert_close(updates.deltas, delta2, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got2, x2, rtol=0, atol=1e-12)
+    torch.testing.assert_close(vr.d_clients, d2, rtol=0, atol=1e-12)
+    torch.testing.assert_close(vr.d_mean, p @ d2, rtol=0, atol=1e-12)
+    # the corrections cancel with weights p; the trajectory still differs from plain FedNova's
+    torch.testing.assert_close(p @ c, torch.zeros(dim), rtol=0, atol=1e-12)
+    plain = fednova.build(setting(), ctx(dim, m))
+    y1, _ = quadratic_round(plain, objective, x0, lr, taus, sizes, 0)
+    y2, _ = quadratic_round(plain, objective, y1, lr, taus, sizes, 1)
+    assert torch.equal(y1, got1)
+    assert (y2 - x2).norm() > 1e-3 * (x2 - x1).norm()
+
+
+@pytest.mark.parametrize("rho,mu", [(0.0, 0.0), (0.9, 0.0), (0.0, 0.5)])
+def test_vr_removes_client_drift_on_linear_objectives_with_momentum_and_prox(float64, rho, mu):
+    # constant gradients g_i: the correction goes through the momentum buffer (and the proximal
+    # recursion) like the gradient, so Delta_i = lr ||a_i||_1 (g_i + c_i) and d_i = g_i exactly.
+    # From round 2 on every client then steps along sum_j p_j g_j, whatever its tau_i.
+    m, dim, lr = 3, 4, 0.05
+    gen = torch.Generator().manual_seed(9)
+    g = torch.randn(m, dim, generator=gen)
+    objective = Quadratic(torch.zeros(m), torch.zeros(m, dim), b=g)
+    taus, sizes = [2, 7, 4], torch.tensor([3.0, 1.0, 2.0])
+    p = sizes / sizes.sum()
+    norms = torch.tensor([a_norm(t, lr, rho, mu) for t in taus])
+    algorithm = fednova.build(setting(momentum=rho, mu=mu, vr=True), ctx(dim, m))
+    x = torch.randn(dim, generator=gen)
+    for t in range(3):
+        x, updates = quadratic_round(algorithm, objective, x, lr, taus, sizes, t, rho)
+        normalised = updates.deltas / (lr * norms[:, None])
+        torch.testing.assert_close(normalised, g if t == 0 else (p @ g).expand(m, dim), rtol=0, atol=1e-12)
+        torch.testing.assert_close(algorithm.corrections[-1].d_clients, g, rtol=0, atol=1e-12)
+
+
+def test_vr_with_identical_clients_is_plain_fednova(float64):
+    m, dim, lr, taus = 4, 3, 0.1, [5, 5, 5, 5]
+    gen = torch.Generator().manual_seed(2)
+    objective = Quadratic(torch.full((m,), 1.3), torch.randn(1, dim, generator=gen).expand(m, dim))
+    sizes = torch.tensor([1.0, 5.0, 2.0, 3.0])
+    with_vr, without = fednova.build(setting(vr=True), ctx(dim, m)), fednova.build(setting(), ctx(dim, m))
+    x = y = torch.randn(dim, generator=gen)
+    for t in range(4):
+        x, _ = quadratic_round(with_vr, objective, x, lr, taus, sizes, t)
+        y, _ = quadratic_round(without, objective, y, lr, taus, sizes, t)
+        vr = with_vr.corrections[-1]
+        assert float((vr.d_mean - vr.d_clients).abs().max()) < 1e-15  # next round's corrections are zero
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-14)
+
+
+class CorrectionSpy(GradientCorrection):
+    """Records the VR correction each client trained with (placed after it in the list)."""
+
+    def __init__(self, vr):
+        self.vr, self.seen = vr, {}
+
+    def begin(self, client, x_global):
+        self.seen[client] = self.vr.current.clone()
+
+    def __call__(self, grad, x, x_global, client):
+        pass
+
+
+def test_vr_corrections_cancel_with_weights_p_in_every_round():
+    sizes = [30, 64, 50, 41]  # unequal p_i and unequal steps, real MLP training with momentum
+    torch.manual_seed(0)
+    n, m = sum(sizes), len(sizes)
+    data = TensorDataset(torch.randint(0, 255, (n, 1, 28, 28), dtype=torch.uint8), torch.arange(n) % 7, 0.0, 1.0)
+    model = FlatModel(build_model("mlp", "fmnist"), torch.device("cpu"))
+    algorithm = fednova.build(setting(momentum=0.9, vr=True), ctx(model.numel, m))
+    spy = CorrectionSpy(algorithm.corrections[-1])
+    algorithm.corrections.append(spy)
+    local, lr, x = LocalSGD(momentum=0.9), 0.02, model.flat.clone()
+    p = torch.tensor(sizes, dtype=torch.float32) / sum(sizes)
+    for t in range(3):
+        deltas, steps, start = [], [], 0
+        for c, size in enumerate(sizes):
+            result = local.train(model, data, torch.arange(start, start + size), x, lr, 1, 16,
+                                 client_generator(1, t, c), c, algorithm.corrections)
+            start += size
+            deltas.append(x - model.flat)
+            steps.append(result.steps)
+        updates = RoundUpdates(t, torch.arange(m), torch.stack(deltas), torch.tensor(sizes, dtype=torch.float32),
+                               torch.tensor(steps, dtype=torch.float32), torch.zeros(m), lr)
+        x = algorithm.server_step(x, updates)
+        corrections = torch.stack([spy.seen[c] for c in range(m)])
+        if t == 0:
+            assert not corrections.any(), "round 1 has no previous d: zero correction"
+            continue
+        size = corrections.norm(dim=1).max()
+        assert size > 0
+        assert float((p @ corrections).norm()) < 1e-6 * float(size)
+        assert updates.info["vr_correction_norm"] > 0
+
+
+def test_vr_refuses_partial_participation_before_any_work():
+    raw = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "algorithm": "fednova",
+           "fednova": {"vr": True}, "partition": {"kind": "iid", "seed": 1}}
+    with pytest.raises(config.ConfigError, match=r"fednova\.vr.*participation = 0\.5"):
+        config.resolve(raw)
+    assert config.resolve({**raw, "participation": 1.0})["fednova"]["vr"] is True
+    assert config.resolve({**raw, "fednova": {"vr": False}})["fednova"]["vr"] is False
+    # and the part itself will not average over a partial cohort
+    vr = CrossClientVR(4, 2)
+    updates = RoundUpdates(0, torch.tensor([0, 2]), torch.zeros(2, 2), torch.ones(2), torch.ones(2), torch.zeros(2), 0.1)
+    with pytest.raises(RuntimeError, match="participation"):
+        vr.end_round(updates)

@@ -32,12 +32,12 @@ EXPECTED = {
         "ima_fig7b_window": 30,            # 5 windows x 2 start rounds x 3
     },
     "fedlaw": {
-        "fedlaw_table3_fmnist": 48,        # 2 models x 2 alphas x 4 methods x 3 seeds
-        "fedlaw_table3_cifar10": 48,
-        "fedlaw_table3_cifar100": 48,
+        "fedlaw_table3_fmnist": 96,        # 2 models x 2 alphas x 8 methods x 3 seeds
+        "fedlaw_table3_cifar10": 96,
+        "fedlaw_table3_cifar100": 96,
         "fedlaw_table1_fixed_gamma": 108,  # 3 models x 2 alphas x 6 gammas x 3 seeds
         "fedlaw_table9_alpha": 216,        # 3 models x 4 alphas x 6 gammas x 3 seeds
-        "fedlaw_table5_arch": 12,          # 2 models x 2 methods x 3 seeds
+        "fedlaw_table5_arch": 18,          # 2 models x 3 methods x 3 seeds
     },
     "fedaware": {
         "fedaware_table2_cifar10": 42,     # 8 raw + 6 xAWARE, 3 seeds

@@ -37,11 +37,15 @@ METHODS = {
     "fedgma": {"fedgma": {"lr": 0.1}},
     "fedfa": {"model": "cnn"},  # anchors (server state) and calibration from round 2 of 6
 }
-CASES = [("fedavg", 1), ("fedavg", 4)] + [(m, 3) for m in METHODS if m != "fedavg"]
+# Variants of a method under their own case name: (algorithm, extra settings)
+VARIANTS = {
+    "fednova_vr": ("fednova", {"fednova": {"vr": True}, "participation": 1.0, "client": {"lr": 0.05, "momentum": 0.9}}),
+}
+CASES = [("fedavg", 1), ("fedavg", 4)] + [(m, 3) for m in METHODS if m != "fedavg"] + [(m, 3) for m in VARIANTS]
 
 
 def _known(method: str) -> bool:
-    name, *plugins = method.split("+")
+    name, *plugins = VARIANTS.get(method, (method,))[0].split("+")
     return name in registry.ALGORITHMS and all(p in registry.PLUGINS for p in plugins)
 
 
@@ -51,6 +55,9 @@ def partition_dir(tiny_data_root, tmp_path_factory):
 
 
 def _setting(method: str, **override) -> dict:
+    if method in VARIANTS:
+        algorithm, extra = VARIANTS[method]
+        return {**BASE, "algorithm": algorithm, **extra, **override}
     return {**BASE, "algorithm": method, **METHODS.get(method, {}), **override}
 
 

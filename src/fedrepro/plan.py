@@ -9,8 +9,8 @@ Seconds per step are measured: ``fedrepro plan --measure --device cuda`` times a
 every (dataset, model, batch size) the params file uses on this machine's device, on random inputs of
 the dataset's shape, and keeps them in ``results/bench/step_costs.json`` (the benchmark's
 ``bench.json`` serves too, for the settings it measures). Without a measurement a rough built-in
-table is used and the plan says so. Server-side work (FedLAW's proxy epochs, FedAWARE's min-norm
-solve) and evaluation are not counted.
+table is used and the plan says so. Server-side work (the proxy-set epochs of FedLAW, FedDF, FedBE and
+Server-FT, FedAWARE's min-norm solve) and evaluation are not counted.
 """
 from __future__ import annotations
 
@@ -186,5 +186,5 @@ def format_plan(result: dict) -> str:
         lines.append(f"{name:40s} {row['runs']:6d} {row['shared']:6d} {row['done']:5d} {row['steps']:13.3g} "
                      f"{hours:10.1f}{note}")
     lines.append(f"{result['unique_runs']} distinct runs; step cost: {result['source']}. Not counted: evaluation, "
-                 "server-side optimisation (FedLAW proxy epochs, FedAWARE min-norm).")
+                 "server-side optimisation (proxy-set epochs of FedLAW/FedDF/FedBE/Server-FT, FedAWARE min-norm).")
     return "\n".join(lines)

@@ -70,7 +70,7 @@ PARTITION_KEYS = {
 # from the resolved setting so that they do not enter its hash.
 OPTIONAL_SECTIONS = {"fedprox", "scaffold", "feddyn", "fednova", "fedlaw", "fedaware", "ima", "aware",
                      "fedavgm", "fedcm", "fedadam", "fedyogi", "fedams", "random_epochs",
-                     "fedasam", "fedfa", "fedgma"}
+                     "fedasam", "fedfa", "fedgma", "feddf", "fedbe", "serverft"}
 
 def _proximal_check(section: str):
     def check(setting: dict) -> list[str]:
@@ -78,6 +78,14 @@ def _proximal_check(section: str):
         return [f"{section}.mu * client.lr = {mu * lr:g} must be < 1 (a local proximal step would overshoot "
                 f"x_global)"] if mu * lr >= 1 else []
     return check
+
+
+def _fednova_vr_check(setting: dict) -> list[str]:
+    # FedNova-VR corrects with every client's d_i of the previous round: it needs them all, every round
+    if setting["fednova"].get("vr") and setting["participation"] < 1:
+        return [f"fednova.vr = true needs participation = 1 (every client's normalised gradient of the previous "
+                f"round); participation = {setting['participation']}"]
+    return []
 
 
 def _random_epochs_check(setting: dict) -> list[str]:
@@ -98,7 +106,7 @@ ALGORITHMS: dict[str, dict] = {
     "fedyogi": {"sections": ["fedyogi"], "modules": ["algorithms/fedyogi.py", "server_optim.py"]},
     "fedams": {"sections": ["fedams"], "modules": ["algorithms/fedams.py", "server_optim.py"]},
     "fednova": {"sections": ["fednova"], "modules": ["algorithms/fednova.py", "algorithms/fedprox.py"],
-                "checks": [_proximal_check("fednova")]},
+                "checks": [_proximal_check("fednova"), _fednova_vr_check]},
 }
 
 # Models whose last layer is a Linear classifier over IMA's 128-d feature layer (FedFA's anchors live there)
@@ -139,15 +147,27 @@ def _ima_checks(setting: dict) -> list[str]:
     return problems
 
 
-def _fedlaw_checks(setting: dict) -> list[str]:
-    size, spec = setting["fedlaw"]["proxy_size"], DATASETS[setting["dataset"]]
-    if setting["fedlaw"]["variant"] != "fixed_gamma" and (size % spec["num_classes"] or size >= spec["test_size"]):
-        return [f"fedlaw.proxy_size = {size} must be a multiple of the {spec['num_classes']} classes of "
-                f"{setting['dataset']} (the proxy set is class-balanced) and smaller than its test set"]
-    return []
+def _proxy_check(section: str):
+    def check(setting: dict) -> list[str]:
+        size, spec = setting[section]["proxy_size"], DATASETS[setting["dataset"]]
+        uses_proxy = setting[section].get("variant") != "fixed_gamma"
+        if uses_proxy and (size % spec["num_classes"] or size >= spec["test_size"]):
+            return [f"{section}.proxy_size = {size} must be a multiple of the {spec['num_classes']} classes of "
+                    f"{setting['dataset']} (the proxy set is class-balanced) and smaller than its test set"]
+        return []
+    return check
 
 
-ALGORITHMS["fedlaw"] = {"sections": ["fedlaw"], "modules": ["algorithms/fedlaw.py"], "checks": [_fedlaw_checks]}
+_fedlaw_checks = _proxy_check("fedlaw")
+ALGORITHMS["fedlaw"] = {"sections": ["fedlaw"], "modules": ["algorithms/fedlaw.py", "algorithms/proxy.py"],
+                        "checks": [_fedlaw_checks]}
+# FedLAW's server-side baselines, on the same proxy set (algorithms/proxy.py)
+ALGORITHMS["feddf"] = {"sections": ["feddf"], "modules": ["algorithms/feddf.py", "algorithms/proxy.py"],
+                       "checks": [_proxy_check("feddf")]}
+ALGORITHMS["fedbe"] = {"sections": ["fedbe"], "modules": ["algorithms/fedbe.py", "algorithms/feddf.py",
+                                                          "algorithms/proxy.py"], "checks": [_proxy_check("fedbe")]}
+ALGORITHMS["serverft"] = {"sections": ["serverft"], "modules": ["algorithms/serverft.py", "algorithms/proxy.py"],
+                          "checks": [_proxy_check("serverft")]}
 ALGORITHMS["fedaware"] = {"sections": ["fedaware"], "modules": ["algorithms/fedaware.py", "minnorm.py"]}
 PLUGINS["ima"] = {"sections": ["ima"], "modules": ["algorithms/ima.py"], "checks": [_ima_checks]}
 PLUGINS["aware"] = {"sections": ["aware"], "modules": ["algorithms/aware.py", "algorithms/fedaware.py", "minnorm.py"],

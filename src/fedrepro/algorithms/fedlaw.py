@@ -12,6 +12,9 @@ sign convention x <- x - d holds. Variants (`fedlaw.variant`):
   adaptive_gws  gamma learned, lambda = data sizes                (Eq. 5)
   attentive     lambda learned, gamma = fedlaw.gamma (1)          (Eq. 7)
   fixed_gamma   gamma = fedlaw.gamma, lambda = data sizes; no proxy set (Table 1's global weight shrinking)
+  swa           FedLAW (SWA), section 6.1: two stages of server_epochs // 2, lambda with stochastic weight
+                averaging of z, then gamma with lambda fixed (the code's order; fedlaw.swa_order: gamma_first
+                is the paper's)
 The proxy set is class-balanced, drawn from the test set with a generator seeded by the run's seed,
 and removed from the evaluation set (the engine reads ``proxy_index``).
 """
@@ -20,28 +23,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call
 
 from fedrepro import metrics
+from fedrepro.algorithms.proxy import FunctionalModel, epoch_batches, proxy_indices, proxy_set  # noqa: F401
+from fedrepro.algorithms.proxy import round_generator as _generator
 from fedrepro.parts import Aggregator, Algorithm, RoundUpdates
 from fedrepro.server import ServerSGD
 
 LEARNS = {"fedlaw": (True, True), "adaptive_gws": (True, False), "attentive": (False, True),
-          "fixed_gamma": (False, False)}  # (gamma, lambda)
-
-
-def proxy_indices(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    """size / C samples of each of the C classes, the same for every run with this seed."""
-    labels = labels.cpu().numpy()
-    classes = np.unique(labels)
-    rng = np.random.default_rng([seed, 0xFED1A])
-    picked = [rng.choice(np.flatnonzero(labels == c), size // len(classes), replace=False) for c in classes]
-    return torch.from_numpy(np.sort(np.concatenate(picked)))
-
-
-def _generator(seed: int, round_: int) -> torch.Generator:
-    state = np.random.SeedSequence([seed, round_, 0xFED1A]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
+          "fixed_gamma": (False, False), "swa": (True, True)}  # (gamma, lambda)
 
 
 class LearnedAggregation(Aggregator):
@@ -50,22 +40,22 @@ class LearnedAggregation(Aggregator):
         self.module, self.proxy_x, self.proxy_y = module, proxy_x, proxy_y
         self.cfg, self.server_lr, self.seed = cfg, server_lr, seed
         self.learn_gamma, self.learn_lambda = LEARNS[cfg["variant"]]
-        self.layout = [(name, p.shape, p.numel()) for name, p in module.named_parameters()]
+        self.net = FunctionalModel(module)
+        # a list records (stage, epoch, theta, z, lr) per server epoch: theta and z at its end, the lr it ran with
+        self.trace: list | None = None
 
     def forward(self, w: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """The module's output with the flat parameter vector w (differentiable in w)."""
-        params, offset = {}, 0
-        for name, shape, n in self.layout:
-            params[name] = w[offset:offset + n].view(shape)
-            offset += n
-        return functional_call(self.module, params, (inputs,))
+        return self.net(w, inputs)
 
     def __call__(self, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
         models = x - self.server_lr * updates.deltas                 # (K, P)
         theta = torch.tensor(0.0 if self.learn_gamma else float(np.log(self.cfg["gamma"])), device=x.device,
                              dtype=x.dtype)
         z = torch.log(updates.weights)
-        if (self.learn_gamma or self.learn_lambda) and self.cfg["server_epochs"] > 0:
+        if self.cfg["variant"] == "swa" and self.cfg["server_epochs"] > 0:
+            theta, z = self.fit_swa(z, models, updates)
+        elif (self.learn_gamma or self.learn_lambda) and self.cfg["server_epochs"] > 0:
             theta, z = self.fit(theta, z, models, updates)
         gamma, lam = float(theta.exp()), torch.softmax(z, 0)
         x_new = gamma * (lam @ models)
@@ -84,21 +74,63 @@ class LearnedAggregation(Aggregator):
                                betas=tuple(cfg["betas"]))
         schedule = torch.optim.lr_scheduler.StepLR(opt, cfg["lr_step_epochs"], cfg["lr_step_factor"])
         generator = _generator(self.seed, updates.round)
-        n, batch = len(self.proxy_y), cfg["batch_size"]
-        for _ in range(cfg["server_epochs"]):
-            order = torch.randperm(n, generator=generator).to(self.proxy_y.device)
-            total = torch.zeros((), device=self.proxy_y.device)
-            for start in range(0, n, batch):
-                index = order[start:start + batch]
-                w = theta.exp() * (torch.softmax(z, 0) @ models)
-                loss = F.cross_entropy(self.forward(w, self.proxy_x[index]), self.proxy_y[index])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                total += loss.detach() * len(index)
+        for epoch in range(cfg["server_epochs"]):
+            self.epoch(theta, z, models, opt, generator, updates)
+            self.record("fedlaw", epoch, theta, z, opt)
             schedule.step()
-        updates.info["proxy_loss"] = float(total / n)
         return theta.detach(), z.detach()
+
+    def epoch(self, theta, z, models, opt, generator, updates) -> None:
+        """One pass over the proxy set: an optimiser step on CE(f(b; gamma sum_i lambda_i w_i)) per batch."""
+        n = len(self.proxy_y)
+        total = torch.zeros((), device=self.proxy_y.device)
+        for index in epoch_batches(n, self.cfg["batch_size"], generator, self.proxy_y.device):
+            w = theta.exp() * (torch.softmax(z, 0) @ models)
+            loss = F.cross_entropy(self.forward(w, self.proxy_x[index]), self.proxy_y[index])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.detach() * len(index)
+        updates.info["proxy_loss"] = float(total / n)  # mean over the last server epoch
+
+    def record(self, stage, epoch, theta, z, opt) -> None:
+        if self.trace is not None:
+            self.trace.append((stage, epoch, float(theta.detach()), z.detach().clone(), opt.param_groups[0]["lr"]))
+
+    def fit_swa(self, z0, models, updates):
+        """FedLAW (SWA), two stages of server_epochs // 2 each (code): lambda with SWA of its logits z
+        (Adam, cosine lr, from epoch swa_start + 1 on SWALR and a running mean of z), gamma alone
+        (Adam, StepLR). fedlaw.swa_order: lambda_first (code), gamma_first (paper section 6.1)."""
+        cfg, generator = self.cfg, _generator(self.seed, updates.round)
+        epochs = cfg["server_epochs"] // 2
+        theta, z = torch.zeros((), device=z0.device, dtype=z0.dtype), z0.clone()
+        stages = ["lambda", "gamma"] if cfg["swa_order"] == "lambda_first" else ["gamma", "lambda"]
+        for stage in stages:
+            learn = theta.clone().requires_grad_(True) if stage == "gamma" else z.clone().requires_grad_(True)
+            opt = torch.optim.Adam([learn], lr=cfg["server_lr"], betas=tuple(cfg["betas"]))
+            if stage == "gamma":
+                schedule = torch.optim.lr_scheduler.StepLR(opt, cfg["lr_step_epochs"], cfg["lr_step_factor"])
+            else:
+                schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg["swa_cosine_epochs"])
+                swa_schedule = torch.optim.swa_utils.SWALR(opt, swa_lr=cfg["swa_lr"],
+                                                           anneal_epochs=cfg["swa_anneal_epochs"])
+                average, averaged = z0.clone(), 0  # the code's AveragedModel starts as a copy of z0
+            for epoch in range(epochs):
+                th, zz = (learn, z) if stage == "gamma" else (theta, learn)
+                self.epoch(th, zz, models, opt, generator, updates)
+                self.record(stage, epoch, th, zz, opt)
+                if stage == "lambda" and epoch > cfg["swa_start"]:
+                    average += (learn.detach() - average) / (averaged + 1)
+                    averaged += 1
+                    swa_schedule.step()
+                else:
+                    schedule.step()
+            if stage == "gamma":
+                theta = learn.detach()
+            else:
+                z = average
+                updates.info["swa_averaged"] = averaged
+        return theta, z
 
 
 def build(setting, ctx) -> Algorithm:
@@ -106,8 +138,7 @@ def build(setting, ctx) -> Algorithm:
     if trainer is None:
         raise ValueError("fedlaw needs the trainer (server-side training on the proxy set)")
     learns = any(LEARNS[cfg["variant"]])
-    index = proxy_indices(trainer.test.labels, cfg["proxy_size"], setting["seed"]) if learns else None
-    proxy = trainer.test.batch(index.to(trainer.device)) if learns else (None, None)
+    index, *proxy = proxy_set(trainer, cfg["proxy_size"], setting["seed"]) if learns else (None, None, None)
     aggregator = LearnedAggregation(trainer.model.module, *proxy, cfg, setting["server"]["lr"], setting["seed"])
     algorithm = Algorithm("fedlaw", aggregator, ServerSGD(1.0))
     algorithm.proxy_index = index

@@ -15,13 +15,20 @@ proximal mu (FedNova-Prox: fednova.mu > 0):
 tau_eff 'auto' is the official code's rule: sum p_i tau_i when mu > 0, else sum p_i ||a_i||_1.
 
 Optional server momentum as in the official code (gmf): v <- beta v + d / lr, x <- x - eta_g lr v.
+
+Optional cross-client variance reduction (FedNova-VR, paper sec. V; fednova.vr): every local gradient
+of round t gets the constant c_i = sum_j p_j d_j^(t-1) - d_i^(t-1), where d_i = G_i a_i / ||a_i||_1 is
+client i's normalised (uncorrected) gradient of round t-1. The correction enters the gradient before
+the momentum buffer and the proximal recursion, so it is weighted by a_i like the gradients and
+    Delta_i / (lr ||a_i||_1) = d_i + c_i   =>   d_i = Delta_i / (lr ||a_i||_1) - c_i   (server side).
+Round 1 has no previous d: c_i = 0. Full participation only (the registry refuses participation < 1).
 """
 from __future__ import annotations
 
 import torch
 
 from fedrepro.algorithms.fedprox import ProximalTerm
-from fedrepro.parts import Aggregator, Algorithm, RoundUpdates, ServerOptimizer
+from fedrepro.parts import Aggregator, Algorithm, GradientCorrection, RoundUpdates, ServerOptimizer
 from fedrepro.server import ServerSGD
 
 
@@ -74,9 +81,55 @@ class LrScaledMomentum(ServerOptimizer):
         self.velocity = state.get("velocity")
 
 
+class CrossClientVR(GradientCorrection):
+    """FedNova-VR's correction g <- g + sum_j p_j d_j^(t-1) - d_i^(t-1). Holds every client's last
+    normalised gradient d_i (an N x P matrix, server-held state in this simulation) and their
+    p-weighted mean; both start at zero, so round 1 trains uncorrected."""
+
+    def __init__(self, num_clients: int, dim: int, rho: float = 0.0, mu: float = 0.0, device=None):
+        self.num_clients, self.rho, self.mu = num_clients, rho, mu
+        self.d_clients = torch.zeros(num_clients, dim, device=device)  # d_i^(t-1)
+        self.d_mean = torch.zeros(dim, device=device)                   # sum_j p_j d_j^(t-1)
+        self.current = torch.zeros(dim, device=device)                  # c_i of the client now training
+
+    def begin(self, client: int, x_global: torch.Tensor) -> None:
+        torch.sub(self.d_mean, self.d_clients[client], out=self.current)
+
+    def __call__(self, grad: torch.Tensor, x: torch.Tensor, x_global: torch.Tensor, client: int) -> None:
+        grad.add_(self.current)
+
+    def end(self, client: int, x_global: torch.Tensor, x_local: torch.Tensor, steps: int, lr: float) -> None:
+        # d_i^(t) replaces d_i^(t-1) at once: no other client's c_j reads row i, and d_mean moves
+        # only in end_round, after the whole cohort has trained with the same corrections
+        norm = a_norm(steps, lr, self.rho, self.mu)
+        self.d_clients[client] = (x_global - x_local) / (lr * norm) - self.current
+
+    def end_round(self, updates: RoundUpdates) -> None:
+        if len(updates.clients) != self.num_clients:
+            raise RuntimeError(f"fednova.vr needs every client in every round (participation = 1); round "
+                               f"{updates.round} had {len(updates.clients)} of {self.num_clients}")
+        p = torch.zeros(self.num_clients, dtype=self.d_mean.dtype, device=self.d_mean.device)
+        p[updates.clients] = updates.weights.to(p.dtype)
+        self.d_mean.copy_(p @ self.d_clients)
+        # sum_i p_i ||c_i^(t+1)||: the size of next round's corrections (they sum to zero with weights p)
+        # (client by client: no second N x P tensor)
+        updates.info["vr_correction_norm"] = float(sum(p[i] * (self.d_clients[i] - self.d_mean).norm()
+                                                       for i in range(self.num_clients)))
+
+    def state_dict(self) -> dict:
+        return {"d_clients": self.d_clients, "d_mean": self.d_mean}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.d_clients.copy_(state["d_clients"])
+            self.d_mean.copy_(state["d_mean"])
+
+
 def build(setting, ctx) -> Algorithm:
     c, eta_g = setting["fednova"], setting["server"]["lr"]
     aggregator = NormalisedAveraging(setting["client"]["momentum"], c["mu"], c["tau_eff"])
     optimizer = LrScaledMomentum(eta_g, c["server_momentum"]) if c["server_momentum"] else ServerSGD(eta_g)
     corrections = [ProximalTerm(c["mu"])] if c["mu"] else []
+    if c.get("vr"):
+        corrections.append(CrossClientVR(ctx.num_clients, ctx.dim, setting["client"]["momentum"], c["mu"], ctx.device))
     return Algorithm("fednova", aggregator, optimizer, corrections=corrections)

@@ -1,0 +1,163 @@
+"""The server's small labelled proxy set and training on it: shared by FedLAW and the server-side
+baselines FedLAW compares with (FedDF, FedBE, Server-FT; Li et al., ICML 2023, section 7).
+
+    proxy set    proxy_size / C test samples of each of the C classes, drawn by a generator seeded by
+                 the run's seed (the same set for every method with that seed, and on resume); the
+                 engine removes them from the evaluation set (``Algorithm.proxy_index``)
+    batches      shuffled each server epoch by a generator seeded by (seed, round), so a resumed run
+                 repeats the same server optimisation
+    ProxyTraining  x_avg = x - eta_g sum_i p_i Delta_i (FedAvg), then ``server_epochs`` passes of the
+                 server optimiser on loss(w; proxy batch) from w = x_avg; d = x - w (unit server step)
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from fedrepro.parts import Aggregator, RoundUpdates
+
+FEDLAW_SALT = 0xFED1A  # the proxy set's and FedLAW's batch stream
+
+
+def proxy_indices(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """size / C samples of each of the C classes, the same for every run with this seed."""
+    labels = labels.cpu().numpy()
+    classes = np.unique(labels)
+    rng = np.random.default_rng([seed, FEDLAW_SALT])
+    picked = [rng.choice(np.flatnonzero(labels == c), size // len(classes), replace=False) for c in classes]
+    return torch.from_numpy(np.sort(np.concatenate(picked)))
+
+
+def round_generator(seed: int, round_: int, salt: int = FEDLAW_SALT) -> torch.Generator:
+    state = np.random.SeedSequence([seed, round_, salt]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
+
+
+def epoch_batches(n: int, batch_size: int, generator: torch.Generator, device) -> list[torch.Tensor]:
+    """One pass over the proxy set in shuffled batches (the last one may be smaller)."""
+    order = torch.randperm(n, generator=generator).to(device)
+    return [order[start:start + batch_size] for start in range(0, n, batch_size)]
+
+
+def proxy_set(trainer, size: int, seed: int):
+    """(index into the test set, inputs, labels) of the proxy set on the trainer's device."""
+    index = proxy_indices(trainer.test.labels, size, seed)
+    return (index, *trainer.test.batch(index.to(trainer.device)))
+
+
+class FunctionalModel:
+    """The module's output with its parameters taken from a flat vector w (differentiable in w).
+
+    The module's train/eval mode is left as the engine keeps it (train mode throughout; the
+    supported BatchNorm models normalise with batch statistics, so there are no running buffers)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.layout = [(name, p.shape, p.numel()) for name, p in module.named_parameters()]
+
+    def slices(self):
+        """(name, slice of the flat vector) per parameter tensor, in the flat order."""
+        offset = 0
+        for name, _, n in self.layout:
+            yield name, slice(offset, offset + n)
+            offset += n
+
+    def __call__(self, w: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        params = {name: w[s].view(shape) for (name, s), (_, shape, _) in zip(self.slices(), self.layout)}
+        return functional_call(self.module, params, (inputs,))
+
+    @torch.no_grad()
+    def logits(self, w: torch.Tensor, inputs: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """Outputs on all inputs, in fixed chunks of batch_size (teachers' logits, computed once a round)."""
+        return torch.cat([self(w, inputs[start:start + batch_size]) for start in range(0, len(inputs), batch_size)])
+
+
+def optimizer_settings(cfg: dict, setting: dict) -> dict:
+    """The server optimiser of FedDF, FedBE and Server-FT. null lr, momentum and weight decay take the
+    client's values: the code's central node builds its optimiser like a client's (SGD, lr = the initial
+    client lr, never decayed)."""
+    client = setting["client"]
+    pick = {key: client[key] if cfg[key] is None else cfg[key] for key in ("lr", "momentum", "weight_decay")}
+    return {"optimizer": cfg["optimizer"], "betas": tuple(cfg["betas"]), **pick}
+
+
+class ProxyTraining(Aggregator):
+    """FedAvg, then ``server_epochs`` passes of the server optimiser over the proxy set on ``loss``.
+
+    With ``keep_state`` the optimiser's state (SGD momentum buffer, Adam moments) carries over from
+    round to round, as the code's central optimiser (built once) does; it is checkpointed."""
+
+    def __init__(self, net: FunctionalModel, proxy_x, proxy_y, cfg: dict, optim: dict, server_lr: float = 1.0,
+                 seed: int = 0, salt: int = FEDLAW_SALT):
+        self.net, self.proxy_x, self.proxy_y = net, proxy_x, proxy_y
+        self.cfg, self.optim, self.server_lr, self.seed, self.salt = cfg, optim, server_lr, seed, salt
+        self.opt_state: dict = {}
+
+    def prepare(self, x: torch.Tensor, x_avg: torch.Tensor, models: torch.Tensor, updates: RoundUpdates) -> None:
+        """Per-round set-up before training (the teachers' logits); models: (K, P) client models."""
+
+    def loss(self, w: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
+        models = x - updates.deltas                                   # (K, P) the models the clients sent
+        x_avg = x - self.server_lr * updates.weighted_mean()          # the FedAvg model
+        updates.info["weights"] = updates.weights
+        if self.cfg["server_epochs"] == 0:
+            return x - x_avg
+        self.prepare(x, x_avg, models, updates)
+        w = self.train(x_avg, updates)
+        updates.info["server_step_norm"] = float((w - x_avg).norm())
+        return x - w
+
+    def make_optimizer(self, w: torch.Tensor) -> torch.optim.Optimizer:
+        o = self.optim
+        if o["optimizer"] == "sgd":
+            opt = torch.optim.SGD([w], lr=o["lr"], momentum=o["momentum"], weight_decay=o["weight_decay"])
+        else:
+            opt = torch.optim.Adam([w], lr=o["lr"], betas=o["betas"], weight_decay=o["weight_decay"])
+        if self.cfg["keep_state"] and self.opt_state:
+            # Adam's step count stays on the CPU (as torch keeps it unless capturable), the rest with w
+            opt.state[w] = {k: (v.cpu() if k == "step" else v.to(w.device)).clone() for k, v in self.opt_state.items()}
+        return opt
+
+    def train(self, w0: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
+        w = w0.clone().requires_grad_(True)
+        opt = self.make_optimizer(w)
+        generator = round_generator(self.seed, updates.round, self.salt)
+        n = len(self.proxy_x)
+        for _ in range(self.cfg["server_epochs"]):
+            total = torch.zeros((), device=w.device, dtype=w.dtype)
+            for index in epoch_batches(n, self.cfg["batch_size"], generator, w.device):
+                loss = self.loss(w, index)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += loss.detach() * len(index)
+        updates.info["proxy_loss"] = float(total / n)  # mean over the last server epoch
+        if self.cfg["keep_state"]:
+            self.opt_state = {k: v.detach().clone() for k, v in opt.state[w].items()}
+        return w.detach()
+
+    def state_dict(self) -> dict:
+        return {"opt_state": self.opt_state} if self.opt_state else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt_state = dict(state.get("opt_state", {}))
+
+
+def build_proxy_algorithm(name: str, aggregator_cls, setting: dict, ctx, **extra):
+    """An Algorithm whose aggregator trains on the proxy set of section ``setting[name]``."""
+    from fedrepro.parts import Algorithm
+    from fedrepro.server import ServerSGD
+
+    cfg, trainer = setting[name], ctx.trainer
+    if trainer is None:
+        raise ValueError(f"{name} needs the trainer (server-side training on the proxy set)")
+    index, px, py = proxy_set(trainer, cfg["proxy_size"], setting["seed"])
+    aggregator = aggregator_cls(FunctionalModel(trainer.model.module), px, py, cfg, optimizer_settings(cfg, setting),
+                                setting["server"]["lr"], setting["seed"], **extra)
+    algorithm = Algorithm(name, aggregator, ServerSGD(1.0))
+    algorithm.proxy_index = index
+    return algorithm

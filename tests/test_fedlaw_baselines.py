@@ -1,0 +1,328 @@
+"""FedLAW's server-side baselines (FedDF, FedBE, Server-FT) and FedLAW (SWA): hand-computed server
+steps on a linear model, the SWAG sample on constructed deltas, the SWA average against recorded
+iterates, the proxy set left out of evaluation, determinism and exact resume."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import make_partition
+from fedrepro import checkpoint, config
+from fedrepro.algorithms.feddf import EnsembleDistillation
+from fedrepro.algorithms.fedbe import SWAG_SALT, BayesianEnsembleDistillation, swag_sample
+from fedrepro.algorithms.fedlaw import LearnedAggregation
+from fedrepro.algorithms.proxy import FunctionalModel, optimizer_settings, proxy_indices, round_generator
+from fedrepro.algorithms.serverft import ProxyFineTune
+from fedrepro.parts import RoundUpdates
+
+torch.set_num_threads(1)
+
+CFG = {"proxy_size": 20, "server_epochs": 1, "optimizer": "sgd", "lr": None, "momentum": None,
+       "weight_decay": None, "betas": [0.5, 0.999], "keep_state": True, "batch_size": 128, "swag_scale": 0.1}
+OPTIM = {"optimizer": "sgd", "lr": 0.3, "momentum": 0.9, "weight_decay": 0.01, "betas": (0.5, 0.999)}
+FEDLAW = {"variant": "swa", "gamma": 1.0, "proxy_size": 20, "server_epochs": 20, "server_lr": 0.01,
+          "betas": [0.5, 0.999], "lr_step_epochs": 20, "lr_step_factor": 0.5, "batch_size": 128,
+          "swa_order": "lambda_first", "swa_start": 5, "swa_lr": 0.05, "swa_anneal_epochs": 10,
+          "swa_cosine_epochs": 100}
+
+
+def problem(k=3, seed=0, round_=0):
+    """A 3-input, 2-class linear model (parameters: weight 2x3, then bias 2) in float64."""
+    g = torch.Generator().manual_seed(seed)
+    module = nn.Linear(3, 2).double()
+    x = torch.randn(8, generator=g, dtype=torch.float64)
+    deltas = 0.5 * torch.randn(k, 8, generator=g, dtype=torch.float64)
+    sizes = torch.tensor([10.0, 30.0, 60.0][:k], dtype=torch.float64)
+    updates = RoundUpdates(round_, torch.arange(k), deltas, sizes, torch.ones(k), torch.zeros(k), 0.1)
+    proxy_x = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    proxy_y = torch.tensor([0, 1, 1, 0])
+    return module, x, updates, proxy_x, proxy_y
+
+
+def linear_logits(w, inputs):
+    return inputs @ w[:6].view(2, 3).T + w[6:]
+
+
+def linear_grad(w, inputs, dlogits):
+    """d loss / d w for the linear model given d loss / d logits (B, 2)."""
+    return torch.cat([(dlogits.T @ inputs).reshape(-1), dlogits.sum(0)])
+
+
+def make(cls, module, px, py, cfg=None, optim=None, server_lr=1.0, seed=0):
+    return cls(FunctionalModel(module), px, py, {**CFG, **(cfg or {})}, {**OPTIM, **(optim or {})}, server_lr, seed)
+
+
+# --------------------------------------------------------------------------- reductions to FedAvg
+
+
+@pytest.mark.parametrize("cls", [ProxyFineTune, EnsembleDistillation, BayesianEnsembleDistillation])
+@pytest.mark.parametrize("server_lr", [1.0, 0.5])
+def test_no_server_epochs_is_fedavg(cls, server_lr):
+    module, x, updates, px, py = problem()
+    d = make(cls, module, px, py, {"server_epochs": 0}, server_lr=server_lr)(x, updates)
+    # unit server step on d = x - (x - eta_g sum p_i Delta_i)
+    assert torch.allclose(x - d, x - server_lr * updates.weighted_mean(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls,cfg", [(EnsembleDistillation, {}), (BayesianEnsembleDistillation, {"swag_scale": 0.0})])
+def test_distillation_from_identical_clients_changes_nothing(cls, cfg):
+    """Every teacher is the FedAvg model (FedBE's SWAG sample too, with swag_scale 0): KL = 0, no gradient."""
+    module, x, updates, px, py = problem()
+    updates.deltas[:] = updates.deltas[0]
+    agg = make(cls, module, px, py, {**cfg, "server_epochs": 3}, {"weight_decay": 0.0})
+    d = agg(x, updates)
+    assert updates.info["proxy_loss"] == pytest.approx(0.0, abs=1e-12)
+    assert torch.allclose(d, updates.deltas[0], rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- one step by hand
+
+
+def test_serverft_sgd_steps_by_hand_and_momentum_carries_over():
+    module, x, updates, px, py = problem()
+    agg = make(ProxyFineTune, module, px, py)
+    lr, mu, wd = OPTIM["lr"], OPTIM["momentum"], OPTIM["weight_decay"]
+
+    def ce_grad(w):
+        probs = torch.softmax(linear_logits(w, px), 1)
+        return linear_grad(w, px, (probs - nn.functional.one_hot(py, 2)) / len(py))
+
+    w0 = x - updates.weighted_mean()
+    g0 = ce_grad(w0) + wd * w0
+    w1 = w0 - lr * g0                                    # first step: the buffer is the gradient
+    x1 = x - agg(x, updates)
+    assert torch.allclose(x1, w1, rtol=0, atol=1e-12)
+    assert updates.info["proxy_loss"] == pytest.approx(float(nn.functional.cross_entropy(linear_logits(w0, px), py)))
+    # the next round starts from its own FedAvg model with the momentum buffer of the last step
+    _, _, nxt, _, _ = problem(seed=1, round_=1)
+    v0 = x1 - nxt.weighted_mean()
+    expected = v0 - lr * (mu * g0 + ce_grad(v0) + wd * v0)
+    assert torch.allclose(x1 - agg(x1, nxt), expected, rtol=0, atol=1e-12)
+    fresh = make(ProxyFineTune, module, px, py, {"keep_state": False})
+    fresh(x, problem()[2])
+    assert torch.allclose(x1 - fresh(x1, nxt), v0 - lr * (ce_grad(v0) + wd * v0), rtol=0, atol=1e-12)
+
+
+def test_serverft_adam_first_step_is_lr_times_sign():
+    module, x, updates, px, py = problem()
+    agg = make(ProxyFineTune, module, px, py, optim={"optimizer": "adam", "lr": 0.01, "weight_decay": 0.0})
+    w0 = x - updates.weighted_mean()
+    probs = torch.softmax(linear_logits(w0, px), 1)
+    g = linear_grad(w0, px, (probs - nn.functional.one_hot(py, 2)) / len(py))
+    assert torch.allclose(x - agg(x, updates), w0 - 0.01 * g / (g.abs() + 1e-8), rtol=0, atol=1e-12)
+
+
+def test_feddf_step_by_hand_with_the_unweighted_teacher_mean():
+    module, x, updates, px, py = problem()
+    agg = make(EnsembleDistillation, module, px, py)
+    lr, wd = OPTIM["lr"], OPTIM["weight_decay"]
+    w0 = x - updates.weighted_mean()                     # student: data-size weighted FedAvg
+    # the logits are linear in the parameters: the mean of the clients' logits is the logits of their
+    # unweighted mean model
+    teacher = linear_logits((x - updates.deltas).mean(0), px)
+    student = linear_logits(w0, px)
+    p_t, log_p_s = torch.softmax(teacher, 1), torch.log_softmax(student, 1)
+    kl = float((p_t * (p_t.log() - log_p_s)).sum() / len(px))
+    g = linear_grad(w0, px, (log_p_s.exp() - p_t) / len(px)) + wd * w0
+    assert torch.allclose(x - agg(x, updates), w0 - lr * g, rtol=0, atol=1e-12)
+    assert updates.info["proxy_loss"] == pytest.approx(kl, rel=1e-12)
+    assert kl > 1e-3
+
+
+def test_fedbe_teachers_are_fedavg_clients_and_one_swag_sample():
+    module, x, updates, px, py = problem()
+    agg = make(BayesianEnsembleDistillation, module, px, py, seed=4)
+    models = x - updates.deltas
+    x_avg = x - updates.weighted_mean()
+    agg.prepare(x, x_avg, models, updates)
+    eps = torch.randn(8, generator=round_generator(4, 0, SWAG_SALT), dtype=torch.float64)
+    swag = swag_sample(x, models, FunctionalModel(module).slices(), 0.1, eps)
+    teachers = torch.stack([x_avg, *models, swag])       # K + 2 = 5 nets, uniform
+    expected = torch.stack([linear_logits(w, px) for w in teachers]).mean(0)
+    assert torch.allclose(agg.teacher, expected, rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- the SWAG sample
+
+
+def test_swag_sample_on_constructed_deltas():
+    """Per parameter tensor: normalised deltas u_i, m = mean u, v = max(mean u^2 - m^2, 1e-5), and
+    x + (m + 0.1 sqrt(v) eps) * mean ||g_i||."""
+    module = nn.Linear(2, 1).double()                                   # weight (1x2), bias (1)
+    slices = list(FunctionalModel(module).slices())
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    models = x + torch.tensor([[2.0, 0.0, -1.0], [0.0, 4.0, 3.0]], dtype=torch.float64)
+    eps = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    # weight: norms 2, 4 -> u = e1, e2; m = (.5, .5), v = .25, mean norm 3
+    # bias:   norms 1, 3 -> u = -1, 1;  m = 0, v = 1, mean norm 2
+    expected = torch.tensor([1 + 3 * (0.5 + 0.1 * 0.5 * 1.0), 2 + 3 * (0.5 + 0.1 * 0.5 * -2.0),
+                             3 + 2 * (0.0 + 0.1 * 1.0 * 0.5)], dtype=torch.float64)
+    assert torch.allclose(swag_sample(x, models, slices, 0.1, eps), expected, rtol=0, atol=1e-12)
+    # identical directions: the variance is clamped at 1e-5; an untouched layer stays at x (no 0/0)
+    same = x + torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 0.0]], dtype=torch.float64)
+    out = swag_sample(x, same, slices, 0.1, eps)
+    u = 1 / math.sqrt(2)
+    assert torch.allclose(out[:2], x[:2] + (u + 0.1 * math.sqrt(1e-5) * eps[:2]) * 1.5 * math.sqrt(2), atol=1e-12)
+    assert out[2] == x[2]
+
+
+# --------------------------------------------------------------------------- FedLAW (SWA)
+
+
+def swa_problem(k=3):
+    g = torch.Generator().manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    dim = sum(p.numel() for p in module.parameters())
+    x = torch.randn(dim, generator=g, dtype=torch.float64)
+    deltas = 0.3 * torch.randn(k, dim, generator=g, dtype=torch.float64)
+    sizes = torch.tensor([10.0, 30.0, 60.0][:k], dtype=torch.float64)
+    updates = RoundUpdates(0, torch.arange(k), deltas, sizes, torch.ones(k), torch.zeros(k), 0.1)
+    proxy_x = torch.randn(20, 4, generator=g, dtype=torch.float64)
+    return module, x, updates, proxy_x, torch.randint(0, 3, (20,), generator=g)
+
+
+def test_swa_averages_the_lambda_iterates_after_swa_start_then_learns_gamma():
+    module, x, updates, px, py = swa_problem()
+    agg = LearnedAggregation(module, px, py, FEDLAW)
+    agg.trace = []
+    x_new = x - agg(x, updates)
+    lam_stage = [t for t in agg.trace if t[0] == "lambda"]
+    gamma_stage = [t for t in agg.trace if t[0] == "gamma"]
+    assert [t[0] for t in agg.trace] == ["lambda"] * 10 + ["gamma"] * 10        # code order, 20 // 2 each
+    assert all(t[2] == 0.0 for t in lam_stage)                                  # gamma = 1 while lambda learns
+    averaged = torch.stack([t[3] for t in lam_stage if t[1] > 5]).mean(0)      # epochs 6..9
+    assert updates.info["swa_averaged"] == 4
+    lam = torch.softmax(averaged, 0)
+    assert torch.allclose(updates.info["weights"], lam, atol=1e-12)
+    assert all(torch.equal(t[3], gamma_stage[0][3]) for t in gamma_stage)      # lambda fixed while gamma learns
+    assert torch.allclose(torch.softmax(gamma_stage[0][3], 0), lam, atol=1e-12)
+    gamma = math.exp(gamma_stage[-1][2])
+    assert updates.info["gamma"] == pytest.approx(gamma, rel=1e-12) and gamma != 1.0
+    assert torch.allclose(x_new, gamma * (lam @ (x - updates.deltas)), atol=1e-12)
+    # the lr in effect during each lambda epoch: cosine (T_max 100) through epoch swa_start + 1, then
+    # SWALR's cosine anneal towards 0.05 over 10 epochs; the gamma stage halves every 20 epochs
+    lr0 = FEDLAW["server_lr"]
+    cos = [lr0 * (1 + math.cos(math.pi * e / 100)) / 2 for e in range(7)]
+    swa = [0.05 * a + cos[6] * (1 - a) for a in ((1 - math.cos(math.pi * j / 10)) / 2 for j in range(1, 4))]
+    assert [t[4] for t in lam_stage] == pytest.approx(cos + swa, rel=1e-9)
+    assert [t[4] for t in gamma_stage] == [lr0] * 10
+
+
+def test_swa_in_the_papers_order_and_with_too_few_epochs():
+    module, x, updates, px, py = swa_problem()
+    agg = LearnedAggregation(module, px, py, {**FEDLAW, "swa_order": "gamma_first"})
+    agg.trace = []
+    agg(x, updates)
+    assert [t[0] for t in agg.trace] == ["gamma"] * 10 + ["lambda"] * 10
+    gamma = agg.trace[9][2]
+    assert gamma != 0.0 and all(t[2] == gamma for t in agg.trace[10:])         # learned gamma, then fixed
+    # no epoch beyond swa_start: nothing is averaged and lambda stays at the data sizes (the code's
+    # AveragedModel keeps its initial copy)
+    short = LearnedAggregation(module, px, py, {**FEDLAW, "server_epochs": 12})
+    short(x, updates)
+    assert updates.info["swa_averaged"] == 0
+    assert torch.allclose(updates.info["weights"], updates.weights, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_null_optimizer_settings_take_the_clients():
+    setting = config.resolve({"algorithm": "feddf", "client": {"lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4}})
+    assert optimizer_settings(setting["feddf"], setting) == {"optimizer": "sgd", "betas": (0.5, 0.999),
+                                                             "lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4}
+    setting = config.resolve({"algorithm": "serverft", "serverft": {"lr": 0.01, "optimizer": "adam"}})
+    assert optimizer_settings(setting["serverft"], setting)["lr"] == 0.01
+    assert setting["serverft"]["server_epochs"] == 2 and setting["serverft"]["keep_state"]
+
+
+@pytest.mark.parametrize("name", ["feddf", "fedbe", "serverft"])
+def test_proxy_size_is_checked(name):
+    with pytest.raises(config.ConfigError, match=rf"{name}\.proxy_size = 15"):
+        config.resolve({"algorithm": name, name: {"proxy_size": 15}})
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+@pytest.fixture(scope="module")
+def partition_dir(tiny_data_root, tmp_path_factory):
+    return make_partition(tiny_data_root, tmp_path_factory.mktemp("part"), num_clients=4, kind="iid")
+
+
+METHODS = {"feddf": {}, "fedbe": {}, "serverft": {},
+           "fedlaw": {"fedlaw": {"variant": "swa", "proxy_size": 20, "server_epochs": 16, "swa_start": 2}}}
+
+
+def tiny(method: str, seed: int = 1) -> dict:
+    extra = METHODS[method] or {method: {"proxy_size": 20, "server_epochs": 2}}
+    return config.resolve({"algorithm": method, "num_clients": 4, "participation": 0.5, "rounds": 3, "seed": seed,
+                           "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"},
+                           "client": {"lr": 0.05, "momentum": 0.5}, **extra})
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_proxy_samples_are_not_evaluated(method, tiny_data_root, partition_dir, tmp_path):
+    from fedrepro import data
+    from fedrepro.engine import Trainer
+
+    s = tiny(method)
+    trainer = Trainer(s, tmp_path, partition_dir, tiny_data_root)
+    full = data.load("fmnist", tiny_data_root, train=False)
+    index = proxy_indices(full.labels, 20, s["seed"])
+    assert torch.equal(trainer.algorithm.proxy_index, index)
+    keep = torch.ones(len(full), dtype=torch.bool)
+    keep[index] = False
+    assert len(trainer.test) == len(full) - 20
+    assert torch.equal(trainer.test.images, full.images[keep]) and torch.equal(trainer.test.labels, full.labels[keep])
+    # the aggregator trains on exactly those samples
+    assert torch.equal(trainer.algorithm.aggregator.proxy_y, full.labels[index])
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_runs_are_deterministic_and_resume_exactly(method, tiny_data_root, partition_dir, tmp_path):
+    from fedrepro.engine import Trainer
+
+    s = tiny(method)
+    straight = Trainer(s, tmp_path / "a", partition_dir, tiny_data_root).run(progress=False)
+    assert straight["status"] == "finished"
+    Trainer(s, tmp_path / "b", partition_dir, tiny_data_root).run(progress=False)
+    Trainer(s, tmp_path / "c", partition_dir, tiny_data_root).run(progress=False, stop_after=1)
+    resumed = Trainer(s, tmp_path / "c", partition_dir, tiny_data_root).run(progress=False)
+    assert resumed["resumed"]
+    a, b, c = (checkpoint.load(tmp_path / r / "model.pt")["x"] for r in "abc")
+    assert torch.isfinite(a).all()
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_fedbe_sample_depends_on_seed_and_round():
+    module, x, updates, px, py = problem()
+    models = x - updates.deltas
+
+    def teachers(seed, round_):
+        agg = make(BayesianEnsembleDistillation, module, px, py, seed=seed)
+        updates.round = round_
+        return agg.teachers(x, x, models, updates)[-1]
+
+    assert torch.equal(teachers(1, 0), teachers(1, 0))
+    assert not torch.equal(teachers(1, 0), teachers(2, 0)) and not torch.equal(teachers(1, 0), teachers(1, 1))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_server_optimiser_state_survives_a_weights_only_checkpoint(optimizer, tmp_path):
+    """Round 2 after a save/load of the aggregator's state equals round 2 of the same object."""
+    module, x, updates, px, py = problem()
+    _, _, nxt, _, _ = problem(seed=1, round_=1)
+    optim = {"optimizer": optimizer, "lr": 0.05}
+    agg = make(ProxyFineTune, module, px, py, {"server_epochs": 2}, optim)
+    x1 = x - agg(x, updates)
+    checkpoint.save(agg.state_dict(), tmp_path / "state.pt")
+    again = make(ProxyFineTune, module, px, py, {"server_epochs": 2}, optim)
+    again.load_state_dict(checkpoint.load(tmp_path / "state.pt"))
+    expected = x1 - agg(x1, nxt)
+    assert torch.equal(x1 - again(x1, nxt), expected)
+    fresh = make(ProxyFineTune, module, px, py, {"server_epochs": 2}, optim)
+    assert not torch.equal(x1 - fresh(x1, nxt), expected), "the state matters"
