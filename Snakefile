@@ -53,6 +53,9 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/bench.smk"
 
 
+report: "workflow/report/workflow.rst"
+
+
 localrules: all, download, manifest, track, report, collect
 
 

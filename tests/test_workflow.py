@@ -183,7 +183,26 @@ def test_e2e_report_shows_the_experiment(tiny_run):
     assert "Tiny FedAvg check" in html
     assert "data:image/png;base64," in html, "figures are embedded"
     assert "<script src=\"http" not in html
-    assert (tiny_run["work"] / "reports" / "index.html").exists()
+    index = (tiny_run["work"] / "reports" / "index.html").read_text()
+    assert re.search(r'<a href="#tiny">tiny</a>.*?<td>3</td><td>2</td><td>1</td><td>0</td><td>0</td>', index, re.S), \
+        "the index lists this params file's 3 runs: 2 done, 1 diverged"
+
+
+@pytest.mark.slow
+def test_e2e_snakemake_report_packs_the_figures_with_their_captions(tiny_run):
+    figures = sorted(p.name for p in (tiny_run["work"] / "reports" / "tiny_figures").iterdir())
+    assert "tiny_e2e.curves.png" in figures and any(f.startswith("tiny_e2e.partition-") for f in figures)
+    out = tiny_run["work"] / "packed.zip"
+    proc = _snakemake(tiny_run["work"], "--report", str(out), "--configfile", str(tiny_run["params"]),
+                      env=tiny_run["env"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import zipfile
+    with zipfile.ZipFile(out) as packed:
+        names = packed.namelist()
+        assert any(n.endswith("tiny_e2e.curves.png") for n in names), names
+        text = "".join(packed.read(n).decode(errors="ignore") for n in names if n.endswith((".html", ".js")))
+    assert "Test accuracy and training loss by round" in text, "the curves' caption"
+    assert "Tiny FedAvg check" in text, "captions name the experiment"
 
 
 @pytest.mark.slow

@@ -89,7 +89,7 @@ def cmd_report(args) -> None:
         manifest.write_text(json.dumps({**config.manifest(params, config.expand(params), name),
                                         "configfiles": args.configfile,
                                         "command": "fedrepro report --configfile " + " ".join(args.configfile)}))
-    out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out)
+    out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures)
     print(f"report: {Path(out).resolve()}")
 
 
@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs-dir", default="results/runs")
     p.add_argument("--partitions-dir", default="results/partitions")
     p.add_argument("--out", required=True, help="the report page")
+    p.add_argument("--figures", help="also write its figures as PNG files into this folder")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("index", help="the index page: every experiment of every params file and its state")

@@ -196,7 +196,24 @@ def ablation_figure(runs: pd.DataFrame) -> str | None:
     return _png(fig)
 
 
-def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str | Path, out: str | Path) -> Path:
+def write_figures(sections: list[dict], folder: Path) -> list[Path]:
+    """The page's figures as files, ``<experiment>.<kind>.png`` (kind: curves, ablation,
+    partition-<id>), for ``snakemake --report`` to pack with their captions."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for section in sections:
+        figures = {"curves": section["curves"], "ablation": section["ablation"]}
+        figures.update({f"partition-{p['id']}": p["png"] for p in section["partitions"]})
+        for kind, png in figures.items():
+            if png:
+                path = folder / f"{section['name']}.{kind}.png"
+                path.write_bytes(base64.b64decode(png))
+                written.append(path)
+    return written
+
+
+def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str | Path, out: str | Path,
+          figures_dir: str | Path | None = None) -> Path:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
     manifest = json.loads(Path(manifest_path).read_text())
@@ -242,6 +259,8 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
                                                      others=others, page=out.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)
+    if figures_dir:
+        write_figures(sections, Path(figures_dir))
     return out
 
 

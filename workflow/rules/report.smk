@@ -37,12 +37,21 @@ rule report:
     output:
         page=report(f"reports/{CONFIG_NAME}.html", caption="../report/index.rst", category="Report"),
         index="reports/index.html",
+        # the page's figures as files, so that `snakemake --report` packs them with their captions
+        figures=report(
+            directory(f"reports/{CONFIG_NAME}_figures"),
+            patterns=["{experiment,[A-Za-z0-9_]+}.{kind}.png"],
+            caption="../report/figure.rst",
+            category=CONFIG_NAME,
+            subcategory="{experiment}",
+            labels={"experiment": "{experiment}", "figure": "{kind}"},
+        ),
     log:
         f"logs/report/{CONFIG_NAME}.log",
     params:
         index_params=INDEX_PARAMS,
     shell:
-        "(fedrepro report --manifest {input.manifest} --out {output.page} && "
+        "(fedrepro report --manifest {input.manifest} --out {output.page} --figures {output.figures} && "
         "fedrepro index --out {output.index} --params {params.index_params:q}) > {log} 2>&1"
 
 
