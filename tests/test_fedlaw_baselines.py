@@ -17,6 +17,7 @@ from fedrepro.algorithms.fedlaw import LearnedAggregation
 from fedrepro.algorithms.proxy import FunctionalModel, optimizer_settings, proxy_indices, round_generator
 from fedrepro.algorithms.serverft import ProxyFineTune
 from fedrepro.parts import RoundUpdates
+from test_fedlaw import problem
 
 torch.set_num_threads(1)
 
@@ -172,20 +173,8 @@ def test_swag_sample_on_constructed_deltas():
 # --------------------------------------------------------------------------- FedLAW (SWA)
 
 
-def swa_problem(k=3):
-    g = torch.Generator().manual_seed(0)
-    module = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
-    dim = sum(p.numel() for p in module.parameters())
-    x = torch.randn(dim, generator=g, dtype=torch.float64)
-    deltas = 0.3 * torch.randn(k, dim, generator=g, dtype=torch.float64)
-    sizes = torch.tensor([10.0, 30.0, 60.0][:k], dtype=torch.float64)
-    updates = RoundUpdates(0, torch.arange(k), deltas, sizes, torch.ones(k), torch.zeros(k), 0.1)
-    proxy_x = torch.randn(20, 4, generator=g, dtype=torch.float64)
-    return module, x, updates, proxy_x, torch.randint(0, 3, (20,), generator=g)
-
-
 def test_swa_averages_the_lambda_iterates_after_swa_start_then_learns_gamma():
-    module, x, updates, px, py = swa_problem()
+    module, x, updates, px, py = problem()
     agg = LearnedAggregation(module, px, py, FEDLAW)
     agg.trace = []
     x_new = x - agg(x, updates)
@@ -212,7 +201,7 @@ def test_swa_averages_the_lambda_iterates_after_swa_start_then_learns_gamma():
 
 
 def test_swa_in_the_papers_order_and_with_too_few_epochs():
-    module, x, updates, px, py = swa_problem()
+    module, x, updates, px, py = problem()
     agg = LearnedAggregation(module, px, py, {**FEDLAW, "swa_order": "gamma_first"})
     agg.trace = []
     agg(x, updates)
