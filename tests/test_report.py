@@ -137,6 +137,7 @@ def test_index_counts_every_experiments_runs_by_state(tmp_path):
     reports.mkdir()
     (reports / "two_subset.html").write_text("a partial report")
 
+    (runs_dir / "fedavg-of-older-code-0123456789").mkdir()
     out = index.build(reports / "index.html", [path], runs_dir)
     survey = index.survey(path, runs_dir, reports)
     by_name = {e["name"]: e for e in survey["experiments"]}
@@ -147,6 +148,7 @@ def test_index_counts_every_experiments_runs_by_state(tmp_path):
     assert survey["report"] is None and "fedrepro report --configfile" in survey["report_command"]
     html = out.read_text()
     assert '<a href="two_subset.html">' in html, "reports of subsets are linked"
+    assert "1 run folder in" in html and "<code>fedavg-of-older-code-0123456789</code>" in html
     assert re.search(r'<td class="partial">partial</td>\s*<td>4</td><td>1</td><td>1</td><td>1</td><td>1</td>', html)
     shutil.rmtree(runs_dir / first[2].id)
     for run in first[2:]:

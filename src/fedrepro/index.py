@@ -46,11 +46,19 @@ def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
     totals = Counter(state_of.values())
     shown = params_path.resolve()
     shown = shown.relative_to(config.ROOT) if shown.is_relative_to(config.ROOT) else shown
-    return {"name": params_path.stem, "path": str(shown), "title": params.get("title", params_path.stem),
+    return {"name": params_path.stem, "path": str(shown), "run_ids": set(state_of), "title": params.get("title", params_path.stem),
             "quick": params.get("quick", False), "experiments": experiments, "runs": len(state_of),
             **{s: totals[s] for s in STATES},
             "report": report.name if report.exists() else None,
             "report_command": f"fedrepro report --configfile {shown} --out {report}"}
+
+
+def unlisted_runs(runs_dir: Path, listed: set[str]) -> list[str]:
+    """Run folders no surveyed params file names: runs of edited code or settings (a run's folder
+    name hashes both), or of params files not surveyed. Kept, never deleted; listed so they can be."""
+    if not runs_dir.is_dir():
+        return []
+    return sorted(p.name for p in runs_dir.iterdir() if p.is_dir() and p.name not in listed)
 
 
 def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str | Path = "results/runs",
@@ -63,11 +71,13 @@ def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str
     reports_dir = Path(reports_dir) if reports_dir else out.parent
     paths = [Path(p) for p in params] if params else params_files(config.ROOT / "params")
     files = [survey(p, Path(runs_dir), reports_dir) for p in paths]
+    unlisted = unlisted_runs(Path(runs_dir), set().union(*(f["run_ids"] for f in files)))
     listed = {f"{f['name']}.html" for f in files} | {out.name}
     others = sorted(p.name for p in reports_dir.glob("*.html") if p.name not in listed)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
     html = env.get_template("index.html.j2").render(
-        files=files, others=others, generated=datetime.datetime.now().isoformat(timespec="seconds"))
+        files=files, others=others, unlisted=unlisted, runs_dir=str(runs_dir),
+        generated=datetime.datetime.now().isoformat(timespec="seconds"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)
     return out
