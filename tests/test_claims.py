@@ -63,6 +63,37 @@ def test_order_and_ties_and_among():
     assert (best.paper.holds, best.paper.total) == (1, 2)          # z = 1 is left out by among
 
 
+def test_a_cell_whose_runs_all_diverged_loses_instead_of_waiting():
+    values = {("FedAvg", "c"): 80, ("FedDyn", "c"): 78, ("FedLAW", "c"): 81}
+    cells = table(values, {("FedAvg", "c"): [0.7], ("FedLAW", "c"): [0.75]})
+    next(c for c in cells if c.row == "FedDyn").diverged = ["feddyn-run"]
+    best = claims.evaluate({"text": "", "kind": "best", "axis": "rows", "winner": "FedLAW"}, "t", cells)
+    assert (best.ours.holds, best.ours.total, best.pending) == (1, 1, 0)
+    next(c for c in cells if c.row == "FedLAW").ours, next(c for c in cells if c.row == "FedLAW").diverged = [], ["x"]
+    best = claims.evaluate({"text": "", "kind": "best", "axis": "rows", "winner": "FedLAW"}, "t", cells)
+    assert (best.ours.holds, best.ours.total) == (0, 1)
+
+
+def test_margin_and_targets_never_reached():
+    values = {("r1", "new"): 66.31, ("r1", "old"): 60.68, ("r2", "new"): 73.32, ("r2", "old"): 65.26}
+    margin = claims.evaluate({"text": "", "kind": "beats", "winner": "new", "loser": "old", "margin": 6}, "t",
+                             table(values))
+    assert (margin.paper.holds, margin.paper.total) == (1, 2)             # 5.63 is not more than 6; 8.06 is
+    rounds = {("m", "IMA"): float("inf"), ("m", "FMA"): float("inf"), ("n", "IMA"): 120, ("n", "FMA"): float("inf")}
+    sooner = claims.evaluate({"text": "", "kind": "beats", "winner": "IMA", "loser": "FMA", "better": "lower"}, "t",
+                             table(rounds))
+    assert (sooner.paper.holds, sooner.paper.total) == (1, 2), "neither reaching the target is no evidence"
+
+
+def test_patterns_are_literal_but_for_the_star_and_order_labels_must_exist():
+    values = {("FedLAW [SWA]", "c?"): 2, ("FedAvg", "c?"): 1}
+    check = {"text": "", "kind": "best", "axis": "rows", "winner": "FedLAW [SWA]", "lines": ["c?"]}
+    assert claims.evaluate(check, "t", table(values)).paper.total == 1
+    with pytest.raises(ValueError, match="order names t_s=999"):
+        claims.evaluate({"text": "x", "kind": "order", "axis": "rows", "order": ["FedAvg", "t_s=999"]}, "t",
+                        table(values))
+
+
 def test_unknown_kind_and_axis_are_refused_by_name():
     with pytest.raises(ValueError, match="check kind 'most'"):
         claims.evaluate({"text": "", "kind": "most"}, "t", table(PAIRS))
@@ -70,12 +101,25 @@ def test_unknown_kind_and_axis_are_refused_by_name():
         claims.evaluate({"text": "", "kind": "best", "axis": "diagonal", "winner": "x"}, "t", table(PAIRS))
 
 
-# What the papers' numbers say about their own claims (counted by hand from specs/*.md).
+# What the papers' numbers say about their own claims (counted by hand from specs/*.md): a check that
+# encodes its claim wrongly shows up here as the paper contradicting itself.
 EXPECTED_ON_PAPER = {
     ("ima_table1", "+IMA beats FMA (per method and setting)"): (96, 96),
+    ("ima_table2", "IMA from every t_s reaches the target sooner than FMA"): (24, 24),
+    ("ima_table2", "an earlier start reaches it no later"): (16, 18),
+    ("ima_table3", "Exp Decay and Const LR beat Cyclic, Epoch and NA Decay"): (42, 48),
     ("fedlaw_table3", "FedLAW or FedLAW (SWA) is best in the column"): (10, 12),
-    ("fedaware_table2", "×AWARE raises accuracy"): (17, 18),
+    ("fedlaw_table3", "FedLAW beats FedAvg"): (10, 12),
+    ("fedlaw_table1", "some fixed γ < 1 beats γ = 1"): (6, 6),
     ("fedlaw_table9", "at α = 0.1 (AlexNet, ResNet8) γ = 1 beats every fixed γ < 1"): (2, 2),
+    ("fedlaw_table9", "at α ≥ 0.2 some fixed γ < 1 beats γ = 1"): (9, 9),
+    ("fedaware_table2", "FedAWARE has the best raw accuracy (CIFAR-10, AGNews)"): (2, 2),
+    ("fedaware_table2", "×AWARE raises e-LUDD"): (18, 18),
+    ("fedaware_table2", "×AWARE raises accuracy"): (17, 18),
+    ("fednova_table1", "FedNova beats FedAvg by more than 5 points with SGD and momentum"): (4, 4),
+    ("fednova_table1", "FedNova-Prox beats FedProx by more than 8 points"): (2, 2),
+    ("fednova_table1", "with VR, FedNova and SCAFFOLD are within 0.5 points"): (1, 1),
+    ("fednova_table1", "momentum + VR gives FedNova's best accuracy under U(2,5)"): (1, 1),
 }
 
 
@@ -85,10 +129,8 @@ def test_every_claim_check_of_the_papers_runs_and_the_papers_mostly_agree_with_t
     for name, spec in tables.items():
         for verdict in claims.evaluate_table(name, spec, paper.cells({name: spec})):
             assert verdict.paper.total > 0, f"{name}: check '{verdict.text}' compares nothing"
-            assert verdict.paper.holds >= verdict.paper.total * 0.8, f"{name}: '{verdict.text}' {verdict.paper}"
             assert verdict.ours.total == 0 and verdict.pending == verdict.paper.total
             seen[(name, verdict.text)] = (verdict.paper.holds, verdict.paper.total)
-    for key, count in EXPECTED_ON_PAPER.items():
-        assert seen[key] == count, key
+    assert seen == EXPECTED_ON_PAPER
     claimed = {name for name, spec in tables.items() if spec.get("claim")}
     assert claimed <= {name for name, _ in seen}, "a table states a claim but checks none of it"

@@ -2,23 +2,26 @@
 
 A table of params/paper_results.yaml lists its claims under ``checks``. Each check compares cells
 of that table along one ``axis`` (``rows`` or ``columns``: which labels are compared), once per
-line of the other axis (``lines``: glob patterns restricting those, default all):
+line of the other axis (``lines``: patterns restricting those, default all):
 
-  beats  every label matching ``winner`` against every label matching ``loser``. Glob patterns
-         pair by what their ``*`` stands for ("*, +IMA" with "*, FMA"); a pattern without ``*``
-         pairs with every label the other side matches.
+  beats  every label matching ``winner`` against every label matching ``loser``, by more than
+         ``margin`` (default 0). Patterns pair by what their ``*`` stands for ("*, +IMA" with
+         "*, FMA"); a pattern without ``*`` pairs with every label the other side matches.
   ties   as beats, but a comparison holds when the two are within ``tolerance`` of each other.
   best   per line, the best of the ``winner`` labels beats every other label of the line.
-  order  per line, the ``order`` labels are monotone: each at least as good as the next.
+  order  per line and per neighbouring pair of the ``order`` labels: the first is at least as good.
 
-``among`` (glob patterns) restricts the compared labels, e.g. ``best`` among some rows only.
-``better: lower`` flips the direction (rounds to a target accuracy). A check is counted on each
-side separately over the comparisons whose cells that side has: "paper 16/16, ours 11/12 (4 not
-run)" says the claim holds in the paper's numbers, and how far it holds in ours so far.
+``among`` (patterns) restricts the compared labels, e.g. ``best`` among some rows only.
+``better: lower`` flips the direction (rounds to a target accuracy); two cells that never reached the
+target (inf) are no evidence either way, so such a comparison does not hold. Patterns are literal
+text except ``*``. A check is counted on each side separately over the comparisons whose cells that
+side has: "paper 16/16, ours 11/12 (4 not run yet)" says the claim holds in the paper's numbers,
+and how far it holds in ours so far. A cell of ours whose every run diverged counts as the worst
+possible value, so a claim that needs it fails rather than waiting for it.
 """
 from __future__ import annotations
 
-import fnmatch
+import math
 import re
 from dataclasses import dataclass
 
@@ -46,6 +49,11 @@ class Verdict:
     def __str__(self) -> str:
         tail = f" ({self.pending} not run yet)" if self.pending else ""
         return f"{self.text}: paper {self.paper}, ours {self.ours}{tail}"
+
+
+def _matching(labels: list[str], patterns) -> list[str]:
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    return [l for l in labels if any(_captures(p, l) is not None for p in patterns)]
 
 
 def _captures(pattern: str, label: str) -> tuple | None:
@@ -77,7 +85,10 @@ def _comparisons(check: dict, labels: list[str]) -> list[tuple[list[str], list[s
         winners = list(_select(labels, check["winner"]))
         return [(winners, [l for l in labels if l not in winners])]
     if kind == "order":
-        order = [l for l in check["order"] if l in labels]
+        unknown = [l for l in check["order"] if l not in labels]
+        if unknown:
+            raise ValueError(f"check '{check['text']}': order names {', '.join(unknown)}, not labels of the table")
+        order = check["order"]
         return [([a], [b]) for a, b in zip(order, order[1:])]
     raise ValueError(f"check kind '{kind}' is not one of {', '.join(KINDS)}")
 
@@ -87,9 +98,18 @@ def _holds(check: dict, better: list[float], worse: list[float]) -> bool:
     if check["kind"] == "ties":
         return abs(better[0] - worse[0]) <= check["tolerance"]
     best = max(sign * v for v in better)
+    if best == -math.inf:  # nothing on the winning side reached anything
+        return False
     if check["kind"] == "order":
         return best >= sign * worse[0]
-    return all(best > sign * v for v in worse)
+    return all(best > sign * v + check.get("margin", 0) for v in worse)
+
+
+def _ours(cell: Cell, check: dict) -> float | None:
+    """Our value of a cell: the mean over seeds; the worst value when every run diverged."""
+    if cell.ours_mean is None and cell.diverged:
+        return math.inf if check.get("better", "higher") == "lower" else -math.inf
+    return cell.ours_mean
 
 
 def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
@@ -101,9 +121,9 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
         raise ValueError(f"check axis '{axis}' must be rows or columns")
     labels, lines = (columns, rows) if axis == "columns" else (rows, columns)
     if "among" in check:
-        labels = [l for l in labels if any(fnmatch.fnmatchcase(l, p) for p in check["among"])]
+        labels = _matching(labels, check["among"])
     if "lines" in check:
-        lines = [l for l in lines if any(fnmatch.fnmatchcase(l, p) for p in check["lines"])]
+        lines = _matching(lines, check["lines"])
 
     def cell(line: str, label: str) -> Cell:
         return grid[(line, label)] if axis == "columns" else grid[(label, line)]
@@ -122,12 +142,12 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
                 continue
             paper.total += 1
             paper.holds += _holds(check, [cell(line, l).value for l in better], [cell(line, l).value for l in worse])
-            if any(c.ours_mean is None for c in published):
+            if any(_ours(c, check) is None for c in published):
                 pending += 1
                 continue
             ours.total += 1
-            ours.holds += _holds(check, [cell(line, l).ours_mean for l in better],
-                                 [cell(line, l).ours_mean for l in worse])
+            ours.holds += _holds(check, [_ours(cell(line, l), check) for l in better],
+                                 [_ours(cell(line, l), check) for l in worse])
     return Verdict(check["text"], paper, ours, pending)
 
 
