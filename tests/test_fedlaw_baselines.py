@@ -17,7 +17,7 @@ from fedrepro.algorithms.fedlaw import LearnedAggregation
 from fedrepro.algorithms.proxy import FunctionalModel, optimizer_settings, proxy_indices, round_generator
 from fedrepro.algorithms.serverft import ProxyFineTune
 from fedrepro.parts import RoundUpdates
-from test_fedlaw import problem
+from test_fedlaw import problem as mlp_problem
 
 torch.set_num_threads(1)
 
@@ -174,7 +174,7 @@ def test_swag_sample_on_constructed_deltas():
 
 
 def test_swa_averages_the_lambda_iterates_after_swa_start_then_learns_gamma():
-    module, x, updates, px, py = problem()
+    module, x, updates, px, py = mlp_problem()
     agg = LearnedAggregation(module, px, py, FEDLAW)
     agg.trace = []
     x_new = x - agg(x, updates)
@@ -201,7 +201,7 @@ def test_swa_averages_the_lambda_iterates_after_swa_start_then_learns_gamma():
 
 
 def test_swa_in_the_papers_order_and_with_too_few_epochs():
-    module, x, updates, px, py = problem()
+    module, x, updates, px, py = mlp_problem()
     agg = LearnedAggregation(module, px, py, {**FEDLAW, "swa_order": "gamma_first"})
     agg.trace = []
     agg(x, updates)
