@@ -382,6 +382,9 @@ def test_vr_refuses_partial_participation_before_any_work():
         config.resolve(raw)
     assert config.resolve({**raw, "participation": 1.0})["fednova"]["vr"] is True
     assert config.resolve({**raw, "fednova": {"vr": False}})["fednova"]["vr"] is False
+    both = {**raw, "participation": 1.0, "fednova": {"vr": True, "mu": 0.001}, "client": {"momentum": 0.9}}
+    with pytest.raises(config.ConfigError, match=r"fednova\.vr = true with both fednova\.mu = 0\.001 and client\.momentum"):
+        config.resolve(both)
     # and the part itself will not average over a partial cohort
     vr = CrossClientVR(4, 2)
     updates = RoundUpdates(0, torch.tensor([0, 2]), torch.zeros(2, 2), torch.ones(2), torch.ones(2), torch.zeros(2), 0.1)

@@ -47,7 +47,7 @@ def test_plan_counts_shared_and_finished_runs_once(tmp_path):
     steps = 4 * 5 * 2 * 60
     assert a["steps"] == steps and b["steps"] == steps
     assert result["total"]["seconds"] == pytest.approx(2 * steps * 0.5)
-    assert result["unique_runs"] == 3 and result["source"].startswith("measured")
+    assert result["unique_runs"] == 3 and result["source"].startswith("measured on unknown device")
 
 
 def test_without_a_benchmark_the_estimate_says_it_is_a_guess(tmp_path):
@@ -75,7 +75,9 @@ def test_the_benchmarks_table_per_device_is_read_gpu_first(tmp_path):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"step_seconds": {"cpu": {"fmnist/mlp:64": 1.0}, "cuda": {"fmnist/mlp:64": 0.001}}}))
     costs, source = plan.load_step_costs(bench)
-    assert costs == {"fmnist/mlp:64": 0.001} and source.startswith("measured")
+    assert costs == {"fmnist/mlp:64": 0.001} and source == f"measured on cuda ({bench})"
+    with pytest.raises(ValueError, match="not a step_costs file"):
+        plan.measure(config.validate(_params(), "params.schema.yaml", "test"), "cpu", bench)
 
 
 def test_measure_times_every_setting_of_the_params_file_and_plan_uses_it(tmp_path):
@@ -87,7 +89,7 @@ def test_measure_times_every_setting_of_the_params_file_and_plan_uses_it(tmp_pat
     result = plan.plan(params, out, tmp_path)
     steps = 4 * 5 * 2 * 750  # ceil(6000 / 8)
     assert result["total"]["seconds"] == pytest.approx(3 * steps * table["step_seconds"]["fmnist/mlp:8"])
-    assert result["source"] == f"measured ({out})"
+    assert result["source"] == f"measured on cpu ({out})"
 
 
 def test_pythia_is_timed_from_its_published_architecture_without_the_hub():

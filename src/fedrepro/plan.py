@@ -54,19 +54,30 @@ def step_key(setting: dict) -> str:
     return f"{setting['dataset']}/{setting['model']}:{setting['batch_size']}"
 
 
+def _read_costs(path: Path) -> tuple[dict, str] | None:
+    """(flat key -> seconds, device) of a step_costs.json or a bench.json (one table per device: the GPU's)."""
+    if not path.exists():
+        return None
+    table = json.loads(path.read_text())
+    measured = table.get("step_seconds") or {}
+    if measured and all(isinstance(v, dict) and "seconds" not in v for v in measured.values()):
+        device = next((d for d in measured if d.startswith("cuda")), next(iter(measured)))
+        return measured[device], device
+    return (measured, table.get("device", "unknown device")) if measured else None
+
+
 def load_step_costs(path: str | Path | None = None) -> tuple[dict, str]:
     """(key -> seconds per step, or {seconds, batch_size}; source). Keys are ``dataset/model:batch``
-    as measured, or a model name in the rough table."""
-    for candidate in ([Path(path)] if path else [STEP_COSTS_FILE, BENCH_FILE]):
-        if not candidate.exists():
-            continue
-        measured = json.loads(candidate.read_text()).get("step_seconds") or {}
-        if measured and all(isinstance(v, dict) and "seconds" not in v for v in measured.values()):
-            # bench.json keeps one table per device: the GPU's when there is one
-            device = next((d for d in measured if d.startswith("cuda")), next(iter(measured)))
-            measured = measured[device]
-        if measured:
-            return measured, f"measured ({candidate})"
+    as measured, or a model name in the rough table. Without ``path``: step_costs.json or the
+    benchmark's bench.json, a GPU measurement first."""
+    found = []
+    for candidate in [Path(path)] if path else [STEP_COSTS_FILE, BENCH_FILE]:
+        read = _read_costs(candidate)
+        if read:
+            found.append((*read, candidate))
+    if found:
+        costs, device, where = next((f for f in found if f[1].startswith("cuda")), found[0])
+        return costs, f"measured on {device} ({where})"
     return {m: {"seconds": s, "batch_size": ROUGH_BATCH} for m, s in ROUGH_STEP_SECONDS.items()}, \
         "built-in rough guess (no results/bench/step_costs.json: fedrepro plan --measure)"
 
@@ -138,6 +149,8 @@ def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE
 
     out = Path(out)
     table = json.loads(out.read_text()) if out.exists() else {}
+    if out.exists() and "device" not in table:
+        raise ValueError(f"{out} is not a step_costs file (a benchmark's bench.json?); measure into another file")
     if table.get("device") not in (None, device):
         table = {}  # costs of another device do not mix
     costs = table.get("step_seconds", {})

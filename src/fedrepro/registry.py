@@ -82,10 +82,15 @@ def _proximal_check(section: str):
 
 def _fednova_vr_check(setting: dict) -> list[str]:
     # FedNova-VR corrects with every client's d_i of the previous round: it needs them all, every round
+    problems = []
     if setting["fednova"].get("vr") and setting["participation"] < 1:
-        return [f"fednova.vr = true needs participation = 1 (every client's normalised gradient of the previous "
-                f"round); participation = {setting['participation']}"]
-    return []
+        problems.append(f"fednova.vr = true needs participation = 1 (every client's normalised gradient of the "
+                        f"previous round); participation = {setting['participation']}")
+    if setting["fednova"].get("vr") and setting["fednova"]["mu"] > 0 and setting["client"]["momentum"] > 0:
+        # the code's ||a_i||_1 recursion is not the correction's weight when both act, so d_i would be wrong
+        problems.append(f"fednova.vr = true with both fednova.mu = {setting['fednova']['mu']} and client.momentum = "
+                        f"{setting['client']['momentum']}: d_i is exact with one of them only; set one to 0")
+    return problems
 
 
 def _random_epochs_check(setting: dict) -> list[str]:
