@@ -138,7 +138,9 @@ def test_index_counts_every_experiments_runs_by_state(tmp_path):
     (reports / "two_subset.html").write_text("a partial report")
 
     (runs_dir / "fedavg-of-older-code-0123456789").mkdir()
-    out = index.build(reports / "index.html", [path], runs_dir)
+    broken = tmp_path / "params" / "broken.yaml"
+    broken.write_text(json.dumps({"experiments": {"x": {"base": {"dataset": "fmnist", "rounds": -1}}}}))
+    out = index.build(reports / "index.html", [path, broken], runs_dir)
     survey = index.survey(path, runs_dir, reports)
     by_name = {e["name"]: e for e in survey["experiments"]}
     assert by_name["first"] | {"title": None} == {"name": "first", "title": None, "runs": 4, "done": 1, "diverged": 1,
@@ -148,6 +150,7 @@ def test_index_counts_every_experiments_runs_by_state(tmp_path):
     assert survey["report"] is None and "fedrepro report --configfile" in survey["report_command"]
     html = out.read_text()
     assert '<a href="two_subset.html">' in html, "reports of subsets are linked"
+    assert "This params file does not validate" in html and "rounds" in html, "a broken file is shown, not fatal"
     assert "1 run folder in" in html and "<code>fedavg-of-older-code-0123456789</code>" in html
     assert re.search(r'<td class="partial">partial</td>\s*<td>4</td><td>1</td><td>1</td><td>1</td><td>1</td>', html)
     shutil.rmtree(runs_dir / first[2].id)

@@ -30,8 +30,13 @@ def params_files(params_dir: Path) -> list[Path]:
 
 
 def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
-    params = config.load_params(params_path)
-    runs = config.expand(params)
+    try:
+        params = config.load_params(params_path)
+        runs = config.expand(params)
+    except (config.ConfigError, OSError, ValueError) as err:  # one broken file must not hide the others
+        return {"name": params_path.stem, "path": str(params_path), "title": params_path.stem, "error": str(err),
+                "run_ids": set(), "experiments": [], "runs": 0, **{s: 0 for s in STATES}, "report": None,
+                "quick": False, "report_command": ""}
     state_of = {run_id: run_state(runs_dir / run_id) for run_id in config.unique_runs(runs)}
     experiments = []
     for name, exp in config.selected_experiments(params).items():
