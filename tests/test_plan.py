@@ -109,3 +109,14 @@ def test_cli_plan_with_only(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert list(out["experiments"]) == ["b"] and out["total"]["runs"] == 2
     assert math.isfinite(out["total"]["seconds"])
+
+
+def test_cli_plan_merges_a_subset_file_as_snakemake_does(tmp_path, capsys):
+    import yaml
+    base, subset = tmp_path / "p.yaml", tmp_path / "only_b_seed3.yaml"
+    base.write_text(yaml.safe_dump(_params()))
+    subset.write_text(yaml.safe_dump({"only": "b", "experiments": {"b": {"grid": {"seed": [3]}}}}))
+    cli.main(["plan", "--configfile", str(base), str(subset), "--json", "--runs-dir", str(tmp_path)])
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["experiments"]) == ["b"] and out["total"]["runs"] == 1, "lists replace, only applies"
+    assert out["experiments"]["b"]["steps"] == 4 * 5 * 2 * 60, "the base's settings still hold"
