@@ -51,11 +51,6 @@ class Verdict:
         return f"{self.text}: paper {self.paper}, ours {self.ours}{tail}"
 
 
-def _matching(labels: list[str], patterns) -> list[str]:
-    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-    return [l for l in labels if any(_captures(p, l) is not None for p in patterns)]
-
-
 def _captures(pattern: str, label: str) -> tuple | None:
     regex = "".join("(.*)" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern))
     found = re.fullmatch(regex, label)
@@ -121,9 +116,9 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
         raise ValueError(f"check axis '{axis}' must be rows or columns")
     labels, lines = (columns, rows) if axis == "columns" else (rows, columns)
     if "among" in check:
-        labels = _matching(labels, check["among"])
+        labels = list(_select(labels, check["among"]))
     if "lines" in check:
-        lines = _matching(lines, check["lines"])
+        lines = list(_select(lines, check["lines"]))
 
     def cell(line: str, label: str) -> Cell:
         return grid[(line, label)] if axis == "columns" else grid[(label, line)]
