@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import itertools
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,8 @@ import jsonschema
 import yaml
 
 from fedrepro import registry
+# a run's identity (names, hashes, the code it runs) has its own light module
+from fedrepro.identity import cohort_size, partition_id, partition_setting, run_id, stable_hash  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = ROOT / "workflow" / "schemas"
@@ -211,44 +211,16 @@ def check_compatible(setting: dict, where: str) -> None:
         raise ConfigError("\n".join(f"{where}: {p}" for p in problems))
 
 
-def cohort_size(setting: dict) -> int:
-    return math.floor(setting["participation"] * setting["num_clients"] + 1e-9)
 
 
-def stable_hash(obj: Any, length: int = 10) -> str:
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-def _fmt(value: float) -> str:
-    return f"{value:g}"
 
 
-def partition_id(setting: dict) -> str:
-    part = setting["partition"]
-    key = {"dataset": setting["dataset"], "num_clients": setting["num_clients"], **part,
-           "code": registry.partition_code_hash()}
-    desc = {"iid": "iid", "dirichlet": f"dir{_fmt(part.get('alpha', 0))}",
-            "shards": f"shards{part.get('classes_per_client')}", "natural": "natural",
-            "pachinko": f"pa{_fmt(part.get('alpha', 0))}b{_fmt(part.get('beta', 0))}"}[part["kind"]]
-    return f"{setting['dataset']}-{desc}-n{setting['num_clients']}-{stable_hash(key, 8)}"
 
 
-def partition_setting(setting: dict) -> dict:
-    return {"dataset": setting["dataset"], "num_clients": setting["num_clients"], **setting["partition"]}
 
 
-def run_id(setting: dict) -> str:
-    """``<readable name>-<hash>``, the hash over the resolved setting and the code the run depends on.
-
-    Both partitions and runs are content-addressed this way, so nothing upstream of a finished
-    run is ever recomputed in place: a changed setting or an edited method is a new path. (Snakemake
-    skips jobs downstream of an in-place rerun whose inputs are all ``ancient``, and the inputs must
-    be ``ancient`` so that files restored by ``dvc pull`` with new mtimes rerun nothing.)"""
-    algo = "+".join([setting["algorithm"], *setting["plugins"]])
-    desc = partition_id(setting).rsplit("-", 2)[0]
-    identity = {"setting": setting, "code": registry.code_hash(setting["algorithm"], setting["plugins"])}
-    return f"{algo}-{desc}-{setting['model']}-s{setting['seed']}-{stable_hash(identity)}"
 
 
 @dataclass

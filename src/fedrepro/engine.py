@@ -13,7 +13,6 @@ import json
 import math
 import platform
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import algorithms, checkpoint, data, metrics, models, partition, registry
+from fedrepro import algorithms, checkpoint, data, identity, metrics, models, partition
 from fedrepro.client import LocalSGD, client_generator, lr_schedule as client_lr_schedule
 from fedrepro.cohort import CohortSGD, equal_steps
-from fedrepro.config import ROOT, cohort_size, partition_id, stable_hash
+from fedrepro.identity import cohort_size, partition_id, stable_hash
 from fedrepro.flat import FlatModel
 from fedrepro.parts import RoundUpdates
+from fedrepro.provenance import git_commit, versions
 
 LAST_ROUNDS = 10  # the papers report the mean test accuracy of the last 10 rounds
 
@@ -84,24 +84,6 @@ class RunPaths:
     @property
     def cosines(self) -> Path:
         return self.root / "cosines.npz"
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def versions() -> dict:
-    import torchvision
-    from fedrepro import __version__
-    return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__,
-            "numpy": np.__version__, "fedrepro": __version__}
 
 
 class Trainer:
@@ -308,7 +290,7 @@ class Trainer:
         summary = {
             "run": self.paths.root.name, "status": status, "setting": self.setting,
             "setting_hash": stable_hash(self.setting), "partition": partition_id(self.setting),
-            "code_hash": registry.code_hash(self.setting["algorithm"], self.setting["plugins"]),
+            "code_hash": identity.code_hash(self.setting["algorithm"], self.setting["plugins"]),
             "partition_hash": self.partition_hash,
             "final_acc": float(acc.tail(LAST_ROUNDS).mean()) if status == "finished" else float("nan"),
             "best_acc": float(acc.max()) if len(acc) else float("nan"),

@@ -53,7 +53,7 @@ class TwoConvCNN(nn.Module):
 
 def build(name: str, dataset: str, pretrained: dict | None = None) -> nn.Module:
     """``pretrained`` (the setting's section: weights path) is read by pretrained models only."""
-    from fedrepro.registry import DATASETS
+    from fedrepro.catalog import DATASETS
     from fedrepro import models_extra, text
     if name in models_extra.BUILDERS:
         return models_extra.build(name, dataset)

@@ -233,7 +233,7 @@ BUILDERS = {
 
 
 def build(name: str, dataset: str) -> nn.Module:
-    from fedrepro.registry import DATASETS
+    from fedrepro.catalog import DATASETS
     shape, classes = DATASETS[dataset]["shape"], DATASETS[dataset]["num_classes"]
     if name == "logreg":
         return LogisticRegression(math.prod(shape), classes)

@@ -258,7 +258,7 @@ class SequenceClassifier(nn.Module):
 
 
 def build(name: str, dataset: str, pretrained: dict | None = None) -> nn.Module:
-    from fedrepro.registry import DATASETS
+    from fedrepro.catalog import DATASETS
     if name != "pythia70m":
         raise ValueError(f"unknown text model '{name}'")
     return SequenceClassifier(dict(pretrained or {}).get("path", DEFAULT_MODEL), DATASETS[dataset]["num_classes"])

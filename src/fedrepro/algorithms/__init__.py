@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from fedrepro.parts import Algorithm
-from fedrepro.registry import ALGORITHMS, PLUGINS
 
 
 @dataclass
@@ -23,12 +22,18 @@ class BuildContext:
 
 def build(setting: dict, num_clients: int, dim: int, device, client_sizes, context=None) -> Algorithm:
     ctx = BuildContext(num_clients, dim, device, client_sizes, context)
-    name = setting["algorithm"]
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm '{name}'")
-    algorithm = importlib.import_module(f"fedrepro.algorithms.{name}").build(setting, ctx)
+    algorithm = _module(setting["algorithm"], "algorithm").build(setting, ctx)
     for plugin in setting["plugins"]:
-        if plugin not in PLUGINS:
-            raise ValueError(f"unknown plug-in '{plugin}'")
-        importlib.import_module(f"fedrepro.algorithms.{plugin}").apply(algorithm, setting, ctx)
+        _module(plugin, "plug-in").apply(algorithm, setting, ctx)
     return algorithm
+
+
+def _module(name: str, kind: str):
+    # settings are validated against the registry before any run; this guards direct library use
+    # without importing the registry, so that editing it changes no run's code hash
+    try:
+        return importlib.import_module(f"fedrepro.algorithms.{name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"fedrepro.algorithms.{name}":
+            raise
+        raise ValueError(f"unknown {kind} '{name}'") from None

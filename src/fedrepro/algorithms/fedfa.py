@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro.parts import Algorithm, ClientObjective, RoundUpdates
-from fedrepro.registry import FEATURE_CLASSIFIER_MODELS
+from fedrepro.catalog import FEATURE_CLASSIFIER_MODELS
 from fedrepro.server import ServerSGD, WeightedMean
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which the code uses
 

@@ -18,7 +18,7 @@ import torch
 
 from fedrepro.client import lr_schedule as client_lr_schedule
 from fedrepro.parts import Algorithm, PostStep, RoundUpdates
-from fedrepro.registry import ima_start_round as start_round
+from fedrepro.catalog import ima_start_round as start_round
 
 
 class WindowAverage(PostStep):

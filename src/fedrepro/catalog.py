@@ -1,0 +1,71 @@
+"""What exists, as plain data: datasets, models, partition kinds; and IMA's default start round.
+
+Read by the validation (registry, config) and by the training code alike. It imports nothing, and it
+holds no algorithm entries or checks, so adding a method or editing a check changes no run's identity
+(a run's code hash covers the files its training imports: identity.code_closure).
+"""
+from __future__ import annotations
+
+DATASETS = {
+    "fmnist": {"train_size": 60000, "test_size": 10000, "num_classes": 10, "shape": (1, 28, 28)},
+    "cifar10": {"preprocess": True, "train_size": 50000, "test_size": 10000, "num_classes": 10, "shape": (3, 32, 32)},
+    "cifar100": {"preprocess": True, "train_size": 50000, "test_size": 10000, "num_classes": 100, "shape": (3, 32, 32)},
+    # Generated from a fixed seed (datasets_extra.SYNTHETIC_SEED); its 30 users are its clients.
+    "synthetic_1_1": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30},
+    "synthetic_0_0": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30},
+    # text.py: texts tokenised by the model's tokenizer to a fixed length (pretrained.max_length)
+    "agnews": {"text": True, "train_size": 120000, "test_size": 7600, "num_classes": 4, "shape": (100,)},
+}
+
+MODELS = {
+    "mlp": {"datasets": ["fmnist"], "doc": "Linear 784-200-200-10 with ReLU (FedLAW, FedAWARE code)"},
+    "lenet5": {"datasets": ["fmnist"], "doc": "FedLAW code's LeNet5: conv16-conv32 (5x5, pad 2), Linear 1568-10"},
+    "cnn": {"datasets": ["fmnist", "cifar10", "cifar100"],
+            "doc": "IMA's two-conv CNN: conv32-conv32 (5x5), FC 512-384-128-10; CIFAR: conv64-conv64, FC 1600-384-128"},
+    # models_extra.py
+    "cnn_fedaware": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 122570},
+                     "doc": "FedAWARE's CIFAR-10 CNN: conv32-conv64-conv64 (3x3), FC 1024-64-10, Kaiming/N(0,.01) init"},
+    "simplecnn": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 122570},
+                  "doc": "FedLAW's SimpleCNN: the same layers as cnn_fedaware, PyTorch default init"},
+    "resnet18_gn32": {"datasets": ["cifar10", "cifar100"], "params": {"cifar100": 11220132},
+                      "doc": "FedAWARE's CIFAR ResNet-18 with GroupNorm(32), Linear 512-classes"},
+    "resnet18_gn2": {"datasets": ["cifar10", "cifar100"],
+                     "doc": "IMA's CIFAR ResNet-18 with GroupNorm(2), 512-128 linear projector, 128-classes"},
+    "vgg11": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 9750922},
+              "doc": "FedNova's VGG-11 (config A, no normalisation, dropout classifier 512-512-classes)"},
+    "vgg11_gn2": {"datasets": ["cifar10", "cifar100"],
+                  "doc": "IMA's VGG-11 with GroupNorm(2) after every conv, 512-128 projector, 128-classes"},
+    "resnet20": {"datasets": ["cifar10", "cifar100"],
+                 "doc": "FedLAW's CIFAR ResNet-20 (16/32/64); BatchNorm on batch statistics only (no running stats)"},
+    "resnet56": {"datasets": ["cifar10", "cifar100"],
+                 "doc": "FedLAW's CIFAR ResNet-56 (16/32/64); BatchNorm on batch statistics only (no running stats)"},
+    "logreg": {"datasets": ["synthetic_1_1", "synthetic_0_0"], "doc": "multinomial logistic regression 60-10 (FedNova)"},
+    # FedLAW Tables 1, 9: the paper and its code leave both undefined; ours (models_extra) with counts by hand
+    "resnet8": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 78042},
+                "doc": "CIFAR ResNet-8 (one BasicBlock per 16/32/64 stage, as ResNet-20/56); BatchNorm on batch statistics"},
+    "alexnet": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 2472266},
+                "doc": "CIFAR AlexNet: convs 64-192-384-256-256 (11/4, 5, 3, 3, 3), 3 max-pools, Linear 256-classes, no norm"},
+    # text.py; weights from pretrained.path (a hub id or a local folder). The count is the one of
+    # Pythia-70M's published config with a 4-way head in place of the LM head (tests/test_agnews.py).
+    "pythia70m": {"datasets": ["agnews"], "pretrained": True, "params": {"agnews": 44673024},
+                  "doc": "Pythia-70M (GPT-NeoX) with a sequence-classification head, all parameters fine-tuned"},
+}
+
+PARTITION_KEYS = {
+    "iid": ["kind", "seed"],
+    "dirichlet": ["kind", "seed", "alpha", "min_size", "balance"],
+    "shards": ["kind", "seed", "classes_per_client", "distinct"],
+    # CIFAR-100's Pachinko allocation: alpha over coarse labels, beta over each one's fine labels
+    "pachinko": ["kind", "seed", "alpha", "beta", "samples_per_client"],
+    # the dataset's own clients (Synthetic's users); nothing to draw
+    "natural": ["kind"],
+}
+
+# Models whose last layer is a Linear classifier over IMA's 128-d feature layer (FedFA's anchors live there)
+FEATURE_CLASSIFIER_MODELS = {"cnn", "resnet18_gn2", "vgg11_gn2"}
+
+
+def ima_start_round(setting: dict) -> int:
+    """ima.start_round (0-indexed), or 0.75 R, the paper's t_s, when it is left unset."""
+    start = setting["ima"]["start_round"]
+    return int(0.75 * setting["rounds"]) if start is None else start
