@@ -18,13 +18,39 @@ import torch
 
 
 class Part:
-    """Anything with state that must survive a checkpoint."""
+    """Anything with state that must survive a checkpoint. A part declares it: ``state`` names the
+    attributes that hold it (a tensor, a list or dict of tensors, or None until first used) and
+    ``subparts`` the attributes that are parts themselves; saving and loading are the same for all."""
+    state: tuple[str, ...] = ()
+    subparts: tuple[str, ...] = ()
 
     def state_dict(self) -> dict:
-        return {}
+        saved = {name: getattr(self, name) for name in self.state if getattr(self, name) is not None}
+        saved.update({name: getattr(self, name).state_dict() for name in self.subparts})
+        return saved
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        # an attribute the checkpoint lacks keeps its initial value (None, zeros: not used yet)
+        for name in self.state:
+            if name in state:
+                setattr(self, name, _restored(getattr(self, name), state[name]))
+        for name in self.subparts:
+            getattr(self, name).load_state_dict(state.get(name, {}))
+
+
+def _restored(current, saved):
+    """The saved value, copied: into the current tensor in place when shapes agree (other parts may
+    hold it), else as a fresh copy; lists and dicts element by element."""
+    if isinstance(saved, torch.Tensor):
+        if isinstance(current, torch.Tensor) and current.shape == saved.shape:
+            return current.copy_(saved)
+        return saved.clone()
+    if isinstance(saved, dict):
+        return {k: _restored(None, v) for k, v in saved.items()}
+    if isinstance(saved, (list, tuple)):
+        return type(current)(_restored(None, v) for v in saved) if current is not None else [
+            _restored(None, v) for v in saved]
+    return saved
 
 
 @dataclass

@@ -24,6 +24,7 @@ class UniformMean(Aggregator):
 
 class ServerSGD(ServerOptimizer):
     """x <- x - eta_g * v with v = beta * v + d (FedAvgM when beta > 0; no dampening)."""
+    state = ("velocity",)
 
     def __init__(self, lr: float = 1.0, momentum: float = 0.0):
         self.lr, self.momentum = lr, momentum
@@ -35,8 +36,4 @@ class ServerSGD(ServerOptimizer):
             d = self.velocity
         return x - self.lr * d
 
-    def state_dict(self) -> dict:
-        return {} if self.velocity is None else {"velocity": self.velocity}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.velocity = state.get("velocity")

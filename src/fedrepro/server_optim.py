@@ -18,6 +18,8 @@ from fedrepro.parts import RoundUpdates, ServerOptimizer
 
 
 class AdaptiveServer(ServerOptimizer):
+    state = ("m", "v")
+
     def __init__(self, lr: float, beta1: float, beta2: float):
         self.lr, self.beta1, self.beta2 = lr, beta1, beta2
         self.m: torch.Tensor | None = None
@@ -40,12 +42,6 @@ class AdaptiveServer(ServerOptimizer):
         step = self.m / self.denominator()
         updates.info["adaptive_step_norm"] = float(step.norm())
         return x - self.lr * step
-
-    def state_dict(self) -> dict:
-        return {} if self.m is None else {"m": self.m, "v": self.v}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.m, self.v = state.get("m"), state.get("v")
 
 
 class ServerAdam(AdaptiveServer):
@@ -70,6 +66,8 @@ class ServerYogi(ServerAdam):
 
 
 class ServerAMS(AdaptiveServer):
+    state = ("m", "v", "v_hat")
+
     def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8):
         super().__init__(lr, beta1, beta2)
         self.eps = eps
@@ -83,12 +81,4 @@ class ServerAMS(AdaptiveServer):
     def denominator(self):
         return self.v_hat.sqrt()
 
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        if self.v_hat is not None:
-            state["v_hat"] = self.v_hat
-        return state
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.v_hat = state.get("v_hat")

@@ -18,6 +18,8 @@ from fedrepro.parts import Algorithm, RoundUpdates, ServerOptimizer
 
 
 class ProjectOntoAware(ServerOptimizer):
+    subparts = ("host", "momenta")
+
     def __init__(self, host: ServerOptimizer, momenta: ClientMomenta):
         self.host, self.momenta = host, momenta
 
@@ -30,13 +32,6 @@ class ProjectOntoAware(ServerOptimizer):
         d = self.momenta.direction(updates.info, prefix="aware_")
         updates.info["aware_projected"] = 1
         return x - project(x - x_host, d, updates.info)
-
-    def state_dict(self) -> dict:
-        return {"host": self.host.state_dict(), "momenta": self.momenta.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.host.load_state_dict(state.get("host", {}))
-        self.momenta.load_state_dict(state.get("momenta", {}))
 
 
 def project(step: torch.Tensor, d: torch.Tensor, info: dict | None = None) -> torch.Tensor:

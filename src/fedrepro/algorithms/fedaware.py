@@ -25,6 +25,7 @@ from fedrepro.server import ServerSGD
 
 class ClientMomenta(Part):
     """One moving average of the uploaded updates per client, kept on the device (N x P)."""
+    state = ("momenta", "seen", "sizes")
 
     def __init__(self, num_clients: int, dim: int, device, alpha: float, normalize: bool, warmup: bool,
                  max_iter: int = 1000, tol: float = 1e-6, dtype=torch.float32, weights: str = "minnorm"):
@@ -72,16 +73,6 @@ class ClientMomenta(Part):
         info[prefix + "fw_gap"] = solved.gap
         return d
 
-    def state_dict(self) -> dict:
-        return {"momenta": self.momenta, "seen": self.seen, "sizes": self.sizes}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.momenta.copy_(state["momenta"])
-            self.seen.copy_(state["seen"])
-            if "sizes" in state:  # checkpoints written before FedAWARE-NA have none
-                self.sizes.copy_(state["sizes"])
-
 
 def momenta_from(section: dict, ctx) -> ClientMomenta:
     # ``weights`` has no schema default, so runs that never set it keep their hash.
@@ -91,6 +82,8 @@ def momenta_from(section: dict, ctx) -> ClientMomenta:
 
 
 class AwareAggregator(Aggregator):
+    subparts = ("momenta",)
+
     def __init__(self, momenta: ClientMomenta):
         self.momenta = momenta
 
@@ -102,12 +95,6 @@ class AwareAggregator(Aggregator):
             return updates.weighted_mean()
         updates.info["aware_warmup"] = 0
         return self.momenta.direction(updates.info)
-
-    def state_dict(self) -> dict:
-        return self.momenta.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.momenta.load_state_dict(state)
 
 
 def build(setting, ctx) -> Algorithm:

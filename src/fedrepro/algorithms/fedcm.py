@@ -17,6 +17,8 @@ from fedrepro.server import ServerSGD, WeightedMean
 
 
 class ClientMomentum(GradientCorrection):
+    state = ("global_gradient",)
+
     def __init__(self, alpha: float, dim: int, device=None):
         self.alpha = alpha
         self.global_gradient = torch.zeros(dim, device=device)
@@ -27,13 +29,6 @@ class ClientMomentum(GradientCorrection):
     def end_round(self, updates: RoundUpdates) -> None:
         scale = updates.weights / (updates.lr * updates.steps)
         self.global_gradient = scale @ updates.deltas
-
-    def state_dict(self) -> dict:
-        return {"global_gradient": self.global_gradient}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.global_gradient = state["global_gradient"].clone()
 
 
 def build(setting, ctx) -> Algorithm:

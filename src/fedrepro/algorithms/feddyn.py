@@ -21,6 +21,8 @@ from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 
 
 class DynamicRegulariser(GradientCorrection):
+    state = ("grad_state",)
+
     def __init__(self, alpha: float, num_clients: int, dim: int, device=None, squared: bool = True):
         self.alpha, self.squared = alpha, squared
         self.grad_state = torch.zeros(num_clients, dim, device=device)
@@ -36,15 +38,10 @@ class DynamicRegulariser(GradientCorrection):
     def end(self, client: int, x_global: torch.Tensor, x_local: torch.Tensor, steps: int, lr: float) -> None:
         self.grad_state[client] += self.alpha * (x_global - x_local)
 
-    def state_dict(self) -> dict:
-        return {"grad_state": self.grad_state}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.grad_state.copy_(state["grad_state"])
-
 
 class DynamicAggregate(Aggregator):
+    state = ("h",)
+
     def __init__(self, alpha: float, num_clients: int, dim: int, device=None, data_weighted: bool = False):
         self.alpha, self.num_clients, self.data_weighted = alpha, num_clients, data_weighted
         self.h = torch.zeros(dim, device=device)
@@ -57,13 +54,6 @@ class DynamicAggregate(Aggregator):
             self.h += updates.deltas.sum(0) * (self.alpha / self.num_clients)
         updates.info["feddyn_h_norm"] = float(self.h.norm())
         return self.mean(x, updates) + self.h / self.alpha
-
-    def state_dict(self) -> dict:
-        return {"h": self.h}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.h.copy_(state["h"])
 
 
 def build(setting, ctx) -> Algorithm:

@@ -38,6 +38,8 @@ def initial_anchors(num_classes: int, dim: int, seed: int) -> torch.Tensor:
 
 
 class FeatureAnchors(ClientObjective):
+    state = ("anchors",)
+
     def __init__(self, anchors: torch.Tensor, lam: float, momentum: float, calibrate_after: float,
                  calibration_lr: float):
         self.anchors = anchors  # the global A
@@ -119,13 +121,6 @@ class FeatureAnchors(ClientObjective):
         stacked = torch.stack([self.client_anchors[int(c)] for c in updates.clients])
         self.anchors = torch.einsum("k,kcd->cd", updates.weights.to(stacked.dtype), stacked)
         self.client_anchors.clear()
-
-    def state_dict(self) -> dict:
-        return {"anchors": self.anchors}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.anchors = state["anchors"].clone()
 
 
 def build(setting, ctx) -> Algorithm:

@@ -64,6 +64,7 @@ class NormalisedAveraging(Aggregator):
 class LrScaledMomentum(ServerOptimizer):
     """The official FedNova code's server momentum: the buffer holds d / lr, so it is in gradient
     units and the current client lr scales the step (identical to SGD momentum when lr is constant)."""
+    state = ("velocity",)
 
     def __init__(self, lr: float, momentum: float):
         self.lr, self.momentum = lr, momentum
@@ -74,17 +75,12 @@ class LrScaledMomentum(ServerOptimizer):
         self.velocity = g if self.velocity is None else self.velocity.mul_(self.momentum).add_(g)
         return x - self.lr * updates.lr * self.velocity
 
-    def state_dict(self) -> dict:
-        return {} if self.velocity is None else {"velocity": self.velocity}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.velocity = state.get("velocity")
-
 
 class CrossClientVR(GradientCorrection):
     """FedNova-VR's correction g <- g + sum_j p_j d_j^(t-1) - d_i^(t-1). Holds every client's last
     normalised gradient d_i (an N x P matrix, server-held state in this simulation) and their
     p-weighted mean; both start at zero, so round 1 trains uncorrected."""
+    state = ("d_clients", "d_mean")
 
     def __init__(self, num_clients: int, dim: int, rho: float = 0.0, mu: float = 0.0, device=None):
         self.num_clients, self.rho, self.mu = num_clients, rho, mu
@@ -115,14 +111,6 @@ class CrossClientVR(GradientCorrection):
         # (client by client: no second N x P tensor)
         updates.info["vr_correction_norm"] = float(sum(p[i] * (self.d_clients[i] - self.d_mean).norm()
                                                        for i in range(self.num_clients)))
-
-    def state_dict(self) -> dict:
-        return {"d_clients": self.d_clients, "d_mean": self.d_mean}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.d_clients.copy_(state["d_clients"])
-            self.d_mean.copy_(state["d_mean"])
 
 
 def build(setting, ctx) -> Algorithm:

@@ -22,6 +22,8 @@ from fedrepro.catalog import ima_start_round as start_round
 
 
 class WindowAverage(PostStep):
+    state = ("models",)
+
     def __init__(self, window: int, start: int):
         self.window, self.start = window, start
         self.models: list[torch.Tensor] = []   # oldest first, at most `window`
@@ -36,12 +38,6 @@ class WindowAverage(PostStep):
         updates.info["ima_active"] = 1
         updates.info["ima_shift"] = float((averaged - x).norm())
         return averaged
-
-    def state_dict(self) -> dict:
-        return {"models": list(self.models)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.models = [m.clone() for m in state.get("models", [])]
 
 
 def lr_schedule(base, ima: dict, start: int):

@@ -87,6 +87,7 @@ class ProxyTraining(Aggregator):
 
     With ``keep_state`` the optimiser's state (SGD momentum buffer, Adam moments) carries over from
     round to round, as the code's central optimiser (built once) does; it is checkpointed."""
+    state = ("opt_state",)
 
     def __init__(self, net: FunctionalModel, proxy_x, proxy_y, cfg: dict, optim: dict, server_lr: float = 1.0,
                  seed: int = 0, salt: int = FEDLAW_SALT):
@@ -139,12 +140,6 @@ class ProxyTraining(Aggregator):
         if self.cfg["keep_state"]:
             self.opt_state = {k: v.detach().clone() for k, v in opt.state[w].items()}
         return w.detach()
-
-    def state_dict(self) -> dict:
-        return {"opt_state": self.opt_state} if self.opt_state else {}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.opt_state = dict(state.get("opt_state", {}))
 
 
 def build_proxy_algorithm(name: str, aggregator_cls, setting: dict, ctx, **extra):

@@ -14,6 +14,8 @@ from fedrepro.server import ServerSGD, UniformMean
 
 
 class ControlVariates(GradientCorrection):
+    state = ("c", "c_clients")
+
     def __init__(self, num_clients: int, dim: int, device=None):
         self.num_clients = num_clients
         self.c = torch.zeros(dim, device=device)
@@ -34,14 +36,6 @@ class ControlVariates(GradientCorrection):
         self.c += self.c_change / self.num_clients
         self.c_change.zero_()
         updates.info["control_norm"] = float(self.c.norm())
-
-    def state_dict(self) -> dict:
-        return {"c": self.c, "c_clients": self.c_clients}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.c.copy_(state["c"])
-            self.c_clients.copy_(state["c_clients"])
 
 
 def build(setting, ctx) -> Algorithm:
