@@ -17,7 +17,7 @@ if "experiments" not in config:
     configfile: "params/default.yaml"
 
 
-validate(config, "workflow/schemas/params.schema.yaml")
+validate(config, "src/fedrepro/schemas/params.schema.yaml")
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from fedrepro import config as fconfig, registry

@@ -20,7 +20,8 @@ DATASETS = {
 MODELS = {
     "mlp": {"datasets": ["fmnist"], "doc": "Linear 784-200-200-10 with ReLU (FedLAW, FedAWARE code)"},
     "lenet5": {"datasets": ["fmnist"], "doc": "FedLAW code's LeNet5: conv16-conv32 (5x5, pad 2), Linear 1568-10"},
-    "cnn": {"datasets": ["fmnist", "cifar10", "cifar100"],
+    # feature_classifier: the last layer is a Linear classifier over IMA's 128-d feature layer (FedFA's anchors)
+    "cnn": {"datasets": ["fmnist", "cifar10", "cifar100"], "feature_classifier": True,
             "doc": "IMA's two-conv CNN: conv32-conv32 (5x5), FC 512-384-128-10; CIFAR: conv64-conv64, FC 1600-384-128"},
     # models_extra.py
     "cnn_fedaware": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 122570},
@@ -29,11 +30,11 @@ MODELS = {
                   "doc": "FedLAW's SimpleCNN: the same layers as cnn_fedaware, PyTorch default init"},
     "resnet18_gn32": {"datasets": ["cifar10", "cifar100"], "params": {"cifar100": 11220132},
                       "doc": "FedAWARE's CIFAR ResNet-18 with GroupNorm(32), Linear 512-classes"},
-    "resnet18_gn2": {"datasets": ["cifar10", "cifar100"],
+    "resnet18_gn2": {"datasets": ["cifar10", "cifar100"], "feature_classifier": True,
                      "doc": "IMA's CIFAR ResNet-18 with GroupNorm(2), 512-128 linear projector, 128-classes"},
     "vgg11": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 9750922},
               "doc": "FedNova's VGG-11 (config A, no normalisation, dropout classifier 512-512-classes)"},
-    "vgg11_gn2": {"datasets": ["cifar10", "cifar100"],
+    "vgg11_gn2": {"datasets": ["cifar10", "cifar100"], "feature_classifier": True,
                   "doc": "IMA's VGG-11 with GroupNorm(2) after every conv, 512-128 projector, 128-classes"},
     "resnet20": {"datasets": ["cifar10", "cifar100"],
                  "doc": "FedLAW's CIFAR ResNet-20 (16/32/64); BatchNorm on batch statistics only (no running stats)"},
@@ -61,8 +62,7 @@ PARTITION_KEYS = {
     "natural": ["kind"],
 }
 
-# Models whose last layer is a Linear classifier over IMA's 128-d feature layer (FedFA's anchors live there)
-FEATURE_CLASSIFIER_MODELS = {"cnn", "resnet18_gn2", "vgg11_gn2"}
+FEATURE_CLASSIFIER_MODELS = {name for name, spec in MODELS.items() if spec.get("feature_classifier")}
 
 
 def ima_start_round(setting: dict) -> int:

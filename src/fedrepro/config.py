@@ -23,7 +23,6 @@ from fedrepro import registry
 from fedrepro.identity import cohort_size, partition_id, partition_setting, run_id, stable_hash  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_DIR = ROOT / "workflow" / "schemas"
 
 
 class ConfigError(ValueError):
@@ -34,14 +33,16 @@ class ConfigError(ValueError):
 
 
 def _load_schema(name: str) -> dict:
-    return _parsed_schema(name, (SCHEMA_DIR / name).stat().st_mtime_ns)
+    if name == "setting.schema.yaml":
+        return registry.setting_schema()  # the core file plus every method's settings fragment
+    return _parsed_schema(name, (registry.SCHEMAS / name).stat().st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=8)
 def _parsed_schema(name: str, mtime_ns: int) -> dict:
     # Parsing the schema took ~0.1 s per run; a grid of 800 runs spent a minute here. Keyed by
     # mtime so an edited schema is read again. Validation never mutates the schema.
-    return yaml.safe_load((SCHEMA_DIR / name).read_text())
+    return yaml.safe_load((registry.SCHEMAS / name).read_text())
 
 
 def _with_defaults(validator_class):
