@@ -205,6 +205,11 @@ def check_compatible(setting: dict, where: str) -> None:
     if part["kind"] == "dirichlet" and part["min_size"] * setting["num_clients"] > n_train:
         problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
                         f"than the {n_train} samples")
+    if setting["client"].get("keep_momentum") and not setting["client"]["momentum"]:
+        problems.append("client.keep_momentum = true needs client.momentum > 0: there is no momentum buffer to keep")
+    if setting["client"].get("keep_momentum") and algo == "fednova":
+        problems.append("client.keep_momentum cannot be combined with fednova: its normaliser a_i assumes the "
+                        "momentum buffer starts at zero every round (the official code zeroes it)")
     for check in registry.extra_checks(algo, plugins):
         problems.extend(check(setting))
     if problems:
