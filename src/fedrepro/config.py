@@ -152,6 +152,8 @@ def prune(setting: dict) -> dict:
         out.pop("preprocess", None)  # only CIFAR has per-paper transforms
     if not registry.MODELS[out["model"]].get("pretrained"):
         out.pop("pretrained", None)  # only pretrained models (Pythia) read a weights path and a token length
+    if not registry.MODELS[out["model"]].get("batchnorm"):
+        out.pop("batchnorm", None)  # only BatchNorm models read running_stats / batch_stats
     return out
 
 

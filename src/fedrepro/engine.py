@@ -129,8 +129,8 @@ class Trainer:
         self.client_index = [torch.as_tensor(p, device=self.device) for p in trained]
         self.client_sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=self.device)
         torch.manual_seed(setting["seed"])
-        module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained")) if module is None
-                  else module)
+        module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained"),
+                               setting.get("batchnorm", "running_stats")) if module is None else module)
         self.model = FlatModel(module, self.device)
         self.algorithm = algorithms.build(setting, num_clients=setting["num_clients"], dim=self.model.numel,
                                           device=self.device, client_sizes=self.client_sizes,
@@ -170,17 +170,25 @@ class Trainer:
         client_epochs = [epochs(t, int(c)) if epochs else s["local_epochs"] for c in cohort]
         if self.train_together(cohort, client_epochs):
             return self._cohort_training(t, cohort, x, lr, client_epochs[0])
+        # BatchNorm running statistics: every client starts from the global ones; the weighted mean of
+        # its final ones (data-size weights, as the official FedAvg codes) is the next global statistics
+        global_buffers = self.model.buffers.clone()
+        client_buffers = torch.empty(len(cohort), len(global_buffers), device=self.device)
         for j, c in enumerate(cohort):
             e = client_epochs[j]
+            self.model.buffers.copy_(global_buffers)
             result = self.local.train(self.model, self.train, self.client_index[c], x, lr, e, s["batch_size"],
                                       client_generator(s["seed"], t, int(c)), int(c), self.algorithm.corrections,
                                       self.algorithm.objective, t,
                                       None if self.client_momentum is None else self.client_momentum[c])
             torch.sub(x, self.model.flat, out=deltas[j])
+            client_buffers[j] = self.model.buffers
             steps[j] = result.steps
             losses[j] = result.loss
         clients = torch.as_tensor(cohort, device=self.device)
-        return RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr)
+        updates = RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr)
+        self.model.buffers.copy_(updates.weights @ client_buffers)
+        return updates
 
     def train_together(self, cohort: np.ndarray, client_epochs: list[int]) -> bool:
         """The vmapped cohort path applies when every client runs the same steps and the method
@@ -189,8 +197,10 @@ class Trainer:
             return False
         # on-device augmentation draws from the global RNG client after client; a batched draw
         # would give other crops, so augmented data stays on the sequential path
-        # kept momentum buffers are per-client state the vmapped path does not carry
-        return (len(cohort) > 1 and self.client_momentum is None and not self.algorithm.corrections and self.algorithm.objective is None
+        # kept momentum buffers and BatchNorm running statistics are per-client state the vmapped
+        # path does not carry (a vmapped BatchNorm cannot update one module's buffers per client)
+        return (len(cohort) > 1 and self.client_momentum is None and not len(self.model.buffers)
+                and not self.algorithm.corrections and self.algorithm.objective is None
                 and not getattr(self.train, "augment", False) and getattr(self.train, "batched_cohort", True)
                 and equal_steps([self.client_index[c] for c in cohort], client_epochs))
 
@@ -244,7 +254,8 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def state(self, next_round: int) -> dict:
-        return {"next_round": next_round, "x": self.model.flat, "algorithm": self.algorithm.state_dict(),
+        return {"next_round": next_round, "x": self.model.flat, "buffers": self.model.buffers,
+                "algorithm": self.algorithm.state_dict(),
                 "rows": self.rows, "elapsed": self.elapsed, "setting_hash": stable_hash(self.setting),
                 "cosines": {k: torch.from_numpy(v) for k, v in self.cosines.items()},
                 "client_momentum": self.client_momentum}
@@ -259,6 +270,8 @@ class Trainer:
         if state["setting_hash"] != stable_hash(self.setting):
             return False
         self.model.flat.copy_(state["x"])
+        if "buffers" in state:  # checkpoints written before the engine carried buffers hold none
+            self.model.buffers.copy_(state["buffers"])
         self.algorithm.load_state_dict(state["algorithm"])
         if self.client_momentum is not None:
             self.client_momentum.copy_(state["client_momentum"])
@@ -314,8 +327,8 @@ class Trainer:
         frame.to_csv(self.paths.metrics, index=False)
         if self.cosines:
             np.savez_compressed(self.paths.cosines, **self.cosines)
-        checkpoint.save({"x": self.model.flat.cpu(), "model": self.setting["model"],
-                         "dataset": self.setting["dataset"]}, self.paths.model)
+        checkpoint.save({"x": self.model.flat.cpu(), "buffers": self.model.buffers.cpu(),
+                         "model": self.setting["model"], "dataset": self.setting["dataset"]}, self.paths.model)
         acc = frame["test_acc"].dropna()
         summary = {
             "run": self.paths.root.name, "status": status, "setting": self.setting,
