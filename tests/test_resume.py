@@ -40,6 +40,10 @@ METHODS = {
 # Variants of a method under their own case name: (algorithm, extra settings)
 VARIANTS = {
     "fednova_vr": ("fednova", {"fednova": {"vr": True}, "participation": 1.0, "client": {"lr": 0.05, "momentum": 0.9}}),
+    # the official codes' client protocol: per-client momentum kept across rounds (checkpointed state)
+    # and a hold-out drawn from the seed
+    "keep_momentum": ("fedavg", {"client": {"lr": 0.05, "momentum": 0.9, "keep_momentum": True}}),
+    "holdout": ("fedavg", {"client": {"lr": 0.05, "holdout": 0.3}}),
 }
 CASES = [("fedavg", 1), ("fedavg", 4)] + [(m, 3) for m in METHODS if m != "fedavg"] + [(m, 3) for m in VARIANTS]
 

@@ -2,6 +2,9 @@
 
 The update rule is PyTorch's SGD (g = grad + wd * x; b = mu * b + g; x -= lr * b), with the
 client-objective corrections (proximal, SCAFFOLD, FedDyn) added to the minibatch gradient first.
+The momentum buffer b starts at zero every round (the papers' reading), or, with
+``client.keep_momentum``, continues from where the client's last round left it (FedLAW's code
+creates each client's ``torch.optim.SGD`` once, so its buffer persists across rounds).
 """
 from __future__ import annotations
 
@@ -20,6 +23,17 @@ def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
     """The shuffling RNG of one client in one round; a resumed run draws the same batches."""
     state = np.random.SeedSequence([seed, round_, client, 0xC11E]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
+
+
+def holdout_split(part: np.ndarray, fraction: float, seed: int, client: int) -> tuple[np.ndarray, np.ndarray]:
+    """(trained on, held out) of one client: its samples shuffled by a generator seeded by (run seed,
+    client), the first floor(fraction * n) held out and the rest trained on, as FedLAW's code splits
+    each client (shuffle, then ``int(valid_ratio * n)`` held out). The seed is shared by every method of
+    a comparison, so all of them hold out the same samples."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, client, 0x401D]))
+    order = np.asarray(part)[rng.permutation(len(part))]
+    held = int(fraction * len(part))
+    return order[held:], order[:held]
 
 
 def lr_schedule(setting: dict):
@@ -52,13 +66,17 @@ class LocalSGD:
     def train(self, model: FlatModel, data: TensorDataset, index: torch.Tensor, x_global: torch.Tensor,
               lr: float, epochs: int, batch_size: int, generator: torch.Generator, client: int,
               corrections: list[GradientCorrection] = (), objective: ClientObjective | None = None,
-              round_: int = 0) -> LocalResult:
+              round_: int = 0, momentum_buffer: torch.Tensor | None = None) -> LocalResult:
+        """``momentum_buffer``: this client's buffer kept from its earlier rounds, updated in place;
+        None starts from zero (and forgets it at the end)."""
         model.flat.copy_(x_global)
         for c in corrections:
             c.begin(client, x_global)
         if objective is not None:
             objective.begin(round_, client, model, x_global)
-        buf = torch.zeros_like(model.flat) if self.momentum else None
+        buf = None
+        if self.momentum:
+            buf = torch.zeros_like(model.flat) if momentum_buffer is None else momentum_buffer
         loss_sum = torch.zeros((), device=model.flat.device)
         steps = 0
         n = len(index)

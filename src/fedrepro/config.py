@@ -153,6 +153,8 @@ def prune(setting: dict) -> dict:
         out.pop("preprocess", None)  # only CIFAR has per-paper transforms
     if not registry.MODELS[out["model"]].get("pretrained"):
         out.pop("pretrained", None)  # only pretrained models (Pythia) read a weights path and a token length
+    if not registry.MODELS[out["model"]].get("batchnorm"):
+        out.pop("batchnorm", None)  # only BatchNorm models read running_stats / batch_stats
     return out
 
 
@@ -206,6 +208,8 @@ def check_compatible(setting: dict, where: str) -> None:
     if part["kind"] == "dirichlet" and part["min_size"] * setting["num_clients"] > n_train:
         problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
                         f"than the {n_train} samples")
+    if setting["client"].get("keep_momentum") and not setting["client"]["momentum"]:
+        problems.append("client.keep_momentum = true needs client.momentum > 0: there is no momentum buffer to keep")
     for check in registry.extra_checks(algo, plugins):
         problems.extend(check(setting))
     if problems:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedrepro import algorithms, checkpoint, data, identity, metrics, models, partition
-from fedrepro.client import LocalSGD, client_generator, lr_schedule as client_lr_schedule
+from fedrepro.client import LocalSGD, client_generator, holdout_split, lr_schedule as client_lr_schedule
 from fedrepro.cohort import CohortSGD, equal_steps
 from fedrepro.identity import cohort_size, partition_id, stable_hash
 from fedrepro.flat import FlatModel
@@ -104,11 +104,15 @@ class Trainer:
         if len(self.parts) != setting["num_clients"]:
             raise ValueError(f"partition {partition_dir} has {len(self.parts)} clients, the setting asks for "
                              f"{setting['num_clients']}")
-        self.client_index = [torch.as_tensor(p, device=self.device) for p in self.parts]
+        # client.holdout: each client trains on the rest and the held-out samples serve nothing (FedLAW's
+        # code only logs an accuracy on them); the aggregation weights keep the full n_i, as that code does
+        holdout = setting["client"].get("holdout", 0.0)
+        trained = [holdout_split(p, holdout, setting["seed"], i)[0] if holdout else p for i, p in enumerate(self.parts)]
+        self.client_index = [torch.as_tensor(p, device=self.device) for p in trained]
         self.client_sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=self.device)
         torch.manual_seed(setting["seed"])
-        module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained")) if module is None
-                  else module)
+        module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained"),
+                               setting.get("batchnorm", "running_stats")) if module is None else module)
         self.model = FlatModel(module, self.device)
         self.algorithm = algorithms.build(setting, num_clients=setting["num_clients"], dim=self.model.numel,
                                           device=self.device, client_sizes=self.client_sizes,
@@ -120,6 +124,9 @@ class Trainer:
             # replace() keeps the dataset's own class (CIFAR's per-channel normalisation)
             self.test = dataclasses.replace(self.test, images=self.test.images[keep], labels=self.test.labels[keep])
         self.local = LocalSGD(setting["client"]["momentum"], setting["client"]["weight_decay"])
+        # client.keep_momentum: every client's SGD momentum buffer lives across rounds (clients x P floats)
+        self.client_momentum = (torch.zeros(setting["num_clients"], self.model.numel, device=self.device)
+                                if setting["client"].get("keep_momentum") else None)
         # "auto": train equal-step cohorts together (cohort.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"
         self._cohort_sgd = None
@@ -145,16 +152,25 @@ class Trainer:
         client_epochs = [epochs(t, int(c)) if epochs else s["local_epochs"] for c in cohort]
         if self.train_together(cohort, client_epochs):
             return self._cohort_training(t, cohort, x, lr, client_epochs[0])
+        # BatchNorm running statistics: every client starts from the global ones; the weighted mean of
+        # its final ones (data-size weights, as the official FedAvg codes) is the next global statistics
+        global_buffers = self.model.buffers.clone()
+        client_buffers = torch.empty(len(cohort), len(global_buffers), device=self.device)
         for j, c in enumerate(cohort):
             e = client_epochs[j]
+            self.model.buffers.copy_(global_buffers)
             result = self.local.train(self.model, self.train, self.client_index[c], x, lr, e, s["batch_size"],
                                       client_generator(s["seed"], t, int(c)), int(c), self.algorithm.corrections,
-                                      self.algorithm.objective, t)
+                                      self.algorithm.objective, t,
+                                      None if self.client_momentum is None else self.client_momentum[c])
             torch.sub(x, self.model.flat, out=deltas[j])
+            client_buffers[j] = self.model.buffers
             steps[j] = result.steps
             losses[j] = result.loss
         clients = torch.as_tensor(cohort, device=self.device)
-        return RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr)
+        updates = RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr)
+        self.model.buffers.copy_(updates.weights @ client_buffers)
+        return updates
 
     def train_together(self, cohort: np.ndarray, client_epochs: list[int]) -> bool:
         """The vmapped cohort path applies when every client runs the same steps and the method
@@ -163,7 +179,10 @@ class Trainer:
             return False
         # on-device augmentation draws from the global RNG client after client; a batched draw
         # would give other crops, so augmented data stays on the sequential path
-        return (len(cohort) > 1 and not self.algorithm.corrections and self.algorithm.objective is None
+        # kept momentum buffers and BatchNorm running statistics are per-client state the vmapped
+        # path does not carry (a vmapped BatchNorm cannot update one module's buffers per client)
+        return (len(cohort) > 1 and self.client_momentum is None and not len(self.model.buffers)
+                and not self.algorithm.corrections and self.algorithm.objective is None
                 and not getattr(self.train, "augment", False) and getattr(self.train, "batched_cohort", True)
                 and equal_steps([self.client_index[c] for c in cohort], client_epochs))
 
@@ -217,9 +236,11 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def state(self, next_round: int) -> dict:
-        return {"next_round": next_round, "x": self.model.flat, "algorithm": self.algorithm.state_dict(),
+        return {"next_round": next_round, "x": self.model.flat, "buffers": self.model.buffers,
+                "algorithm": self.algorithm.state_dict(),
                 "rows": self.rows, "elapsed": self.elapsed, "setting_hash": stable_hash(self.setting),
-                "cosines": {k: torch.from_numpy(v) for k, v in self.cosines.items()}}
+                "cosines": {k: torch.from_numpy(v) for k, v in self.cosines.items()},
+                "client_momentum": self.client_momentum}
 
     def save_checkpoint(self, next_round: int) -> None:
         checkpoint.save(self.state(next_round), self.paths.checkpoint)
@@ -231,7 +252,11 @@ class Trainer:
         if state["setting_hash"] != stable_hash(self.setting):
             return False
         self.model.flat.copy_(state["x"])
+        if "buffers" in state:  # checkpoints written before the engine carried buffers hold none
+            self.model.buffers.copy_(state["buffers"])
         self.algorithm.load_state_dict(state["algorithm"])
+        if self.client_momentum is not None:
+            self.client_momentum.copy_(state["client_momentum"])
         self.rows = list(state["rows"])
         self.elapsed = float(state["elapsed"])
         self.cosines = {k: v.numpy() for k, v in state["cosines"].items()}
@@ -284,8 +309,8 @@ class Trainer:
         frame.to_csv(self.paths.metrics, index=False)
         if self.cosines:
             np.savez_compressed(self.paths.cosines, **self.cosines)
-        checkpoint.save({"x": self.model.flat.cpu(), "model": self.setting["model"],
-                         "dataset": self.setting["dataset"]}, self.paths.model)
+        checkpoint.save({"x": self.model.flat.cpu(), "buffers": self.model.buffers.cpu(),
+                         "model": self.setting["model"], "dataset": self.setting["dataset"]}, self.paths.model)
         acc = frame["test_acc"].dropna()
         summary = {
             "run": self.paths.root.name, "status": status, "setting": self.setting,

@@ -51,12 +51,13 @@ class TwoConvCNN(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
-def build(name: str, dataset: str, pretrained: dict | None = None) -> nn.Module:
-    """``pretrained`` (the setting's section: weights path) is read by pretrained models only."""
+def build(name: str, dataset: str, pretrained: dict | None = None, batchnorm: str = "running_stats") -> nn.Module:
+    """``pretrained`` (the setting's section: weights path) is read by pretrained models only,
+    ``batchnorm`` (running_stats | batch_stats) by models with BatchNorm only."""
     from fedrepro.catalog import DATASETS
     from fedrepro import models_extra, text
     if name in models_extra.BUILDERS:
-        return models_extra.build(name, dataset)
+        return models_extra.build(name, dataset, batchnorm)
     if name in text.BUILDERS:
         return text.build(name, dataset, pretrained)
     channels, side, _ = DATASETS[dataset]["shape"]

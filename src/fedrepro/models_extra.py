@@ -2,13 +2,12 @@
 
 Sources (see /work/shared/specs): FedAWARE 4.2, IMA 4.2 (Table 4), FedLAW 4.3, FedNova 4.2.
 
-Normalisation layers and the flat engine: the engine keeps parameters only (no buffers), so
-GroupNorm models run as the papers ran them. FedLAW's CIFAR ResNet-8/20/56 use BatchNorm; here they
-use BatchNorm *without running statistics* (``track_running_stats=False``): every forward pass,
-evaluation included, normalises with the statistics of its own batch (evaluation batches hold
-4096 test images). The papers' code keeps running statistics (FedAvg averages them, FedLAW
-re-estimates them on the proxy set); that difference is a documented deviation until the engine
-carries buffers.
+Normalisation layers: GroupNorm has no buffers. FedLAW's CIFAR ResNet-8/20/56 use BatchNorm, by
+default with running statistics as the papers' code keeps them (the flat engine carries them in
+``FlatModel.buffers`` and averages them over the cohort; eval mode normalises with them). The setting
+``batchnorm: batch_stats`` builds them *without running statistics* (``track_running_stats=False``):
+every forward pass, evaluation included, normalises with the statistics of its own batch (evaluation
+batches hold 4096 test images), as this project did before the engine carried buffers.
 """
 from __future__ import annotations
 
@@ -49,9 +48,10 @@ class CifarCNN(nn.Module):
 
 
 def _norm(kind: str, channels: int, groups: int) -> nn.Module:
+    """gn: GroupNorm(groups); bn: BatchNorm with running statistics; bn_batch: batch statistics only."""
     if kind == "gn":
         return nn.GroupNorm(groups, channels)
-    return nn.BatchNorm2d(channels, track_running_stats=False)
+    return nn.BatchNorm2d(channels, track_running_stats=kind == "bn")
 
 
 class BasicBlock(nn.Module):
@@ -158,18 +158,20 @@ class VGG11GN(nn.Module):
 class CifarResNet(nn.Module):
     """FedLAW's CIFAR ResNet (Li et al. 2018 landscape models): 3x3 stem conv 16, three stages of
     (depth-2)/6 BasicBlocks with 16/32/64 channels, 1x1 conv + norm shortcut when the shape changes,
-    global average pool, Linear(64, classes). BatchNorm without running statistics (module doc)."""
+    global average pool, Linear(64, classes). BatchNorm with running statistics, or on batch statistics
+    only when ``running_stats`` is False (module doc)."""
 
-    def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10):
+    def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10, running_stats: bool = True):
         super().__init__()
         if (depth - 2) % 6:
             raise ValueError(f"CIFAR ResNet depth must be 6n+2, got {depth}")
         n = (depth - 2) // 6
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), _norm("bn", 16, 0), nn.ReLU())
+        bn = "bn" if running_stats else "bn_batch"
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), _norm(bn, 16, 0), nn.ReLU())
         layers, in_planes = [], 16
         for planes, stride in ((16, 1), (32, 2), (64, 2)):
             for i in range(n):
-                layers.append(BasicBlock(in_planes, planes, stride if i == 0 else 1, "bn", 0))
+                layers.append(BasicBlock(in_planes, planes, stride if i == 0 else 1, bn, 0))
                 in_planes = planes
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(64, num_classes)
@@ -223,20 +225,25 @@ BUILDERS = {
     "resnet18_gn2": lambda c, k: ResNet18GN(c, k, groups=2, projector=128),
     "vgg11": lambda c, k: VGG11(c, k),
     "vgg11_gn2": lambda c, k: VGG11GN(c, k, groups=2),
-    "resnet20": lambda c, k: CifarResNet(20, c, k),
-    "resnet56": lambda c, k: CifarResNet(56, c, k),
+    "resnet20": lambda c, k, running_stats=True: CifarResNet(20, c, k, running_stats),
+    "resnet56": lambda c, k, running_stats=True: CifarResNet(56, c, k, running_stats),
     # FedLAW Tables 1, 9: not defined by the paper or its code (our choices, see the classes' docs)
-    "resnet8": lambda c, k: CifarResNet(8, c, k),
+    "resnet8": lambda c, k, running_stats=True: CifarResNet(8, c, k, running_stats),
     "alexnet": lambda c, k: CifarAlexNet(c, k),
     "logreg": None,  # built from the feature dimension, below
 }
 
 
-def build(name: str, dataset: str) -> nn.Module:
-    from fedrepro.catalog import DATASETS
+def build(name: str, dataset: str, batchnorm: str = "running_stats") -> nn.Module:
+    """``batchnorm`` (running_stats | batch_stats) is read by the models catalog.MODELS marks batchnorm."""
+    from fedrepro.catalog import DATASETS, MODELS
     shape, classes = DATASETS[dataset]["shape"], DATASETS[dataset]["num_classes"]
     if name == "logreg":
         return LogisticRegression(math.prod(shape), classes)
     if name not in BUILDERS:
         raise ValueError(f"unknown model '{name}'")
+    if MODELS[name].get("batchnorm"):
+        if batchnorm not in ("running_stats", "batch_stats"):
+            raise ValueError(f"batchnorm = {batchnorm!r}; allowed: running_stats, batch_stats")
+        return BUILDERS[name](shape[0], classes, running_stats=batchnorm == "running_stats")
     return BUILDERS[name](shape[0], classes)

@@ -49,8 +49,8 @@ def proxy_set(trainer, size: int, seed: int):
 class FunctionalModel:
     """The module's output with its parameters taken from a flat vector w (differentiable in w).
 
-    The module's train/eval mode is left as the engine keeps it (train mode throughout; the
-    supported BatchNorm models normalise with batch statistics, so there are no running buffers)."""
+    The module's train/eval mode is left as the engine keeps it (train mode while training): with
+    BatchNorm running statistics, the passes update the module's (global) statistics in place."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module

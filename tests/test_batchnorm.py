@@ -1,0 +1,154 @@
+"""BatchNorm running statistics in the flat engine (setting ``batchnorm``): a second flat vector of
+buffers, started from the global one by every client, averaged with the data-size weights of the
+round, used in eval mode and checkpointed; ``batch_stats`` keeps the engine's earlier behaviour."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedrepro import checkpoint, data, engine, models
+from fedrepro.client import client_generator
+from fedrepro.config import ConfigError, resolve
+from fedrepro.flat import FlatModel
+
+SIZES = [40, 56]
+BATCH = 16
+
+
+def _data(n: int = sum(SIZES)):
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen)
+    labels = torch.randint(0, 10, (n,), generator=gen)
+    return data.TensorDataset(images, labels, 0.5, 0.5)
+
+
+def _parts():
+    return [np.arange(0, SIZES[0]), np.arange(SIZES[0], sum(SIZES))]
+
+
+def _setting(**extra) -> dict:
+    return resolve({"dataset": "cifar10", "model": "resnet8", "num_clients": 2, "participation": 1.0, "rounds": 2,
+                    "batch_size": BATCH, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05, "momentum": 0.9},
+                    **extra})
+
+
+def _small() -> nn.Module:
+    """A conv, a BatchNorm with running statistics and a linear head: small enough for an oracle."""
+    torch.manual_seed(4)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(16, 10))
+
+
+def _test_set() -> data.TensorDataset:
+    train = _data()
+    return data.TensorDataset(train.images[:40], train.labels[:40], 0.5, 0.5)
+
+
+def _trainer(tmp_path, module=None, **extra) -> engine.Trainer:
+    return engine.Trainer(_setting(**extra), tmp_path, None, None, datasets=(_data(), _test_set()), parts=_parts(),
+                          module=module)
+
+
+def test_batch_stats_run_equals_the_engine_before_running_statistics(tmp_path):
+    """Values computed on main at ff346b2 (before this change), the same tiny ResNet-8 run on CPU."""
+    torch.set_num_threads(1)
+    trainer = _trainer(tmp_path, batchnorm="batch_stats")
+    assert len(trainer.model.buffers) == 0
+    rows = [trainer.round(t) for t in range(2)]
+    flat = trainer.model.flat.double()
+    assert float(flat.sum()) == pytest.approx(332.72624378573164, rel=1e-6)
+    assert float(flat.norm()) == pytest.approx(21.236934778151028, rel=1e-6)
+    assert rows[-1]["train_loss"] == pytest.approx(2.2440569400787354, rel=1e-5)
+    assert rows[-1]["test_loss"] == pytest.approx(2.211115837097168, rel=1e-5)
+
+
+def test_running_stats_is_the_default_for_batchnorm_models_only():
+    assert _setting()["batchnorm"] == "running_stats"
+    assert "batchnorm" not in resolve({"model": "mlp"})  # pruned: no BatchNorm, no hash change
+    module = models.build("resnet20", "cifar10")
+    assert all(m.track_running_stats for m in module.modules() if isinstance(m, nn.BatchNorm2d))
+    plain = models.build("resnet20", "cifar10", batchnorm="batch_stats")
+    assert not any(m.track_running_stats for m in plain.modules() if isinstance(m, nn.BatchNorm2d))
+    with pytest.raises(ConfigError, match="batchnorm"):
+        _setting(batchnorm="running")
+
+
+def test_flat_buffers_are_views_that_batchnorm_updates_in_place():
+    module = _small()
+    flat = FlatModel(module, torch.device("cpu"))
+    bn = module[1]
+    assert len(flat.buffers) == 8 and bn.running_mean.data_ptr() == flat.buffers.data_ptr()
+    module(torch.randn(8, 3, 9, 9))
+    assert torch.equal(flat.buffers[:4], bn.running_mean) and torch.equal(flat.buffers[4:], bn.running_var)
+    assert not torch.equal(flat.buffers[:4], torch.zeros(4)), "train-mode forward did not move the statistics"
+
+
+def _oracle_clients(initial: nn.Module, lr: float):
+    """Each client trained alone with torch.optim.SGD from the global module, on the engine's batches."""
+    train = _data()
+    finals = []
+    for c, part in enumerate(_parts()):
+        model = copy.deepcopy(initial)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        index = torch.as_tensor(part)
+        order = index[torch.randperm(len(index), generator=client_generator(1, 0, c))]
+        for start in range(0, len(index), BATCH):
+            x, y = train.batch(order[start:start + BATCH])
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        finals.append(model)
+    return finals
+
+
+def test_aggregated_running_statistics_are_the_weighted_mean_of_the_clients(tmp_path):
+    trainer = _trainer(tmp_path, module=_small())
+    initial = copy.deepcopy(trainer.model.module)
+    cohort = np.arange(2)
+    trainer.local_training(0, cohort, trainer.model.flat.clone(), trainer.client_lr(0))
+    clients = _oracle_clients(initial, trainer.client_lr(0))
+    w = torch.tensor(SIZES, dtype=torch.float32) / sum(SIZES)
+    bn = trainer.model.module[1]
+    for name in ("running_mean", "running_var"):
+        values = [getattr(m[1], name) for m in clients]
+        assert not torch.allclose(values[0], values[1]), "the clients' statistics should differ"
+        torch.testing.assert_close(getattr(bn, name), w[0] * values[0] + w[1] * values[1], rtol=0, atol=1e-6)
+
+
+def test_eval_mode_normalises_with_the_averaged_statistics(tmp_path):
+    trainer = _trainer(tmp_path, module=_small())
+    trainer.round(0)
+    module = trainer.model.module
+    bn = module[1]
+    seen = {}
+    bn.register_forward_hook(lambda m, inputs, output: seen.update(x=inputs[0], y=output))
+    module.eval()  # engine.evaluate switches to eval mode on main; here the test does it
+    with torch.no_grad():
+        module(_test_set().batch(torch.arange(40))[0])
+    manual = nn.BatchNorm2d(4).eval()
+    with torch.no_grad():
+        manual.weight.copy_(bn.weight)
+        manual.bias.copy_(bn.bias)
+        manual.running_mean.copy_(trainer.model.buffers[:4])
+        manual.running_var.copy_(trainer.model.buffers[4:])
+        torch.testing.assert_close(seen["y"], manual(seen["x"]), rtol=0, atol=1e-6)
+        batch_normalised = F.batch_norm(seen["x"], None, None, bn.weight, bn.bias, training=True)
+    assert not torch.allclose(seen["y"], batch_normalised, atol=1e-3), "eval mode used batch statistics"
+
+
+def test_stop_and_resume_with_running_statistics_equals_uninterrupted(tmp_path):
+    straight = _trainer(tmp_path / "a", module=_small(), rounds=4)
+    straight.run(progress=False)
+    _trainer(tmp_path / "b", module=_small(), rounds=4).run(progress=False, stop_after=2)
+    assert len(checkpoint.load(tmp_path / "b" / "checkpoint.pt")["buffers"]) == 8
+    resumed = _trainer(tmp_path / "b", module=_small(), rounds=4)
+    summary = resumed.run(progress=False)
+    assert summary["resumed"] is True
+    a, b = checkpoint.load(tmp_path / "a" / "model.pt"), checkpoint.load(tmp_path / "b" / "model.pt")
+    assert torch.equal(a["x"], b["x"]) and torch.equal(a["buffers"], b["buffers"])
+    assert not torch.equal(a["buffers"], FlatModel(_small(), torch.device("cpu")).buffers)
