@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,7 +24,7 @@ import torch
 
 from fedrepro import algorithms, checkpoint, data, metrics, models, partition, registry
 from fedrepro.client import LocalSGD, client_generator, lr_schedule as client_lr_schedule
-from fedrepro.cohort import CohortSGD, equal_steps
+from fedrepro.cohort import CohortSGD, equal_steps, random_layers
 from fedrepro.config import ROOT, cohort_size, partition_id, stable_hash
 from fedrepro.flat import FlatModel
 from fedrepro.parts import RoundUpdates
@@ -44,16 +45,29 @@ def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> np.ndarra
     return np.sort(rng.choice(num_clients, size=k, replace=False))
 
 
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module):
+    """Score with dropout off (and BatchNorm on its running statistics); the previous mode comes back."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, test: data.TensorDataset, batch_size: int = 4096) -> tuple[float, float]:
+    """Accuracy and mean loss with the model in eval mode (dropout off), its mode restored after."""
     correct = torch.zeros((), device=test.labels.device)
     loss = torch.zeros((), device=test.labels.device)
-    for start in range(0, len(test), batch_size):
-        index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
-        x, y = test.batch(index)
-        logits = model(x)
-        loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
-        correct += (logits.argmax(1) == y).sum()
+    with eval_mode(model):
+        for start in range(0, len(test), batch_size):
+            index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
+            x, y = test.batch(index)
+            logits = model(x)
+            loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
     return float(correct) / len(test), float(loss) / len(test)
 
 
@@ -141,6 +155,7 @@ class Trainer:
         # "auto": train equal-step cohorts together (cohort.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"
         self._cohort_sgd = None
+        self.random_layers = random_layers(self.model.module)  # dropout keeps clients sequential (cohort.py)
         self.k = cohort_size(setting)
         self.rows: list[dict] = []
         self.cosines: dict[str, np.ndarray] = {}
@@ -175,14 +190,16 @@ class Trainer:
         return RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr)
 
     def train_together(self, cohort: np.ndarray, client_epochs: list[int]) -> bool:
-        """The vmapped cohort path applies when every client runs the same steps and the method
-        changes no client's gradient; "auto" takes it on CUDA, where it measurably pays."""
+        """The vmapped cohort path applies when every client runs the same steps, the method
+        changes no client's gradient and the model has no dropout; "auto" takes it on CUDA, where it
+        measurably pays."""
         if self.cohort_mode == "off" or (self.cohort_mode == "auto" and self.device.type != "cuda"):
             return False
         # on-device augmentation draws from the global RNG client after client; a batched draw
         # would give other crops, so augmented data stays on the sequential path
         return (len(cohort) > 1 and not self.algorithm.corrections and self.algorithm.objective is None
                 and not getattr(self.train, "augment", False) and getattr(self.train, "batched_cohort", True)
+                and not self.random_layers
                 and equal_steps([self.client_index[c] for c in cohort], client_epochs))
 
     def _cohort_training(self, t: int, cohort: np.ndarray, x: torch.Tensor, lr: float, epochs: int) -> RoundUpdates:
@@ -202,6 +219,7 @@ class Trainer:
         cohort = sample_cohort(s["seed"], t, s["num_clients"], self.k)
         x = self.model.flat.clone()
         lr = self.client_lr(t)
+        self.model.module.train()  # clients train in train mode (dropout on); scoring switches to eval
         updates = self.local_training(t, cohort, x, lr)
         x_new = self.algorithm.server_step(x, updates)
         self.model.flat.copy_(x_new)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from fedrepro.engine import eval_mode
 from fedrepro.parts import Aggregator, RoundUpdates
 
 FEDLAW_SALT = 0xFED1A  # the proxy set's and FedLAW's batch stream
@@ -49,8 +50,9 @@ def proxy_set(trainer, size: int, seed: int):
 class FunctionalModel:
     """The module's output with its parameters taken from a flat vector w (differentiable in w).
 
-    The module's train/eval mode is left as the engine keeps it (train mode throughout; the
-    supported BatchNorm models normalise with batch statistics, so there are no running buffers)."""
+    Training on the proxy set (``__call__``) runs in the module's train mode, as the engine keeps it
+    (the code's central model is in train mode during its server optimisation); scoring teachers
+    (``logits``) runs in eval mode, dropout off, as the engine evaluates."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
@@ -70,7 +72,9 @@ class FunctionalModel:
     @torch.no_grad()
     def logits(self, w: torch.Tensor, inputs: torch.Tensor, batch_size: int) -> torch.Tensor:
         """Outputs on all inputs, in fixed chunks of batch_size (teachers' logits, computed once a round)."""
-        return torch.cat([self(w, inputs[start:start + batch_size]) for start in range(0, len(inputs), batch_size)])
+        with eval_mode(self.module):
+            return torch.cat([self(w, inputs[start:start + batch_size])
+                              for start in range(0, len(inputs), batch_size)])
 
 
 def optimizer_settings(cfg: dict, setting: dict) -> dict:
