@@ -106,3 +106,33 @@ def test_a_dropout_model_trains_the_same_with_the_cohort_path_asked_for_or_not(t
         assert trainer._cohort_sgd is None
     for off, on in zip(rows["off"], rows["on"]):
         assert off["test_acc"] == on["test_acc"] and off["train_loss"] == on["train_loss"]
+
+
+def _datasets():
+    from fedrepro.datasets_extra import FeatureDataset, ImageDataset
+    from fedrepro.text import TextDataset
+    labels = torch.arange(40) % 10
+    yield data.TensorDataset(torch.arange(40 * 4, dtype=torch.uint8).view(40, 1, 2, 2), labels, 0.5, 2.0)
+    yield ImageDataset(torch.arange(40 * 12, dtype=torch.int64).to(torch.uint8).view(40, 3, 2, 2), labels,
+                       torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 0.6, 0.7]))
+    yield FeatureDataset(torch.randn(40, 3), labels, torch.arange(40) // 4)
+    yield TextDataset(torch.arange(40 * 5).view(40, 5), torch.ones(40, 5, dtype=torch.int64), labels)
+
+
+@pytest.mark.parametrize("dataset", list(_datasets()), ids=lambda d: type(d).__name__)
+def test_the_holdout_split_works_for_every_dataset_class(dataset):
+    """The rest and the hold-out are the same class, keep its normalisation, and partition the samples."""
+    rest, proxy = engine.split_test(dataset, 20, seed=8)
+    index = engine.proxy_indices(dataset.labels, 20, 8)
+    assert type(rest) is type(dataset) and type(proxy) is type(dataset)
+    assert len(rest) == 20 and len(proxy) == 20
+    whole = dataset.batch(torch.arange(40))
+    held = proxy.batch(torch.arange(20))
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[index] = False
+    rest_batch = rest.batch(torch.arange(20))
+    for a, b, pick in ((held, whole, index), (rest_batch, whole, keep.nonzero().squeeze(1))):
+        xa, xb = (a[0].input_ids, b[0].input_ids) if hasattr(a[0], "input_ids") else (a[0], b[0])
+        torch.testing.assert_close(xa, xb[pick], rtol=0, atol=0)
+        assert torch.equal(a[1], b[1][pick])
+    assert engine.split_test(dataset, 0, seed=8) == (dataset, None)

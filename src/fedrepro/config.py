@@ -205,6 +205,10 @@ def check_compatible(setting: dict, where: str) -> None:
     if part["kind"] == "dirichlet" and part["min_size"] * setting["num_clients"] > n_train:
         problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
                         f"than the {n_train} samples")
+    holdout, spec = setting["evaluation"]["proxy_holdout"], registry.DATASETS[setting["dataset"]]
+    if holdout % spec["num_classes"] or holdout >= spec["test_size"]:
+        problems.append(f"evaluation.proxy_holdout = {holdout} must be a multiple of the {spec['num_classes']} classes "
+                        f"of {setting['dataset']} (the hold-out is class-balanced) and smaller than its test set")
     for check in registry.extra_checks(algo, plugins):
         problems.extend(check(setting))
     if problems:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import platform
@@ -43,6 +42,30 @@ def pick_device(name: str) -> torch.device:
 def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> np.ndarray:
     rng = np.random.default_rng([seed, round_])
     return np.sort(rng.choice(num_clients, size=k, replace=False))
+
+
+PROXY_SALT = 0xFED1A  # the stream of FedLAW's proxy draw, kept so the held-out samples stay what they were
+
+
+def proxy_indices(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """size / C test samples of each of the C classes, drawn by the run's seed: the server's proxy set,
+    held out of the evaluation of every run of a comparison (``evaluation.proxy_holdout``)."""
+    labels = labels.cpu().numpy()
+    classes = np.unique(labels)
+    rng = np.random.default_rng([seed, PROXY_SALT])
+    picked = [rng.choice(np.flatnonzero(labels == c), size // len(classes), replace=False) for c in classes]
+    return torch.from_numpy(np.sort(np.concatenate(picked)))
+
+
+def split_test(test, holdout: int, seed: int):
+    """(evaluation set, proxy set or None): the test set minus the class-balanced hold-out, and the hold-out.
+    The split belongs to the comparison, so every method of it is scored on the same samples."""
+    if not holdout:
+        return test, None
+    index = proxy_indices(test.labels, holdout, seed).to(test.labels.device)
+    keep = torch.ones(len(test), dtype=torch.bool, device=test.labels.device)
+    keep[index] = False
+    return test.subset(keep.nonzero().squeeze(1)), test.subset(index)
 
 
 @contextlib.contextmanager
@@ -142,15 +165,10 @@ class Trainer:
         module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained")) if module is None
                   else module)
         self.model = FlatModel(module, self.device)
+        self.test, self.proxy = split_test(self.test, setting["evaluation"]["proxy_holdout"], setting["seed"])
         self.algorithm = algorithms.build(setting, num_clients=setting["num_clients"], dim=self.model.numel,
                                           device=self.device, client_sizes=self.client_sizes,
-                                          context=self)
-        held_out = getattr(self.algorithm, "proxy_index", None)
-        if held_out is not None:  # the server's proxy samples (FedLAW) are no longer test samples
-            keep = torch.ones(len(self.test), dtype=torch.bool, device=self.device)
-            keep[held_out.to(self.device)] = False
-            # replace() keeps the dataset's own class (CIFAR's per-channel normalisation)
-            self.test = dataclasses.replace(self.test, images=self.test.images[keep], labels=self.test.labels[keep])
+                                          context=self, proxy=self.proxy)
         self.local = LocalSGD(setting["client"]["momentum"], setting["client"]["weight_decay"])
         # "auto": train equal-step cohorts together (cohort.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"

@@ -159,6 +159,11 @@ def _proxy_check(section: str):
         if uses_proxy and (size % spec["num_classes"] or size >= spec["test_size"]):
             return [f"{section}.proxy_size = {size} must be a multiple of the {spec['num_classes']} classes of "
                     f"{setting['dataset']} (the proxy set is class-balanced) and smaller than its test set"]
+        holdout = setting["evaluation"]["proxy_holdout"]
+        if uses_proxy and size != holdout:
+            return [f"{section}.proxy_size = {size} differs from evaluation.proxy_holdout = {holdout}: the proxy set "
+                    f"is the comparison's test hold-out, on whose rest every method is scored; set "
+                    f"evaluation.proxy_holdout: {size} in the experiment's base"]
         return []
     return check
 

@@ -18,11 +18,16 @@ class BuildContext:
     dim: int
     device: torch.device
     client_sizes: torch.Tensor
-    trainer: object = None  # the engine, for methods that evaluate or train on the server (FedLAW)
+    trainer: object = None  # the engine, for methods that train on the server (its model's module)
+    # the comparison's held-out proxy samples (evaluation.proxy_holdout) as (inputs, labels) on the
+    # device, or None; every run of the comparison is scored on the test set without them
+    proxy: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def build(setting: dict, num_clients: int, dim: int, device, client_sizes, context=None) -> Algorithm:
-    ctx = BuildContext(num_clients, dim, device, client_sizes, context)
+def build(setting: dict, num_clients: int, dim: int, device, client_sizes, context=None, proxy=None) -> Algorithm:
+    """``proxy``: the held-out proxy dataset (``engine.split_test``) or None."""
+    samples = None if proxy is None else proxy.batch(torch.arange(len(proxy), device=proxy.labels.device))
+    ctx = BuildContext(num_clients, dim, device, client_sizes, context, samples)
     name = setting["algorithm"]
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm '{name}'")
