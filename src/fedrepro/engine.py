@@ -39,8 +39,20 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> np.ndarray:
+WARMUP_SALT = 0xC0407  # the exploration permutation's stream, apart from the per-round draws
+
+
+def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
+    """The k clients of a round, from (seed, round) alone: the same for every method of a comparison, and
+    on resume. ``warmup: permutation`` (FedAWARE's code): rounds 0 .. ceil(N/k) - 1 walk one permutation of
+    all N clients, seeded by the run's seed, k at a time, so each client is visited once; a last partial
+    chunk is topped up with clients drawn from the others. Afterwards, uniform without replacement."""
     rng = np.random.default_rng([seed, round_])
+    if warmup == "permutation" and round_ < math.ceil(num_clients / k):
+        order = np.random.default_rng([seed, WARMUP_SALT]).permutation(num_clients)
+        chunk = order[round_ * k:(round_ + 1) * k]
+        others = np.setdiff1d(np.arange(num_clients), chunk)
+        return np.sort(np.concatenate([chunk, rng.choice(others, size=k - len(chunk), replace=False)]))
     return np.sort(rng.choice(num_clients, size=k, replace=False))
 
 
@@ -234,7 +246,7 @@ class Trainer:
     def round(self, t: int) -> dict:
         s = self.setting
         tic = time.perf_counter()
-        cohort = sample_cohort(s["seed"], t, s["num_clients"], self.k)
+        cohort = sample_cohort(s["seed"], t, s["num_clients"], self.k, s["cohort"]["warmup"])
         x = self.model.flat.clone()
         lr = self.client_lr(t)
         self.model.module.train()  # clients train in train mode (dropout on); scoring switches to eval
