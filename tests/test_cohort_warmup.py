@@ -44,7 +44,7 @@ def test_a_bad_warmup_is_refused_naming_the_key():
         config.resolve({"cohort": {"warmup": "explore"}})
 
 
-def _fedaware_trainer(tmp_path, warmup: str) -> engine.Trainer:
+def _fedaware_trainer(tmp_path, warmup: str, client: dict | None = None) -> engine.Trainer:
     gen = torch.Generator().manual_seed(0)
     labels = torch.arange(200) % 10
     images = (torch.randint(0, 60, (200, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
@@ -52,7 +52,7 @@ def _fedaware_trainer(tmp_path, warmup: str) -> engine.Trainer:
     parts = [np.arange(i * 20, (i + 1) * 20) for i in range(10)]
     setting = config.resolve({"algorithm": "fedaware", "model": "mlp", "num_clients": 10, "participation": 0.2,
                               "local_epochs": 1, "batch_size": 20, "device": "cpu", "rounds": 8, "seed": 1998,
-                              "client": {"lr": 0.05}, "cohort": {"warmup": warmup}})
+                              "client": {"lr": 0.05, **(client or {})}, "cohort": {"warmup": warmup}})
     return engine.Trainer(setting, tmp_path / warmup, None, None, datasets=(train, train), parts=parts)
 
 
@@ -62,3 +62,28 @@ def test_fedaware_leaves_its_fedavg_warmup_after_ceil_n_over_k_rounds(tmp_path):
     assert [r["aware_warmup"] for r in rows] == [1, 1, 1, 1, 0, 0]  # 10 clients, 2 a round: round 5 (t = 4)
     uniform = _fedaware_trainer(tmp_path, "none")
     assert sum(uniform.round(t)["aware_warmup"] for t in range(6)) > 4
+
+
+def _orders(trainer, pairs):
+    return [torch.randperm(50, generator=trainer.shuffle_generator(t, c)) for t, c in pairs]
+
+
+def test_reseeded_shuffling_repeats_the_batch_order_of_every_client_and_round(tmp_path):
+    """client.shuffle: reseeded (IMA's code) gives one order for every (round, client); fresh a new one each."""
+    pairs = [(0, 0), (0, 3), (5, 3), (7, 9)]
+    reseeded = _fedaware_trainer(tmp_path, "none", {"shuffle": "reseeded"})
+    first, *rest = _orders(reseeded, pairs)
+    assert all(torch.equal(first, o) for o in rest)
+    fresh = _fedaware_trainer(tmp_path, "none")
+    orders = _orders(fresh, pairs)
+    assert len({tuple(o.tolist()) for o in orders}) == len(pairs)
+
+
+@pytest.mark.parametrize("shuffle,same", [("reseeded", True), ("fresh", False)])
+def test_a_reseeded_client_repeats_its_local_training_from_the_same_model(tmp_path, shuffle, same):
+    trainer = _fedaware_trainer(tmp_path, "none", {"shuffle": shuffle})
+    trainer.setting["batch_size"] = 8  # several batches, so the order matters
+    x = trainer.model.flat.clone()
+    a = trainer.local_training(0, np.array([2]), x, 0.05).deltas
+    b = trainer.local_training(3, np.array([2]), x, 0.05).deltas
+    assert torch.equal(a, b) == same

@@ -211,13 +211,20 @@ class Trainer:
         for j, c in enumerate(cohort):
             e = client_epochs[j]
             result = self.local.train(self.model, self.train, self.client_index[c], x, lr, e, s["batch_size"],
-                                      client_generator(s["seed"], t, int(c)), int(c), self.algorithm.corrections,
+                                      self.shuffle_generator(t, int(c)), int(c), self.algorithm.corrections,
                                       self.algorithm.objective, t)
             torch.sub(x, self.model.flat, out=deltas[j])
             steps[j] = result.steps
             losses[j] = result.loss
         clients = torch.as_tensor(cohort, device=self.device)
         return RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr)
+
+    def shuffle_generator(self, t: int, client: int) -> torch.Generator:
+        """The client's batch-order stream; ``client.shuffle: reseeded`` gives every client in every round the
+        same one (IMA's code reseeds torch with the run's seed before each client's training)."""
+        if self.setting["client"]["shuffle"] == "reseeded":
+            return client_generator(self.setting["seed"], 0, 0)
+        return client_generator(self.setting["seed"], t, client)
 
     def train_together(self, cohort: np.ndarray, client_epochs: list[int]) -> bool:
         """The vmapped cohort path applies when every client runs the same steps, the method
@@ -238,7 +245,7 @@ class Trainer:
             self._cohort_sgd = CohortSGD(self.model.module, self.local.momentum, self.local.weight_decay)
         finals, steps, losses = self._cohort_sgd.train(
             self.train, [self.client_index[c] for c in cohort], x, lr, epochs, s["batch_size"],
-            [client_generator(s["seed"], t, int(c)) for c in cohort])
+            [self.shuffle_generator(t, int(c)) for c in cohort])
         clients = torch.as_tensor(cohort, device=self.device)
         steps_per_client = torch.full((len(cohort),), float(steps), device=self.device)
         return RoundUpdates(t, clients, x - finals, self.client_sizes[clients], steps_per_client, losses, lr)
