@@ -339,3 +339,13 @@ def test_server_optimiser_state_survives_a_weights_only_checkpoint(optimizer, tm
     assert torch.equal(x1 - again(x1, nxt), expected)
     fresh = make(ProxyFineTune, module, px, py, {"server_epochs": 2}, optim)
     assert not torch.equal(x1 - fresh(x1, nxt), expected), "the state matters"
+
+
+@pytest.mark.parametrize("name", ["feddf", "fedlaw"])
+def test_a_method_built_without_the_engines_holdout_is_refused(name):
+    """Proxy methods get their samples from the engine (BuildContext.proxy), never from the test set themselves."""
+    from fedrepro import algorithms
+    setting = config.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 20}})
+    module = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"evaluation\.proxy_holdout"):
+        algorithms.build(setting, 20, 8, torch.device("cpu"), torch.ones(20), module=module, proxy=None)

@@ -180,7 +180,7 @@ class Trainer:
         self.test, self.proxy = split_test(self.test, setting["evaluation"]["proxy_holdout"], setting["seed"])
         self.algorithm = algorithms.build(setting, num_clients=setting["num_clients"], dim=self.model.numel,
                                           device=self.device, client_sizes=self.client_sizes,
-                                          context=self, proxy=self.proxy)
+                                          module=self.model.module, proxy=self.proxy)
         self.local = LocalSGD(setting["client"]["momentum"], setting["client"]["weight_decay"])
         # "auto": train equal-step cohorts together (cohort.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"

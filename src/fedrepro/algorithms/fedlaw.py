@@ -135,10 +135,10 @@ class LearnedAggregation(Aggregator):
 
 
 def build(setting, ctx) -> Algorithm:
-    cfg, trainer = setting["fedlaw"], ctx.trainer
-    if trainer is None:
-        raise ValueError("fedlaw needs the model's module (server-side training on the proxy set)")
+    cfg = setting["fedlaw"]
+    if ctx.module is None:
+        raise ValueError("fedlaw needs the run's model (server-side training on the proxy set)")
     learns = any(LEARNS[cfg["variant"]])
     proxy = proxy_samples(ctx, "fedlaw", cfg["proxy_size"]) if learns else (None, None)
-    aggregator = LearnedAggregation(trainer.model.module, *proxy, cfg, setting["server"]["lr"], setting["seed"])
+    aggregator = LearnedAggregation(ctx.module, *proxy, cfg, setting["server"]["lr"], setting["seed"])
     return Algorithm("fedlaw", aggregator, ServerSGD(1.0))

@@ -152,10 +152,10 @@ def build_proxy_algorithm(name: str, aggregator_cls, setting: dict, ctx, **extra
     from fedrepro.parts import Algorithm
     from fedrepro.server import ServerSGD
 
-    cfg, trainer = setting[name], ctx.trainer
-    if trainer is None:
-        raise ValueError(f"{name} needs the model's module (server-side training on the proxy set)")
+    cfg = setting[name]
+    if ctx.module is None:
+        raise ValueError(f"{name} needs the run's model (server-side training on the proxy set)")
     px, py = proxy_samples(ctx, name, cfg["proxy_size"])
-    aggregator = aggregator_cls(FunctionalModel(trainer.model.module), px, py, cfg, optimizer_settings(cfg, setting),
+    aggregator = aggregator_cls(FunctionalModel(ctx.module), px, py, cfg, optimizer_settings(cfg, setting),
                                 setting["server"]["lr"], setting["seed"], **extra)
     return Algorithm(name, aggregator, ServerSGD(1.0))
