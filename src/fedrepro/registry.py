@@ -188,7 +188,7 @@ PLUGINS["aware"] = {"sections": ["aware"], "modules": ["algorithms/aware.py", "a
 # that Snakemake's params trigger sees, so editing one method reruns only its runs.
 CORE_MODULES = ["engine.py", "client.py", "server.py", "parts.py", "flat.py", "models.py", "data.py",
                 "partition.py", "metrics.py", "checkpoint.py", "algorithms/__init__.py",
-                "models_extra.py", "datasets_extra.py", "text.py"]
+                "models_extra.py", "datasets_extra.py", "text.py", "cohort.py"]
 
 # Source files a partition depends on (the splitting and the label loading); part of its identity.
 PARTITION_MODULES = ["partition.py", "data.py", "datasets_extra.py", "text.py"]
