@@ -82,9 +82,9 @@ def test_momentum_equals_per_client_torch_sgd(tmp_path, keep):
     torch.testing.assert_close(trainer.model.flat, expected, rtol=0, atol=1e-5)
 
 
-def test_keep_momentum_needs_momentum_and_refuses_fednova():
-    with pytest.raises(ConfigError, match=r"client.keep_momentum = true needs client.momentum > 0"):
-        resolve({"client": {"keep_momentum": True, "momentum": 0.0}})
+def test_keep_momentum_without_momentum_is_the_plain_run_and_fednova_refuses_it():
+    # FedLAW's code keeps buffers, but runs FedProx without momentum: the protocol applies where there are any
+    assert resolve({"client": {"keep_momentum": True, "momentum": 0.0}}) == resolve({"client": {"momentum": 0.0}})
     with pytest.raises(ConfigError, match=r"client.keep_momentum cannot be combined with fednova"):
         resolve({"algorithm": "fednova", "client": {"keep_momentum": True, "momentum": 0.9}})
     with pytest.raises(ConfigError, match=r"client.*keep_momentum"):

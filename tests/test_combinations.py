@@ -14,7 +14,8 @@ from fedrepro import cli, config, registry
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
         "batch_size": 100, "device": "cpu", "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1},
         "ima": {"start_round": 2, "window": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2},
-        **{name: {"proxy_size": 20, "server_epochs": 2} for name in ("feddf", "fedbe", "serverft")}}
+        **{name: {"proxy_size": 20, "server_epochs": 2} for name in ("feddf", "fedbe", "serverft")},
+        "evaluation": {"proxy_holdout": 20}}
 PLUGIN_SETS = ["", "+ima", "+aware", "+ima+aware"]
 NEEDS_FEATURE_MODEL = {"fedfa"}  # FedFA's anchors live on the penultimate layer of IMA's CNNs
 

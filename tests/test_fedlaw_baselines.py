@@ -220,10 +220,12 @@ def test_swa_in_the_papers_order_and_with_too_few_epochs():
 
 
 def test_null_optimizer_settings_take_the_clients():
-    setting = config.resolve({"algorithm": "feddf", "client": {"lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4}})
+    setting = config.resolve({"algorithm": "feddf", "client": {"lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4},
+                              "evaluation": {"proxy_holdout": 100}})
     assert optimizer_settings(setting["feddf"], setting) == {"optimizer": "sgd", "betas": (0.5, 0.999),
                                                              "lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4}
-    setting = config.resolve({"algorithm": "serverft", "serverft": {"lr": 0.01, "optimizer": "adam"}})
+    setting = config.resolve({"algorithm": "serverft", "serverft": {"lr": 0.01, "optimizer": "adam"},
+                              "evaluation": {"proxy_holdout": 100}})
     assert optimizer_settings(setting["serverft"], setting)["lr"] == 0.01
     assert setting["serverft"]["server_epochs"] == 2 and setting["serverft"]["keep_state"]
 
@@ -231,7 +233,29 @@ def test_null_optimizer_settings_take_the_clients():
 @pytest.mark.parametrize("name", ["feddf", "fedbe", "serverft"])
 def test_proxy_size_is_checked(name):
     with pytest.raises(config.ConfigError, match=rf"{name}\.proxy_size = 15"):
-        config.resolve({"algorithm": name, name: {"proxy_size": 15}})
+        config.resolve({"algorithm": name, name: {"proxy_size": 15}, "evaluation": {"proxy_holdout": 15}})
+
+
+@pytest.mark.parametrize("name", ["fedlaw", "feddf", "fedbe", "serverft"])
+def test_a_proxy_size_other_than_the_comparisons_holdout_is_refused(name):
+    with pytest.raises(config.ConfigError, match=rf"{name}\.proxy_size = 20, evaluation\.proxy_holdout = 30\).*test hold-out"):
+        config.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 30}})
+    with pytest.raises(config.ConfigError, match=r"evaluation\.proxy_holdout = 15 must be a multiple"):
+        config.resolve({"algorithm": "fedavg", "evaluation": {"proxy_holdout": 15}})
+
+
+def test_fixed_gamma_needs_no_holdout():
+    config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fixed_gamma", "proxy_size": 20}})
+
+
+def test_every_method_of_a_fedlaw_experiment_is_scored_on_the_same_test_samples():
+    """FedLAW evaluates every compared method on the test set minus the proxy samples."""
+    from fedrepro.config import ROOT, expand, load_params
+    runs = [r for r in expand(load_params(ROOT / "params" / "fedlaw.yaml"))
+            if r.experiment == "fedlaw_table3_fmnist" and r.setting["seed"] == 8]
+    methods = {r.setting["algorithm"] for r in runs}
+    assert {"fedavg", "fedprox", "feddyn", "fedlaw", "feddf"} <= methods
+    assert {r.setting["evaluation"]["proxy_holdout"] for r in runs} == {100}
 
 
 # --------------------------------------------------------------------------- real runs
@@ -247,14 +271,15 @@ METHODS = {"feddf": {}, "fedbe": {}, "serverft": {},
 
 
 def tiny(method: str, seed: int = 1) -> dict:
-    extra = METHODS[method] or {method: {"proxy_size": 20, "server_epochs": 2}}
+    extra = METHODS.get(method) or ({method: {"proxy_size": 20, "server_epochs": 2}} if method in METHODS else {})
     return config.resolve({"algorithm": method, "num_clients": 4, "participation": 0.5, "rounds": 3, "seed": seed,
                            "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"},
-                           "client": {"lr": 0.05, "momentum": 0.5}, **extra})
+                           "client": {"lr": 0.05, "momentum": 0.5}, "evaluation": {"proxy_holdout": 20}, **extra})
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", [*METHODS, "fedavg", "fedprox", "feddyn"])
 def test_proxy_samples_are_not_evaluated(method, tiny_data_root, partition_dir, tmp_path):
+    """Every method of the comparison, with a proxy or not, is scored on the test set minus the hold-out."""
     from fedrepro import data
     from fedrepro.engine import Trainer
 
@@ -262,13 +287,12 @@ def test_proxy_samples_are_not_evaluated(method, tiny_data_root, partition_dir, 
     trainer = Trainer(s, tmp_path, partition_dir, tiny_data_root)
     full = data.load("fmnist", tiny_data_root, train=False)
     index = proxy_indices(full.labels, 20, s["seed"])
-    assert torch.equal(trainer.algorithm.proxy_index, index)
     keep = torch.ones(len(full), dtype=torch.bool)
     keep[index] = False
     assert len(trainer.test) == len(full) - 20
     assert torch.equal(trainer.test.images, full.images[keep]) and torch.equal(trainer.test.labels, full.labels[keep])
-    # the aggregator trains on exactly those samples
-    assert torch.equal(trainer.algorithm.aggregator.proxy_y, full.labels[index])
+    if method in METHODS:  # the aggregator trains on exactly the held-out samples
+        assert torch.equal(trainer.algorithm.aggregator.proxy_y, full.labels[index])
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -315,3 +339,13 @@ def test_server_optimiser_state_survives_a_weights_only_checkpoint(optimizer, tm
     assert torch.equal(x1 - again(x1, nxt), expected)
     fresh = make(ProxyFineTune, module, px, py, {"server_epochs": 2}, optim)
     assert not torch.equal(x1 - fresh(x1, nxt), expected), "the state matters"
+
+
+@pytest.mark.parametrize("name", ["feddf", "fedlaw"])
+def test_a_method_built_without_the_engines_holdout_is_refused(name):
+    """Proxy methods get their samples from the engine (BuildContext.proxy), never from the test set themselves."""
+    from fedrepro import algorithms
+    setting = config.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 20}})
+    module = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"evaluation\.proxy_holdout"):
+        algorithms.build(setting, 20, 8, torch.device("cpu"), torch.ones(20), module=module, proxy=None)

@@ -235,3 +235,11 @@ def test_fedlaw_fixed_gamma_tables_join_every_cell_to_three_seeds():
     runs = config.expand(config.load_params(ROOT / "params" / "fedlaw.yaml"))
     for cell in paper.cells(paper.load_results(), ["fedlaw_table1", "fedlaw_table9"]):
         assert len([r for r in runs if paper.matches(r.setting, cell.match)]) == 3, (cell.row, cell.column)
+
+
+def test_fedams_server_lr_on_cifar10_follows_fedawares_scripts():
+    """run_cifar10_dirichlet.sh runs FedAMS with eta_g 0.01, run_projection_cifar10.sh FedAMS ×AWARE with 0.005."""
+    runs = config.expand(config.load_params(ROOT / "params" / "fedaware.yaml"))
+    lrs = {("+".join([r.setting["algorithm"], *r.setting["plugins"]])): r.setting["server"]["lr"]
+           for r in runs if r.experiment == "fedaware_table2_cifar10" and r.setting["algorithm"] == "fedams"}
+    assert lrs == {"fedams": 0.01, "fedams+aware": 0.005}

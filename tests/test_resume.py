@@ -30,7 +30,7 @@ METHODS = {
     "feddyn": {},
     "fedadam": {},
     "fednova": {},
-    "fedlaw": {"fedlaw": {"proxy_size": 20}},
+    "fedlaw": {"fedlaw": {"proxy_size": 20}, "evaluation": {"proxy_holdout": 20}},
     "fedavgm": {},
     "fedavg+aware": {},
     "fedasam": {},

@@ -8,7 +8,9 @@ launches per layer into one batched launch, which is what small models on a GPU 
 
 Each client keeps its own shuffling generator and draws exactly the batches it would draw when
 trained alone (``client.LocalSGD``), and the update rule is the same (g + wd*x, momentum, x -= lr*b),
-so both paths give the same result up to the summation order of the batched kernels.
+so both paths give the same result up to the summation order of the batched kernels. Models with
+dropout stay on the sequential path: a vmapped dropout draws one mask batch from the global generator,
+which no client trained alone would draw, so the two paths could not agree.
 """
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ def equal_steps(indices: list[torch.Tensor], epochs: list[int]) -> bool:
     return len(set(len(i) for i in indices)) == 1 and len(set(epochs)) == 1
 
 
+def random_layers(module: nn.Module) -> list[str]:
+    """Names of the layers that draw random numbers in train mode (dropout with p > 0)."""
+    return [name or type(m).__name__ for name, m in module.named_modules()
+            if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+
+
 class CohortSGD:
     """Local SGD of K clients as one vmapped computation over stacked flat parameters.
 
@@ -33,6 +41,11 @@ class CohortSGD:
 
     def __init__(self, module: nn.Module, momentum: float = 0.0, weight_decay: float = 0.0,
                  max_together: int = 64):
+        # Under vmap a dropout layer draws one batched mask from the global generator, not each
+        # client's own sequence as when trained alone, so the two paths would differ; refuse it.
+        if random_layers(module):
+            raise ValueError(f"the vmapped cohort path cannot train a model with Dropout layers "
+                             f"({', '.join(random_layers(module))}): train its clients one after another")
         self.module = module
         self.momentum, self.weight_decay = momentum, weight_decay
         self.max_together = max_together

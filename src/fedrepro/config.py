@@ -155,6 +155,10 @@ def prune(setting: dict) -> dict:
         out.pop("pretrained", None)  # only pretrained models (Pythia) read a weights path and a token length
     if not registry.MODELS[out["model"]].get("batchnorm"):
         out.pop("batchnorm", None)  # only BatchNorm models read running_stats / batch_stats
+    if out["client"].get("keep_momentum") and not out["client"]["momentum"]:
+        # nothing to keep: a protocol that keeps momentum buffers applies to the methods that have them
+        # (FedLAW's code runs FedProx without momentum), and the run is the one without the key
+        out["client"] = {**out["client"], "keep_momentum": False}
     return out
 
 
@@ -208,8 +212,10 @@ def check_compatible(setting: dict, where: str) -> None:
     if part["kind"] == "dirichlet" and part["min_size"] * setting["num_clients"] > n_train:
         problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
                         f"than the {n_train} samples")
-    if setting["client"].get("keep_momentum") and not setting["client"]["momentum"]:
-        problems.append("client.keep_momentum = true needs client.momentum > 0: there is no momentum buffer to keep")
+    holdout, spec = setting["evaluation"]["proxy_holdout"], registry.DATASETS[setting["dataset"]]
+    if holdout % spec["num_classes"] or holdout >= spec["test_size"]:
+        problems.append(f"evaluation.proxy_holdout = {holdout} must be a multiple of the {spec['num_classes']} classes "
+                        f"of {setting['dataset']} (the hold-out is class-balanced) and smaller than its test set")
     for check in registry.extra_checks(algo, plugins):
         problems.extend(check(setting))
     if problems:

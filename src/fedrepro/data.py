@@ -191,6 +191,10 @@ class TensorDataset:
     def to(self, device) -> "TensorDataset":
         return TensorDataset(self.images.to(device), self.labels.to(device), self.mean, self.std)
 
+    def subset(self, index: torch.Tensor) -> "TensorDataset":
+        """The samples at ``index`` (a test split's hold-out and its rest), normalisation kept."""
+        return TensorDataset(self.images[index], self.labels[index], self.mean, self.std)
+
 
 def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
          pretrained: dict | None = None) -> TensorDataset:

@@ -166,6 +166,9 @@ class ImageDataset:
         return ImageDataset(self.images.to(device), self.labels.to(device), self.mean.to(device),
                             self.std.to(device), self.augment, self.pad)
 
+    def subset(self, index: torch.Tensor) -> "ImageDataset":
+        return ImageDataset(self.images[index], self.labels[index], self.mean, self.std, self.augment, self.pad)
+
 
 def random_crop_flip(x: torch.Tensor, pad: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
     """torchvision's RandomCrop(side, padding=pad) + RandomHorizontalFlip, batched on the device:
@@ -199,6 +202,10 @@ class FeatureDataset:
     def to(self, device) -> "FeatureDataset":
         return FeatureDataset(self.features.to(device), self.labels.to(device),
                               None if self.groups is None else self.groups.to(device))
+
+    def subset(self, index: torch.Tensor) -> "FeatureDataset":
+        return FeatureDataset(self.features[index], self.labels[index],
+                              None if self.groups is None else self.groups[index])
 
 
 def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None):

@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import math
 import platform
@@ -22,7 +22,7 @@ import torch
 
 from fedrepro import algorithms, checkpoint, data, identity, metrics, models, partition
 from fedrepro.client import LocalSGD, client_generator, holdout_split, lr_schedule as client_lr_schedule
-from fedrepro.cohort import CohortSGD, equal_steps
+from fedrepro.cohort import CohortSGD, equal_steps, random_layers
 from fedrepro.identity import cohort_size, partition_id, stable_hash
 from fedrepro.flat import FlatModel
 from fedrepro.parts import RoundUpdates
@@ -39,21 +39,70 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> np.ndarray:
+WARMUP_SALT = 0xC0407  # the exploration permutation's stream, apart from the per-round draws
+
+
+def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
+    """The k clients of a round, from (seed, round) alone: the same for every method of a comparison, and
+    on resume. ``warmup: permutation`` (FedAWARE's code): rounds 0 .. ceil(N/k) - 1 walk one permutation of
+    all N clients, seeded by the run's seed, k at a time, so each client is visited once; a last partial
+    chunk is topped up with clients drawn from the others. Afterwards, uniform without replacement."""
     rng = np.random.default_rng([seed, round_])
+    if warmup == "permutation" and round_ < math.ceil(num_clients / k):
+        order = np.random.default_rng([seed, WARMUP_SALT]).permutation(num_clients)
+        chunk = order[round_ * k:(round_ + 1) * k]
+        others = np.setdiff1d(np.arange(num_clients), chunk)
+        return np.sort(np.concatenate([chunk, rng.choice(others, size=k - len(chunk), replace=False)]))
     return np.sort(rng.choice(num_clients, size=k, replace=False))
+
+
+PROXY_SALT = 0xFED1A  # the stream of FedLAW's proxy draw, kept so the held-out samples stay what they were
+
+
+def proxy_indices(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """size / C test samples of each of the C classes, drawn by the run's seed: the server's proxy set,
+    held out of the evaluation of every run of a comparison (``evaluation.proxy_holdout``)."""
+    labels = labels.cpu().numpy()
+    classes = np.unique(labels)
+    rng = np.random.default_rng([seed, PROXY_SALT])
+    picked = [rng.choice(np.flatnonzero(labels == c), size // len(classes), replace=False) for c in classes]
+    return torch.from_numpy(np.sort(np.concatenate(picked)))
+
+
+def split_test(test, holdout: int, seed: int):
+    """(evaluation set, proxy set or None): the test set minus the class-balanced hold-out, and the hold-out.
+    The split belongs to the comparison, so every method of it is scored on the same samples."""
+    if not holdout:
+        return test, None
+    index = proxy_indices(test.labels, holdout, seed).to(test.labels.device)
+    keep = torch.ones(len(test), dtype=torch.bool, device=test.labels.device)
+    keep[index] = False
+    return test.subset(keep.nonzero().squeeze(1)), test.subset(index)
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module):
+    """Score with dropout off (and BatchNorm on its running statistics); the previous mode comes back."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, test: data.TensorDataset, batch_size: int = 4096) -> tuple[float, float]:
+    """Accuracy and mean loss with the model in eval mode (dropout off), its mode restored after."""
     correct = torch.zeros((), device=test.labels.device)
     loss = torch.zeros((), device=test.labels.device)
-    for start in range(0, len(test), batch_size):
-        index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
-        x, y = test.batch(index)
-        logits = model(x)
-        loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
-        correct += (logits.argmax(1) == y).sum()
+    with eval_mode(model):
+        for start in range(0, len(test), batch_size):
+            index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
+            x, y = test.batch(index)
+            logits = model(x)
+            loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
     return float(correct) / len(test), float(loss) / len(test)
 
 
@@ -114,15 +163,10 @@ class Trainer:
         module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained"),
                                setting.get("batchnorm", "running_stats")) if module is None else module)
         self.model = FlatModel(module, self.device)
+        self.test, self.proxy = split_test(self.test, setting["evaluation"]["proxy_holdout"], setting["seed"])
         self.algorithm = algorithms.build(setting, num_clients=setting["num_clients"], dim=self.model.numel,
                                           device=self.device, client_sizes=self.client_sizes,
-                                          context=self)
-        held_out = getattr(self.algorithm, "proxy_index", None)
-        if held_out is not None:  # the server's proxy samples (FedLAW) are no longer test samples
-            keep = torch.ones(len(self.test), dtype=torch.bool, device=self.device)
-            keep[held_out.to(self.device)] = False
-            # replace() keeps the dataset's own class (CIFAR's per-channel normalisation)
-            self.test = dataclasses.replace(self.test, images=self.test.images[keep], labels=self.test.labels[keep])
+                                          module=self.model.module, proxy=self.proxy)
         self.local = LocalSGD(setting["client"]["momentum"], setting["client"]["weight_decay"])
         # client.keep_momentum: every client's SGD momentum buffer lives across rounds (clients x P floats)
         self.client_momentum = (torch.zeros(setting["num_clients"], self.model.numel, device=self.device)
@@ -130,6 +174,7 @@ class Trainer:
         # "auto": train equal-step cohorts together (cohort.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"
         self._cohort_sgd = None
+        self.random_layers = random_layers(self.model.module)  # dropout keeps clients sequential (cohort.py)
         self.k = cohort_size(setting)
         self.rows: list[dict] = []
         self.cosines: dict[str, np.ndarray] = {}
@@ -160,7 +205,7 @@ class Trainer:
             e = client_epochs[j]
             self.model.buffers.copy_(global_buffers)
             result = self.local.train(self.model, self.train, self.client_index[c], x, lr, e, s["batch_size"],
-                                      client_generator(s["seed"], t, int(c)), int(c), self.algorithm.corrections,
+                                      self.shuffle_generator(t, int(c)), int(c), self.algorithm.corrections,
                                       self.algorithm.objective, t,
                                       None if self.client_momentum is None else self.client_momentum[c])
             torch.sub(x, self.model.flat, out=deltas[j])
@@ -172,9 +217,17 @@ class Trainer:
         self.model.buffers.copy_(updates.weights @ client_buffers)
         return updates
 
+    def shuffle_generator(self, t: int, client: int) -> torch.Generator:
+        """The client's batch-order stream; ``client.shuffle: reseeded`` gives every client in every round the
+        same one (IMA's code reseeds torch with the run's seed before each client's training)."""
+        if self.setting["client"]["shuffle"] == "reseeded":
+            return client_generator(self.setting["seed"], 0, 0)
+        return client_generator(self.setting["seed"], t, client)
+
     def train_together(self, cohort: np.ndarray, client_epochs: list[int]) -> bool:
-        """The vmapped cohort path applies when every client runs the same steps and the method
-        changes no client's gradient; "auto" takes it on CUDA, where it measurably pays."""
+        """The vmapped cohort path applies when every client runs the same steps, the method
+        changes no client's gradient and the model has no dropout; "auto" takes it on CUDA, where it
+        measurably pays."""
         if self.cohort_mode == "off" or (self.cohort_mode == "auto" and self.device.type != "cuda"):
             return False
         # on-device augmentation draws from the global RNG client after client; a batched draw
@@ -184,6 +237,7 @@ class Trainer:
         return (len(cohort) > 1 and self.client_momentum is None and not len(self.model.buffers)
                 and not self.algorithm.corrections and self.algorithm.objective is None
                 and not getattr(self.train, "augment", False) and getattr(self.train, "batched_cohort", True)
+                and not self.random_layers
                 and equal_steps([self.client_index[c] for c in cohort], client_epochs))
 
     def _cohort_training(self, t: int, cohort: np.ndarray, x: torch.Tensor, lr: float, epochs: int) -> RoundUpdates:
@@ -192,7 +246,7 @@ class Trainer:
             self._cohort_sgd = CohortSGD(self.model.module, self.local.momentum, self.local.weight_decay)
         finals, steps, losses = self._cohort_sgd.train(
             self.train, [self.client_index[c] for c in cohort], x, lr, epochs, s["batch_size"],
-            [client_generator(s["seed"], t, int(c)) for c in cohort])
+            [self.shuffle_generator(t, int(c)) for c in cohort])
         clients = torch.as_tensor(cohort, device=self.device)
         steps_per_client = torch.full((len(cohort),), float(steps), device=self.device)
         return RoundUpdates(t, clients, x - finals, self.client_sizes[clients], steps_per_client, losses, lr)
@@ -200,9 +254,10 @@ class Trainer:
     def round(self, t: int) -> dict:
         s = self.setting
         tic = time.perf_counter()
-        cohort = sample_cohort(s["seed"], t, s["num_clients"], self.k)
+        cohort = sample_cohort(s["seed"], t, s["num_clients"], self.k, s["cohort"]["warmup"])
         x = self.model.flat.clone()
         lr = self.client_lr(t)
+        self.model.module.train()  # clients train in train mode (dropout on); scoring switches to eval
         updates = self.local_training(t, cohort, x, lr)
         x_new = self.algorithm.server_step(x, updates)
         self.model.flat.copy_(x_new)

@@ -211,6 +211,9 @@ class TextDataset:
     def to(self, device) -> "TextDataset":
         return TextDataset(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
 
+    def subset(self, index: torch.Tensor) -> "TextDataset":
+        return TextDataset(self.input_ids[index], self.attention_mask[index], self.labels[index])
+
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer

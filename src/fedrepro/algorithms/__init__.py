@@ -12,16 +12,23 @@ from fedrepro.parts import Algorithm
 
 @dataclass
 class BuildContext:
-    """What a method may need to know about the run when it is built."""
+    """What a method may need to know about the run when it is built; methods never see the engine."""
     num_clients: int
     dim: int
     device: torch.device
     client_sizes: torch.Tensor
-    trainer: object = None  # the engine, for methods that evaluate or train on the server (FedLAW)
+    # the run's model, whose parameters are views of the flat global vector: for methods that run it on the
+    # server (FedLAW's functional forward, the distillation baselines) or read its layers (FedFA's classifier)
+    module: torch.nn.Module | None = None
+    # the comparison's held-out proxy samples (evaluation.proxy_holdout) as (inputs, labels) on the
+    # device, or None; every run of the comparison is scored on the test set without them
+    proxy: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def build(setting: dict, num_clients: int, dim: int, device, client_sizes, context=None) -> Algorithm:
-    ctx = BuildContext(num_clients, dim, device, client_sizes, context)
+def build(setting: dict, num_clients: int, dim: int, device, client_sizes, module=None, proxy=None) -> Algorithm:
+    """``module``: the run's model; ``proxy``: the held-out proxy dataset (``engine.split_test``) or None."""
+    samples = None if proxy is None else proxy.batch(torch.arange(len(proxy), device=proxy.labels.device))
+    ctx = BuildContext(num_clients, dim, device, client_sizes, module, samples)
     algorithm = _module(setting["algorithm"], "algorithm").build(setting, ctx)
     for plugin in setting["plugins"]:
         _module(plugin, "plug-in").apply(algorithm, setting, ctx)

@@ -129,7 +129,7 @@ def build(setting, ctx) -> Algorithm:
     if setting["model"] not in FEATURE_CLASSIFIER_MODELS:  # the config check says so earlier, for grids
         raise ValueError(f"fedfa needs a feature/classifier split; model '{setting['model']}' is not one of "
                          f"{sorted(FEATURE_CLASSIFIER_MODELS)}")
-    head = classifier_of(ctx.trainer.model.module) if ctx.trainer is not None else \
+    head = classifier_of(ctx.module) if ctx.module is not None else \
         classifier_of(models.build(setting["model"], setting["dataset"]))
     anchors = initial_anchors(head.out_features, head.in_features, setting["seed"]).to(ctx.device)
     return Algorithm("fedfa", WeightedMean(), ServerSGD(setting["server"]["lr"]),

@@ -15,8 +15,9 @@ sign convention x <- x - d holds. Variants (`fedlaw.variant`):
   swa           FedLAW (SWA), section 6.1: two stages of server_epochs // 2, lambda with stochastic weight
                 averaging of z, then gamma with lambda fixed (the code's order; fedlaw.swa_order: gamma_first
                 is the paper's)
-The proxy set is class-balanced, drawn from the test set with a generator seeded by the run's seed,
-and removed from the evaluation set (the engine reads ``proxy_index``).
+The proxy set is class-balanced, drawn from the test set with a generator seeded by the run's seed;
+it is the comparison's hold-out (``evaluation.proxy_holdout``), removed from every method's evaluation
+set by the engine, which hands it to FedLAW.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from fedrepro import metrics
-from fedrepro.algorithms.proxy import FunctionalModel, epoch_batches, proxy_indices, proxy_set  # noqa: F401
+from fedrepro.algorithms.proxy import FunctionalModel, epoch_batches, proxy_indices, proxy_samples  # noqa: F401
 from fedrepro.algorithms.proxy import round_generator as _generator
 from fedrepro.parts import Aggregator, Algorithm, RoundUpdates
 from fedrepro.server import ServerSGD
@@ -134,12 +135,10 @@ class LearnedAggregation(Aggregator):
 
 
 def build(setting, ctx) -> Algorithm:
-    cfg, trainer = setting["fedlaw"], ctx.trainer
-    if trainer is None:
-        raise ValueError("fedlaw needs the trainer (server-side training on the proxy set)")
+    cfg = setting["fedlaw"]
+    if ctx.module is None:
+        raise ValueError("fedlaw needs the run's model (server-side training on the proxy set)")
     learns = any(LEARNS[cfg["variant"]])
-    index, *proxy = proxy_set(trainer, cfg["proxy_size"], setting["seed"]) if learns else (None, None, None)
-    aggregator = LearnedAggregation(trainer.model.module, *proxy, cfg, setting["server"]["lr"], setting["seed"])
-    algorithm = Algorithm("fedlaw", aggregator, ServerSGD(1.0))
-    algorithm.proxy_index = index
-    return algorithm
+    proxy = proxy_samples(ctx, "fedlaw", cfg["proxy_size"]) if learns else (None, None)
+    aggregator = LearnedAggregation(ctx.module, *proxy, cfg, setting["server"]["lr"], setting["seed"])
+    return Algorithm("fedlaw", aggregator, ServerSGD(1.0))

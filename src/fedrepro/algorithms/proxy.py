@@ -2,8 +2,9 @@
 baselines FedLAW compares with (FedDF, FedBE, Server-FT; Li et al., ICML 2023, section 7).
 
     proxy set    proxy_size / C test samples of each of the C classes, drawn by a generator seeded by
-                 the run's seed (the same set for every method with that seed, and on resume); the
-                 engine removes them from the evaluation set (``Algorithm.proxy_index``)
+                 the run's seed (the same set for every method with that seed, and on resume). The
+                 hold-out belongs to the comparison (``evaluation.proxy_holdout``): the engine removes it
+                 from every run's evaluation set and hands it to the methods that train on it
     batches      shuffled each server epoch by a generator seeded by (seed, round), so a resumed run
                  repeats the same server optimisation
     ProxyTraining  x_avg = x - eta_g sum_i p_i Delta_i (FedAvg), then ``server_epochs`` passes of the
@@ -15,18 +16,10 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from fedrepro.engine import PROXY_SALT, eval_mode, proxy_indices  # noqa: F401 (proxy_indices: re-export)
 from fedrepro.parts import Aggregator, RoundUpdates
 
-FEDLAW_SALT = 0xFED1A  # the proxy set's and FedLAW's batch stream
-
-
-def proxy_indices(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    """size / C samples of each of the C classes, the same for every run with this seed."""
-    labels = labels.cpu().numpy()
-    classes = np.unique(labels)
-    rng = np.random.default_rng([seed, FEDLAW_SALT])
-    picked = [rng.choice(np.flatnonzero(labels == c), size // len(classes), replace=False) for c in classes]
-    return torch.from_numpy(np.sort(np.concatenate(picked)))
+FEDLAW_SALT = PROXY_SALT  # the proxy draw's stream, also FedLAW's batch stream
 
 
 def round_generator(seed: int, round_: int, salt: int = FEDLAW_SALT) -> torch.Generator:
@@ -40,17 +33,23 @@ def epoch_batches(n: int, batch_size: int, generator: torch.Generator, device) -
     return [order[start:start + batch_size] for start in range(0, n, batch_size)]
 
 
-def proxy_set(trainer, size: int, seed: int):
-    """(index into the test set, inputs, labels) of the proxy set on the trainer's device."""
-    index = proxy_indices(trainer.test.labels, size, seed)
-    return (index, *trainer.test.batch(index.to(trainer.device)))
+def proxy_samples(ctx, section: str, size: int):
+    """(inputs, labels) of the comparison's held-out proxy set, which the engine provides
+    (``evaluation.proxy_holdout``); its size must be the method's ``<section>.proxy_size``."""
+    if ctx.proxy is None or len(ctx.proxy[1]) != size:
+        held = 0 if ctx.proxy is None else len(ctx.proxy[1])
+        raise ValueError(f"{section}.proxy_size = {size} but the run holds out {held} proxy samples "
+                         f"(evaluation.proxy_holdout); set evaluation.proxy_holdout: {size} in the experiment's base")
+    return ctx.proxy
 
 
 class FunctionalModel:
     """The module's output with its parameters taken from a flat vector w (differentiable in w).
 
-    The module's train/eval mode is left as the engine keeps it (train mode while training): with
-    BatchNorm running statistics, the passes update the module's (global) statistics in place."""
+    Training on the proxy set (``__call__``) runs in the module's train mode, as the engine keeps it
+    (the code's central model is in train mode during its server optimisation; with BatchNorm running
+    statistics the passes update the module's global statistics in place); scoring teachers (``logits``)
+    runs in eval mode, dropout off and BatchNorm on its running statistics, as the engine evaluates."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
@@ -70,7 +69,9 @@ class FunctionalModel:
     @torch.no_grad()
     def logits(self, w: torch.Tensor, inputs: torch.Tensor, batch_size: int) -> torch.Tensor:
         """Outputs on all inputs, in fixed chunks of batch_size (teachers' logits, computed once a round)."""
-        return torch.cat([self(w, inputs[start:start + batch_size]) for start in range(0, len(inputs), batch_size)])
+        with eval_mode(self.module):
+            return torch.cat([self(w, inputs[start:start + batch_size])
+                              for start in range(0, len(inputs), batch_size)])
 
 
 def optimizer_settings(cfg: dict, setting: dict) -> dict:
@@ -147,12 +148,10 @@ def build_proxy_algorithm(name: str, aggregator_cls, setting: dict, ctx, **extra
     from fedrepro.parts import Algorithm
     from fedrepro.server import ServerSGD
 
-    cfg, trainer = setting[name], ctx.trainer
-    if trainer is None:
-        raise ValueError(f"{name} needs the trainer (server-side training on the proxy set)")
-    index, px, py = proxy_set(trainer, cfg["proxy_size"], setting["seed"])
-    aggregator = aggregator_cls(FunctionalModel(trainer.model.module), px, py, cfg, optimizer_settings(cfg, setting),
+    cfg = setting[name]
+    if ctx.module is None:
+        raise ValueError(f"{name} needs the run's model (server-side training on the proxy set)")
+    px, py = proxy_samples(ctx, name, cfg["proxy_size"])
+    aggregator = aggregator_cls(FunctionalModel(ctx.module), px, py, cfg, optimizer_settings(cfg, setting),
                                 setting["server"]["lr"], setting["seed"], **extra)
-    algorithm = Algorithm(name, aggregator, ServerSGD(1.0))
-    algorithm.proxy_index = index
-    return algorithm
+    return Algorithm(name, aggregator, ServerSGD(1.0))

@@ -1,0 +1,138 @@
+"""Scoring a model: eval mode (dropout off) everywhere a model is scored, train mode for training."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedrepro import data, engine
+from fedrepro.algorithms.proxy import FunctionalModel
+from fedrepro.config import resolve
+
+
+def dropout_mlp(seed: int = 3) -> nn.Module:
+    """An MLP with VGG-11's classifier pattern (dropout before each hidden Linear)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(784, 64), nn.ReLU(), nn.Dropout(0.5),
+                         nn.Linear(64, 10))
+
+
+def tiny_split(n: int = 256, seed: int = 0) -> data.TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 10, (n,), generator=gen)
+    images = (torch.randint(0, 60, (n, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
+    return data.TensorDataset(images, labels, 0.0, 1.0)
+
+
+def test_dropout_model_scores_the_same_twice_and_as_a_manual_eval_pass():
+    model, test = dropout_mlp(), tiny_split()
+    model.train()
+    first = engine.evaluate(model, test, batch_size=100)
+    second = engine.evaluate(model, test, batch_size=100)
+    assert first == second
+    model.eval()
+    with torch.no_grad():
+        x, y = test.batch(torch.arange(len(test)))
+        logits = model(x)
+    manual = (float((logits.argmax(1) == y).float().mean()),
+              float(nn.functional.cross_entropy(logits, y)))
+    assert first[0] == pytest.approx(manual[0], abs=0)
+    assert first[1] == pytest.approx(manual[1], rel=1e-6)
+
+
+def test_evaluation_restores_train_mode():
+    model = dropout_mlp()
+    model.train()
+    engine.evaluate(model, tiny_split(64))
+    assert model.training and all(m.training for m in model.modules())
+
+
+def test_teachers_logits_are_scored_in_eval_mode_and_training_stays_in_train_mode():
+    module = dropout_mlp()
+    module.train()
+    net = FunctionalModel(module)
+    w = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    x, _ = tiny_split(64).batch(torch.arange(64))
+    a, b = net.logits(w, x, 16), net.logits(w, x, 16)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    module.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(a, module(x), rtol=1e-6, atol=1e-6)
+    module.train()
+    assert module.training
+    torch.manual_seed(0)
+    assert not torch.equal(net(w, x), net(w, x))  # training passes draw dropout masks
+
+
+def _trainer(tmp_path, name: str, mode: str = "off") -> engine.Trainer:
+    train, test = tiny_split(240, seed=1), tiny_split(128, seed=2)
+    parts = [np.arange(i * 40, (i + 1) * 40) for i in range(6)]
+    setting = resolve({"model": "mlp", "num_clients": 6, "participation": 4 / 6, "local_epochs": 1,
+                       "batch_size": 16, "device": "cpu", "rounds": 3, "eval_every": 1,
+                       "client": {"lr": 0.05, "momentum": 0.5}})
+    trainer = engine.Trainer(setting, tmp_path / name, None, None, datasets=(train, test), parts=parts,
+                             module=dropout_mlp())
+    trainer.cohort_mode = mode
+    return trainer
+
+
+def test_a_run_reports_eval_mode_accuracy_and_trains_in_train_mode(tmp_path):
+    trainer = _trainer(tmp_path, "run")
+    modes = []
+    hook = trainer.model.module[1].register_forward_hook(lambda m, i, o: modes.append(m.training))
+    row = trainer.round(0)
+    hook.remove()
+    assert modes[0] is True and modes[-1] is False  # clients trained in train mode, the test pass in eval
+    assert trainer.model.module.training
+    assert row["test_acc"] == engine.evaluate(trainer.model.module, trainer.test)[0]
+
+
+def test_the_cohort_path_refuses_a_dropout_model_cleanly():
+    from fedrepro.cohort import CohortSGD
+    with pytest.raises(ValueError, match="Dropout"):
+        CohortSGD(dropout_mlp())
+
+
+def test_a_dropout_model_trains_the_same_with_the_cohort_path_asked_for_or_not(tmp_path):
+    """cohort_mode "on" with a dropout model takes the sequential path instead of failing inside vmap,
+    and gives exactly the sequential run's numbers."""
+    rows = {}
+    for mode in ("off", "on"):
+        trainer = _trainer(tmp_path, mode, mode)
+        cohort = engine.sample_cohort(1, 0, 6, trainer.k)
+        assert not trainer.train_together(cohort, [1] * len(cohort)) or mode == "off"
+        rows[mode] = [trainer.round(t) for t in range(2)]
+        assert trainer._cohort_sgd is None
+    for off, on in zip(rows["off"], rows["on"]):
+        assert off["test_acc"] == on["test_acc"] and off["train_loss"] == on["train_loss"]
+
+
+def _datasets():
+    from fedrepro.datasets_extra import FeatureDataset, ImageDataset
+    from fedrepro.text import TextDataset
+    labels = torch.arange(40) % 10
+    yield data.TensorDataset(torch.arange(40 * 4, dtype=torch.uint8).view(40, 1, 2, 2), labels, 0.5, 2.0)
+    yield ImageDataset(torch.arange(40 * 12, dtype=torch.int64).to(torch.uint8).view(40, 3, 2, 2), labels,
+                       torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 0.6, 0.7]))
+    yield FeatureDataset(torch.randn(40, 3), labels, torch.arange(40) // 4)
+    yield TextDataset(torch.arange(40 * 5).view(40, 5), torch.ones(40, 5, dtype=torch.int64), labels)
+
+
+@pytest.mark.parametrize("dataset", list(_datasets()), ids=lambda d: type(d).__name__)
+def test_the_holdout_split_works_for_every_dataset_class(dataset):
+    """The rest and the hold-out are the same class, keep its normalisation, and partition the samples."""
+    rest, proxy = engine.split_test(dataset, 20, seed=8)
+    index = engine.proxy_indices(dataset.labels, 20, 8)
+    assert type(rest) is type(dataset) and type(proxy) is type(dataset)
+    assert len(rest) == 20 and len(proxy) == 20
+    whole = dataset.batch(torch.arange(40))
+    held = proxy.batch(torch.arange(20))
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[index] = False
+    rest_batch = rest.batch(torch.arange(20))
+    for a, b, pick in ((held, whole, index), (rest_batch, whole, keep.nonzero().squeeze(1))):
+        xa, xb = (a[0].input_ids, b[0].input_ids) if hasattr(a[0], "input_ids") else (a[0], b[0])
+        torch.testing.assert_close(xa, xb[pick], rtol=0, atol=0)
+        assert torch.equal(a[1], b[1][pick])
+    assert engine.split_test(dataset, 0, seed=8) == (dataset, None)

@@ -1,0 +1,67 @@
+"""params/subsets/<paper>_official_protocol.yaml: each turns the official code's protocol on for its paper's
+grid, for every method of a comparison alike, and changes nothing else."""
+from __future__ import annotations
+
+import pytest
+
+from fedrepro import config
+from fedrepro.config import ROOT
+
+# expanding IMA's 1,296 runs twice takes ~20 s
+PAPERS = ["fedaware", "fedlaw", pytest.param("ima", marks=pytest.mark.slow), "fednova"]
+
+
+def _runs(paper: str, official: bool) -> list[config.Run]:
+    files = [ROOT / "params" / f"{paper}.yaml"]
+    if official:
+        files.append(ROOT / "params" / "subsets" / f"{paper}_official_protocol.yaml")
+    return config.expand(config.load_params_files(files))
+
+
+def _switched(paper: str) -> dict:
+    """The keys a subset switches, on every run of the paper's grid."""
+    return {"fedaware": {"cohort": {"warmup": "permutation"}},
+            "ima": {"client": {"shuffle": "reseeded"}},
+            "fedlaw": {"evaluation": {"proxy_holdout": 200}, "client": {"keep_momentum": True, "holdout": 0.3}},
+            "fednova": {}}[paper]
+
+
+def _without(setting: dict, switched: dict) -> dict:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in setting.items()}
+    for section, keys in switched.items():
+        for key in keys:
+            out[section].pop(key, None)
+    for section in ("fedlaw", "feddf", "fedbe", "serverft"):  # FedLAW's proxy size and server epochs
+        if section in out:
+            out[section].pop("proxy_size", None)
+            out[section].pop("server_epochs", None)
+    return out
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_the_subset_switches_its_keys_on_every_run_and_changes_nothing_else(paper):
+    official = _runs(paper, True)
+    switched = _switched(paper)
+    for run in official:
+        for section, keys in switched.items():
+            expected = dict(keys)
+            if section == "client" and "keep_momentum" in keys:  # nothing to keep without momentum (FedProx)
+                expected["keep_momentum"] = run.setting["client"]["momentum"] > 0
+            assert {k: run.setting[section][k] for k in keys} == expected, run.id
+    paper_runs = {(r.experiment, config.stable_hash(_without(r.setting, switched))) for r in _runs(paper, False)}
+    official_keys = {(r.experiment, config.stable_hash(_without(r.setting, switched))) for r in official}
+    assert official_keys <= paper_runs  # the same grid points, up to the switched keys (and seeds for FedNova)
+
+
+def test_fedlaw_official_protocol_holds_out_the_codes_2_percent_for_every_method():
+    runs = [r for r in _runs("fedlaw", True) if r.experiment == "fedlaw_table3_cifar10"]
+    assert {r.setting["evaluation"]["proxy_holdout"] for r in runs} == {200}
+    proxy_methods = [r for r in runs if r.setting["algorithm"] in ("fedlaw", "feddf", "fedbe", "serverft")]
+    assert proxy_methods and all(r.setting[r.setting["algorithm"]]["proxy_size"] == 200 for r in proxy_methods)
+    assert all(r.setting[r.setting["algorithm"]]["server_epochs"] == 20 for r in proxy_methods)
+
+
+def test_fednova_official_protocol_runs_the_launch_scripts_seeds():
+    runs = _runs("fednova", True)
+    assert {r.setting["seed"] for r in runs} == {1, 3}
+    assert {r.experiment for r in runs} == {"fednova_table1_e2", "fednova_table1_u25"}
