@@ -16,8 +16,12 @@ DATASETS = {
     "cifar10": {"preprocess": True, "train_size": 50000, "test_size": 10000, "num_classes": 10, "shape": (3, 32, 32)},
     "cifar100": {"preprocess": True, "train_size": 50000, "test_size": 10000, "num_classes": 100, "shape": (3, 32, 32)},
     # Generated from a fixed seed (datasets_extra.SYNTHETIC_SEED); its 30 users are its clients.
-    "synthetic_1_1": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30},
-    "synthetic_0_0": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30},
+    # smallest_test_class: its rarest class in the test set (counted from the generated files), which
+    # bounds a class-balanced proxy set
+    "synthetic_1_1": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30,
+                      "smallest_test_class": 14},
+    "synthetic_0_0": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30,
+                      "smallest_test_class": 8},
     # text.py: texts tokenised by the model's tokenizer to a fixed length (pretrained.max_length)
     "agnews": {"text": True, "train_size": 120000, "test_size": 7600, "num_classes": 4, "shape": (100,)},
 }
@@ -159,11 +163,26 @@ def _proxy_check(section: str):
         if uses_proxy and (size % spec["num_classes"] or size >= spec["test_size"]):
             return [f"{section}.proxy_size = {size} must be a multiple of the {spec['num_classes']} classes of "
                     f"{setting['dataset']} (the proxy set is class-balanced) and smaller than its test set"]
+        rarest = spec.get("smallest_test_class")
+        if uses_proxy and rarest is not None and size // spec["num_classes"] > rarest:
+            return [f"{section}.proxy_size = {size} takes {size // spec['num_classes']} samples per class, but the "
+                    f"rarest class of {setting['dataset']}'s test set has {rarest}; use at most "
+                    f"{rarest * spec['num_classes']}"]
         return []
     return check
 
 
-_fedlaw_checks = _proxy_check("fedlaw")
+def _fedlaw_checks(setting: dict) -> list[str]:
+    problems, cfg = _proxy_check("fedlaw")(setting), setting["fedlaw"]
+    stage = cfg["server_epochs"] // 2  # the SWA variant's lambda stage; z is averaged after epoch swa_start
+    if cfg["variant"] == "swa" and cfg["server_epochs"] > 0 and cfg["swa_start"] >= stage - 1:
+        problems.append(f"fedlaw.swa_start = {cfg['swa_start']} leaves nothing to average: the lambda stage has "
+                        f"server_epochs // 2 = {stage} epochs (0-indexed) and SWA starts after epoch swa_start; "
+                        f"use fedlaw.swa_start <= {max(stage - 2, 0)} or more fedlaw.server_epochs")
+    return problems
+
+
+
 ALGORITHMS["fedlaw"] = {"sections": ["fedlaw"], "modules": ["algorithms/fedlaw.py", "algorithms/proxy.py"],
                         "checks": [_fedlaw_checks]}
 # FedLAW's server-side baselines, on the same proxy set (algorithms/proxy.py)
@@ -176,7 +195,8 @@ ALGORITHMS["serverft"] = {"sections": ["serverft"], "modules": ["algorithms/serv
 ALGORITHMS["fedaware"] = {"sections": ["fedaware"], "modules": ["algorithms/fedaware.py", "minnorm.py"]}
 PLUGINS["ima"] = {"sections": ["ima"], "modules": ["algorithms/ima.py"], "checks": [_ima_checks]}
 PLUGINS["aware"] = {"sections": ["aware"], "modules": ["algorithms/aware.py", "algorithms/fedaware.py", "minnorm.py"],
-                    "refuses": {"feddyn": "FedDyn does not follow the global gradient-descent rule x <- x - eta_g d "
+                    "refuses": {"fedaware": "FedAWARE already takes the AWARE step; +aware would project it on itself",
+                                "feddyn": "FedDyn does not follow the global gradient-descent rule x <- x - eta_g d "
                                           "that the projection acts on (FedAWARE, Table 2 leaves it out)"}}
 
 # Source files every run depends on; with an algorithm's own modules they form the code hash
