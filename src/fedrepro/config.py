@@ -13,6 +13,8 @@ import hashlib
 import itertools
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,10 +353,44 @@ def _variant_label(point: dict) -> dict:
     return flat
 
 
+# Names that become file names and reach shell commands: experiments (report figures), params files
+# (reports, logs), runs. A safe set means no quoting mistake can turn one into a command or a path
+# outside its folder.
+SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+SAFE_EXPERIMENT = re.compile(r"[A-Za-z0-9_]+")
+
+
+def check_name(name: str, what: str, pattern: re.Pattern = SAFE_NAME) -> str:
+    if not isinstance(name, str) or not pattern.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{what} {name!r} is not allowed: use letters, digits and "
+                          f"{'_' if pattern is SAFE_EXPERIMENT else '_ . + -'} only")
+    return name
+
+
+def data_root(params: dict) -> str:
+    """``data.root``, refused when it would put data outside the project without saying so: empty
+    (``/fmnist`` at the file system root), or relative and climbing out with ``..``. An absolute path
+    is the user's explicit choice. Braces would be read as Snakemake wildcards."""
+    root = params.get("data", {}).get("root", "data")
+    problem = None
+    if not isinstance(root, str) or not root.strip():
+        problem = "must name a folder (empty would write at the file system root)"
+    elif any(c in root for c in "{}\n\r\0"):
+        problem = "must not contain braces, newlines or NUL"
+    elif not os.path.isabs(root) and os.path.normpath(root).split(os.sep)[0] == "..":
+        problem = "a relative path must stay inside the project; give an absolute path to go elsewhere"
+    if problem:
+        raise ConfigError(f"setting 'data.root' = {root!r} is not allowed: {problem}")
+    return root
+
+
 def expand(params: dict) -> list[Run]:
     """All runs of a params file (already schema-validated), in file order, without duplicates."""
     runs: list[Run] = []
     errors: dict[str, list[dict]] = {}  # one message, the grid points it holds for
+    data_root(params)
+    for name in params["experiments"]:
+        check_name(name, "experiment name", SAFE_EXPERIMENT)
     for name, exp in selected_experiments(params).items():
         for axis, values in exp.get("grid", {}).items():
             texts = [json.dumps(v, sort_keys=True) for v in values]
@@ -370,7 +406,7 @@ def expand(params: dict) -> list[Run]:
                 for line in str(err).splitlines():
                     errors.setdefault(line, []).append(point)
                 continue
-            rid = run_id(setting)
+            rid = check_name(run_id(setting), "run name")
             if rid in seen:
                 errors.setdefault(f"experiments.{name}: grid points {json.dumps(seen[rid], sort_keys=True)} and "
                                   f"{json.dumps(point, sort_keys=True)} are the same run; each must be distinct", [])
