@@ -92,11 +92,11 @@ def test_snakemake_refuses_every_bad_file(path, tmp_path):
 
 def _shell_commands(output: str) -> list[list[str]]:
     """The shell commands of a `snakemake -n -p`, split as a POSIX shell splits them."""
-    commands, lines = [], output.splitlines()
-    for i, line in enumerate(lines):
-        if line.strip().startswith("fedrepro ") or line.strip().startswith("(fedrepro ") \
-                or line.strip().startswith("if [ "):
-            commands.append(shlex.split(line.strip()))
+    commands = []
+    for line in output.splitlines():
+        line = line.strip().removeprefix("Shell command:").strip()
+        if line.startswith(("fedrepro ", "(fedrepro ", "if [ ")):
+            commands.append(shlex.split(line))
     return commands
 
 
