@@ -132,3 +132,129 @@ def test_every_value_reaching_a_shell_is_quoted():
         for block in re.findall(r"shell:\n((?:\s+\".*\"\n?)+)", text):
             for field in re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", block):
                 assert field.endswith(":q") or field in unquoted_ok, (smk.name, field)
+
+
+# ------------------------------------------------------------------ runs: checkpoints, partitions, divergence
+
+import json  # noqa: E402
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from conftest import make_partition  # noqa: E402
+from fedrepro import checkpoint  # noqa: E402
+
+RUN = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4, "local_epochs": 1,
+       "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
+       "partition": {"kind": "iid", "seed": 1}}
+
+
+@pytest.fixture(scope="module")
+def partition_dir(tiny_data_root, tmp_path_factory):
+    return make_partition(tiny_data_root, tmp_path_factory.mktemp("part"), num_clients=4)
+
+
+def _train(setting, out, partition_dir, data_root, *extra):
+    cli.main(["train", "--setting", json.dumps(setting), "--partition", str(partition_dir), "--data-root",
+              str(data_root), "--out", str(out), "--no-progress", "--threads", "1", *extra])
+    return json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+
+
+def _flip_a_bit_in_a_tensor(path: Path) -> None:
+    """Flip one bit inside the stored model vector, leaving torch's zip structure intact."""
+    raw = bytearray(path.read_bytes())
+    x = checkpoint.load(path)["x"]
+    needle = x[:4].numpy().tobytes()
+    at = raw.find(needle)
+    assert at > 0
+    raw[at + 1] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_a_checkpoint_with_a_flipped_bit_is_refused_named_and_set_aside(tmp_path, partition_dir, tiny_data_root,
+                                                                        capsys):
+    out = tmp_path / "run"
+    ref = _train(RUN, tmp_path / "ref", partition_dir, tiny_data_root)
+    _train(RUN, out, partition_dir, tiny_data_root, "--stop-after", "2")
+    _flip_a_bit_in_a_tensor(out / "checkpoint.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint.pt"):
+        checkpoint.load(out / "checkpoint.pt")
+    summary = _train(RUN, out, partition_dir, tiny_data_root)
+    assert summary["resumed"] is False and summary["status"] == "finished"
+    assert summary["final_acc"] == ref["final_acc"], "started over: the same numbers as an uninterrupted run"
+    assert len(list(out.glob("checkpoint.pt.corrupt-*"))) == 1
+    assert "checkpoint.pt" in capsys.readouterr().err
+
+
+def test_a_truncated_checkpoint_does_not_block_the_rerun(tmp_path, partition_dir, tiny_data_root):
+    out = tmp_path / "run"
+    _train(RUN, out, partition_dir, tiny_data_root, "--stop-after", "2")
+    raw = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(raw[: len(raw) // 2])
+    summary = _train(RUN, out, partition_dir, tiny_data_root)
+    assert summary["status"] == "finished" and summary["rounds_done"] == 4
+
+
+def test_a_plain_truncated_torch_file_is_named(tmp_path):
+    path = tmp_path / "model.pt"
+    checkpoint.save({"x": torch.arange(1000.0)}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(checkpoint.CheckpointError, match=str(path)):
+        checkpoint.load(path)
+
+
+def test_partial_checkpoint_writes_are_removed_on_the_next_start(tmp_path, partition_dir, tiny_data_root):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".checkpoint.pt.abc123.part").write_bytes(b"half a checkpoint")
+    (out / ".model.pt.def456.part").write_bytes(b"half a model")
+    _train(RUN, out, partition_dir, tiny_data_root)
+    assert not list(out.glob(".*.part"))
+
+
+def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partition_dir, tiny_data_root):
+    from fedrepro.partition import PartitionError
+    other = make_partition(tiny_data_root, tmp_path / "other", num_clients=4, kind="iid", seed=2)
+    with pytest.raises(PartitionError, match="partition.json"):
+        _train(RUN, tmp_path / "run", other, tiny_data_root)
+    # same setting, altered indices: partition.json's content hash no longer matches
+    altered = make_partition(tiny_data_root, tmp_path / "altered", num_clients=4)
+    with np.load(altered / "clients.npz") as data:
+        parts = {k: data[k] for k in data.files}
+    parts["client_0"], parts["client_1"] = parts["client_1"], parts["client_0"]
+    np.savez_compressed(altered / "clients.npz", **parts)
+    with pytest.raises(PartitionError, match="content hash"):
+        _train(RUN, tmp_path / "run2", altered, tiny_data_root)
+
+
+def test_a_corrupt_partition_file_is_named(tmp_path, tiny_data_root):
+    from fedrepro import partition
+    folder = make_partition(tiny_data_root, tmp_path / "p", num_clients=4)
+    raw = (folder / "clients.npz").read_bytes()
+    (folder / "clients.npz").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(partition.PartitionError, match="clients.npz"):
+        partition.load(folder)
+
+
+def test_a_blow_up_in_the_last_round_is_diverged_not_finished(tmp_path, partition_dir, tiny_data_root):
+    """Server lr 1e30: the local training loss of the last round is finite (it trains from the previous
+    model), but the model after the server step is not."""
+    setting = {**RUN, "rounds": 1, "server": {"lr": 1.0e30}}
+    summary = _train(setting, tmp_path / "run", partition_dir, tiny_data_root)
+    rows = json.loads(json.dumps(summary))
+    assert math.isfinite(float(__import__("pandas").read_csv(tmp_path / "run" / "metrics.csv")["train_loss"].iloc[-1]))
+    assert rows["status"] == "diverged"
+    assert math.isnan(rows["final_acc"])
+
+
+def test_the_divergence_rule_reads_every_quantity():
+    from fedrepro.engine import diverged
+    fine = {"train_loss": 1.0, "step_norm": 1.0, "global_norm": 1.0, "test_acc": float("nan"),
+            "test_loss": float("nan"), "pseudo_grad_norm": float("nan")}
+    x = torch.ones(3)
+    assert not diverged(fine, x), "NaN test metrics of a round without evaluation are not divergence"
+    assert diverged({**fine, "step_norm": float("inf")}, x)
+    assert diverged({**fine, "test_acc": 0.1, "test_loss": float("nan")}, x)
+    assert diverged({**fine, "fedlaw_gamma": float("-inf")}, x)
+    assert diverged(fine, torch.tensor([1.0, float("nan"), 0.0]))

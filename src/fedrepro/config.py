@@ -477,6 +477,19 @@ def read_yaml(path: str | Path) -> Any:
     return content
 
 
+class CorruptFileError(ValueError):
+    """A file of the project that cannot be parsed; the message names it."""
+
+
+def read_json(path: str | Path) -> Any:
+    """A JSON file's content; an unreadable or truncated file is an error that names it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorruptFileError(f"{path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
+
+
 def load_params(path: str | Path) -> dict:
     path = Path(path)
     params = read_yaml(path)
