@@ -258,3 +258,55 @@ def test_the_divergence_rule_reads_every_quantity():
     assert diverged({**fine, "test_acc": 0.1, "test_loss": float("nan")}, x)
     assert diverged({**fine, "fedlaw_gamma": float("-inf")}, x)
     assert diverged(fine, torch.tensor([1.0, float("nan"), 0.0]))
+
+
+# ------------------------------------------------------------------ data: size limit, loaded bytes
+
+from conftest import FMNIST_FILES, write_fake_fmnist  # noqa: E402
+from fedrepro import data  # noqa: E402
+
+
+@pytest.fixture
+def fmnist_mirror(tmp_path, monkeypatch):
+    from torchvision.datasets import FashionMNIST
+    folder = tmp_path / "mirror"
+    sums = write_fake_fmnist(folder, n_train=50, n_test=20)
+    monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
+    monkeypatch.setattr(data, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
+    monkeypatch.setattr(data, "FMNIST_BYTES", {n: (folder / n).stat().st_size for n in FMNIST_FILES})
+    return folder
+
+
+def test_a_download_stops_at_the_expected_size(tmp_path, serve, fmnist_mirror):
+    """A mirror serving a much larger file: no more than the file's size is ever written."""
+    big = tmp_path / "big"
+    big.mkdir()
+    for name in FMNIST_FILES:
+        (big / name).write_bytes((fmnist_mirror / name).read_bytes() + b"\0" * (8 << 20))
+    written = []
+    real_fetch = data._fetch
+
+    def spy(mirror, filename, dest, timeout, max_bytes=data.DEFAULT_MAX_BYTES):
+        try:
+            real_fetch(mirror, filename, dest, timeout, max_bytes)
+        finally:
+            written.append(dest.stat().st_size if dest.exists() else 0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(data, "_fetch", spy)
+        with pytest.raises(data.DownloadError, match="stopped there"):
+            data.download("fmnist", tmp_path / "root", [serve(big)])
+    assert written and max(written) <= max(data.FMNIST_BYTES.values())
+
+
+def test_overwritten_labels_after_download_are_found_before_training(tmp_path, fmnist_mirror):
+    root = tmp_path / "root"
+    folder = data.download("fmnist", root, [str(fmnist_mirror)])
+    data.load("fmnist", root, train=True)  # fine as downloaded
+    labels = folder / "train-labels-idx1-ubyte"
+    raw = bytearray(labels.read_bytes())
+    raw[8:30] = bytes(22)  # overwrite labels in place
+    labels.write_bytes(bytes(raw))
+    with pytest.raises(data.DataError, match="train-labels-idx1-ubyte"):
+        data.load("fmnist", root, train=True)
+    data.download("fmnist", root, [str(fmnist_mirror)])  # the download decompresses it anew
+    data.verify_loaded(folder)
