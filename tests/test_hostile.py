@@ -310,3 +310,60 @@ def test_overwritten_labels_after_download_are_found_before_training(tmp_path, f
         data.load("fmnist", root, train=True)
     data.download("fmnist", root, [str(fmnist_mirror)])  # the download decompresses it anew
     data.verify_loaded(folder)
+
+
+# ------------------------------------------------------------------ corrupt results are named, and stop nothing else
+
+from test_report import fabricate  # noqa: E402
+
+
+def _two_params_files(tmp_path):
+    from fedrepro import config
+    files, runs = [], {}
+    for name, seed in (("one", 1), ("two", 2)):
+        path = tmp_path / "params" / f"{name}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"experiments:\n  e_{name}: {{base: {{num_clients: 4, rounds: 12}}, grid: {{seed: [{seed}]}}}}\n")
+        files.append(path)
+        runs[name] = config.expand(config.load_params(path))[0]
+    return files, runs
+
+
+def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
+    from fedrepro import index
+    files, runs = _two_params_files(tmp_path)
+    runs_dir = tmp_path / "runs"
+    for run in runs.values():
+        fabricate(run, runs_dir, 0.7)
+    bad = runs_dir / runs["one"].id / "summary.json"
+    bad.write_text(bad.read_text()[:40])
+    out = index.build(tmp_path / "reports" / "index.html", files, runs_dir)
+    one, two = (index.survey(p, runs_dir, tmp_path / "reports") for p in files)
+    assert str(bad) in one["error"]
+    assert "error" not in two and two["done"] == 1
+    assert str(bad) in out.read_text()
+
+
+def test_a_truncated_summary_is_named_by_the_report(tmp_path):
+    from fedrepro import config, report
+    files, runs = _two_params_files(tmp_path)
+    runs_dir = tmp_path / "runs"
+    fabricate(runs["one"], runs_dir, 0.7)
+    bad = runs_dir / runs["one"].id / "summary.json"
+    bad.write_text("{\"run\": ")
+    params = config.load_params(files[0])
+    manifest = config.manifest(params, config.expand(params), "one")
+    with pytest.raises(config.CorruptFileError, match=str(bad)):
+        report.load_runs(manifest, runs_dir)
+
+
+def test_paper_numbers_skip_a_truncated_summary(tmp_path, capsys):
+    from fedrepro import paper
+    _, runs = _two_params_files(tmp_path)
+    runs_dir = tmp_path / "runs"
+    for run in runs.values():
+        fabricate(run, runs_dir, 0.7)
+    bad = runs_dir / runs["one"].id / "summary.json"
+    bad.write_text("{")
+    assert [r["id"] for r in paper.load_runs(runs_dir)] == [runs["two"].id]
+    assert str(bad) in capsys.readouterr().err
