@@ -367,3 +367,108 @@ def test_paper_numbers_skip_a_truncated_summary(tmp_path, capsys):
     bad.write_text("{")
     assert [r["id"] for r in paper.load_runs(runs_dir)] == [runs["two"].id]
     assert str(bad) in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ every fault recovers in one rerun
+
+import fcntl  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import yaml  # noqa: E402
+
+
+def test_the_local_profile_reruns_incomplete_jobs():
+    profile = yaml.safe_load((ROOT / "workflow" / "profiles" / "local" / "config.yaml").read_text())
+    assert profile.get("rerun-incomplete") is True and profile.get("keep-going") is True
+
+
+def _project_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "project"
+    for name in ("Snakefile", "Makefile"):
+        shutil.copy(ROOT / name, copy / name if copy.exists() else (copy.mkdir() or copy / name))
+    for name in ("workflow", "src", "params"):
+        shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "p.yaml").write_text(GOOD)
+    return copy
+
+
+def _stale_lock(project: Path) -> Path:
+    """What a kill -9 of Snakemake leaves: its lock files, with no process behind them."""
+    locks = project / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.output.lock").write_text("reports/p.html\nresults/metrics/p.json\n")
+    return locks
+
+
+def _make_run(project: Path) -> subprocess.CompletedProcess:
+    env = subprocess_env(PYTHONPATH=str(project / "src"))
+    return subprocess.run(["make", "-C", str(project), "--no-print-directory", "recover-run", "CONFIG=p.yaml",
+                           "SNAKEMAKE_ARGS=-n"], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_make_run_removes_a_stale_lock(tmp_path):
+    project = _project_copy(tmp_path)
+    locks = _stale_lock(project)
+    proc = _make_run(project)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "stale Snakemake lock" in proc.stdout
+    assert not list(locks.iterdir())
+
+
+def test_make_run_leaves_the_lock_of_a_running_make_run(tmp_path):
+    project = _project_copy(tmp_path)
+    locks = _stale_lock(project)
+    with open(project / ".snakemake" / "make-run.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another `make run` is working here
+        proc = _make_run(project)
+    assert proc.returncode != 0
+    assert "another 'make run' is working" in proc.stderr
+    assert list(locks.iterdir()), "a live run's lock is kept"
+
+
+def test_training_stops_with_a_checkpoint_when_its_parent_is_killed(tmp_path, partition_dir, tiny_data_root):
+    """kill -9 of Snakemake (here: the process that started `fedrepro train`) stops the training job."""
+    out = tmp_path / "run"
+    setting = {**RUN, "rounds": 100000, "eval_every": 1000}
+    child_log = tmp_path / "child.log"
+    script = (f"import subprocess, sys\n"
+              f"log = open({str(child_log)!r}, 'w')\n"
+              f"p = subprocess.Popen(['fedrepro', 'train', '--setting', {json.dumps(setting)!r}, '--partition', "
+              f"{str(partition_dir)!r}, '--data-root', {str(tiny_data_root)!r}, '--out', {str(out)!r}, "
+              f"'--no-progress', '--threads', '1', '--checkpoint-every', '5'], stdout=log, stderr=log)\n"
+              f"print(p.pid, flush=True)\n"
+              f"p.wait()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    child = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint.pt").exists():
+            assert time.monotonic() < deadline, child_log.read_text()[-2000:]
+            time.sleep(0.05)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 60
+        while _alive(child):
+            assert time.monotonic() < deadline, "the training job outlived its parent"
+            time.sleep(0.1)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+    assert "SIGTERM" in child_log.read_text()
+    assert checkpoint.load(out / "checkpoint.pt")["next_round"] > 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not reaped: its parent is gone and init reaps it soon) is not running
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -349,6 +349,21 @@ def diverged(row: dict, x: torch.Tensor) -> bool:
     return not bool(torch.isfinite(x).all())
 
 
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` when the parent (Snakemake) dies, even by SIGKILL; SIGTERM makes a run
+    save a checkpoint and stop (Trainer._on_sigterm), so no orphan trains on beside the next rerun."""
+    import ctypes
+    import os
+
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
+
+
 def _main_thread() -> bool:
     import threading
     return threading.current_thread() is threading.main_thread()

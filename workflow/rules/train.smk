@@ -23,6 +23,8 @@ rule train:
         "logs/train/{run}.log",
     benchmark:
         "benchmarks/train/{run}.tsv"
+    # exec: the shell becomes `fedrepro train`, whose parent is then Snakemake itself, so that it stops
+    # (checkpoint first, as on SIGTERM) when Snakemake is killed (engine.die_with_parent)
     shell:
-        "fedrepro train --setting {params.setting:q} --partition {params.partition_dir:q} "
+        "exec fedrepro train --setting {params.setting:q} --partition {params.partition_dir:q} "
         "--data-root {params.data_root:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"
