@@ -170,7 +170,7 @@ def prepare(dataset: str, root: str | Path, mirrors: list[str] | None, out: str 
 
 # Written next to the decompressed files at download; ``load`` checks the files against it, so a
 # file altered after the download (labels overwritten, a truncated image file) is never trained on.
-LOADED_SUMS = ".sha256sums.json"
+LOADED_SUMS = "SHA256SUMS.json"
 
 
 class DataError(RuntimeError):
