@@ -177,7 +177,7 @@ class DataError(RuntimeError):
     """A dataset file that is not what was downloaded; the message names it."""
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -191,12 +191,12 @@ def _extract(folder: Path, expected: dict[str, str]) -> None:
     sums = {}
     for archive in folder.glob("*.gz"):
         out = archive.with_suffix("")
-        if not (out.exists() and _file_sha256(out) == (expected.get(out.name) or _content_sha256(archive))):
+        if not (out.exists() and file_sha256(out) == (expected.get(out.name) or _content_sha256(archive))):
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{out.name}.", suffix=".part")
             with os.fdopen(fd, "wb") as dst, gzip.open(archive, "rb") as src:
                 shutil.copyfileobj(src, dst)
             os.replace(tmp, out)
-        sums[out.name] = _file_sha256(out)
+        sums[out.name] = file_sha256(out)
     (folder / LOADED_SUMS).write_text(json.dumps(sums, indent=2, sort_keys=True))
 
 
@@ -208,7 +208,7 @@ def verify_loaded(folder: Path) -> None:
     from fedrepro.config import read_json
     for name, sha in read_json(record).items():
         path = folder / name
-        if not path.exists() or _file_sha256(path) != sha:
+        if not path.exists() or file_sha256(path) != sha:
             raise DataError(f"{path} is missing or differs from what was downloaded (sha256 recorded in {record}); "
                             f"run the download again (fedrepro download, or delete its download.json and rerun "
                             f"snakemake), which decompresses it anew")

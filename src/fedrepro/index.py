@@ -8,7 +8,6 @@ one exists, and says how to make it otherwise, so a partial grid is one command 
 from __future__ import annotations
 
 import datetime
-import json
 from collections import Counter
 from pathlib import Path
 

@@ -8,7 +8,6 @@ Table 2 the first round reaching a target), then averaged over seeds.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, field
