@@ -26,9 +26,30 @@ fmnist-data:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
 	fi
 
-run: setup
-	snakemake --workflow-profile $(PROFILE) --configfile $(CONFIG)
+# One `make run` after a kill finishes the grid. Snakemake's lock has no owner check, so a kill -9
+# leaves it behind; `make run` holds a flock for as long as it runs (the kernel drops it when the
+# process dies, however it dies), so when it gets the flock no other `make run` is working here and
+# any Snakemake lock is stale: it is removed. Interrupted jobs rerun (rerun-incomplete in the profile)
+# and resume from their checkpoints.
+SNAKEMAKE_ARGS ?=
+RUN_FLOCK := .snakemake/make-run.flock
+
+run: setup recover-run
 	@echo "report: $(CURDIR)/reports/index.html"
+
+.PHONY: recover-run
+recover-run:
+	@mkdir -p .snakemake
+	@flock -n -E 75 $(RUN_FLOCK) $(MAKE) --no-print-directory locked-run \
+	  || { status=$$?; [ $$status -eq 75 ] && echo "another 'make run' is working in $(CURDIR)" >&2; exit $$status; }
+
+.PHONY: locked-run
+locked-run:
+	@if [ -n "$$(ls .snakemake/locks 2>/dev/null)" ]; then \
+	  echo "removing a stale Snakemake lock (no other 'make run' holds $(RUN_FLOCK))"; \
+	  snakemake --workflow-profile $(PROFILE) --configfile $(CONFIG) --unlock; \
+	fi
+	snakemake --workflow-profile $(PROFILE) --configfile $(CONFIG) $(SNAKEMAKE_ARGS)
 
 dry-run: setup
 	snakemake --workflow-profile $(PROFILE) --configfile $(CONFIG) -n

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -17,15 +17,8 @@ if "experiments" not in config:
     configfile: "params/default.yaml"
 
 
-validate(config, "src/fedrepro/schemas/params.schema.yaml")
-
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from fedrepro import config as fconfig, registry
-
-try:
-    RUNS = fconfig.unique_runs(fconfig.expand(config))
-except fconfig.ConfigError as err:
-    raise WorkflowError(f"invalid params file:\n{err}")
 
 CONFIG_FILE = (
     os.path.relpath(workflow.overwrite_configfiles[-1], workflow.basedir)
@@ -34,6 +27,20 @@ CONFIG_FILE = (
 )
 CONFIG_FILES = [os.path.relpath(f, workflow.basedir) for f in workflow.overwrite_configfiles] or [CONFIG_FILE]
 CONFIG_NAME = Path(CONFIG_FILE).stem
+
+try:
+    # Snakemake's own loader lets a repeated key win silently and knows no file of ours by name;
+    # ours refuses what `fedrepro expand` refuses. (A YTE template ran already when Snakemake read it:
+    # see the README's trust section.)
+    for path in workflow.overwrite_configfiles:
+        fconfig.read_yaml(path)
+    fconfig.check_name(CONFIG_NAME, "params file name")
+    fconfig.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
+    RUNS = fconfig.unique_runs(fconfig.expand(config))
+    DATA_ROOT = fconfig.data_root(config)
+except fconfig.ConfigError as err:
+    raise WorkflowError(f"invalid params file:\n{err}")
+
 PARTITIONS = {run.partition: fconfig.partition_setting(run.setting) for run in RUNS.values()}
 # The manifest's path carries a hash of its content, like every other output upstream of the report.
 MANIFEST = {
@@ -42,7 +49,6 @@ MANIFEST = {
     "command": "snakemake --configfile " + " ".join(CONFIG_FILES),
 }
 MANIFEST_PATH = f"results/manifests/{CONFIG_NAME}-{fconfig.stable_hash(MANIFEST)}.json"
-DATA_ROOT = config["data"]["root"]
 
 
 include: "workflow/rules/common.smk"

@@ -11,8 +11,12 @@ DATASETS = {
     "cifar10": {"preprocess": True, "train_size": 50000, "test_size": 10000, "num_classes": 10, "shape": (3, 32, 32)},
     "cifar100": {"preprocess": True, "train_size": 50000, "test_size": 10000, "num_classes": 100, "shape": (3, 32, 32)},
     # Generated from a fixed seed (datasets_extra.SYNTHETIC_SEED); its 30 users are its clients.
-    "synthetic_1_1": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30},
-    "synthetic_0_0": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30},
+    # smallest_test_class: its rarest class in the test set (counted from the generated files), which
+    # bounds a class-balanced proxy set
+    "synthetic_1_1": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30,
+                      "smallest_test_class": 14},
+    "synthetic_0_0": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30,
+                      "smallest_test_class": 8},
     # text.py: texts tokenised by the model's tokenizer to a fixed length (pretrained.max_length)
     "agnews": {"text": True, "train_size": 120000, "test_size": 7600, "num_classes": 4, "shape": (100,)},
 }

@@ -37,6 +37,7 @@ def cmd_train(args) -> None:
     import torch
     from fedrepro import engine
     from fedrepro.config import resolve
+    engine.die_with_parent()  # killing Snakemake stops its training jobs too
     if args.threads:
         torch.set_num_threads(args.threads)
     setting = resolve(_json_arg(args.setting))

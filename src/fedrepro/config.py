@@ -11,6 +11,9 @@ import copy
 import functools
 import itertools
 import json
+import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,9 +65,40 @@ _Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 
 def _explain(error: jsonschema.ValidationError, where: str) -> str:
-    key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-    allowed = _allowed(error)
-    return f"{where}: setting '{key}' = {error.instance!r} is not allowed: {allowed}"
+    path = [str(p) for p in error.absolute_path]
+    if error.validator == "additionalProperties":
+        # Name the unknown key itself, not the whole mapping that holds it (a setting printed in
+        # full per grid point buried the error under 92 KB of defaults).
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
+        lines = []
+        for key in unknown:
+            guess = closest(key, allowed)
+            hint = f"; did you mean {guess}?" if guess else ""
+            lines.append(f"{where}: unknown setting '{'.'.join([*path, key])}'{hint} allowed keys"
+                         f"{' of ' + '.'.join(path) if path else ''}: {', '.join(allowed)}")
+        if lines:
+            return "\n".join(lines)
+    key = ".".join(path) or "(top level)"
+    return f"{where}: setting '{key}' = {_short(error.instance)} is not allowed: {_allowed(error)}"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def closest(word: str, choices: list[str]) -> str | None:
+    """The allowed key a typo most likely meant: one sharing a whole word (``clients_per_round`` ->
+    ``num_clients``), else the nearest spelling."""
+    import difflib
+
+    words = set(word.lower().split("_"))
+    sharing = [c for c in choices if words & set(c.lower().split("_"))]
+    if sharing:
+        return max(sharing, key=lambda c: difflib.SequenceMatcher(None, word, c).ratio())
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return match[0] if match else None
 
 
 def _allowed(error: jsonschema.ValidationError) -> str:
@@ -89,11 +123,25 @@ def _allowed(error: jsonschema.ValidationError) -> str:
 
 def validate(instance: dict, schema_name: str, where: str) -> dict:
     """Validate ``instance`` in place (filling defaults); raise ConfigError naming the key."""
+    refuse_nonfinite(instance, where)
     schema = _load_schema(schema_name)
-    errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+    errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
-        raise ConfigError("\n".join(_explain(e, where) for e in errors))
+        raise ConfigError("\n".join(dict.fromkeys(_explain(e, where) for e in errors)))
     return instance
+
+
+def refuse_nonfinite(value: Any, where: str, key: str = "") -> None:
+    """NaN and infinity pass every ``minimum`` of a JSON schema (all comparisons with NaN are false):
+    refuse them wherever they appear, naming the key."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: setting '{key or '(top level)'}' = {value} is not allowed: must be a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            refuse_nonfinite(v, where, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            refuse_nonfinite(v, where, f"{key}[{i}]")
 
 
 # --------------------------------------------------------------------------- grids
@@ -216,6 +264,10 @@ def check_compatible(setting: dict, where: str) -> None:
     if holdout % spec["num_classes"] or holdout >= spec["test_size"]:
         problems.append(f"evaluation.proxy_holdout = {holdout} must be a multiple of the {spec['num_classes']} classes "
                         f"of {setting['dataset']} (the hold-out is class-balanced) and smaller than its test set")
+    client = setting["client"]
+    if "lr_milestone_factor" in client and not client.get("lr_milestones"):
+        problems.append(f"client.lr_milestone_factor = {client['lr_milestone_factor']} is given without "
+                        f"client.lr_milestones, so it would never apply; add the milestones or drop the factor")
     for check in registry.extra_checks(algo, plugins):
         problems.extend(check(setting))
     if problems:
@@ -285,11 +337,52 @@ def _variant_label(point: dict) -> dict:
     return flat
 
 
+# Names that become file names and reach shell commands: experiments (report figures), params files
+# (reports, logs), runs. A safe set means no quoting mistake can turn one into a command or a path
+# outside its folder.
+SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+SAFE_EXPERIMENT = re.compile(r"[A-Za-z0-9_]+")
+
+
+def check_name(name: str, what: str, pattern: re.Pattern = SAFE_NAME) -> str:
+    if not isinstance(name, str) or not pattern.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{what} {name!r} is not allowed: use letters, digits and "
+                          f"{'_' if pattern is SAFE_EXPERIMENT else '_ . + -'} only")
+    return name
+
+
+def data_root(params: dict) -> str:
+    """``data.root``, refused when it would put data outside the project without saying so: empty
+    (``/fmnist`` at the file system root), or relative and climbing out with ``..``. An absolute path
+    is the user's explicit choice. Braces would be read as Snakemake wildcards."""
+    root = params.get("data", {}).get("root", "data")
+    problem = None
+    if not isinstance(root, str) or not root.strip():
+        problem = "must name a folder (empty would write at the file system root)"
+    elif any(c in root for c in "{}\n\r\0"):
+        problem = "must not contain braces, newlines or NUL"
+    elif not os.path.isabs(root) and os.path.normpath(root).split(os.sep)[0] == "..":
+        problem = "a relative path must stay inside the project; give an absolute path to go elsewhere"
+    if problem:
+        raise ConfigError(f"setting 'data.root' = {root!r} is not allowed: {problem}")
+    return root
+
+
 def expand(params: dict) -> list[Run]:
     """All runs of a params file (already schema-validated), in file order, without duplicates."""
     runs: list[Run] = []
     errors: dict[str, list[dict]] = {}  # one message, the grid points it holds for
+    data_root(params)
+    for name in params["experiments"]:
+        check_name(name, "experiment name", SAFE_EXPERIMENT)
     for name, exp in selected_experiments(params).items():
+        for axis, values in exp.get("grid", {}).items():
+            texts = [json.dumps(v, sort_keys=True) for v in values]
+            repeated = sorted({t for t in texts if texts.count(t) > 1})
+            if repeated:
+                errors.setdefault(f"experiments.{name}.grid.{axis}: value(s) {', '.join(repeated)} listed more than "
+                                  f"once; each grid value must be distinct (a repeat would count one run twice)", [])
+        seen: dict[str, dict] = {}  # run id -> the grid point that gave it
         for point in grid_points(exp.get("grid", {})):
             try:
                 setting = resolve(deep_merge(exp.get("base", {}), point), f"experiments.{name}")
@@ -297,13 +390,19 @@ def expand(params: dict) -> list[Run]:
                 for line in str(err).splitlines():
                     errors.setdefault(line, []).append(point)
                 continue
+            rid = check_name(run_id(setting), "run name")
+            if rid in seen:
+                errors.setdefault(f"experiments.{name}: grid points {json.dumps(seen[rid], sort_keys=True)} and "
+                                  f"{json.dumps(point, sort_keys=True)} are the same run; each must be distinct", [])
+                continue
+            seen[rid] = point
             variant = _variant_label(point)
             if "algorithm" in variant:
                 variant["algorithm"] = "+".join([setting["algorithm"], *setting["plugins"]])
-            runs.append(Run(run_id(setting), name, setting, variant))
+            runs.append(Run(rid, name, setting, variant))
     if errors:
         raise ConfigError("\n".join(
-            f"{line}  [{len(points)} grid point(s), e.g. {json.dumps(points[0], sort_keys=True)}]"
+            f"{line}  [{len(points)} grid point(s), e.g. {json.dumps(points[0], sort_keys=True)}]" if points else line
             for line, points in errors.items()))
     return runs
 
@@ -325,9 +424,59 @@ def selected_experiments(params: dict) -> dict:
             if any(fnmatch.fnmatchcase(name, p) for p in patterns)}
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe subset, refusing a key given twice in one mapping (YAML says it is an error;
+    PyYAML lets the last one win silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then an override is no repeat
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"key '{key}' is given twice", key_node.start_mark)
+            seen[key] = key_node
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A params file's content; a file that cannot be read or parsed is a ConfigError naming it and the line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot be read: {err}") from None
+    try:
+        content = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{path}{line}: not a valid params file (plain YAML, no Python tags): {problem}") from None
+    if isinstance(content, dict) and "__use_yte__" in content:
+        raise ConfigError(f"{path}: '__use_yte__' asks for YTE templating, which runs Python code while the file "
+                          f"is loaded; fedrepro refuses templated params files")
+    return content
+
+
+class CorruptFileError(ValueError):
+    """A file of the project that cannot be parsed; the message names it."""
+
+
+def read_json(path: str | Path) -> Any:
+    """A JSON file's content; an unreadable or truncated file is an error that names it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorruptFileError(f"{path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
+
+
 def load_params(path: str | Path) -> dict:
     path = Path(path)
-    params = yaml.safe_load(path.read_text())
+    params = read_yaml(path)
     if not isinstance(params, dict):
         raise ConfigError(f"{path}: expected a mapping with 'experiments'")
     return validate(params, "params.schema.yaml", str(path))
@@ -341,7 +490,7 @@ def load_params_files(paths: list[str | Path]) -> dict:
         if not params:
             params = load_params(path)
             continue
-        extra = yaml.safe_load(Path(path).read_text())
+        extra = read_yaml(path)
         if not isinstance(extra, dict):
             raise ConfigError(f"{path}: expected a mapping")
         params = deep_merge(params, extra)

@@ -35,6 +35,17 @@ FMNIST_CONTENT_SHA256 = {
     "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
 }
 
+# Published sizes of the .gz files: a download stops there (Debian's recompressed copies are 24 bytes
+# smaller), so a mirror that streams too much or never stops cannot fill the disk.
+FMNIST_BYTES = {
+    "train-images-idx3-ubyte.gz": 26421880,
+    "train-labels-idx1-ubyte.gz": 29515,
+    "t10k-images-idx3-ubyte.gz": 4422102,
+    "t10k-labels-idx1-ubyte.gz": 5148,
+}
+# For a file whose size is not known in advance
+DEFAULT_MAX_BYTES = 1 << 30
+
 HOW_TO_GET_OFFLINE = {
     "fmnist": "Without internet: install Debian's package 'dataset-fashion-mnist' (apt-get install "
               f"dataset-fashion-mnist) which puts the files in {DEBIAN_FMNIST}, or copy the four "
@@ -78,19 +89,23 @@ def file_ok(path: Path, md5: str, content_sha256: str | None) -> bool:
         return False
 
 
-def _fetch(mirror: str, filename: str, dest: Path, timeout: float) -> None:
-    if "://" in mirror:
-        # Our own fetch (not torchvision's download_url) so a timeout and the temp file are ours.
-        with urllib.request.urlopen(mirror.rstrip("/") + "/" + filename, timeout=timeout) as resp, \
-                open(dest, "wb") as out:
-            shutil.copyfileobj(resp, out)
-    else:
-        # torchvision's downloader cannot read a local folder; treat it as a mirror ourselves.
-        shutil.copyfile(Path(mirror) / filename, dest)
+def _fetch(mirror: str, filename: str, dest: Path, timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """Copy ``filename`` from the mirror to ``dest``, refusing more than ``max_bytes``."""
+    # Our own fetch (not torchvision's download_url) so a timeout, the size limit and the temp file
+    # are ours; torchvision's downloader cannot read a local folder, so a folder is a mirror here too.
+    url = mirror.rstrip("/") + "/" + filename
+    with (urllib.request.urlopen(url, timeout=timeout) if "://" in mirror else open(Path(mirror) / filename, "rb")) \
+            as src, open(dest, "wb") as out:
+        copied = 0
+        while chunk := src.read(1 << 20):
+            copied += len(chunk)
+            if copied > max_bytes:
+                raise DownloadError(f"more than {max_bytes} bytes, the file's size; stopped there")
+            out.write(chunk)
 
 
 def fetch_from_mirrors(filename: str, target: Path, mirrors: list[str], valid, timeout: float, log,
-                       what: str, offline_help: str) -> None:
+                       what: str, offline_help: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
     """Try each mirror in order; the first copy that passes ``valid`` is renamed to ``target``.
 
     Every attempt goes to a temporary name first, so a corrupt or partial file never takes
@@ -101,7 +116,7 @@ def fetch_from_mirrors(filename: str, target: Path, mirrors: list[str], valid, t
         os.close(fd)
         tmp_path = Path(tmp)
         try:
-            _fetch(mirror, filename, tmp_path, timeout)
+            _fetch(mirror, filename, tmp_path, timeout, max_bytes)
             if not valid(tmp_path):
                 raise DownloadError("checksum mismatch")
             os.replace(tmp_path, target)
@@ -131,8 +146,9 @@ def download(dataset: str, root: str | Path, mirrors: list[str] | None = None,
         if target.exists() and file_ok(target, md5, content.get(filename)):
             continue
         fetch_from_mirrors(filename, target, mirrors, lambda p: file_ok(p, md5, content.get(filename)),
-                           timeout, log, f"{filename} of '{dataset}'", HOW_TO_GET_OFFLINE.get(dataset, ""))
-    _extract(folder)
+                           timeout, log, f"{filename} of '{dataset}'", HOW_TO_GET_OFFLINE.get(dataset, ""),
+                           FMNIST_BYTES.get(filename, DEFAULT_MAX_BYTES))
+    _extract(folder, {name.removesuffix(".gz"): sha for name, sha in content.items()})
     return folder
 
 
@@ -152,16 +168,50 @@ def prepare(dataset: str, root: str | Path, mirrors: list[str] | None, out: str 
     return Path(folder)
 
 
-def _extract(folder: Path) -> None:
-    """Decompress next to the archives, as torchvision's own download() leaves them."""
+# Written next to the decompressed files at download; ``load`` checks the files against it, so a
+# file altered after the download (labels overwritten, a truncated image file) is never trained on.
+LOADED_SUMS = "SHA256SUMS.json"
+
+
+class DataError(RuntimeError):
+    """A dataset file that is not what was downloaded; the message names it."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _extract(folder: Path, expected: dict[str, str]) -> None:
+    """Decompress next to the archives, as torchvision's own download() leaves them; a decompressed
+    file whose content is not the expected one is decompressed again. Record the digests for ``load``."""
+    sums = {}
     for archive in folder.glob("*.gz"):
         out = archive.with_suffix("")
-        if out.exists():
-            continue
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{out.name}.", suffix=".part")
-        with os.fdopen(fd, "wb") as dst, gzip.open(archive, "rb") as src:
-            shutil.copyfileobj(src, dst)
-        os.replace(tmp, out)
+        if not (out.exists() and file_sha256(out) == (expected.get(out.name) or _content_sha256(archive))):
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{out.name}.", suffix=".part")
+            with os.fdopen(fd, "wb") as dst, gzip.open(archive, "rb") as src:
+                shutil.copyfileobj(src, dst)
+            os.replace(tmp, out)
+        sums[out.name] = file_sha256(out)
+    (folder / LOADED_SUMS).write_text(json.dumps(sums, indent=2, sort_keys=True))
+
+
+def verify_loaded(folder: Path) -> None:
+    """Check the decompressed files against the digests recorded at download (when there is a record)."""
+    record = folder / LOADED_SUMS
+    if not record.exists():
+        return
+    from fedrepro.config import read_json
+    for name, sha in read_json(record).items():
+        path = folder / name
+        if not path.exists() or file_sha256(path) != sha:
+            raise DataError(f"{path} is missing or differs from what was downloaded (sha256 recorded in {record}); "
+                            f"run the download again (fedrepro download, or delete its download.json and rerun "
+                            f"snakemake), which decompresses it anew")
 
 
 def gather(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -207,6 +257,7 @@ def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = 
         return text.load(dataset, root, train, pretrained)
     if dataset == "fmnist":
         from torchvision.datasets import FashionMNIST
+        verify_loaded(raw_folder(root, dataset))
         ds = FashionMNIST(str(root), train=train, download=False)
         # ToTensor only, as IMA's and FedLAW's code do for Fashion-MNIST.
         return TensorDataset(ds.data.unsqueeze(1).contiguous(), ds.targets.clone(), 0.0, 1.0)

@@ -62,6 +62,8 @@ AUGMENT = ("none", "crop_flip", "crop_flip_static")
 # the benchmark, not of a run, and FedProx's own script set none (so no seed is "the paper's").
 SYNTHETIC = {"synthetic_1_1": (1.0, 1.0), "synthetic_0_0": (0.0, 0.0)}
 SYNTHETIC_SEED = 0
+# Published sizes of the CIFAR archives: a download stops there (data.fetch_from_mirrors)
+ARCHIVE_BYTES = {"cifar10": 170498071, "cifar100": 169001437}
 SYNTHETIC_USERS, SYNTHETIC_DIM, SYNTHETIC_CLASSES = 30, 60, 10
 SYNTHETIC_FILE = "synthetic.npz"
 
@@ -108,7 +110,8 @@ def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, t
         fetch_from_mirrors(cls.filename, archive, list(mirrors or DEFAULT_MIRRORS[dataset]),
                            lambda p: check_integrity(str(p), cls.tgz_md5), timeout, log,
                            f"{cls.filename} of '{dataset}'",
-                           HOW_TO_GET_OFFLINE.format(filename=cls.filename, md5=cls.tgz_md5, dataset=dataset))
+                           HOW_TO_GET_OFFLINE.format(filename=cls.filename, md5=cls.tgz_md5, dataset=dataset),
+                           ARCHIVE_BYTES[dataset])
     if not _extracted_ok(cls, root):
         # Extract into a scratch folder and move the result in, so a half-extracted folder never
         # looks complete.

@@ -13,6 +13,7 @@ import json
 import math
 import platform
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 from fedrepro import algorithms, checkpoint, data, identity, metrics, models, partition
 from fedrepro.client import LocalSGD, client_generator, holdout_split, lr_schedule as client_lr_schedule
 from fedrepro.cohort import CohortSGD, equal_steps, random_layers
-from fedrepro.identity import cohort_size, partition_id, stable_hash
+from fedrepro.identity import cohort_size, partition_id, partition_setting, stable_hash
 from fedrepro.flat import FlatModel
 from fedrepro.parts import RoundUpdates
 from fedrepro.provenance import git_commit, versions
@@ -148,7 +149,8 @@ class Trainer:
             datasets = tuple(data.load(setting["dataset"], data_root, train=split, preprocess=setting.get("preprocess"),
                                        pretrained=setting.get("pretrained")) for split in (True, False))
         self.train, self.test = (d.to(self.device) for d in datasets)
-        self.parts = partition.load(partition_dir) if parts is None else parts
+        # the partition its path names, not another one copied there (partition.json is compared)
+        self.parts = partition.load(partition_dir, partition_setting(setting)) if parts is None else parts
         self.partition_hash = partition.content_hash(self.parts)
         if len(self.parts) != setting["num_clients"]:
             raise ValueError(f"partition {partition_dir} has {len(self.parts)} clients, the setting asks for "
@@ -298,12 +300,18 @@ class Trainer:
                 "client_momentum": self.client_momentum}
 
     def save_checkpoint(self, next_round: int) -> None:
-        checkpoint.save(self.state(next_round), self.paths.checkpoint)
+        checkpoint.save(self.state(next_round), self.paths.checkpoint, digest=True)
 
     def try_resume(self) -> bool:
+        checkpoint.remove_partial(self.paths.root)  # writes a kill interrupted
         if not self.paths.checkpoint.exists():
             return False
-        state = checkpoint.load(self.paths.checkpoint, self.device)
+        try:
+            state = checkpoint.load(self.paths.checkpoint, self.device)
+        except checkpoint.CheckpointError as err:
+            aside = checkpoint.set_aside(self.paths.checkpoint)
+            print(f"warning: {err}; set aside as {aside.name}, starting over", file=sys.stderr)
+            return False
         if state["setting_hash"] != stable_hash(self.setting):
             return False
         self.model.flat.copy_(state["x"])
@@ -334,7 +342,7 @@ class Trainer:
                 row = self.round(t)
                 self.rows.append(row)
                 self.elapsed += row["seconds"]
-                if not math.isfinite(row["train_loss"]):
+                if diverged(row, self.model.flat):
                     status = "diverged"
                     break
                 if not math.isnan(row["test_acc"]):
@@ -384,6 +392,38 @@ class Trainer:
         self.paths.summary.write_text(json.dumps(summary, indent=2, default=float))
         self.paths.checkpoint.unlink(missing_ok=True)
         return summary
+
+
+# Quantities a round always computes; NaN in any of them (or inf anywhere) means the run blew up.
+# test_loss is NaN by design on rounds without evaluation, so it counts where test_acc is set.
+ALWAYS_FINITE = ("train_loss", "step_norm", "global_norm", "update_norm_mean", "update_norm_max")
+
+
+def diverged(row: dict, x: torch.Tensor) -> bool:
+    """Divergence on every quantity that can go non-finite, not the training loss alone: a server step
+    can blow up the model (test loss NaN, step norm inf) after a finite local training loss."""
+    if any(isinstance(v, float) and math.isinf(v) for v in row.values()):
+        return True
+    if any(not math.isfinite(row[k]) for k in ALWAYS_FINITE if k in row):
+        return True
+    if not math.isnan(row.get("test_acc", math.nan)) and not math.isfinite(row.get("test_loss", math.nan)):
+        return True
+    return not bool(torch.isfinite(x).all())
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` when the parent (Snakemake) dies, even by SIGKILL; SIGTERM makes a run
+    save a checkpoint and stop (Trainer._on_sigterm), so no orphan trains on beside the next rerun."""
+    import ctypes
+    import os
+
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
 
 
 def _main_thread() -> bool:

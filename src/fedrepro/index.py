@@ -8,7 +8,6 @@ one exists, and says how to make it otherwise, so a partial grid is one command 
 from __future__ import annotations
 
 import datetime
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +19,7 @@ STATES = ("done", "diverged", "interrupted", "missing")
 def run_state(run_dir: Path) -> str:
     summary = run_dir / "summary.json"
     if summary.exists():
-        return "diverged" if json.loads(summary.read_text()).get("status") == "diverged" else "done"
+        return "diverged" if config.read_json(summary).get("status") == "diverged" else "done"
     return "interrupted" if (run_dir / "checkpoint.pt").exists() else "missing"
 
 
@@ -33,11 +32,12 @@ def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
     try:
         params = config.load_params(params_path)
         runs = config.expand(params)
+        # a corrupt summary.json is named in this file's entry and stops no other
+        state_of = {run_id: run_state(runs_dir / run_id) for run_id in config.unique_runs(runs)}
     except (config.ConfigError, OSError, ValueError) as err:  # one broken file must not hide the others
         return {"name": params_path.stem, "path": str(params_path), "title": params_path.stem, "error": str(err),
                 "run_ids": set(), "experiments": [], "runs": 0, **{s: 0 for s in STATES}, "report": None,
                 "quick": False, "report_command": ""}
-    state_of = {run_id: run_state(runs_dir / run_id) for run_id in config.unique_runs(runs)}
     experiments = []
     for name, exp in config.selected_experiments(params).items():
         counts = Counter(state_of[r.id] for r in runs if r.experiment == name)

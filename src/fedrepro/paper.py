@@ -8,14 +8,14 @@ Table 2 the first round reaching a target), then averaged over seeds.
 """
 from __future__ import annotations
 
-import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from fedrepro.config import ROOT
+from fedrepro.config import ROOT, CorruptFileError, read_json
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
 
@@ -130,7 +130,11 @@ def load_runs(runs_dir: str | Path, ids: set[str] | None = None) -> list[dict]:
     for summary_path in sorted(Path(runs_dir).glob("*/summary.json")):
         if ids is not None and summary_path.parent.name not in ids:
             continue
-        summary = json.loads(summary_path.read_text())
+        try:
+            summary = read_json(summary_path)
+        except CorruptFileError as err:  # one damaged run must not hide the others' numbers
+            print(f"warning: skipped: {err}", file=sys.stderr)
+            continue
         metrics = summary_path.parent / "metrics.csv"
         runs.append({"id": summary_path.parent.name, "setting": summary["setting"], "summary": summary,
                      "metrics": pd.read_csv(metrics) if metrics.exists() else None})

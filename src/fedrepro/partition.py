@@ -264,6 +264,27 @@ def _heatmap(counts: np.ndarray, path: Path, setting: dict) -> None:
     plt.close(fig)
 
 
-def load(out_dir: str | Path) -> list[np.ndarray]:
-    with np.load(Path(out_dir) / "clients.npz") as data:
-        return [data[f"client_{i}"] for i in range(len(data.files))]
+def load(out_dir: str | Path, setting: dict | None = None) -> list[np.ndarray]:
+    """The clients' index arrays; with ``setting``, checked to be that partition: partition.json must
+    describe ``setting`` and record the content hash of the arrays read (a file copied over another
+    partition's, or altered, is refused)."""
+    from fedrepro.config import read_json
+
+    out = Path(out_dir)
+    path = out / "clients.npz"
+    try:
+        with np.load(path) as data:
+            parts = [data[f"client_{i}"] for i in range(len(data.files))]
+    except Exception as err:  # noqa: BLE001 - BadZipFile, zlib.error, OSError, KeyError, ValueError
+        raise PartitionError(f"{path}: cannot be read ({type(err).__name__}: {err}); delete {out} and rerun "
+                             f"to make it again") from None
+    if setting is not None:
+        info = read_json(out / "partition.json")
+        if info.get("setting") != setting:
+            raise PartitionError(f"{out / 'partition.json'} describes {json.dumps(info.get('setting'), sort_keys=True)}, "
+                                 f"not this run's partition {json.dumps(setting, sort_keys=True)}")
+        if info.get("content_hash") != content_hash(parts):
+            raise PartitionError(f"{path} holds other indices (content hash {content_hash(parts)}) than "
+                                 f"{out / 'partition.json'} records ({info.get('content_hash')}); delete {out} and "
+                                 f"rerun to make it again")
+    return parts

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.config import stable_hash
+from fedrepro.config import CorruptFileError, read_json, stable_hash
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -32,6 +32,13 @@ def _file_png(path: Path) -> str | None:
     return base64.b64encode(path.read_bytes()).decode() if path.exists() else None
 
 
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError) as err:
+        raise CorruptFileError(f"{path}: cannot be read as CSV ({type(err).__name__}: {err})") from None
+
+
 def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per run with its summary, one row per run and round) for the manifest's runs."""
     rows, curves = [], []
@@ -44,7 +51,7 @@ def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFram
             if not summary_path.exists():
                 rows.append({**base, "status": "missing", "variant": run["variant"]})
                 continue
-            summary = json.loads(summary_path.read_text())
+            summary = read_json(summary_path)  # a truncated file is named
             rows.append({**base, "variant": run["variant"], "status": summary["status"],
                          "final_acc": summary["final_acc"],
                          "best_acc": summary["best_acc"], "e_ludd": summary["e_ludd"],
@@ -53,7 +60,7 @@ def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFram
                                    f"{summary.get('cpu_threads', '?')} CPU threads",
                          "git_commit": summary["git_commit"], "rounds_done": summary["rounds_done"],
                          "versions": summary.get("versions", {})})
-            metrics = pd.read_csv(run_dir / "metrics.csv")
+            metrics = _read_csv(run_dir / "metrics.csv")
             metrics = metrics.assign(**base)
             curves.append(metrics)
     runs = pd.DataFrame(rows)

@@ -30,14 +30,13 @@ machine without internet, point ``pretrained.path`` at a folder holding the mode
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from fedrepro.data import DownloadError, fetch_from_mirrors, gather
+from fedrepro.data import DownloadError, fetch_from_mirrors, file_sha256, gather
 
 AGNEWS = "agnews"
 HANDLED = {AGNEWS}
@@ -130,14 +129,6 @@ def _is_valid(path: Path, split: str, fmt: str) -> bool:
         return False
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def split_file(root: str | Path, split: str) -> Path:
     """The downloaded file of ``split`` (whichever format the mirrors gave)."""
     for names in FILES.values():
@@ -166,7 +157,7 @@ def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, t
                 target = root / filename
                 fetch_from_mirrors(filename, target, mirrors, _valid(split, fmt), timeout, log,
                                    f"{filename} of '{dataset}' ({fmt})", HOW_TO_GET_OFFLINE)
-            sums = "".join(f"{_sha256(root / f)}  {f}\n" for f in names.values())
+            sums = "".join(f"{file_sha256(root / f)}  {f}\n" for f in names.values())
             (root / "SHA256SUMS").write_text(sums)
             log(f"{dataset}: {fmt} files accepted (rows and labels checked; no published checksum):\n{sums}")
             return root

@@ -21,4 +21,4 @@ rule bench:
         "logs/bench/bench.log",
     shell:
         "fedrepro bench --rounds {params.rounds} --repeats {params.repeats} --threads {threads} "
-        "--data-root {params.data_root} --out {output.json} --html {output.page} > {log} 2>&1"
+        "--data-root {params.data_root:q} --out {output.json:q} --html {output.page:q} > {log:q} 2>&1"

@@ -9,8 +9,9 @@ rule partition:
     params:
         setting=lambda w: json.dumps(PARTITIONS[w.partition], sort_keys=True),
         data_root=lambda w: f"{DATA_ROOT}/{PARTITIONS[w.partition]['dataset']}",
+        out=lambda w: f"results/partitions/{w.partition}",
     log:
         "logs/partition/{partition}.log",
     shell:
-        "fedrepro partition --setting {params.setting:q} --data-root {params.data_root} "
-        "--out results/partitions/{wildcards.partition} > {log} 2>&1"
+        "fedrepro partition --setting {params.setting:q} --data-root {params.data_root:q} "
+        "--out {params.out:q} > {log:q} 2>&1"

@@ -16,8 +16,8 @@ rule track:
     log:
         f"logs/track/{CONFIG_NAME}.log",
     shell:
-        "if [ {params.enabled} = True ]; then fedrepro track --manifest {input.manifest} --out {output} > {log} 2>&1; "
-        "else echo '{{\"disabled\": true}}' > {output}; fi"
+        "if [ {params.enabled} = True ]; then fedrepro track --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1; "
+        "else echo '{{\"disabled\": true}}' > {output:q}; fi"
 
 
 from fedrepro import index as findex
@@ -51,8 +51,8 @@ rule report:
     params:
         index_params=INDEX_PARAMS,
     shell:
-        "(fedrepro report --manifest {input.manifest} --out {output.page} --figures {output.figures} && "
-        "fedrepro index --out {output.index} --params {params.index_params:q}) > {log} 2>&1"
+        "(fedrepro report --manifest {input.manifest:q} --out {output.page:q} --figures {output.figures:q} && "
+        "fedrepro index --out {output.index:q} --params {params.index_params:q}) > {log:q} 2>&1"
 
 
 rule collect:
@@ -65,4 +65,4 @@ rule collect:
     log:
         f"logs/collect/{CONFIG_NAME}.log",
     shell:
-        "fedrepro collect --manifest {input.manifest} --metrics {output.metrics} --curves {output.curves} > {log} 2>&1"
+        "fedrepro collect --manifest {input.manifest:q} --metrics {output.metrics:q} --curves {output.curves:q} > {log:q} 2>&1"

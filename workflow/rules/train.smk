@@ -13,6 +13,7 @@ rule train:
         setting=lambda w: json.dumps(run_setting(w), sort_keys=True),
         data_root=lambda w: f"{DATA_ROOT}/{run_setting(w)['dataset']}",
         partition_dir=lambda w: f"results/partitions/{run_partition(w)}",
+        out=lambda w: f"results/runs/{w.run}",
     threads: 1
     resources:
         gpu=1,
@@ -22,6 +23,8 @@ rule train:
         "logs/train/{run}.log",
     benchmark:
         "benchmarks/train/{run}.tsv"
+    # exec: the shell becomes `fedrepro train`, whose parent is then Snakemake itself, so that it stops
+    # (checkpoint first, as on SIGTERM) when Snakemake is killed (engine.die_with_parent)
     shell:
-        "fedrepro train --setting {params.setting:q} --partition {params.partition_dir} "
-        "--data-root {params.data_root} --out results/runs/{wildcards.run} --threads {threads} > {log} 2>&1"
+        "exec fedrepro train --setting {params.setting:q} --partition {params.partition_dir:q} "
+        "--data-root {params.data_root:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"

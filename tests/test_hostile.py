@@ -1,0 +1,481 @@
+"""Hostile input and faults (issue #15): every bad params file is refused before any job, naming its key;
+names and paths from a params file never reach a shell unquoted or leave the project; corrupt files
+are named; every fault recovers in one rerun.
+
+tests/hostile_params/*.yaml each start with ``# expect: TEXT``: the error must contain TEXT (the key).
+"""
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, snakemake_cmd, subprocess_env
+from fedrepro import cli
+
+HOSTILE = Path(__file__).parent / "hostile_params"
+BAD_FILES = sorted(HOSTILE.glob("*.yaml"))
+GOOD = "experiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n"
+
+
+def expected(path: Path, by: str = "expect") -> str:
+    """The text the error must contain; ``# snakemake: TEXT`` where Snakemake's own config loader
+    refuses the file before the Snakefile runs (it cannot name our keys)."""
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("# expect: "), path
+    for line in lines:
+        if line.startswith(f"# {by}: "):
+            return line[len(f"# {by}: "):]
+    return lines[0][len("# expect: "):]
+
+
+def expand_error(capsys, *files) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["expand", "--configfile", *map(str, files)])
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(snakemake_cmd(workdir, "-n", "-p", *args), capture_output=True, text=True,
+                          env=subprocess_env(), timeout=300)
+
+
+def test_there_are_many_bad_files():
+    assert len(BAD_FILES) >= 30
+
+
+@pytest.mark.parametrize("path", BAD_FILES, ids=lambda p: p.stem)
+def test_expand_refuses_naming_the_key(path, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = expand_error(capsys, path)
+    assert expected(path) in err, err
+    assert "Traceback" not in err
+    assert not list(tmp_path.iterdir()), "nothing is written"
+
+
+def test_a_typo_is_reported_once_not_once_per_grid_point(capsys):
+    err = expand_error(capsys, HOSTILE / "typo_top_level.yaml")
+    assert err.count("clients_per_round") == 1, err
+    assert len(err) < 1500, "the whole resolved setting is not printed"
+    assert "allowed keys" in err
+
+
+def test_merge_keys_are_not_duplicates(tmp_path):
+    from fedrepro import config
+    path = tmp_path / "p.yaml"
+    path.write_text("base: &b {num_clients: 4, rounds: 2}\nexperiments:\n  a:\n    base:\n      <<: *b\n"
+                    "      rounds: 3\n    grid: {seed: [1]}\n")
+    assert config.read_yaml(path)["experiments"]["a"]["base"] == {"num_clients": 4, "rounds": 3}
+
+
+# ------------------------------------------------------------------ snakemake -n: refused before any job
+
+SNAKEMAKE_FAST = ["root_command", "experiment_traversal", "duplicate_key"]
+
+
+def _refused_by_snakemake(path: Path, tmp_path: Path):
+    proc = dry_run(tmp_path, "--configfile", str(path))
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert expected(path, "snakemake") in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+    assert not (tmp_path / "pwned").exists() and not (tmp_path.parent / "pwned").exists()
+
+
+@pytest.mark.parametrize("name", SNAKEMAKE_FAST)
+def test_snakemake_refuses(name, tmp_path):
+    _refused_by_snakemake(HOSTILE / f"{name}.yaml", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in BAD_FILES if p.stem not in SNAKEMAKE_FAST], ids=lambda p: p.stem)
+def test_snakemake_refuses_every_bad_file(path, tmp_path):
+    _refused_by_snakemake(path, tmp_path)
+
+
+def _shell_commands(output: str) -> list[list[str]]:
+    """The shell commands of a `snakemake -n -p`, split as a POSIX shell splits them."""
+    commands = []
+    for line in output.splitlines():
+        line = line.strip().removeprefix("Shell command:").strip().removeprefix("exec ")
+        if line.startswith(("fedrepro ", "(fedrepro ", "if [ ")):
+            commands.append(shlex.split(line))
+    return commands
+
+
+def test_a_data_root_with_a_command_and_a_space_is_one_argument(tmp_path):
+    root = "my data/$(touch pwned)x"
+    params = tmp_path / "p.yaml"
+    params.write_text(f"data: {{root: '{root}'}}\n" + GOOD)
+    proc = dry_run(tmp_path, "--configfile", str(params))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    commands = _shell_commands(proc.stdout + proc.stderr)
+    assert {c[1] for c in commands} >= {"partition", "train"}
+    for words in commands:
+        if "--data-root" in words:
+            assert words[words.index("--data-root") + 1] == f"{root}/fmnist", words
+
+
+@pytest.mark.parametrize("name", ["x$(touch y)", "with space"])
+def test_a_hostile_params_file_name_is_refused(name, tmp_path):
+    params = tmp_path / f"{name}.yaml"
+    params.write_text(GOOD)
+    proc = dry_run(tmp_path, "--configfile", str(params))
+    assert proc.returncode != 0
+    assert "params file name" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+    assert not (tmp_path / "y").exists()
+
+
+def test_every_value_reaching_a_shell_is_quoted():
+    """Every placeholder of a shell command in the rules is quoted (``:q``), except numbers."""
+    import re
+    unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled"}
+    for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
+        text = smk.read_text()
+        for block in re.findall(r"shell:\n((?:\s+\".*\"\n?)+)", text):
+            for field in re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", block):
+                assert field.endswith(":q") or field in unquoted_ok, (smk.name, field)
+
+
+# ------------------------------------------------------------------ runs: checkpoints, partitions, divergence
+
+import json  # noqa: E402
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from conftest import make_partition  # noqa: E402
+from fedrepro import checkpoint  # noqa: E402
+
+RUN = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4, "local_epochs": 1,
+       "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
+       "partition": {"kind": "iid", "seed": 1}}
+
+
+@pytest.fixture(scope="module")
+def partition_dir(tiny_data_root, tmp_path_factory):
+    return make_partition(tiny_data_root, tmp_path_factory.mktemp("part"), num_clients=4)
+
+
+def _train(setting, out, partition_dir, data_root, *extra):
+    cli.main(["train", "--setting", json.dumps(setting), "--partition", str(partition_dir), "--data-root",
+              str(data_root), "--out", str(out), "--no-progress", "--threads", "1", *extra])
+    return json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+
+
+def _flip_a_bit_in_a_tensor(path: Path) -> None:
+    """Flip one bit inside the stored model vector, leaving torch's zip structure intact."""
+    raw = bytearray(path.read_bytes())
+    x = checkpoint.load(path)["x"]
+    needle = x[:4].numpy().tobytes()
+    at = raw.find(needle)
+    assert at > 0
+    raw[at + 1] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_a_checkpoint_with_a_flipped_bit_is_refused_named_and_set_aside(tmp_path, partition_dir, tiny_data_root,
+                                                                        capsys):
+    out = tmp_path / "run"
+    ref = _train(RUN, tmp_path / "ref", partition_dir, tiny_data_root)
+    _train(RUN, out, partition_dir, tiny_data_root, "--stop-after", "2")
+    _flip_a_bit_in_a_tensor(out / "checkpoint.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint.pt"):
+        checkpoint.load(out / "checkpoint.pt")
+    summary = _train(RUN, out, partition_dir, tiny_data_root)
+    assert summary["resumed"] is False and summary["status"] == "finished"
+    assert summary["final_acc"] == ref["final_acc"], "started over: the same numbers as an uninterrupted run"
+    assert len(list(out.glob("checkpoint.pt.corrupt-*"))) == 1
+    assert "checkpoint.pt" in capsys.readouterr().err
+
+
+def test_a_truncated_checkpoint_does_not_block_the_rerun(tmp_path, partition_dir, tiny_data_root):
+    out = tmp_path / "run"
+    _train(RUN, out, partition_dir, tiny_data_root, "--stop-after", "2")
+    raw = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(raw[: len(raw) // 2])
+    summary = _train(RUN, out, partition_dir, tiny_data_root)
+    assert summary["status"] == "finished" and summary["rounds_done"] == 4
+
+
+def test_a_plain_truncated_torch_file_is_named(tmp_path):
+    path = tmp_path / "model.pt"
+    checkpoint.save({"x": torch.arange(1000.0)}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(checkpoint.CheckpointError, match=str(path)):
+        checkpoint.load(path)
+
+
+def test_partial_checkpoint_writes_are_removed_on_the_next_start(tmp_path, partition_dir, tiny_data_root):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".checkpoint.pt.abc123.part").write_bytes(b"half a checkpoint")
+    (out / ".model.pt.def456.part").write_bytes(b"half a model")
+    _train(RUN, out, partition_dir, tiny_data_root)
+    assert not list(out.glob(".*.part"))
+
+
+def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partition_dir, tiny_data_root):
+    from fedrepro.partition import PartitionError
+    other = make_partition(tiny_data_root, tmp_path / "other", num_clients=4, kind="iid", seed=2)
+    with pytest.raises(PartitionError, match="partition.json"):
+        _train(RUN, tmp_path / "run", other, tiny_data_root)
+    # same setting, altered indices: partition.json's content hash no longer matches
+    altered = make_partition(tiny_data_root, tmp_path / "altered", num_clients=4)
+    with np.load(altered / "clients.npz") as data:
+        parts = {k: data[k] for k in data.files}
+    parts["client_0"], parts["client_1"] = parts["client_1"], parts["client_0"]
+    np.savez_compressed(altered / "clients.npz", **parts)
+    with pytest.raises(PartitionError, match="content hash"):
+        _train(RUN, tmp_path / "run2", altered, tiny_data_root)
+
+
+def test_a_corrupt_partition_file_is_named(tmp_path, tiny_data_root):
+    from fedrepro import partition
+    folder = make_partition(tiny_data_root, tmp_path / "p", num_clients=4)
+    raw = (folder / "clients.npz").read_bytes()
+    (folder / "clients.npz").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(partition.PartitionError, match="clients.npz"):
+        partition.load(folder)
+
+
+def test_a_blow_up_in_the_last_round_is_diverged_not_finished(tmp_path, partition_dir, tiny_data_root):
+    """Server lr 1e30: the local training loss of the last round is finite (it trains from the previous
+    model), but the model after the server step is not."""
+    setting = {**RUN, "rounds": 1, "server": {"lr": 1.0e30}}
+    summary = _train(setting, tmp_path / "run", partition_dir, tiny_data_root)
+    rows = json.loads(json.dumps(summary))
+    assert math.isfinite(float(__import__("pandas").read_csv(tmp_path / "run" / "metrics.csv")["train_loss"].iloc[-1]))
+    assert rows["status"] == "diverged"
+    assert math.isnan(rows["final_acc"])
+
+
+def test_the_divergence_rule_reads_every_quantity():
+    from fedrepro.engine import diverged
+    fine = {"train_loss": 1.0, "step_norm": 1.0, "global_norm": 1.0, "test_acc": float("nan"),
+            "test_loss": float("nan"), "pseudo_grad_norm": float("nan")}
+    x = torch.ones(3)
+    assert not diverged(fine, x), "NaN test metrics of a round without evaluation are not divergence"
+    assert diverged({**fine, "step_norm": float("inf")}, x)
+    assert diverged({**fine, "test_acc": 0.1, "test_loss": float("nan")}, x)
+    assert diverged({**fine, "fedlaw_gamma": float("-inf")}, x)
+    assert diverged(fine, torch.tensor([1.0, float("nan"), 0.0]))
+
+
+# ------------------------------------------------------------------ data: size limit, loaded bytes
+
+from conftest import FMNIST_FILES, write_fake_fmnist  # noqa: E402
+from fedrepro import data  # noqa: E402
+
+
+@pytest.fixture
+def fmnist_mirror(tmp_path, monkeypatch):
+    from torchvision.datasets import FashionMNIST
+    folder = tmp_path / "mirror"
+    sums = write_fake_fmnist(folder, n_train=50, n_test=20)
+    monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
+    monkeypatch.setattr(data, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
+    monkeypatch.setattr(data, "FMNIST_BYTES", {n: (folder / n).stat().st_size for n in FMNIST_FILES})
+    return folder
+
+
+def test_a_download_stops_at_the_expected_size(tmp_path, serve, fmnist_mirror):
+    """A mirror serving a much larger file: no more than the file's size is ever written."""
+    big = tmp_path / "big"
+    big.mkdir()
+    for name in FMNIST_FILES:
+        (big / name).write_bytes((fmnist_mirror / name).read_bytes() + b"\0" * (8 << 20))
+    written = []
+    real_fetch = data._fetch
+
+    def spy(mirror, filename, dest, timeout, max_bytes=data.DEFAULT_MAX_BYTES):
+        try:
+            real_fetch(mirror, filename, dest, timeout, max_bytes)
+        finally:
+            written.append(dest.stat().st_size if dest.exists() else 0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(data, "_fetch", spy)
+        with pytest.raises(data.DownloadError, match="stopped there"):
+            data.download("fmnist", tmp_path / "root", [serve(big)])
+    assert written and max(written) <= max(data.FMNIST_BYTES.values())
+
+
+def test_overwritten_labels_after_download_are_found_before_training(tmp_path, fmnist_mirror):
+    root = tmp_path / "root"
+    folder = data.download("fmnist", root, [str(fmnist_mirror)])
+    data.load("fmnist", root, train=True)  # fine as downloaded
+    labels = folder / "train-labels-idx1-ubyte"
+    raw = bytearray(labels.read_bytes())
+    raw[8:30] = bytes(22)  # overwrite labels in place
+    labels.write_bytes(bytes(raw))
+    with pytest.raises(data.DataError, match="train-labels-idx1-ubyte"):
+        data.load("fmnist", root, train=True)
+    data.download("fmnist", root, [str(fmnist_mirror)])  # the download decompresses it anew
+    data.verify_loaded(folder)
+
+
+# ------------------------------------------------------------------ corrupt results are named, and stop nothing else
+
+from test_report import fabricate  # noqa: E402
+
+
+def _two_params_files(tmp_path):
+    from fedrepro import config
+    files, runs = [], {}
+    for name, seed in (("one", 1), ("two", 2)):
+        path = tmp_path / "params" / f"{name}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"experiments:\n  e_{name}: {{base: {{num_clients: 4, rounds: 12}}, grid: {{seed: [{seed}]}}}}\n")
+        files.append(path)
+        runs[name] = config.expand(config.load_params(path))[0]
+    return files, runs
+
+
+def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
+    from fedrepro import index
+    files, runs = _two_params_files(tmp_path)
+    runs_dir = tmp_path / "runs"
+    for run in runs.values():
+        fabricate(run, runs_dir, 0.7)
+    bad = runs_dir / runs["one"].id / "summary.json"
+    bad.write_text(bad.read_text()[:40])
+    out = index.build(tmp_path / "reports" / "index.html", files, runs_dir)
+    one, two = (index.survey(p, runs_dir, tmp_path / "reports") for p in files)
+    assert str(bad) in one["error"]
+    assert "error" not in two and two["done"] == 1
+    assert str(bad) in out.read_text()
+
+
+def test_a_truncated_summary_is_named_by_the_report(tmp_path):
+    from fedrepro import config, report
+    files, runs = _two_params_files(tmp_path)
+    runs_dir = tmp_path / "runs"
+    fabricate(runs["one"], runs_dir, 0.7)
+    bad = runs_dir / runs["one"].id / "summary.json"
+    bad.write_text("{\"run\": ")
+    params = config.load_params(files[0])
+    manifest = config.manifest(params, config.expand(params), "one")
+    with pytest.raises(config.CorruptFileError, match=str(bad)):
+        report.load_runs(manifest, runs_dir)
+
+
+def test_paper_numbers_skip_a_truncated_summary(tmp_path, capsys):
+    from fedrepro import paper
+    _, runs = _two_params_files(tmp_path)
+    runs_dir = tmp_path / "runs"
+    for run in runs.values():
+        fabricate(run, runs_dir, 0.7)
+    bad = runs_dir / runs["one"].id / "summary.json"
+    bad.write_text("{")
+    assert [r["id"] for r in paper.load_runs(runs_dir)] == [runs["two"].id]
+    assert str(bad) in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ every fault recovers in one rerun
+
+import fcntl  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import yaml  # noqa: E402
+
+
+def test_the_local_profile_reruns_incomplete_jobs():
+    profile = yaml.safe_load((ROOT / "workflow" / "profiles" / "local" / "config.yaml").read_text())
+    assert profile.get("rerun-incomplete") is True and profile.get("keep-going") is True
+
+
+def _project_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "project"
+    for name in ("Snakefile", "Makefile"):
+        shutil.copy(ROOT / name, copy / name if copy.exists() else (copy.mkdir() or copy / name))
+    for name in ("workflow", "src", "params"):
+        shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "p.yaml").write_text(GOOD)
+    return copy
+
+
+def _stale_lock(project: Path) -> Path:
+    """What a kill -9 of Snakemake leaves: its lock files, with no process behind them."""
+    locks = project / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.output.lock").write_text("reports/p.html\nresults/metrics/p.json\n")
+    return locks
+
+
+def _make_run(project: Path) -> subprocess.CompletedProcess:
+    env = subprocess_env(PYTHONPATH=str(project / "src"))
+    return subprocess.run(["make", "-C", str(project), "--no-print-directory", "recover-run", "CONFIG=p.yaml",
+                           "SNAKEMAKE_ARGS=-n"], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_make_run_removes_a_stale_lock(tmp_path):
+    project = _project_copy(tmp_path)
+    locks = _stale_lock(project)
+    proc = _make_run(project)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "stale Snakemake lock" in proc.stdout
+    assert not list(locks.iterdir())
+
+
+@pytest.mark.slow
+def test_make_run_leaves_the_lock_of_a_running_make_run(tmp_path):
+    project = _project_copy(tmp_path)
+    locks = _stale_lock(project)
+    with open(project / ".snakemake" / "make-run.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another `make run` is working here
+        proc = _make_run(project)
+    assert proc.returncode != 0
+    assert "another 'make run' is working" in proc.stderr
+    assert list(locks.iterdir()), "a live run's lock is kept"
+
+
+@pytest.mark.slow
+def test_training_stops_with_a_checkpoint_when_its_parent_is_killed(tmp_path, partition_dir, tiny_data_root):
+    """kill -9 of Snakemake (here: the process that started `fedrepro train`) stops the training job."""
+    out = tmp_path / "run"
+    setting = {**RUN, "rounds": 100000, "eval_every": 1000}
+    child_log = tmp_path / "child.log"
+    script = (f"import subprocess, sys\n"
+              f"log = open({str(child_log)!r}, 'w')\n"
+              f"p = subprocess.Popen(['fedrepro', 'train', '--setting', {json.dumps(setting)!r}, '--partition', "
+              f"{str(partition_dir)!r}, '--data-root', {str(tiny_data_root)!r}, '--out', {str(out)!r}, "
+              f"'--no-progress', '--threads', '1', '--checkpoint-every', '5'], stdout=log, stderr=log)\n"
+              f"print(p.pid, flush=True)\n"
+              f"p.wait()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    child = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint.pt").exists():
+            assert time.monotonic() < deadline, child_log.read_text()[-2000:]
+            time.sleep(0.05)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 60
+        while _alive(child):
+            assert time.monotonic() < deadline, "the training job outlived its parent"
+            time.sleep(0.1)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+    assert "SIGTERM" in child_log.read_text()
+    assert checkpoint.load(out / "checkpoint.pt")["next_round"] > 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not reaped: its parent is gone and init reaps it soon) is not running
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
