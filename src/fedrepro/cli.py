@@ -95,7 +95,7 @@ def cmd_download(args) -> None:
 
 def cmd_partition(args) -> None:
     from fedrepro import data, partition, registry
-    setting = _json_arg(args.setting)
+    setting = args.setting  # parsed and checked by the parser
     labels = data.train_labels(setting["dataset"], args.data_root)
     groups = None
     if setting["kind"] == "natural":  # the dataset's own clients (Synthetic)
@@ -112,7 +112,7 @@ def cmd_train(args) -> None:
     from fedrepro.config import resolve
     if args.threads:
         torch.set_num_threads(args.threads)
-    setting = resolve(_json_arg(args.setting))
+    setting = resolve(args.setting)
     if args.device:
         setting["device"] = args.device
     summary = engine.train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
