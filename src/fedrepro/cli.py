@@ -78,8 +78,8 @@ EXAMPLES = {
     "report": "fedrepro report --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml "
               "--out reports/fedlaw_subset.html",
     "index": "fedrepro index --out reports/index.html",
-    "collect": "fedrepro collect --manifest results/manifests/default.json --metrics results/metrics/default.json "
-               "--curves results/curves/default.csv",
+    "collect": "fedrepro collect --manifest results/manifests/default.json --metrics results/metrics/default "
+               "--curves results/curves/default",
     "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
     "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
                 "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
@@ -282,11 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_index)
 
     from fedrepro.bench import SETTINGS as BENCH_SETTINGS
-    p = sub.add_parser("collect", help="summary metrics (JSON) and all curves (CSV) for dvc metrics/plots")
+    p = sub.add_parser("collect", help="per experiment and variant: summary metrics (JSON) and mean curves (CSV) "
+                       "for dvc metrics/plots")
     p.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
     p.add_argument("--runs-dir", default="results/runs", help="the run folders")
-    p.add_argument("--metrics", required=True, help="JSON: per experiment and variant, mean final accuracy etc.")
-    p.add_argument("--curves", required=True, help="CSV: one row per run and round")
+    p.add_argument("--metrics", required=True, help="folder: <experiment>/<variant>.json, mean final accuracy etc.")
+    p.add_argument("--curves", required=True, help="folder: <experiment>/<variant>.csv, per round the mean over seeds")
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("bench", help="seconds per round: engine vs a reference-style loop vs the compute floor")

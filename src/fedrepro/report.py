@@ -10,6 +10,8 @@ import base64
 import io
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 
@@ -381,23 +383,33 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
     return out
 
 
-
+def slug(label: str) -> str:
+    """A run label as a short ASCII file name: ``fedavg+ima · dir0.1`` -> ``fedavg_ima_dir0_1``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_") or "run"
 
 
 def collect(manifest_path: str | Path, runs_dir: str | Path, metrics_out: str | Path, curves_out: str | Path) -> None:
-    """Two small files for `dvc metrics` and `dvc plots`: per-variant summary numbers and all curves."""
+    """Small files for `dvc metrics` and `dvc plots`, one per experiment and variant (method and setting):
+    ``metrics_out/<experiment>/<variant>.json`` (final_acc, final_acc_std, e_ludd, seeds: one row of
+    `dvc metrics show` each) and ``curves_out/<experiment>/<variant>.csv`` (per round, the mean over
+    seeds: one line each in `dvc plots show`). Accuracy is a fraction in both."""
     manifest = json.loads(Path(manifest_path).read_text())
     runs, curve = load_runs(manifest, Path(runs_dir))
-    metrics: dict = {}
+    metrics_out, curves_out = Path(metrics_out), Path(curves_out)
+    for folder in (metrics_out, curves_out):
+        shutil.rmtree(folder, ignore_errors=True)  # a variant no longer in the grid leaves no stale file
+        folder.mkdir(parents=True)
     done = runs[runs["status"] == "finished"] if len(runs) else runs
     for (experiment, label), group in done.groupby(["experiment", "label"], sort=False):
-        metrics.setdefault(experiment, {})[label] = {
+        path = metrics_out / experiment / f"{slug(label)}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({
             "final_acc": round(float(group["final_acc"].mean()), 6),
             "final_acc_std": round(float(group["final_acc"].std(ddof=1)), 6) if len(group) > 1 else 0.0,
-            "e_ludd": round(float(group["e_ludd"].mean()), 6), "seeds": int(len(group))}
-    Path(metrics_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(metrics_out).write_text(json.dumps(metrics, indent=1, sort_keys=True))
-    columns = ["experiment", "label", "seed", "round", "test_acc", "test_loss", "train_loss", "e_lud"]
-    frame = curve[[c for c in columns if c in curve]] if len(curve) else pd.DataFrame(columns=columns)
-    Path(curves_out).parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(curves_out, index=False)
+            "e_ludd": round(float(group["e_ludd"].mean()), 6), "seeds": int(len(group))}, indent=1))
+        finished = curve[curve["run"].isin(set(group["run"]))]
+        columns = [c for c in ("test_acc", "test_loss", "train_loss", "e_lud") if c in finished]
+        mean = finished.groupby("round", sort=True)[columns].mean().round(6).reset_index()
+        path = curves_out / experiment / f"{slug(label)}.csv"
+        path.parent.mkdir(exist_ok=True)
+        mean.to_csv(path, index=False)
