@@ -189,6 +189,7 @@ def curves_figure(curve: pd.DataFrame, same_as: dict[str, str] | None = None) ->
                     line.set_linewidth(2.2)
                     line.set_zorder(5)
             ax.set_ylabel("")
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles = [matplotlib.lines.Line2D([], [], color=palette[m], label=m) for m in methods]
     if dashed:
         handles.append(matplotlib.lines.Line2D([], [], color="grey", linestyle="--",
