@@ -1,7 +1,7 @@
 """The HTML report: one self-contained page per params file (figures embedded), opened from disk.
 
-Per experiment: a table of mean +- std over seeds, accuracy and loss curves with 95% bands over
-seeds, partition heatmaps, and provenance. Missing runs are listed, not fatal: a partial grid
+Per experiment: a table of mean +- std over seeds, accuracy and loss curves (the band: lowest to
+highest seed), partition heatmaps, and provenance; the papers' tables cell by cell beside ours. Missing runs are listed, not fatal: a partial grid
 still gives a report.
 """
 from __future__ import annotations
