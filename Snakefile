@@ -69,4 +69,4 @@ rule all:
     input:
         f"reports/{CONFIG_NAME}.html",
         f"results/tracking/{CONFIG_NAME}.json",
-        f"results/metrics/{CONFIG_NAME}.json",
+        f"results/metrics/{CONFIG_NAME}",

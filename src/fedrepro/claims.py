@@ -45,9 +45,11 @@ class Verdict:
     paper: Count
     ours: Count
     pending: int  # comparisons the paper makes that we cannot make yet (a cell not run)
+    outside: int = 0  # comparisons with a cell the params file (a subset) does not run at all
 
     def __str__(self) -> str:
         tail = f" ({self.pending} not run yet)" if self.pending else ""
+        tail += f" ({self.outside} outside this params file)" if self.outside else ""
         return f"{self.text}: paper {self.paper}, ours {self.ours}{tail}"
 
 
@@ -123,7 +125,7 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
     def cell(line: str, label: str) -> Cell:
         return grid[(line, label)] if axis == "columns" else grid[(label, line)]
 
-    paper, ours, pending = Count(), Count(), 0
+    paper, ours, pending, outside = Count(), Count(), 0, 0
     for line in lines:
         for better, worse in _comparisons(check, labels):
             involved = [cell(line, label) for label in better + worse]
@@ -138,12 +140,15 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
             paper.total += 1
             paper.holds += _holds(check, [cell(line, l).value for l in better], [cell(line, l).value for l in worse])
             if any(_ours(c, check) is None for c in published):
-                pending += 1
+                if all(c.in_scope for c in published):
+                    pending += 1
+                else:
+                    outside += 1
                 continue
             ours.total += 1
             ours.holds += _holds(check, [_ours(cell(line, l), check) for l in better],
                                  [_ours(cell(line, l), check) for l in worse])
-    return Verdict(check["text"], paper, ours, pending)
+    return Verdict(check["text"], paper, ours, pending, outside)
 
 
 def evaluate_table(table_name: str, table: dict, joined: list[Cell]) -> list[Verdict]:

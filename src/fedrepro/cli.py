@@ -8,10 +8,83 @@ from pathlib import Path
 
 
 def _json_arg(text: str):
+    """A JSON object given inline or as a file; anything else is a usage error naming what was given."""
     path = Path(text)
-    if not text.lstrip().startswith("{") and path.exists():
+    if not text.lstrip().startswith("{"):
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"'{text}' is neither a JSON object nor an existing JSON file")
         text = path.read_text()
-    return json.loads(text)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object {{...}}, not {type(value).__name__}")
+    return value
+
+
+def _partition_setting(text: str) -> dict:
+    from fedrepro.registry import DATASETS
+    setting = _json_arg(text)
+    missing = [k for k in ("dataset", "kind") if k not in setting]
+    if missing:
+        raise argparse.ArgumentTypeError(f"the partition setting needs {' and '.join(missing)} "
+                                         f"(e.g. {{\"dataset\": \"fmnist\", \"kind\": \"iid\", \"num_clients\": 10}})")
+    if setting["dataset"] not in DATASETS:
+        raise argparse.ArgumentTypeError(f"dataset '{setting['dataset']}' is not one of {', '.join(sorted(DATASETS))}")
+    return setting
+
+
+def _number(kind, minimum, strict: bool = False):
+    """An argparse type: ``kind`` (int or float) at least ``minimum`` (above it when ``strict``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {'an integer' if kind is int else 'a number'}") from None
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"{value} must be {'>' if strict else '>='} {minimum}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _folder_name(text: str) -> str:
+    if not text or "/" in text or text.startswith("."):
+        raise argparse.ArgumentTypeError(f"'{text}' must be a plain folder name (no '/', not starting with '.')")
+    return text
+
+
+def _existing(kind: str):
+    """An argparse type: a path that exists now and is a ``file`` or a ``folder``."""
+    def parse(text: str) -> str:
+        path = Path(text)
+        if not (path.is_file() if kind == "file" else path.is_dir()):
+            raise argparse.ArgumentTypeError(f"no such {kind}: {text}")
+        return text
+    return parse
+
+
+# One worked example per sub-command, shown at the end of its --help.
+EXAMPLES = {
+    "download": "fedrepro download --dataset fmnist --root data/fmnist --mirror /usr/share/datasets/fashion-mnist/",
+    "partition": "fedrepro partition --setting '{\"dataset\": \"fmnist\", \"kind\": \"dirichlet\", \"alpha\": 0.1, "
+                 "\"num_clients\": 20, \"seed\": 1}' --data-root data/fmnist --out results/partitions/p1",
+    "train": "fedrepro train --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
+             "--partition results/partitions/p1 --data-root data/fmnist --out results/runs/r1",
+    "expand": "fedrepro expand --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml",
+    "plan": "fedrepro plan --configfile params/ima.yaml --only 'ima_table1_*'",
+    "track": "fedrepro track --manifest results/manifests/default.json --out results/tracking/default.json",
+    "report": "fedrepro report --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml "
+              "--out reports/fedlaw_subset.html",
+    "index": "fedrepro index --out reports/index.html",
+    "collect": "fedrepro collect --manifest results/manifests/default.json --metrics results/metrics/default "
+               "--curves results/curves/default",
+    "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
+    "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
+                "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
+                "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html",
+}
 
 
 def cmd_download(args) -> None:
@@ -22,7 +95,7 @@ def cmd_download(args) -> None:
 
 def cmd_partition(args) -> None:
     from fedrepro import data, partition, registry
-    setting = _json_arg(args.setting)
+    setting = args.setting  # parsed and checked by the parser
     labels = data.train_labels(setting["dataset"], args.data_root)
     groups = None
     if setting["kind"] == "natural":  # the dataset's own clients (Synthetic)
@@ -40,7 +113,7 @@ def cmd_train(args) -> None:
     engine.die_with_parent()  # killing Snakemake stops its training jobs too
     if args.threads:
         torch.set_num_threads(args.threads)
-    setting = resolve(_json_arg(args.setting))
+    setting = resolve(args.setting)
     if args.device:
         setting["device"] = args.device
     summary = engine.train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
@@ -106,6 +179,17 @@ def cmd_collect(args) -> None:
     print(f"collect: {args.metrics}, {args.curves}")
 
 
+def cmd_evidence(args) -> None:
+    from fedrepro import evidence
+    if args.action == "keep":
+        kept = evidence.keep(args.configfile, args.name, args.runs_dir, args.partitions_dir, args.root)
+        print(f"evidence: {kept['runs']} runs and {kept['partitions']} partitions kept in {kept['folder']} "
+              f"({kept['bytes'] / 1024:.0f} KB)")
+    else:
+        out = evidence.report(args.folder, args.out, args.figures)
+        print(f"report: {Path(out).resolve()}")
+
+
 def cmd_bench(args) -> None:
     import torch
     from fedrepro import bench
@@ -120,42 +204,48 @@ def cmd_bench(args) -> None:
         bench.html(report, args.html)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    from fedrepro import __version__
+    from fedrepro.registry import DATASETS
     parser = argparse.ArgumentParser(prog="fedrepro", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"fedrepro {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("download", help="fetch a dataset from its mirrors, checksum-verified")
-    p.add_argument("--dataset", default="fmnist")
+    p.add_argument("--dataset", default="fmnist", choices=sorted(DATASETS), help="which dataset (default fmnist)")
     p.add_argument("--root", default="data/fmnist", help="folder the dataset goes into")
     p.add_argument("--mirror", action="append", help="URL prefix or local folder; repeat to try several in order")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds per network request")
+    p.add_argument("--timeout", type=_number(float, 0, strict=True), default=20.0, help="seconds per network request")
     p.add_argument("--out", help="write a JSON list of the files here when done")
     p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("partition", help="split a training set over clients and write the partition artifact")
-    p.add_argument("--setting", required=True, help="partition setting as JSON (or a JSON file)")
-    p.add_argument("--data-root", required=True)
+    p.add_argument("--setting", required=True, type=_partition_setting,
+                   help="partition setting as JSON (or a JSON file): dataset, kind, num_clients, ...")
+    p.add_argument("--data-root", required=True, type=_existing("folder"), help="the dataset's folder (after download)")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=cmd_partition)
 
     p = sub.add_parser("train", help="run one federated training run")
-    p.add_argument("--setting", required=True, help="run setting as JSON (or a JSON file)")
-    p.add_argument("--partition", required=True, help="partition folder")
-    p.add_argument("--data-root", required=True)
+    p.add_argument("--setting", required=True, type=_json_arg, help="run setting as JSON (or a JSON file)")
+    p.add_argument("--partition", required=True, type=_existing("folder"), help="partition folder")
+    p.add_argument("--data-root", required=True, type=_existing("folder"), help="the dataset's folder (after download)")
     p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--checkpoint-every", type=int, default=10, help="rounds between checkpoints (0: never)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--checkpoint-every", type=_number(int, 0), default=10, help="rounds between checkpoints (0: never)")
+    p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the setting's device")
-    p.add_argument("--stop-after", type=int, help="checkpoint and stop after this many rounds (for tests)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--stop-after", type=_number(int, 1), help="checkpoint and stop after this many rounds (for tests)")
+    p.add_argument("--no-progress", action="store_true", help="no per-round progress line")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("expand", help="list the runs a params file declares (validates it)")
-    p.add_argument("--configfile", required=True, nargs="+", help="params file(s), merged in order as snakemake does")
+    p.add_argument("--configfile", required=True, nargs="+", type=_existing("file"),
+                   help="params file(s), merged in order as snakemake does")
     p.set_defaults(func=cmd_expand)
 
     p = sub.add_parser("plan", help="runs per experiment and estimated compute, before submitting")
-    p.add_argument("--configfile", required=True, nargs="+", help="params file(s), merged in order as snakemake does")
+    p.add_argument("--configfile", required=True, nargs="+", type=_existing("file"),
+                   help="params file(s), merged in order as snakemake does")
     p.add_argument("--only", help="experiment names or patterns, comma-separated (as --config only=...)")
     p.add_argument("--bench", help="the step costs to use (default results/bench/step_costs.json, else the "
                    "benchmark's bench.json); with --measure, where to write them")
@@ -163,39 +253,42 @@ def main(argv: list[str] | None = None) -> None:
                    "of the params file on --device, and keep them")
     p.add_argument("--device", help="device to measure on (default: cuda when there is one, else cpu)")
     p.add_argument("--runs-dir", default="results/runs", help="finished runs here are not counted again")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("track", help="register finished runs in MLflow (idempotent)")
-    p.add_argument("--manifest", required=True)
-    p.add_argument("--runs-dir", default="results/runs")
+    p.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
+    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="JSON: what was registered")
     p.set_defaults(func=cmd_track)
 
     p = sub.add_parser("report", help="build the self-contained HTML report (also of a partial grid)")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--manifest", help="the manifest the workflow wrote (results/manifests/)")
-    source.add_argument("--configfile", nargs="+", help="params file(s), merged in order as snakemake does; "
+    source.add_argument("--manifest", type=_existing("file"), help="the manifest the workflow wrote (results/manifests/)")
+    source.add_argument("--configfile", nargs="+", type=_existing("file"),
+                        help="params file(s), merged in order as snakemake does; "
                         "reports whatever runs exist now and lists the missing ones")
-    p.add_argument("--runs-dir", default="results/runs")
-    p.add_argument("--partitions-dir", default="results/partitions")
+    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    p.add_argument("--partitions-dir", default="results/partitions", help="the partition folders")
     p.add_argument("--out", required=True, help="the report page")
     p.add_argument("--figures", help="also write its figures as PNG files into this folder")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("index", help="the index page: every experiment of every params file and its state")
     p.add_argument("--out", default="reports/index.html")
-    p.add_argument("--params", nargs="+", help="params files to survey (default: params/*.yaml of the project)")
-    p.add_argument("--runs-dir", default="results/runs")
+    p.add_argument("--params", nargs="+", type=_existing("file"),
+                   help="params files to survey (default: params/*.yaml of the project)")
+    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
     p.set_defaults(func=cmd_index)
 
     from fedrepro.bench import SETTINGS as BENCH_SETTINGS
-    p = sub.add_parser("collect", help="summary metrics (JSON) and all curves (CSV) for dvc metrics/plots")
-    p.add_argument("--manifest", required=True)
-    p.add_argument("--runs-dir", default="results/runs")
-    p.add_argument("--metrics", required=True, help="JSON: per experiment and variant, mean final accuracy etc.")
-    p.add_argument("--curves", required=True, help="CSV: one row per run and round")
+    p = sub.add_parser("collect", help="per experiment and variant: summary metrics (JSON) and mean curves (CSV) "
+                       "for dvc metrics/plots")
+    p.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
+    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    p.add_argument("--metrics", required=True, help="folder: <experiment>/<variant>.json, mean final accuracy etc.")
+    p.add_argument("--curves", required=True, help="folder: <experiment>/<variant>.csv, per round the mean over seeds")
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("bench", help="seconds per round: engine vs a reference-style loop vs the compute floor")
@@ -203,21 +296,53 @@ def main(argv: list[str] | None = None) -> None:
                    help="which paper settings to time (default: all)")
     p.add_argument("--device", action="append", choices=["cpu", "cuda"],
                    help="repeat for several; default: cpu, and cuda when present")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds per repeat (after one warm-up round)")
-    p.add_argument("--repeats", type=int, default=1, help="passes over the timed rounds; medians over all")
+    p.add_argument("--rounds", type=_number(int, 1), default=3, help="timed rounds per repeat (after one warm-up round)")
+    p.add_argument("--repeats", type=_number(int, 1), default=1, help="passes over the timed rounds; medians over all")
     p.add_argument("--quick", action="store_true", help="CI size: a tenth of the clients, short local training")
     p.add_argument("--data-root", default="data/fmnist", help="real Fashion-MNIST here if present, else generated")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", help="write the measurements as JSON here")
     p.add_argument("--html", help="write a small HTML page with the table here")
     p.set_defaults(func=cmd_bench)
 
+    p = sub.add_parser("evidence", help="keep finished runs' compact records in evidence/, or rebuild a page from them")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser("keep", help="copy summary.json, metrics.csv, partitions' records and the manifest of a "
+                           "params file's finished runs into evidence/NAME (no models, no checkpoints)")
+    a.add_argument("--configfile", required=True, nargs="+", type=_existing("file"),
+                   help="params file(s), merged in order as snakemake does (e.g. a paper's file and a subset)")
+    a.add_argument("--name", required=True, type=_folder_name, help="the folder's name under --root")
+    a.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    a.add_argument("--partitions-dir", default="results/partitions", help="the partition folders")
+    a.add_argument("--root", default="evidence", help="where evidence folders live")
+    a.set_defaults(func=cmd_evidence)
+    a = actions.add_parser("report", help="rebuild the report page of an evidence folder from that folder alone")
+    a.add_argument("folder", type=_existing("folder"), help="an evidence folder (made by `fedrepro evidence keep`)")
+    a.add_argument("--out", required=True, help="the report page")
+    a.add_argument("--figures", help="also write its figures as PNG files into this folder")
+    a.set_defaults(func=cmd_evidence)
+    for action, a in actions.choices.items():
+        a.epilog = "example:\n  " + EXAMPLES["evidence"].splitlines()[action == "report"].strip()
+        a.formatter_class = argparse.RawDescriptionHelpFormatter
+
+    for name, p in sub.choices.items():
+        if name in EXAMPLES:
+            p.epilog = "example:\n  " + EXAMPLES[name]
+            p.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     from fedrepro.config import ConfigError
+    from fedrepro.evidence import EvidenceError
     try:
         args.func(args)
     except ConfigError as err:
         parser.exit(2, f"fedrepro {args.command}: invalid setting\n{err}\n")
+    except EvidenceError as err:
+        parser.exit(2, f"fedrepro {args.command}: {err}\n")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class Cell:
     ours: list[float] = field(default_factory=list)  # one number per matching run (seed)
     runs: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)  # matching runs whose loss became NaN/inf
+    in_scope: bool = True  # False: the params file (e.g. a subset) declares no run for this cell
 
     @property
     def ours_mean(self) -> float | None:
@@ -156,19 +157,27 @@ def join(tables: dict, runs: list[dict], names: list[str] | None = None) -> list
     return out
 
 
-def table_frame(joined: list[Cell], table: str, tolerance: float = 1.0):
-    """One paper table as rows x columns of 'paper | ours ± std (n) | Δ', for the report page.
+def allowed_gap(tolerance: float, paper_std: float | None, ours_std: float | None) -> float:
+    """How far our mean may sit from the paper's and still count as reproduced, given the seeds we have:
+    the stated tolerance, widened to the paper's seed-to-seed std (one seed of ours is one draw from that
+    spread) and, with two or more seeds of ours, to the sum of both stds."""
+    return max(tolerance, (paper_std or 0.0) + (ours_std or 0.0))
 
-    ``within`` is True where |Δ| <= tolerance (points of accuracy, or rounds for IMA Table 2),
-    None where a side is missing."""
+
+def table_frame(joined: list[Cell], table: str, tolerance: float = 1.0):
+    """One paper table as rows x columns of 'paper ± std | ours ± std (n) | Δ', for the report page.
+
+    ``within`` is True where |Δ| <= ``allowed`` (allowed_gap: points of accuracy, or rounds for IMA
+    Table 2), None where a side is missing."""
     import pandas as pd
 
     records = []
     for c in joined:
         if c.table != table:
             continue
+        allowed = allowed_gap(tolerance, c.std, c.ours_std)
         records.append({"row": c.row, "column": c.column, "paper": c.value, "paper_std": c.std,
                         "ours": c.ours_mean, "ours_std": c.ours_std, "seeds": len(c.ours), "delta": c.delta,
-                        "diverged": len(c.diverged),
-                        "within": None if c.delta is None else abs(c.delta) <= tolerance})
+                        "diverged": len(c.diverged), "in_scope": c.in_scope, "allowed": allowed,
+                        "within": None if c.delta is None else abs(c.delta) <= allowed})
     return pd.DataFrame.from_records(records)

@@ -1,7 +1,7 @@
 """The HTML report: one self-contained page per params file (figures embedded), opened from disk.
 
-Per experiment: a table of mean +- std over seeds, accuracy and loss curves with 95% bands over
-seeds, partition heatmaps, and provenance. Missing runs are listed, not fatal: a partial grid
+Per experiment: a table of mean +- std over seeds, accuracy and loss curves (the band: lowest to
+highest seed), partition heatmaps, and provenance; the papers' tables cell by cell beside ours. Missing runs are listed, not fatal: a partial grid
 still gives a report.
 """
 from __future__ import annotations
@@ -10,9 +10,12 @@ import base64
 import io
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 
+import numpy as np
 import pandas as pd
 
 from fedrepro.config import CorruptFileError, read_json, stable_hash
@@ -93,11 +96,69 @@ def summary_table(runs: pd.DataFrame) -> list[dict]:
     return table
 
 
-CURVES = [("test_acc", "test accuracy"), ("test_loss", "test loss"), ("train_loss", "train loss (cohort mean)")]
+CURVES = [("test_acc", "test accuracy %", 100.0), ("test_loss", "test loss", 1.0),
+          ("train_loss", "train loss (cohort mean)", 1.0)]
+SEP = " · "
 
 
-def curves_figure(curve: pd.DataFrame) -> str | None:
-    """One row per partition (so a panel compares methods on the same data), one column per metric."""
+def short_labels(labels: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Labels without the parts (`` · ``-separated) that every label shares; those parts, once."""
+    split = {label: label.split(SEP) for label in labels}
+    common = [part for part in split[labels[0]] if all(part in parts for parts in split.values())] if labels else []
+    if len(labels) < 2:
+        common = []
+    short = {label: SEP.join(p for p in parts if p not in common) or label for label, parts in split.items()}
+    return short, common
+
+
+def band_text(seeds: int) -> str:
+    """What the band around a mean curve is, for the number of seeds behind it."""
+    if seeds <= 1:
+        return "one seed per line, no band"
+    return f"mean over {seeds} seeds; band: lowest to highest seed"
+
+
+SAME_CURVE = 0.002  # test accuracy within 0.2 points (20 of 10,000 test images): float rounding, not method
+
+
+def coinciding(curve: pd.DataFrame, column: str = "test_acc", atol: float = SAME_CURVE) -> list[tuple[str, str]]:
+    """Pairs of labels (same experiment) whose every seed has the same curve, round by round, up to
+    ``atol``: methods that coincide by construction (FedNova and FedAvg when every client runs the same
+    number of steps), where only floating-point rounding differs."""
+    if curve.empty or column not in curve:
+        return []
+    series = {}
+    for (label, seed), group in curve.groupby(["label", "seed"], sort=False):
+        series.setdefault(label, {})[seed] = group.sort_values("round")[column].to_numpy()
+    labels, pairs, taken = list(series), [], set()
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            if b in taken or set(series[a]) != set(series[b]):
+                continue
+            if all(len(series[a][s]) == len(series[b][s]) and np.allclose(series[a][s], series[b][s], rtol=0, atol=atol,
+                                                                             equal_nan=True) for s in series[a]):
+                pairs.append((a, b))
+                taken.add(b)
+    return pairs
+
+
+def coincide_note(a: str, b: str, variants: dict[str, dict]) -> str:
+    """One sentence for the page: which two lines coincide, and why when the reason is known."""
+    methods = {variants.get(a, {}).get("algorithm"), variants.get(b, {}).get("algorithm")}
+    why = ""
+    if methods == {"fedavg", "fednova"}:
+        why = (" FedNova normalises each client's update by its number of local steps; when every client runs "
+               "the same number of steps, that is FedAvg exactly.")
+    return (f"{b} coincides with {a}: the same test accuracy (within {SAME_CURVE * 100:g} points) in every round "
+            f"of every seed; its curve is drawn dashed over {a}'s.{why}")
+
+
+def curves_figure(curve: pd.DataFrame, same_as: dict[str, str] | None = None) -> str | None:
+    """One row per partition (so a panel compares methods on the same data), one column per metric.
+
+    A line that coincides with another (``same_as``: label -> the label it equals) is drawn dashed on
+    top, so that neither hides the other. Legends sit outside the axes; line names drop what all
+    lines of the figure share (said in the title instead)."""
     if curve.empty:
         return None
     import matplotlib
@@ -105,30 +166,45 @@ def curves_figure(curve: pd.DataFrame) -> str | None:
     import matplotlib.pyplot as plt
     import seaborn as sns
 
+    same_as = same_as or {}
     curve = curve.assign(split=curve["partition"].str.split("-").str[1])
-    curve = curve.assign(method=[label.replace(f" · {split}", "") for label, split in zip(curve["label"], curve["split"])])
+    curve = curve.assign(method=[label.replace(f"{SEP}{split}", "") for label, split in zip(curve["label"], curve["split"])])
+    short, common = short_labels(list(dict.fromkeys(curve["method"])))
+    dashed = {(split, short[m]) for label, m, split in zip(curve["label"], curve["method"], curve["split"])
+              if label in same_as}
+    curve = curve.assign(method=curve["method"].map(short))
     splits = list(dict.fromkeys(curve["split"]))
-    palette = dict(zip(dict.fromkeys(curve["method"]), sns.color_palette("tab10", curve["method"].nunique())))
-    fig, axes = plt.subplots(len(splits), len(CURVES), figsize=(15, 3.4 * len(splits)), squeeze=False)
-    handles, labels = [], []
+    seeds = int(curve.groupby("label")["seed"].nunique().max())
+    methods = list(dict.fromkeys(curve["method"]))
+    palette = dict(zip(methods, sns.color_palette("tab10", len(methods))))
+    fig, axes = plt.subplots(len(splits), len(CURVES), figsize=(14, 3.2 * len(splits)), squeeze=False)
     for row, split in zip(axes, splits):
         part = curve[curve["split"] == split]
-        for ax, (column, title) in zip(row, CURVES):
+        for ax, (column, title, scale) in zip(row, CURVES):
             ax.set_title(f"{split}: {title}", fontsize=10)
             source = part.dropna(subset=[column])
             if source.empty:  # e.g. only diverged runs: nothing finite to draw
                 ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes)
                 continue
-            sns.lineplot(data=source, x="round", y=column, hue="method", palette=palette, errorbar=("ci", 95),
-                         ax=ax, legend=not labels)
+            source = source.assign(**{column: source[column] * scale})
+            drawn = [m for m in methods if m in set(source["method"])]
+            sns.lineplot(data=source, x="round", y=column, hue="method", hue_order=drawn, palette=palette,
+                         legend=False, ax=ax, errorbar=("pi", 100) if seeds > 1 else None)
+            for line, method in zip(ax.get_lines(), drawn):
+                if (split, method) in dashed:
+                    line.set_linestyle((0, (4, 3)))
+                    line.set_linewidth(2.2)
+                    line.set_zorder(5)
             ax.set_ylabel("")
-            if not labels and ax.get_legend() is not None:
-                handles, labels = ax.get_legend_handles_labels()
-                ax.get_legend().remove()
-    fig.tight_layout(rect=(0, 0, 1, 0.95 if len(splits) == 1 else 0.97))
-    if labels:
-        fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=9, frameon=False,
-                   title="mean over seeds with 95% confidence band", title_fontsize=9)
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    handles = [matplotlib.lines.Line2D([], [], color=palette[m], label=m) for m in methods]
+    if dashed:
+        handles.append(matplotlib.lines.Line2D([], [], color="grey", linestyle="--",
+                                               label="dashed: same curve as another line"))
+    fig.tight_layout()
+    title = band_text(seeds) + (f"; all lines: {SEP.join(common)}" if common else "")
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.98), fontsize=9, frameon=False,
+               title=title.replace("; ", "\n"), title_fontsize=9, alignment="left")
     return _png(fig)
 
 
@@ -151,8 +227,10 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         experiments = [e for e in manifest["experiments"] if e == name or e.startswith(name + "_")]
         if not experiments:
             continue
-        ids = {r["id"] for e in experiments for r in manifest["experiments"][e]["runs"]}
-        joined = paper.join({name: table}, paper.load_runs(runs_dir, ids))
+        declared = [r for e in experiments for r in manifest["experiments"][e]["runs"]]
+        joined = paper.join({name: table}, paper.load_runs(runs_dir, {r["id"] for r in declared}))
+        for cell in joined:
+            cell.in_scope = any(paper.matches(r["setting"], cell.match) for r in declared)
         metric = table["metric"]["kind"]
         tolerance = table.get("tolerance", 20.0 if metric == "rounds_to_target" else 1.0)
         frame = paper.table_frame(joined, name, tolerance)
@@ -162,7 +240,9 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
             cells = frame[frame["row"] == label].set_index("column")
             rows.append({"label": label, "cells": [_nan_to_none(cells.loc[c].to_dict()) for c in columns]})
         compared = frame.dropna(subset=["paper", "ours"])
-        verdict = f"Δ within ±{tolerance:g}: {int(compared['within'].sum())}/{len(compared)} cells reproduced so far"
+        in_scope = frame.dropna(subset=["paper"])["in_scope"]
+        verdict = (f"{int(compared['within'].sum())}/{len(compared)} cells run so far are within the allowed gap"
+                   f" ({int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope)")
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
                     "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
                     "experiments": experiments, "tolerance": tolerance,
@@ -191,16 +271,64 @@ def ablation_figure(runs: pd.DataFrame) -> str | None:
         others = [c for c in variants if c != axis]
         lines = [" · ".join(str(v) if k == "algorithm" else f"{k}={v}" for k, v in row.items())
                  for row in variants[others].to_dict("records")] if others else "all"
+        if not isinstance(lines, str):
+            short, common = short_labels(list(dict.fromkeys(lines)))
+            lines = [short[line] for line in lines]
+        else:
+            common = []
         frame = done.assign(value=variants[axis], acc=done["final_acc"] * 100, line=lines)
-        sns.lineplot(data=frame, x="value", y="acc", hue="line", marker="o", errorbar=("ci", 95), ax=ax)
+        seeds = int(frame.groupby(["line", "value"])["seed"].nunique().max())
+        sns.lineplot(data=frame, x="value", y="acc", hue="line", marker="o", ax=ax,
+                     errorbar=("pi", 100) if seeds > 1 else None)
         ax.set_xlabel(axis)
         ax.set_ylabel("final accuracy % (last 10 rounds)")
-        ax.set_title(f"ablation over {axis} (95% band over seeds)", fontsize=10)
+        ax.set_title(f"ablation over {axis}", fontsize=10)
         if frame["value"].min() > 0 and frame["value"].max() / frame["value"].min() >= 20:
             ax.set_xscale("log")
-        ax.legend(fontsize=7, title=None)
+        title = band_text(seeds) + (f"\nall lines: {SEP.join(common)}" if common else "")
+        ax.legend(fontsize=7, title=title, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return _png(fig)
+
+
+def plain(value) -> str:
+    """A grid value or setting as text a person reads: ``kind=dirichlet, alpha=0.1``, lists joined by
+    ``; ``, never a Python repr."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={plain(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "; ".join(plain(v) for v in value) if any(isinstance(v, dict) for v in value) \
+            else ", ".join(plain(v) for v in value)
+    return str(value)
+
+
+def sizes_text(sizes: dict) -> str:
+    """A partition's client sizes ({min, max, mean}) as a phrase."""
+    if not sizes:
+        return ""
+    if sizes.get("min") == sizes.get("max"):
+        return f"every client holds {sizes['min']:,} samples"
+    return f"client sizes {sizes['min']:,} to {sizes['max']:,} samples (mean {sizes['mean']:,.0f})"
+
+
+def provenance_rows(manifest: dict, finished: pd.DataFrame, total: int) -> list[tuple[str, str]]:
+    """(what, value) rows of the provenance table, only those with a value."""
+    column = lambda name: sorted(set(finished[name].dropna())) if name in finished else []
+    versions = finished["versions"].iloc[0] if "versions" in finished and len(finished) else {}
+    kept = manifest.get("evidence")
+    rows = [
+        ("command", manifest.get("command", "")),
+        ("params files", ", ".join(manifest.get("configfiles", []))),
+        ("params hash", stable_hash(manifest["experiments"])),
+        ("records", f"evidence folder {kept['name']}: {kept['runs_kept']} of {kept['runs_declared']} runs kept on "
+                    f"{kept['kept']}; this page was rebuilt from it" if kept else ""),
+        ("git commit(s) of the runs", " ".join(column("git_commit"))),
+        ("machine(s): host, device", ", ".join(column("device"))),
+        ("package versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
+        ("total training time", f"{finished['runtime_s'].sum():.0f} s over {len(finished)} of {total} runs"
+         if "runtime_s" in finished and len(finished) else ""),
+    ]
+    return [(what, value) for what, value in rows if value]
 
 
 def write_figures(sections: list[dict], folder: Path) -> list[Path]:
@@ -235,33 +363,33 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
             info_path = partitions_dir / pid / "partition.json"
             info = json.loads(info_path.read_text()) if info_path.exists() else {}
             partitions.append({"id": pid, "png": _file_png(partitions_dir / pid / "heatmap.png"),
-                               "hash": info.get("content_hash", "missing"), "sizes": info.get("sizes", {})})
+                               "hash": info.get("content_hash", "missing"), "sizes": sizes_text(info.get("sizes", {}))})
         done = exp_runs[exp_runs["status"] != "missing"] if len(exp_runs) else exp_runs
+        variants = {r["label"]: r["variant"] for r in exp["runs"]}
+        pairs = coinciding(exp_curve)
+        same_as = {b: a for a, b in pairs}
+        table = summary_table(exp_runs) if len(exp_runs) else []
+        for row in table:
+            row["same_as"] = same_as.get(row["label"])
         sections.append({
             "name": exp_name, "title": exp["title"], "description": exp["description"],
-            "grid": exp["grid"], "table": summary_table(exp_runs) if len(exp_runs) else [],
-            "curves": curves_figure(exp_curve), "ablation": ablation_figure(exp_runs) if len(exp_runs) else None,
+            "grid": exp["grid"], "table": table,
+            "curves": curves_figure(exp_curve, same_as), "ablation": ablation_figure(exp_runs) if len(exp_runs) else None,
+            "coinciding": [coincide_note(a, b, variants) for a, b in pairs],
             "partitions": partitions,
             "missing": [r for r in exp_runs.to_dict("records") if r["status"] == "missing"],
             "diverged": [r["run"] for r in exp_runs.to_dict("records") if r["status"] == "diverged"],
             "runtime_total": float(done["runtime_s"].sum()) if "runtime_s" in done else 0.0,
         })
     finished = runs[runs["status"] != "missing"] if len(runs) else runs
-    provenance = {
-        "command": manifest.get("command", ""),
-        "configfiles": ", ".join(manifest.get("configfiles", [])),
-        "params_hash": stable_hash(manifest["experiments"]),
-        "git_commits": sorted(set(finished.get("git_commit", pd.Series(dtype=str)).dropna())),
-        "devices": sorted(set(finished.get("device", pd.Series(dtype=str)).dropna())),
-        "versions": finished["versions"].iloc[0] if "versions" in finished and len(finished) else {},
-        "runtime_total_s": float(finished["runtime_s"].sum()) if "runtime_s" in finished else 0.0,
-        "runs_done": int(len(finished)), "runs_total": int(len(runs)),
-    }
+    provenance = provenance_rows(manifest, finished, len(runs))
     others = sorted(p.name for p in out.parent.glob("*.html") if p.name != out.name)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
     env.filters["num"] = lambda v: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
     comparisons = paper_comparisons(manifest, runs_dir)
+    env.filters["plain"] = plain
     html = env.get_template("report.html.j2").render(manifest=manifest, sections=sections, provenance=provenance,
+                                                     runs_done=int(len(finished)), runs_total=int(len(runs)),
                                                      comparisons=comparisons,
                                                      others=others, page=out.name)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,23 +399,33 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
     return out
 
 
-
+def slug(label: str) -> str:
+    """A run label as a short ASCII file name: ``fedavg+ima · dir0.1`` -> ``fedavg_ima_dir0_1``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_") or "run"
 
 
 def collect(manifest_path: str | Path, runs_dir: str | Path, metrics_out: str | Path, curves_out: str | Path) -> None:
-    """Two small files for `dvc metrics` and `dvc plots`: per-variant summary numbers and all curves."""
+    """Small files for `dvc metrics` and `dvc plots`, one per experiment and variant (method and setting):
+    ``metrics_out/<experiment>/<variant>.json`` (final_acc, final_acc_std, e_ludd, seeds: one row of
+    `dvc metrics show` each) and ``curves_out/<experiment>/<variant>.csv`` (per round, the mean over
+    seeds: one line each in `dvc plots show`). Accuracy is a fraction in both."""
     manifest = json.loads(Path(manifest_path).read_text())
     runs, curve = load_runs(manifest, Path(runs_dir))
-    metrics: dict = {}
+    metrics_out, curves_out = Path(metrics_out), Path(curves_out)
+    for folder in (metrics_out, curves_out):
+        shutil.rmtree(folder, ignore_errors=True)  # a variant no longer in the grid leaves no stale file
+        folder.mkdir(parents=True)
     done = runs[runs["status"] == "finished"] if len(runs) else runs
     for (experiment, label), group in done.groupby(["experiment", "label"], sort=False):
-        metrics.setdefault(experiment, {})[label] = {
+        path = metrics_out / experiment / f"{slug(label)}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({
             "final_acc": round(float(group["final_acc"].mean()), 6),
             "final_acc_std": round(float(group["final_acc"].std(ddof=1)), 6) if len(group) > 1 else 0.0,
-            "e_ludd": round(float(group["e_ludd"].mean()), 6), "seeds": int(len(group))}
-    Path(metrics_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(metrics_out).write_text(json.dumps(metrics, indent=1, sort_keys=True))
-    columns = ["experiment", "label", "seed", "round", "test_acc", "test_loss", "train_loss", "e_lud"]
-    frame = curve[[c for c in columns if c in curve]] if len(curve) else pd.DataFrame(columns=columns)
-    Path(curves_out).parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(curves_out, index=False)
+            "e_ludd": round(float(group["e_ludd"].mean()), 6), "seeds": int(len(group))}, indent=1))
+        finished = curve[curve["run"].isin(set(group["run"]))]
+        columns = [c for c in ("test_acc", "test_loss", "train_loss", "e_lud") if c in finished]
+        mean = finished.groupby("round", sort=True)[columns].mean().round(6).reset_index()
+        path = curves_out / experiment / f"{slug(label)}.csv"
+        path.parent.mkdir(exist_ok=True)
+        mean.to_csv(path, index=False)

@@ -60,8 +60,9 @@ rule collect:
         manifest=ancient(MANIFEST_PATH),
         summaries=ancient(expand("results/runs/{run}/summary.json", run=RUNS)),
     output:
-        metrics=f"results/metrics/{CONFIG_NAME}.json",
-        curves=f"results/curves/{CONFIG_NAME}.csv",
+        # one file per experiment and variant: a row of `dvc metrics show`, a plot of `dvc plots show`
+        metrics=directory(f"results/metrics/{CONFIG_NAME}"),
+        curves=directory(f"results/curves/{CONFIG_NAME}"),
     log:
         f"logs/collect/{CONFIG_NAME}.log",
     shell:

@@ -1,0 +1,87 @@
+"""Evidence that stays: the compact records of finished runs, kept in the repository.
+
+``keep`` copies, for the runs a params file (or params file + subset overlay) declares, what a report
+page is built from and nothing heavier: per run ``summary.json`` and ``metrics.csv`` (a few KB each),
+per partition ``partition.json``, ``counts.csv`` and the heatmap, plus the manifest (every run's
+resolved setting) and the params files themselves. No model, no checkpoint. ``report`` rebuilds the
+page from such a folder alone, so every number a page states can be regenerated from git without
+``results/``.
+
+    evidence/<name>/
+      manifest.json          the report's manifest, with how and when the records were kept
+      params/                the params files, as they were when kept
+      runs/<run id>/         summary.json, metrics.csv
+      partitions/<id>/       partition.json, counts.csv, heatmap.png
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+from pathlib import Path
+
+RUN_FILES = ("summary.json", "metrics.csv")
+PARTITION_FILES = ("partition.json", "counts.csv", "heatmap.png")
+MANIFEST = "manifest.json"
+
+
+class EvidenceError(ValueError):
+    """A keep or report request that cannot be honoured (nothing finished, not an evidence folder)."""
+
+
+def keep(configfiles: list[str | Path], name: str, runs_dir: str | Path = "results/runs",
+         partitions_dir: str | Path = "results/partitions", root: str | Path = "evidence") -> dict:
+    """Copy the compact records of the finished runs of ``configfiles`` into ``root/name``.
+
+    The folder is replaced as a whole, so it never mixes records of two keeps. Runs that have not
+    finished are not copied; the manifest still names them, so the page lists them as missing."""
+    from fedrepro import config
+
+    configfiles = [Path(p) for p in configfiles]
+    params = config.load_params_files([str(p) for p in configfiles])
+    runs = config.expand(params)
+    runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
+    finished = [r for r in config.unique_runs(runs) if (runs_dir / r / "summary.json").exists()]
+    if not finished:
+        raise EvidenceError(f"none of the {len(config.unique_runs(runs))} runs of {', '.join(map(str, configfiles))} "
+                            f"has finished in {runs_dir}: nothing to keep")
+    folder = Path(root) / name
+    staging = folder.with_name(f".{name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "params").mkdir(parents=True)
+    for i, path in enumerate(configfiles):  # numbered: the merge order is part of what they mean
+        shutil.copy(path, staging / "params" / f"{i}_{path.name}")
+    for run_id in finished:
+        _copy(runs_dir / run_id, staging / "runs" / run_id, RUN_FILES)
+    kept = set(finished)
+    partitions = sorted({r.partition for r in runs if r.id in kept})
+    for pid in partitions:
+        _copy(partitions_dir / pid, staging / "partitions" / pid, PARTITION_FILES)
+    command = "fedrepro evidence keep --configfile " + " ".join(map(str, configfiles)) + f" --name {name}"
+    manifest = {**config.manifest(params, runs, name), "configfiles": [str(p) for p in configfiles],
+                "command": command,
+                "evidence": {"name": name, "kept": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                             "runs_kept": len(finished), "runs_declared": len(config.unique_runs(runs))}}
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return {"folder": str(folder), "runs": len(finished), "partitions": len(partitions),
+            "bytes": sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())}
+
+
+def _copy(src: Path, dst: Path, names: tuple[str, ...]) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if (src / name).exists():
+            shutil.copy(src / name, dst / name)
+
+
+def report(folder: str | Path, out: str | Path, figures_dir: str | Path | None = None) -> Path:
+    """The report page of an evidence folder, built from that folder alone."""
+    from fedrepro import report as page
+
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST}); "
+                            f"make one with: fedrepro evidence keep --configfile ... --name ...")
+    return page.build(folder / MANIFEST, folder / "runs", folder / "partitions", out, figures_dir)

@@ -1,0 +1,72 @@
+"""The command line refuses bad arguments with a message naming the argument and what is allowed,
+before any work starts; every sub-command's --help ends with an example; --version answers."""
+import pytest
+
+from fedrepro import __version__, cli
+
+
+def fails(capsys, argv: list[str]) -> str:
+    """Run ``fedrepro argv``; it must exit with status 2 (usage error); return what it printed."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2, f"fedrepro {' '.join(argv)} exited {exit_.value.code}"
+    return capsys.readouterr().err
+
+
+def test_unknown_dataset_is_a_usage_error_listing_the_datasets(capsys, tmp_path):
+    err = fails(capsys, ["download", "--dataset", "cifar11", "--root", str(tmp_path)])
+    assert "argument --dataset: invalid choice: 'cifar11'" in err
+    assert all(name in err for name in ("fmnist", "cifar10", "cifar100", "agnews"))
+    assert not list(tmp_path.iterdir()), "nothing is written before the arguments are checked"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["partition", "--setting", '{"kind": "iid"}', "--data-root", ".", "--out", "x"],
+     "argument --setting: the partition setting needs dataset"),
+    (["partition", "--setting", '{"dataset": "mnist", "kind": "iid"}', "--data-root", ".", "--out", "x"],
+     "dataset 'mnist' is not one of agnews, cifar10"),
+    (["train", "--setting", '{"rounds": 3,}', "--partition", ".", "--data-root", ".", "--out", "x"],
+     "argument --setting: not valid JSON"),
+    (["train", "--setting", "nowhere.json", "--partition", ".", "--data-root", ".", "--out", "x"],
+     "'nowhere.json' is neither a JSON object nor an existing JSON file"),
+    (["train", "--setting", "{}", "--partition", "no/such/partition", "--data-root", ".", "--out", "x"],
+     "argument --partition: no such folder: no/such/partition"),
+    (["train", "--setting", "{}", "--partition", ".", "--data-root", ".", "--out", "x", "--threads", "-1"],
+     "argument --threads: -1 must be >= 0"),
+    (["report", "--manifest", "no/such/manifest.json", "--out", "r.html"],
+     "argument --manifest: no such file: no/such/manifest.json"),
+    (["expand", "--configfile", "params/nope.yaml"], "argument --configfile: no such file: params/nope.yaml"),
+    (["bench", "--rounds", "0"], "argument --rounds: 0 must be >= 1"),
+    (["download", "--timeout", "0"], "argument --timeout: 0.0 must be > 0"),
+    (["download", "--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
+    (["evidence", "keep", "--configfile", "params/default.yaml", "--name", "../x"],
+     "argument --name: '../x' must be a plain folder name"),
+])
+def test_bad_arguments_name_the_argument_and_what_is_allowed(capsys, argv, message):
+    assert message in fails(capsys, argv)
+
+
+def test_evidence_report_of_a_folder_that_is_not_one(capsys, tmp_path):
+    err = fails(capsys, ["evidence", "report", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    assert f"{tmp_path} is not an evidence folder (no manifest.json)" in err
+
+
+def test_every_sub_command_help_ends_with_an_example(capsys):
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert {"download", "partition", "train", "report", "evidence"} <= set(commands)
+    for name, sub in commands.items():
+        if name == "evidence":  # its actions carry the examples
+            subs = sub._subparsers._group_actions[0].choices
+            helps = {f"evidence {a}": p.format_help() for a, p in subs.items()}
+        else:
+            helps = {name: sub.format_help()}
+        for command, text in helps.items():
+            assert f"example:\n  fedrepro {command}" in text, f"`fedrepro {command} --help` has no example"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedrepro {__version__}"
