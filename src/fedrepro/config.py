@@ -152,6 +152,8 @@ def prune(setting: dict) -> dict:
         out.pop("preprocess", None)  # only CIFAR has per-paper transforms
     if not registry.MODELS[out["model"]].get("pretrained"):
         out.pop("pretrained", None)  # only pretrained models (Pythia) read a weights path and a token length
+    if not any(out.get("snapshots", {}).get(k) for k in ("rounds", "cosine_rounds")):
+        out.pop("snapshots", None)  # figures: no snapshots asked, so the run's identity is unchanged
     return out
 
 
@@ -205,6 +207,10 @@ def check_compatible(setting: dict, where: str) -> None:
     if part["kind"] == "dirichlet" and part["min_size"] * setting["num_clients"] > n_train:
         problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
                         f"than the {n_train} samples")
+    for key in ("rounds", "cosine_rounds"):  # figures: snapshot rounds must lie in the run
+        bad = [r for r in setting.get("snapshots", {}).get(key, []) if r == 0 or abs(r) > setting["rounds"]]
+        if bad:
+            problems.append(f"snapshots.{key} = {bad}: allowed are 1..{setting['rounds']} or -1..-{setting['rounds']}")
     for check in registry.extra_checks(algo, plugins):
         problems.extend(check(setting))
     if problems:

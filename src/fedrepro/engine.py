@@ -85,6 +85,10 @@ class RunPaths:
     def cosines(self) -> Path:
         return self.root / "cosines.npz"
 
+    @property
+    def snapshots(self) -> Path:
+        return self.root / "snapshots.npz"
+
 
 def git_commit() -> str:
     try:
@@ -144,6 +148,13 @@ class Trainer:
         self.k = cohort_size(setting)
         self.rows: list[dict] = []
         self.cosines: dict[str, np.ndarray] = {}
+        # figures (docs/figures.md): models and cosine matrices of the rounds the setting lists
+        snap = setting.get("snapshots", {})
+        from_end = lambda rounds: {r if r > 0 else setting["rounds"] + 1 + r for r in rounds}
+        self.snapshot_rounds = from_end(snap.get("rounds", []))
+        self.snapshot_clients = snap.get("clients", 2)
+        self.cosine_rounds = from_end(snap.get("cosine_rounds", []))
+        self.snapshots: dict[str, np.ndarray] = {}
         self.start_round = 0
         self.elapsed = 0.0
         self._stop = False
@@ -203,7 +214,13 @@ class Trainer:
         x = self.model.flat.clone()
         lr = self.client_lr(t)
         updates = self.local_training(t, cohort, x, lr)
+        if t + 1 in self.snapshot_rounds:  # before the server step, which may rescale the deltas in place
+            self.snapshots[f"round_{t + 1}_global"] = x.cpu().numpy()
+            for j in range(min(self.snapshot_clients, len(updates.deltas))):
+                self.snapshots[f"round_{t + 1}_client_{j}"] = (x - updates.deltas[j]).cpu().numpy()
         x_new = self.algorithm.server_step(x, updates)
+        if t + 1 in self.snapshot_rounds:
+            self.snapshots[f"round_{t + 1}_next"] = x_new.cpu().numpy()
         self.model.flat.copy_(x_new)
         row = {"round": t + 1, "lr": lr, "train_loss": float(updates.losses.mean()),
                "e_lud": float(metrics.e_lud(updates.deltas)),
@@ -222,7 +239,7 @@ class Trainer:
                 row[f"{key}_min"] = float(value.min())
             else:
                 row[key] = float(value)
-        if (t + 1) % 10 == 0 or t == 0:
+        if (t + 1) % 10 == 0 or t == 0 or t + 1 in self.cosine_rounds:
             self.cosines[f"round_{t + 1}"] = metrics.cosine_matrix(updates.deltas).cpu().numpy()
         last = s["rounds"] - t <= LAST_ROUNDS
         if t % s["eval_every"] == 0 or last:
@@ -237,7 +254,8 @@ class Trainer:
     def state(self, next_round: int) -> dict:
         return {"next_round": next_round, "x": self.model.flat, "algorithm": self.algorithm.state_dict(),
                 "rows": self.rows, "elapsed": self.elapsed, "setting_hash": stable_hash(self.setting),
-                "cosines": {k: torch.from_numpy(v) for k, v in self.cosines.items()}}
+                "cosines": {k: torch.from_numpy(v) for k, v in self.cosines.items()},
+                "snapshots": {k: torch.from_numpy(v) for k, v in self.snapshots.items()}}
 
     def save_checkpoint(self, next_round: int) -> None:
         checkpoint.save(self.state(next_round), self.paths.checkpoint)
@@ -253,6 +271,7 @@ class Trainer:
         self.rows = list(state["rows"])
         self.elapsed = float(state["elapsed"])
         self.cosines = {k: v.numpy() for k, v in state["cosines"].items()}
+        self.snapshots = {k: v.numpy() for k, v in state.get("snapshots", {}).items()}
         self.start_round = int(state["next_round"])
         return True
 
@@ -302,6 +321,8 @@ class Trainer:
         frame.to_csv(self.paths.metrics, index=False)
         if self.cosines:
             np.savez_compressed(self.paths.cosines, **self.cosines)
+        if self.snapshots:
+            np.savez(self.paths.snapshots, **self.snapshots)
         checkpoint.save({"x": self.model.flat.cpu(), "model": self.setting["model"],
                          "dataset": self.setting["dataset"]}, self.paths.model)
         acc = frame["test_acc"].dropna()
