@@ -34,6 +34,7 @@ rule report:
         # run and partition paths are content hashes: a new or changed run is a new path (input trigger)
         summaries=ancient(expand("results/runs/{run}/summary.json", run=RUNS)),
         partitions=ancient(expand("results/partitions/{partition}/heatmap.png", partition=PARTITIONS)),
+        paper_figures=expand(f"{FIGURES_DIR}/{{figure}}.png", figure=FIGURES),  # figures.smk
     output:
         page=report(f"reports/{CONFIG_NAME}.html", caption="../report/index.rst", category="Report"),
         index="reports/index.html",
@@ -51,7 +52,8 @@ rule report:
     params:
         index_params=INDEX_PARAMS,
     shell:
-        "(fedrepro report --manifest {input.manifest} --out {output.page} --figures {output.figures} && "
+        "(fedrepro report --manifest {input.manifest} --out {output.page} --figures {output.figures} "
+        f"--paper-figures {FIGURES_DIR} && "
         "fedrepro index --out {output.index} --params {params.index_params:q}) > {log} 2>&1"
 
 
