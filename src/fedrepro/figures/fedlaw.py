@@ -70,7 +70,7 @@ def fixed_gamma(spec, runs, context):
     rows = []
     for r in finished(runs):
         law = r.setting.get("fedlaw", {})
-        if "gamma" not in law:
+        if law.get("variant") != "fixed_gamma":
             continue
         acc = r.metrics["test_acc"].dropna().tail(10).mean() * 100
         axis = spec["axis"]

@@ -29,6 +29,7 @@ SHOWS = {
 
 def plane(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor):
     """(origin, u, v): an orthonormal basis of the plane through a, b and c, with origin a."""
+    a, b, c = (m.double() for m in (a, b, c))  # float32 would leave |u| - 1 ~ 1e-6 over a million weights
     u = b - a
     if float(u.norm()) == 0:
         raise MissingInput("two of the three models are identical: they span no plane")
@@ -40,7 +41,7 @@ def plane(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor):
 
 
 def coordinates(x: torch.Tensor, origin, u, v) -> tuple[float, float]:
-    return float((x - origin) @ u), float((x - origin) @ v)
+    return float((x.double() - origin) @ u), float((x.double() - origin) @ v)
 
 
 class Evaluator:
