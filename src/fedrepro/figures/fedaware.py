@@ -36,8 +36,13 @@ def cosines(spec, runs, context):
     if not shown:
         raise MissingInput(f"run {run.id} kept cosine matrices of rounds {have}, none of the asked {wanted}; "
                            f"list them in snapshots.cosine_rounds")
-    fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown) + 1.0, 3.4), squeeze=False)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.0 * len(shown) + 1.2, 3.6), squeeze=False,
+                             constrained_layout=True)
     for ax, r in zip(axes[0], shown):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         matrix = stored[f"round_{r}"]
         image = ax.imshow(matrix, vmin=-1, vmax=1, cmap="RdBu_r")
         off = matrix[~np.eye(len(matrix), dtype=bool)]

@@ -42,22 +42,25 @@ def coherence(spec, runs, context):
 
 def weights(spec, runs, context):
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     data = frame(runs, "gamma")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
-    sns.lineplot(data=data, x="round", y="gamma", hue="split", errorbar=("ci", 95), ax=left)
-    left.axhline(1.0, color="gray", lw=0.8, ls=":")
-    left.set_ylabel("gamma (global weight shrinking)")
     if "weights_max" not in data:
         raise MissingInput("metrics.csv has no weights_max/weights_min (the learned lambda)")
-    for column, style in (("weights_max", "-"), ("weights_min", "--")):
-        sns.lineplot(data=data.assign(which=column.split("_")[1]), x="round", y=column, hue="split",
-                     style="which", errorbar=None, ax=right, legend=column == "weights_max")
-    right.set_ylabel("lambda_i over the cohort (max solid, min dashed)")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 3.4))
+    for i, (name, part) in enumerate(data.groupby("split", sort=False)):
+        mean = part.groupby("round")[["gamma", "weights_max", "weights_min"]].mean()
+        left.plot(mean.index, mean["gamma"], color=f"C{i}", label=name)
+        right.plot(mean.index, mean["weights_max"], color=f"C{i}", label=f"{name}: max")
+        right.plot(mean.index, mean["weights_min"], color=f"C{i}", ls="--", label=f"{name}: min")
+    left.axhline(1.0, color="gray", lw=0.8, ls=":")
+    left.set_ylabel("gamma (dimensionless)")
+    left.set_title("learned global weight shrinking factor", fontsize=10)
+    right.set_ylabel("client weight lambda_i")
+    right.set_title("spread of the learned client weights", fontsize=10)
     for ax in (left, right):
         ax.set_xlabel("communication round")
-        legend_outside(ax)
+    left.legend(fontsize=8, title="split (mean over seeds)", title_fontsize=8)
+    right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig, SHOWS["fedlaw_weights"] + f" ({', '.join(sorted(set(data['method'])))})"
 
