@@ -244,3 +244,49 @@ def test_the_cli_draws_a_figure_and_the_report_embeds_it(tiny, tmp_path):
     html = page.read_text()
     assert "The papers' analysis figures" in html and "e-LUD" in html
     assert (tmp_path / "page_figures" / "paper.elud.png").exists()
+
+
+# --------------------------------------------------------------------------- the workflow
+
+
+def test_the_quick_default_draws_figures_of_every_paper(tmp_path):
+    from conftest import ROOT, job_counts
+    from test_workflow import _snakemake
+
+    params = config.load_params(ROOT / "params" / "default.yaml")
+    specs = figures.check(params["figures"], params["experiments"])
+    assert {figures.family(s["kind"]) for s in specs.values()} == {"ima", "fedlaw", "fedaware", "fednova"}
+    proc = _snakemake(tmp_path, "-n", "--configfile", str(ROOT / "params" / "default.yaml"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert job_counts(proc.stdout + proc.stderr)["figure"] == len(specs)
+
+
+WORKFLOW = {
+    "title": "tiny figures workflow", "quick": True,
+    "data": {"root": "data", "mirrors": {"fmnist": ["/usr/share/datasets/fashion-mnist/"]}},
+    "tracking": {"enabled": False},
+    "experiments": {"tiny": {"base": {**BASE, "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10},
+                                      "snapshots": {"rounds": [1, 3]}},
+                             "grid": {"algorithm": ["fedavg"]}}},
+    "figures": {"land": {"kind": "landscape", "experiment": "tiny", "rounds": [1, 3], "resolution": 3},
+                "coh": {"kind": "coherence", "experiment": "tiny"},
+                "quad": {"kind": "quadratic", "rounds": 30, "decay_rounds": [10]}},
+}
+
+
+@pytest.mark.slow
+def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path):
+    from conftest import have_debian_fmnist, write_yaml
+    from test_workflow import _snakemake
+
+    if not have_debian_fmnist():
+        pytest.skip("real Fashion-MNIST is not installed")
+    params = write_yaml(tmp_path / "tiny.yaml", WORKFLOW)
+    proc = _snakemake(tmp_path, "--configfile", str(params), "--cores", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in WORKFLOW["figures"]:
+        record = json.loads((tmp_path / "results" / "figures" / "tiny" / f"{name}.json").read_text())
+        assert record["drawn"], record
+        assert (tmp_path / "reports" / "tiny_figures" / f"paper.{name}.png").exists()
+    html = (tmp_path / "reports" / "tiny.html").read_text()
+    assert html.count('<figure id="figure-') == len(WORKFLOW["figures"])

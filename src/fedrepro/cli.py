@@ -95,6 +95,9 @@ def cmd_report(args) -> None:
 
 def cmd_figures(args) -> None:
     from fedrepro import figures
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
     spec = figures.check({args.name: _json_arg(args.spec)}, (manifest or {}).get("experiments", {}))[args.name]
     context = figures.Context(Path(args.data_root) if args.data_root else None, args.device,
@@ -201,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs-dir", default="results/runs")
     p.add_argument("--data-root", help="the params file's data root (landscapes and interpolations evaluate models)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", required=True, help="the PNG; its caption goes beside it as .json")
     p.set_defaults(func=cmd_figures)
 

@@ -36,7 +36,8 @@ rule figure:
         figure="[A-Za-z0-9_]+",
     params:
         spec=lambda w: json.dumps(FIGURES[w.figure], sort_keys=True),
-    threads: 1
+    # landscapes evaluate hundreds of models: both cores of a small machine
+    threads: lambda w: 2 if FIGURES[w.figure]["kind"] in ffigures.EVALUATES else 1
     resources:
         # landscapes and interpolations evaluate models: a GPU on a cluster, the CPU otherwise
         gpu=lambda w: int(FIGURES[w.figure]["kind"] in ffigures.EVALUATES),
@@ -44,4 +45,4 @@ rule figure:
         f"logs/figures/{CONFIG_NAME}/{{figure}}.log",
     shell:
         "fedrepro figures --name {wildcards.figure} --spec {params.spec:q} --manifest {input.manifest} "
-        "--data-root {DATA_ROOT} --out {output.png} > {log} 2>&1"
+        "--data-root {DATA_ROOT} --threads {threads} --out {output.png} > {log} 2>&1"

@@ -131,8 +131,8 @@ def landscape(spec, runs, context):
     if not triples:
         raise MissingInput("the figure lists no rounds and no globals")
     evaluator = Evaluator(run.setting, context.data_root, context.device)
-    fig, axes = plt.subplots(len(triples), 2, figsize=(12.5, 3.8 * len(triples)), squeeze=False,
-                             gridspec_kw={"wspace": 0.45})
+    fig, axes = plt.subplots(len(triples), 2, figsize=(11, 3.9 * len(triples)), squeeze=False,
+                             layout="constrained")
     for row, (title, names, models) in zip(axes, triples):
         surf = surface(evaluator, models, spec["resolution"], spec["margin"])
         for ax, key, unit in zip(row, ("loss", "error"), ("test loss (nats)", "test error (%)")):
@@ -143,7 +143,7 @@ def landscape(spec, runs, context):
             ax.set_title(f"{title}: {unit}", fontsize=10)
             ax.set_xlabel("distance along u (L2, parameter space)")
             ax.set_ylabel("distance along v (L2)")
-        row[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.4, 1.0), frameon=False)
+        row[0].legend(fontsize=8, loc="best", framealpha=0.8)
     return fig, (SHOWS["landscape"] + f" ({run.setting['algorithm']}, {run.setting['dataset']} {run.setting['model']}, "
                  f"seed {run.setting['seed']}, {spec['resolution']}x{spec['resolution']} grid)")
 
