@@ -27,6 +27,9 @@ SHOWS = {
 }
 
 
+MARKERS, MARKER_SYMBOLS = ("o", "^", "s"), ("\u25cb", "\u25b3", "\u25a1")  # circle, triangle, square
+
+
 def plane(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor):
     """(origin, u, v): an orthonormal basis of the plane through a, b and c, with origin a."""
     a, b, c = (m.double() for m in (a, b, c))  # float32 would leave |u| - 1 ~ 1e-6 over a million weights
@@ -138,12 +141,13 @@ def landscape(spec, runs, context):
         for ax, key, unit in zip(row, ("loss", "error"), ("test loss (nats)", "test error (%)")):
             contour = ax.contourf(surf["s"], surf["t"], surf[key], levels=20, cmap="viridis")
             fig.colorbar(contour, ax=ax, label=unit)
-            for (s, t), name, marker in zip(surf["points"], names, ("o", "^", "s")):
-                ax.plot(s, t, marker, color="white", mec="black", ms=8, label=name)
-            ax.set_title(f"{title}: {unit}", fontsize=10)
+            for (s, t), marker in zip(surf["points"], MARKERS):
+                ax.plot(s, t, marker, color="white", mec="black", ms=8)
+            # the markers are named in the title, where no legend box can hide a model
+            key_text = ", ".join(f"{symbol} {name}" for symbol, name in zip(MARKER_SYMBOLS, names))
+            ax.set_title(f"{title} ({key_text}): {unit}", fontsize=9)
             ax.set_xlabel("distance along u (L2, parameter space)")
             ax.set_ylabel("distance along v (L2)")
-        row[0].legend(fontsize=8, loc="best", framealpha=0.8)
     return fig, (SHOWS["landscape"] + f" ({run.setting['algorithm']}, {run.setting['dataset']} {run.setting['model']}, "
                  f"seed {run.setting['seed']}, {spec['resolution']}x{spec['resolution']} grid)")
 
