@@ -184,8 +184,10 @@ def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out
         drawn, reason = False, str(err)
         print(f"figure {name}: not drawn: {err}")
     if context.quick:
+        # a constrained layout makes room for the label itself; a tight one gets it above the axes
+        above = {} if fig.get_layout_engine() is not None else {"y": 1.02}
         fig.suptitle("QUICK profile (reduced setting, not comparable to the paper)", fontsize=9, color="gray",
-                     y=1.02)
+                     **above)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90, bbox_inches="tight")

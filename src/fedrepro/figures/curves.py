@@ -36,7 +36,10 @@ def over_rounds(runs, column: str, ylabel: str, hline: float | None = None, logy
 
     data = frame(runs, column)
     splits = list(dict.fromkeys(data["split"]))
-    fig, axes = plt.subplots(1, len(splits), figsize=(4.4 * len(splits) + 1.8, 3.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(splits), figsize=(4.4 * len(splits) + 1.8, 3.6), squeeze=False, sharey=True,
+                             layout="constrained")
+    # a log axis only where the values span a decade: over a narrow range it prints 1.1 x 10^0 ticks
+    logy = logy and data[column].min() > 0 and data[column].max() / data[column].min() > 10
     for ax, name in zip(axes[0], splits):
         sns.lineplot(data=data[data["split"] == name], x="round", y=column, hue="method", errorbar=("ci", 95),
                      ax=ax, legend=ax is axes[0][-1])
@@ -50,5 +53,4 @@ def over_rounds(runs, column: str, ylabel: str, hline: float | None = None, logy
     legend_outside(axes[0][-1], "95% band over seeds")
     axes[0][-1].legend(*axes[0][-1].get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
                        fontsize=8, frameon=False, title="95% band over seeds", title_fontsize=8)
-    fig.tight_layout()
     return fig, data

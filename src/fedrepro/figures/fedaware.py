@@ -8,7 +8,7 @@ from fedrepro.figures.curves import frame, method, over_rounds, split
 
 SHOWS = {
     "elud": "Empirical local update diversity e-LUD = sqrt(mean_i ||Delta_i||^2 / ||mean_i Delta_i||^2) "
-            "(dimensionless, log scale) of the cohort's updates over rounds, per method",
+            "(dimensionless; log scale where it spans a decade) of the cohort's updates over rounds, per method",
     "cosines": "Cosine similarity of every pair of client updates of one cohort (colour from -1 to 1) at the "
                "listed rounds, with the round's client coherence (mean off-diagonal cosine)",
     "coherence_lud": "Client coherence (mean pairwise cosine) against e-LUD, one point per round and run, "
