@@ -55,6 +55,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/partition.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/figures.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/bench.smk"
 

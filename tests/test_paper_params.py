@@ -30,6 +30,7 @@ EXPECTED = {
         "ima_fig6b_participation": 192,    # 16 x 4 rates x 3
         "ima_fig6c_epochs": 240,           # 16 x 5 epochs x 3
         "ima_fig7b_window": 30,            # 5 windows x 2 start rounds x 3
+        "ima_figures_landscape": 4,        # figures: {cross-device, cross-silo} x {FedAvg, +IMA}, 1 seed
     },
     "fedlaw": {
         "fedlaw_table3_fmnist": 96,        # 2 models x 2 alphas x 8 methods x 3 seeds
@@ -46,6 +47,7 @@ EXPECTED = {
         "fedaware_fig4_alpha_cifar10": 33,  # 5 alphas x {FedAWARE, FedAWARE-NA} + FedAvg-Full, 3 seeds
         "fedaware_fig4_alpha_cifar100": 33,
         "fedaware_fig1_alpha": 12,         # 4 alphas x 3 seeds
+        "fedaware_fig6_cosines": 2,        # figures: FedAvg and FedAWARE, 1 seed
     },
     "fednova": {
         "fednova_table1_e2": 18,           # 6 solver/aggregator pairs x 3 seeds

@@ -81,6 +81,7 @@ EXAMPLES = {
     "collect": "fedrepro collect --manifest results/manifests/default.json --metrics results/metrics/default "
                "--curves results/curves/default",
     "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
+    "figures": "fedrepro figures --name quadratic --spec '{\"kind\": \"quadratic\"}' --out reports/default_figures/quadratic.png",
     "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
                 "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
                 "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html",
@@ -163,8 +164,21 @@ def cmd_report(args) -> None:
         manifest.write_text(json.dumps({**config.manifest(params, config.expand(params), name),
                                         "configfiles": args.configfile,
                                         "command": "fedrepro report --configfile " + " ".join(args.configfile)}))
-    out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures)
+    out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures, args.paper_figures)
     print(f"report: {Path(out).resolve()}")
+
+
+def cmd_figures(args) -> None:
+    from fedrepro import figures
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
+    spec = figures.check({args.name: _json_arg(args.spec)}, (manifest or {}).get("experiments", {}))[args.name]
+    context = figures.Context(Path(args.data_root) if args.data_root else None, args.device,
+                              bool((manifest or {}).get("quick")))
+    record = figures.draw(args.name, spec, manifest, args.runs_dir, args.out, context)
+    print(f"figure {args.name}: {'drawn' if record['drawn'] else 'not drawn: ' + record['reason']} -> {args.out}")
 
 
 def cmd_index(args) -> None:
@@ -273,7 +287,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions-dir", default="results/partitions", help="the partition folders")
     p.add_argument("--out", required=True, help="the report page")
     p.add_argument("--figures", help="also write its figures as PNG files into this folder")
+    p.add_argument("--paper-figures", help="embed the papers' analysis figures (fedrepro figures) of this folder")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("figures", help="draw one of the papers' analysis figures from runs (docs/figures.md)")
+    p.add_argument("--name", required=True, help="the figure's name in the params file's figures section")
+    p.add_argument("--spec", required=True, help="the figure's spec as JSON (or a JSON file)")
+    p.add_argument("--manifest", help="the manifest the workflow wrote (not needed for pure-math figures)")
+    p.add_argument("--runs-dir", default="results/runs")
+    p.add_argument("--data-root", help="the params file's data root (landscapes and interpolations evaluate models)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--out", required=True, help="the PNG; its caption goes beside it as .json")
+    p.set_defaults(func=cmd_figures)
 
     p = sub.add_parser("index", help="the index page: every experiment of every params file and its state")
     p.add_argument("--out", default="reports/index.html")

@@ -207,6 +207,8 @@ def prune(setting: dict) -> dict:
         # nothing to keep: a protocol that keeps momentum buffers applies to the methods that have them
         # (FedLAW's code runs FedProx without momentum), and the run is the one without the key
         out["client"] = {**out["client"], "keep_momentum": False}
+    if not any(out.get("snapshots", {}).get(k) for k in ("rounds", "cosine_rounds")):
+        out.pop("snapshots", None)  # figures: no snapshots asked, so the run's identity is unchanged
     return out
 
 
@@ -268,6 +270,10 @@ def check_compatible(setting: dict, where: str) -> None:
     if "lr_milestone_factor" in client and not client.get("lr_milestones"):
         problems.append(f"client.lr_milestone_factor = {client['lr_milestone_factor']} is given without "
                         f"client.lr_milestones, so it would never apply; add the milestones or drop the factor")
+    for key in ("rounds", "cosine_rounds"):  # figures: snapshot rounds must lie in the run
+        bad = [r for r in setting.get("snapshots", {}).get(key, []) if r == 0 or abs(r) > setting["rounds"]]
+        if bad:
+            problems.append(f"snapshots.{key} = {bad}: allowed are 1..{setting['rounds']} or -1..-{setting['rounds']}")
     for check in registry.extra_checks(algo, plugins):
         problems.extend(check(setting))
     if problems:

@@ -135,6 +135,10 @@ class RunPaths:
     def cosines(self) -> Path:
         return self.root / "cosines.npz"
 
+    @property
+    def snapshots(self) -> Path:
+        return self.root / "snapshots.npz"
+
 
 class Trainer:
     def __init__(self, setting: dict, run_dir: str | Path, partition_dir: str | Path | None, data_root: str | Path | None,
@@ -180,6 +184,13 @@ class Trainer:
         self.k = cohort_size(setting)
         self.rows: list[dict] = []
         self.cosines: dict[str, np.ndarray] = {}
+        # figures (docs/figures.md): models and cosine matrices of the rounds the setting lists
+        snap = setting.get("snapshots", {})
+        from_end = lambda rounds: {r if r > 0 else setting["rounds"] + 1 + r for r in rounds}
+        self.snapshot_rounds = from_end(snap.get("rounds", []))
+        self.snapshot_clients = snap.get("clients", 2)
+        self.cosine_rounds = from_end(snap.get("cosine_rounds", []))
+        self.snapshots: dict[str, np.ndarray] = {}
         self.start_round = 0
         self.elapsed = 0.0
         self._stop = False
@@ -261,7 +272,13 @@ class Trainer:
         lr = self.client_lr(t)
         self.model.module.train()  # clients train in train mode (dropout on); scoring switches to eval
         updates = self.local_training(t, cohort, x, lr)
+        if t + 1 in self.snapshot_rounds:  # before the server step, which may rescale the deltas in place
+            self.snapshots[f"round_{t + 1}_global"] = x.cpu().numpy()
+            for j in range(min(self.snapshot_clients, len(updates.deltas))):
+                self.snapshots[f"round_{t + 1}_client_{j}"] = (x - updates.deltas[j]).cpu().numpy()
         x_new = self.algorithm.server_step(x, updates)
+        if t + 1 in self.snapshot_rounds:
+            self.snapshots[f"round_{t + 1}_next"] = x_new.cpu().numpy()
         self.model.flat.copy_(x_new)
         row = {"round": t + 1, "lr": lr, "train_loss": float(updates.losses.mean()),
                "e_lud": float(metrics.e_lud(updates.deltas)),
@@ -280,7 +297,7 @@ class Trainer:
                 row[f"{key}_min"] = float(value.min())
             else:
                 row[key] = float(value)
-        if (t + 1) % 10 == 0 or t == 0:
+        if (t + 1) % 10 == 0 or t == 0 or t + 1 in self.cosine_rounds:
             self.cosines[f"round_{t + 1}"] = metrics.cosine_matrix(updates.deltas).cpu().numpy()
         last = s["rounds"] - t <= LAST_ROUNDS
         if t % s["eval_every"] == 0 or last:
@@ -297,7 +314,8 @@ class Trainer:
                 "algorithm": self.algorithm.state_dict(),
                 "rows": self.rows, "elapsed": self.elapsed, "setting_hash": stable_hash(self.setting),
                 "cosines": {k: torch.from_numpy(v) for k, v in self.cosines.items()},
-                "client_momentum": self.client_momentum}
+                "client_momentum": self.client_momentum,
+                "snapshots": {k: torch.from_numpy(v) for k, v in self.snapshots.items()}}
 
     def save_checkpoint(self, next_round: int) -> None:
         checkpoint.save(self.state(next_round), self.paths.checkpoint, digest=True)
@@ -323,6 +341,7 @@ class Trainer:
         self.rows = list(state["rows"])
         self.elapsed = float(state["elapsed"])
         self.cosines = {k: v.numpy() for k, v in state["cosines"].items()}
+        self.snapshots = {k: v.numpy() for k, v in state.get("snapshots", {}).items()}
         self.start_round = int(state["next_round"])
         return True
 
@@ -372,6 +391,8 @@ class Trainer:
         frame.to_csv(self.paths.metrics, index=False)
         if self.cosines:
             np.savez_compressed(self.paths.cosines, **self.cosines)
+        if self.snapshots:
+            np.savez(self.paths.snapshots, **self.snapshots)
         checkpoint.save({"x": self.model.flat.cpu(), "buffers": self.model.buffers.cpu(),
                          "model": self.setting["model"], "dataset": self.setting["dataset"]}, self.paths.model)
         acc = frame["test_acc"].dropna()

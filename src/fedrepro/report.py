@@ -348,7 +348,7 @@ def write_figures(sections: list[dict], folder: Path) -> list[Path]:
 
 
 def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str | Path, out: str | Path,
-          figures_dir: str | Path | None = None) -> Path:
+          figures_dir: str | Path | None = None, paper_figures_dir: str | Path | None = None) -> Path:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
     manifest = json.loads(Path(manifest_path).read_text())
@@ -391,6 +391,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
     html = env.get_template("report.html.j2").render(manifest=manifest, sections=sections, provenance=provenance,
                                                      runs_done=int(len(finished)), runs_total=int(len(runs)),
                                                      comparisons=comparisons,
+                                                     paper_figures=paper_figures(paper_figures_dir, figures_dir),
                                                      others=others, page=out.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)
@@ -402,6 +403,25 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
 def slug(label: str) -> str:
     """A run label as a short ASCII file name: ``fedavg+ima · dir0.1`` -> ``fedavg_ima_dir0_1``."""
     return re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_") or "run"
+
+
+def paper_figures(folder: str | Path | None, figures_dir: str | Path | None) -> list[dict]:
+    """The papers' analysis figures (fedrepro.figures) with their captions, copied into the page's
+    figures folder as ``paper.<name>.png`` so that `snakemake --report` packs them too."""
+    if not folder or not Path(folder).exists():
+        return []
+    from fedrepro import figures
+
+    records = []
+    for record in figures.load_captions(folder):
+        png = Path(folder) / record["image"]
+        if not png.exists():
+            continue
+        if figures_dir:
+            Path(figures_dir).mkdir(parents=True, exist_ok=True)
+            (Path(figures_dir) / f"paper.{record['name']}.png").write_bytes(png.read_bytes())
+        records.append({**record, "png": _file_png(png)})
+    return records
 
 
 def collect(manifest_path: str | Path, runs_dir: str | Path, metrics_out: str | Path, curves_out: str | Path) -> None:

@@ -34,6 +34,7 @@ rule report:
         # run and partition paths are content hashes: a new or changed run is a new path (input trigger)
         summaries=ancient(expand("results/runs/{run}/summary.json", run=RUNS)),
         partitions=ancient(expand("results/partitions/{partition}/heatmap.png", partition=PARTITIONS)),
+        paper_figures=expand(f"{FIGURES_DIR}/{{figure}}.png", figure=FIGURES),  # figures.smk
     output:
         page=report(f"reports/{CONFIG_NAME}.html", caption="../report/index.rst", category="Report"),
         index="reports/index.html",
@@ -50,8 +51,10 @@ rule report:
         f"logs/report/{CONFIG_NAME}.log",
     params:
         index_params=INDEX_PARAMS,
+        paper_figures=FIGURES_DIR,
     shell:
-        "(fedrepro report --manifest {input.manifest:q} --out {output.page:q} --figures {output.figures:q} && "
+        "(fedrepro report --manifest {input.manifest:q} --out {output.page:q} --figures {output.figures:q} "
+        "--paper-figures {params.paper_figures:q} && "
         "fedrepro index --out {output.index:q} --params {params.index_params:q}) > {log:q} 2>&1"
 
 

@@ -1,0 +1,224 @@
+"""The papers' analysis figures, computed from our runs (issue #13; docs/figures.md).
+
+A params file lists its figures in a ``figures:`` section, name -> spec. A spec names its ``kind``
+(one of ``KINDS``), the ``experiment`` whose runs it reads, a ``select`` (partial run setting, as in
+params/paper_results.yaml), what figure of the paper it ``reproduces`` and how our setting
+``differs``. ``draw`` writes ``<name>.png`` and ``<name>.json`` (its caption); the report embeds both.
+
+One module per figure family (ima, fedlaw, fedaware, fednova); each kind is a function
+``(spec, runs, context) -> (matplotlib figure, what it shows)``. A figure that cannot be drawn from
+the runs (no snapshots, a diverged run, no finished run) becomes an image that says why: the page
+then explains itself instead of showing a hole, and the workflow goes on.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class MissingInput(Exception):
+    """The runs lack what the figure needs (snapshots, a finished run, a column)."""
+
+
+@dataclass
+class Context:
+    """What every kind may need besides the runs: where data lives, the device, the page's label."""
+    data_root: Path | None = None
+    device: str = "auto"
+    quick: bool = False
+    title: str = ""
+
+
+@dataclass
+class Run:
+    id: str
+    label: str
+    setting: dict
+    summary: dict
+    metrics: object  # pandas DataFrame of metrics.csv
+    folder: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def diverged(self) -> bool:
+        return self.summary.get("status") == "diverged"
+
+
+# kind -> (family, module attribute); the functions are looked up lazily so that importing the
+# package does not import torch for the metrics-only figures
+KINDS = {
+    "landscape": ("ima", "landscape"),
+    "interpolation": ("ima", "interpolation"),
+    "locality": ("ima", "locality"),
+    "coherence": ("fedlaw", "coherence"),
+    "fedlaw_weights": ("fedlaw", "weights"),
+    "fixed_gamma": ("fedlaw", "fixed_gamma"),
+    "elud": ("fedaware", "elud"),
+    "cosines": ("fedaware", "cosines"),
+    "coherence_lud": ("fedaware", "coherence_lud"),
+    "quadratic": ("fednova", "quadratic"),
+    "loss_curves": ("fednova", "loss_curves"),
+}
+# kinds that read no runs (pure mathematics)
+NO_RUNS = {"quadratic"}
+# kinds that evaluate models on the test set: their rule asks for a GPU
+EVALUATES = {"landscape", "interpolation"}
+COMMON_KEYS = {"kind", "experiment", "select", "reproduces", "differs", "title"}
+OPTIONS = {  # the options each kind reads, with their defaults
+    "landscape": {"rounds": [], "globals": [], "resolution": 21, "margin": 0.25},
+    "interpolation": {"between": [], "rounds": [], "points": 21, "extend": 0.25},
+    "locality": {},
+    "coherence": {},
+    "fedlaw_weights": {},
+    "fixed_gamma": {"axis": "alpha"},
+    "elud": {},
+    "cosines": {"rounds": [3, 60, 150]},
+    "coherence_lud": {},
+    "quadratic": {"clients": 30, "dim": 20, "rounds": 1200, "lr": 0.05, "decay_rounds": [600, 900],
+                  "decay": 5.0, "tau": 30, "tau_range": [1, 96], "tau_std": 20.0, "mu": 1.0, "seed": 0},
+    "loss_curves": {"panels": []},
+}
+
+
+def family(kind: str) -> str:
+    return KINDS[kind][0]
+
+
+def check(figures: dict, experiments: dict) -> dict[str, dict]:
+    """Every figure spec with its defaults filled in; a clear error naming the figure and key otherwise."""
+    from fedrepro.config import ConfigError
+
+    problems, out = [], {}
+    for name, spec in (figures or {}).items():
+        where = f"figures.{name}"
+        if not isinstance(spec, dict) or spec.get("kind") not in KINDS:
+            problems.append(f"{where}.kind = {spec.get('kind') if isinstance(spec, dict) else spec!r}: "
+                            f"allowed are {', '.join(sorted(KINDS))}")
+            continue
+        kind = spec["kind"]
+        unknown = set(spec) - COMMON_KEYS - set(OPTIONS[kind])
+        if unknown:
+            problems.append(f"{where}: unknown keys {sorted(unknown)} for kind {kind}; allowed: "
+                            f"{sorted(COMMON_KEYS | set(OPTIONS[kind]))}")
+        if kind not in NO_RUNS and spec.get("experiment") not in experiments:
+            problems.append(f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
+                            f"experiments {sorted(experiments)}")
+        for key in ("resolution", "points"):
+            if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
+                problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")
+        out[name] = {**OPTIONS[kind], "select": {}, "reproduces": "", "differs": "", **spec}
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out
+
+
+def select_runs(manifest: dict, runs_dir: Path, spec: dict) -> list[Run]:
+    """The experiment's finished or diverged runs whose setting matches ``spec['select']``."""
+    from fedrepro import paper
+
+    exp = manifest["experiments"].get(spec["experiment"])
+    if exp is None:
+        raise MissingInput(f"experiment {spec['experiment']} is not in this params file's manifest")
+    labels = {r["id"]: r["label"] for r in exp["runs"]}
+    runs = [Run(r["id"], labels[r["id"]], r["setting"], r["summary"], r["metrics"], Path(runs_dir) / r["id"])
+            for r in paper.load_runs(runs_dir, set(labels)) if paper.matches(r["setting"], spec["select"])]
+    if not runs:
+        raise MissingInput(f"no finished run of experiment {spec['experiment']} matches {spec['select'] or 'all'}")
+    return runs
+
+
+def finished(runs: list[Run]) -> list[Run]:
+    """The finished runs; when there are none, say which diverged (a figure of nothing says so)."""
+    done = [r for r in runs if r.summary.get("status") == "finished"]
+    if not done:
+        diverged = [r.label for r in runs if r.diverged]
+        raise MissingInput(("diverged (loss became NaN/inf): " + ", ".join(diverged)) if diverged
+                           else "no finished run")
+    return done
+
+
+def notice(text: str, title: str):
+    """An image that says why the figure is not drawn."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 2.2))
+    ax.axis("off")
+    ax.set_title(title, fontsize=10)
+    ax.text(0.5, 0.5, "not drawn: " + text, ha="center", va="center", wrap=True, fontsize=10, color="darkred",
+            transform=ax.transAxes)
+    return fig
+
+
+def legend_outside(ax, title: str | None = None) -> None:
+    """Legends with many lines go right of the axes, where they cover no curve."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not labels:
+        return
+    if len(labels) > 4:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title=title,
+                  title_fontsize=8, frameon=False)
+    else:
+        ax.legend(fontsize=8, title=title, title_fontsize=8)
+
+
+def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out: str | Path,
+         context: Context) -> dict:
+    """Write ``out`` (PNG) and its caption beside it (``.json``); return the caption record."""
+    import importlib
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kind = spec["kind"]
+    module = importlib.import_module(f"fedrepro.figures.{family(kind)}")
+    title = spec.get("title") or f"{spec.get('reproduces') or kind}"
+    try:
+        runs = [] if kind in NO_RUNS else select_runs(manifest, Path(runs_dir), spec)
+        fig, shows = getattr(module, KINDS[kind][1])(spec, runs, context)
+        drawn, reason = True, ""
+    except MissingInput as err:
+        fig, shows = notice(str(err), title), getattr(module, "SHOWS", {}).get(kind, kind)
+        drawn, reason = False, str(err)
+        print(f"figure {name}: not drawn: {err}")
+    if context.quick:
+        # a constrained layout makes room for the label itself; a tight one gets it above the axes
+        above = {} if fig.get_layout_engine() is not None else {"y": 1.02}
+        fig.suptitle("QUICK profile (reduced setting, not comparable to the paper)", fontsize=9, color="gray",
+                     **above)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    record = {"name": name, "kind": kind, "family": family(kind), "title": title, "shows": shows,
+              "reproduces": spec.get("reproduces", ""), "differs": spec.get("differs", ""),
+              "drawn": drawn, "reason": reason, "quick": context.quick, "image": out.name}
+    record["caption"] = caption(record)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def caption(record: dict) -> str:
+    parts = [record["shows"].rstrip(".") + "."]
+    if record["reproduces"]:
+        parts.append(f"Reproduces {record['reproduces']}.")
+    if record["differs"]:
+        parts.append(f"Differs from the paper: {record['differs'].rstrip('.')}.")
+    if record["quick"]:
+        parts.append("Quick profile: reduced clients, rounds and local work; not comparable to the paper.")
+    if not record["drawn"]:
+        parts.append(f"Not drawn: {record['reason']}.")
+    return " ".join(parts)
+
+
+def load_captions(folder: str | Path) -> list[dict]:
+    """The figures a figures folder holds, for the report page, in family order."""
+    order = ["ima", "fedlaw", "fedaware", "fednova"]
+    records = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]
+    return sorted(records, key=lambda r: (order.index(r["family"]) if r["family"] in order else 9, r["name"]))
+
+
+def finite(values) -> bool:
+    return any(math.isfinite(v) for v in values)

@@ -1,0 +1,172 @@
+"""FedNova figures: the quadratic objective-inconsistency demo (Fig. 2) and loss curves (Fig. 5).
+
+The demo is exact: client i minimises F_i(x) = 1/2 ||x - e_i||^2 by tau_i full-gradient steps,
+whose result has a closed form, and the server aggregates with the library's own parts
+(WeightedMean, NormalisedAveraging, ServerSGD), the code the training runs use. With a proximal
+term mu/2 ||x - x0||^2 (FedProx) the local fixed point is z_i = (e_i + mu x0)/(1 + mu) and
+
+    x_i = z_i + (1 - lr (1 + mu))^tau_i (x0 - z_i).
+
+VRLSGD (Liang et al. 2019) runs x <- x - lr (grad F_i(x) - c_i), i.e. the same closed form with
+e_i + c_i in place of e_i, then c_i <- c_i + (x_avg - x_i)/(tau_i lr); with unequal tau_i the paper
+only says tau is "replaced by different tau_i's", which is what this does (specs/fednova.md 1.7).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedrepro.figures import MissingInput, finished, legend_outside
+
+SHOWS = {
+    "quadratic": "Optimality gap F(x) - F(x*) (log scale) of the global model over rounds on the quadratic "
+                 "F(x) = 1/(2m) sum_i ||x - e_i||^2, for FedAvg, FedProx (mu = 1), VRLSGD and FedNova, with "
+                 "the same local steps tau_i = 30 (left) and random time-varying tau_i(t) (right); the lr "
+                 "decays by 5x at the listed rounds, as in the paper",
+    "loss_curves": "Training loss (cohort mean of the clients' local loss, nats) over rounds per method",
+}
+METHODS = ("FedAvg", "FedProx", "VRLSGD", "FedNova")
+
+
+def local_models(x0: torch.Tensor, e: torch.Tensor, tau: torch.Tensor, lr: float, mu: float = 0.0) -> torch.Tensor:
+    """Every client's model after tau_i GD steps from x0 on 1/2||x - e_i||^2 + mu/2||x - x0||^2 (exact)."""
+    z = (e + mu * x0) / (1 + mu)
+    return z + (1 - lr * (1 + mu)) ** tau[:, None] * (x0 - z)
+
+
+def lr_schedule(options: dict) -> list[float]:
+    lrs, lr = [], options["lr"]
+    for t in range(options["rounds"]):
+        if t in options["decay_rounds"]:
+            lr /= options["decay"]
+        lrs.append(lr)
+    return lrs
+
+
+def simulate(method: str, e: torch.Tensor, p: torch.Tensor, taus, lrs: list[float], mu: float = 1.0) -> torch.Tensor:
+    """The global model after every round (rows), from x = 0. ``taus(t)`` gives round t's local steps."""
+    from fedrepro.algorithms.fednova import NormalisedAveraging
+    from fedrepro.parts import Algorithm, RoundUpdates
+    from fedrepro.server import ServerSGD, WeightedMean
+
+    if method not in METHODS:
+        raise ValueError(f"quadratic demo: method {method!r}; allowed are {', '.join(METHODS)}")
+    m, dim = e.shape
+    aggregator = NormalisedAveraging() if method == "FedNova" else WeightedMean()
+    algorithm = Algorithm(method.lower(), aggregator, ServerSGD(1.0))
+    x = torch.zeros(dim, dtype=e.dtype)
+    control = torch.zeros_like(e)
+    path = []
+    for t, lr in enumerate(lrs):
+        tau = taus(t)
+        if method == "VRLSGD":
+            locals_ = local_models(x, e + control, tau, lr)
+            x_new = p @ locals_
+            control = control + (x_new - locals_) / (tau[:, None] * lr)
+        else:
+            locals_ = local_models(x, e, tau, lr, mu if method == "FedProx" else 0.0)
+            # plain GD: a_i = tau_i, so FedNova's normalisation reads the steps as they are
+            updates = RoundUpdates(t, torch.arange(m), x - locals_, p, tau, torch.zeros(m), lr)
+            x_new = algorithm.server_step(x, updates)
+        x = x_new
+        path.append(x)
+    return torch.stack(path)
+
+
+def true_minimiser(e: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    return p @ e
+
+
+def fedavg_limit(e, p, tau, lr: float | None = None) -> torch.Tensor:
+    """FedAvg's fixed point: eq. (32) at a fixed lr (weights p_i [1 - (1 - lr)^tau_i]), eq. (33) as lr -> 0."""
+    w = p * tau if lr is None else p * (1 - (1 - lr) ** tau)
+    return w @ e / w.sum()
+
+
+def fednova_limit(e, p, tau, lr: float) -> torch.Tensor:
+    """FedNova's fixed point at a fixed lr (weights p_i [1 - (1 - lr)^tau_i] / tau_i); x* as lr -> 0."""
+    w = p * (1 - (1 - lr) ** tau) / tau
+    return w @ e / w.sum()
+
+
+def problem(options: dict):
+    gen = torch.Generator().manual_seed(options["seed"])
+    m, dim = options["clients"], options["dim"]
+    e = 0.1 * torch.randn(m, dim, generator=gen, dtype=torch.float64)  # e_i ~ N(0, 0.01 I)
+    p = torch.full((m,), 1.0 / m, dtype=torch.float64)
+    return e, p
+
+
+def random_taus(options: dict):
+    """tau_i(t) ~ N(tau, tau_std^2), rounded and clipped to tau_range, drawn once per (seed, t)."""
+    low, high = options["tau_range"]
+    m = options["clients"]
+
+    def taus(t: int) -> torch.Tensor:
+        rng = np.random.default_rng([options["seed"], t])
+        return torch.as_tensor(np.clip(np.rint(rng.normal(options["tau"], options["tau_std"], m)), low, high),
+                               dtype=torch.float64)
+    return taus
+
+
+def quadratic(spec: dict, runs, context):
+    import matplotlib.pyplot as plt
+
+    e, p = problem(spec)
+    lrs = lr_schedule(spec)
+    x_star = true_minimiser(e, p)
+    settings = {f"same local steps, tau_i = {spec['tau']}": lambda t: torch.full((spec["clients"],), float(spec["tau"]),
+                                                                                  dtype=torch.float64),
+                f"random tau_i(t) in [{spec['tau_range'][0]}, {spec['tau_range'][1]}]": random_taus(spec)}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    rounds = np.arange(1, len(lrs) + 1)
+    for ax, (title, taus) in zip(axes, settings.items()):
+        for method in METHODS:
+            path = simulate(method, e, p, taus, lrs, spec["mu"])
+            gap = 0.5 * (path - x_star).pow(2).sum(1).numpy()  # F(x) - F(x*) for identity Hessians
+            gap = np.where(np.isfinite(gap), gap, np.nan)
+            label = method + (f" (mu = {spec['mu']:g})" if method == "FedProx" else "")
+            if not np.isfinite(gap).any():
+                label += " (diverged)"
+            ax.plot(rounds, np.maximum(gap, 1e-16), label=label, linestyle="--" if method == "FedAvg" else "-")
+        for r in spec["decay_rounds"]:
+            ax.axvline(r, color="gray", lw=0.6, ls=":")
+        ax.set_yscale("log")
+        ax.set_ylim(1e-16, 1e1)
+        ax.set_xlabel("communication round")
+        ax.set_title(title, fontsize=10)
+    axes[0].set_ylabel("F(x) - F(x*)  (log scale)")
+    legend_outside(axes[1])
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+                   title="dotted: lr / 5", title_fontsize=8)
+    fig.tight_layout()
+    return fig, SHOWS["quadratic"] + f" (m = {spec['clients']}, d = {spec['dim']}, {spec['rounds']} rounds)"
+
+
+def loss_curves(spec: dict, runs, context):
+    """Training loss over rounds per method; one panel per ``panels`` entry (a partial setting)."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    from fedrepro import paper
+
+    done = finished(runs)
+    panels = spec["panels"] or [{}]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.5, 3.4), squeeze=False, sharey=True)
+    for ax, panel in zip(axes[0], panels):
+        chosen = [r for r in done if paper.matches(r.setting, panel)]
+        ax.set_title(", ".join(f"{k}={v}" for k, v in panel.items()) or "all runs", fontsize=9)
+        if not chosen:
+            ax.text(0.5, 0.5, "no finished run", ha="center", va="center", transform=ax.transAxes)
+            continue
+        frame = pd.concat([r.metrics.assign(method=r.setting["algorithm"] + "".join("+" + q for q in r.setting["plugins"]))
+                           for r in chosen], ignore_index=True)
+        sns.lineplot(data=frame, x="round", y="train_loss", hue="method", errorbar=("ci", 95), ax=ax)
+        ax.set_xlabel("communication round")
+        ax.set_ylabel("training loss (nats)")
+        legend_outside(ax, "95% band over seeds")
+    if not any(len(r.metrics) for r in done):
+        raise MissingInput("the runs have no rounds in metrics.csv")
+    fig.tight_layout()
+    return fig, SHOWS["loss_curves"]

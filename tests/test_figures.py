@@ -1,0 +1,292 @@
+"""The papers' analysis figures (fedrepro.figures): the geometry and the closed forms they rest on,
+the snapshots a run keeps for them, and every kind drawn from tiny real runs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import make_partition
+from fedrepro import checkpoint, cli, config, figures
+from fedrepro.figures import fednova as quad
+from fedrepro.figures import ima
+
+BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
+        "batch_size": 64, "device": "cpu", "client": {"lr": 0.05},
+        "partition": {"kind": "iid", "seed": 1}, "evaluation": {"proxy_holdout": 20}}
+SNAP = {"rounds": [1, 2, -1], "clients": 2, "cosine_rounds": [2]}
+PARAMS = {
+    "title": "tiny figures", "quick": True,
+    "experiments": {
+        "tiny": {"base": BASE, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedlaw", "fedaware"]}},
+        "tiny_snap": {"base": {**BASE, "snapshots": SNAP}, "grid": {"algorithm": ["fedavg"]}},
+        "tiny_diverge": {"base": {**BASE, "client": {"lr": 1.0e6}}, "grid": {"algorithm": ["fedavg"]}},
+    },
+}
+TINY_OPTIONS = {"ima": {"window": 2, "start_round": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2}}
+
+
+def _train(run_setting: dict, out: Path, partition_dir: Path, data_root: Path, *extra: str) -> None:
+    cli.main(["train", "--setting", json.dumps(run_setting), "--partition", str(partition_dir), "--data-root",
+              str(data_root), "--out", str(out), "--no-progress", "--threads", "1", *extra])
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_data_root, tmp_path_factory):
+    """Tiny real runs (generated Fashion-MNIST-format data, 4 clients, 3 rounds) and their manifest."""
+    work = tmp_path_factory.mktemp("figures")
+    (work / "data").mkdir()
+    (work / "data" / "fmnist").symlink_to(tiny_data_root)  # <data root>/<dataset>, as the workflow lays it out
+    params = json.loads(json.dumps(PARAMS))
+    params["experiments"]["tiny"]["base"].update(TINY_OPTIONS)
+    runs = config.expand(params)
+    partition_dir = make_partition(tiny_data_root, work / "partition", num_clients=4)
+    for run in config.unique_runs(runs).values():
+        _train(run.setting, work / "runs" / run.id, partition_dir, tiny_data_root)
+    manifest = config.manifest(params, runs, "tiny")
+    return {"work": work, "manifest": manifest, "runs": runs, "partition": partition_dir,
+            "context": figures.Context(work / "data", "cpu", True)}
+
+
+def _draw(tiny, name: str, spec: dict) -> dict:
+    spec = figures.check({name: spec}, tiny["manifest"]["experiments"])[name]
+    return figures.draw(name, spec, tiny["manifest"], tiny["work"] / "runs", tiny["work"] / "fig" / f"{name}.png",
+                        tiny["context"])
+
+
+def _snap_run(tiny):
+    return figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_snap", "select": {}})[0]
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+def test_plane_is_orthonormal_and_its_grid_reproduces_the_three_models_losses(tiny):
+    run = _snap_run(tiny)
+    stored = ima.snapshots(run)
+    models = [stored[f"round_2_{k}"] for k in ("global", "client_0", "client_1")]
+    origin, u, v = ima.plane(*models)
+    assert float(u @ u) == pytest.approx(1, abs=1e-6) and float(v @ v) == pytest.approx(1, abs=1e-6)
+    assert abs(float(u @ v)) < 1e-6
+    evaluator = ima.Evaluator(run.setting, tiny["context"].data_root, "cpu")
+    on_plane = [origin + s * u + t * v for s, t in (ima.coordinates(x, origin, u, v) for x in models)]
+    for x, y in zip(models, on_plane):
+        assert float((x.double() - y).norm()) < 1e-9 * float(x.norm()), "the plane does not pass through the model"
+    want_loss, want_err = evaluator(models)
+    got_loss, got_err = evaluator(on_plane)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-4)
+    np.testing.assert_allclose(got_err, want_err, atol=1e-9)
+    assert len(set(np.round(want_loss, 6))) == 3, "three distinct models"
+
+
+def test_interpolation_ends_reproduce_the_end_models_losses(tiny):
+    run = _snap_run(tiny)
+    stored = ima.snapshots(run)
+    a, b = stored["round_1_next"], stored["round_3_next"]
+    evaluator = ima.Evaluator(run.setting, tiny["context"].data_root, "cpu")
+    loss, error = ima.interpolate(evaluator, a, b, np.array([0.0, 1.0]))
+    want_loss, want_error = evaluator([a, b])
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    np.testing.assert_allclose(error, want_error, atol=1e-9)
+    assert want_loss[0] != pytest.approx(want_loss[1]), "the two end models differ"
+
+
+# --------------------------------------------------------------------------- the quadratic demo
+
+
+def _heterogeneous():
+    gen = torch.Generator().manual_seed(5)
+    e = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    p = torch.tensor([0.1, 0.3, 0.05, 0.25, 0.2, 0.1], dtype=torch.float64)
+    tau = torch.tensor([1.0, 30.0, 4.0, 60.0, 2.0, 12.0], dtype=torch.float64)
+    return e, p, tau
+
+
+def test_quadratic_fixed_points_at_a_fixed_lr_are_the_closed_forms():
+    e, p, tau = _heterogeneous()
+    lr = 0.02
+    for method, limit in (("FedAvg", quad.fedavg_limit(e, p, tau, lr)), ("FedNova", quad.fednova_limit(e, p, tau, lr))):
+        x = quad.simulate(method, e, p, lambda t: tau, [lr] * 4000)[-1]
+        torch.testing.assert_close(x, limit, rtol=0, atol=1e-10)
+
+
+def test_quadratic_fednova_reaches_the_true_minimiser_and_fedavg_the_biased_point():
+    e, p, tau = _heterogeneous()
+    x_star, biased = quad.true_minimiser(e, p), quad.fedavg_limit(e, p, tau)  # eq. (33)
+    gap = float((biased - x_star).norm())
+    assert gap > 0.2
+    lrs = quad.lr_schedule({"lr": 0.05, "rounds": 6000, "decay_rounds": [600, 900, 1500], "decay": 5.0})
+    x_nova = quad.simulate("FedNova", e, p, lambda t: tau, lrs)[-1]
+    x_avg = quad.simulate("FedAvg", e, p, lambda t: tau, lrs)[-1]
+    assert float((x_nova - x_star).norm()) < 0.01 * gap
+    assert float((x_avg - biased).norm()) < 0.02 * gap
+
+
+def test_quadratic_fedprox_local_model_is_the_exact_gd_iterate():
+    e, _, tau = _heterogeneous()
+    x0 = torch.ones(3, dtype=torch.float64)
+    lr, mu = 0.03, 1.0
+    got = quad.local_models(x0, e, tau, lr, mu)
+    for i in range(len(e)):
+        x = x0.clone()
+        for _ in range(int(tau[i])):
+            x = x - lr * ((x - e[i]) + mu * (x - x0))
+        torch.testing.assert_close(got[i], x, rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def test_snapshots_do_not_change_the_run_and_survive_a_resume(tiny, tmp_path):
+    plain = next(r for r in tiny["runs"] if r.experiment == "tiny" and r.setting["algorithm"] == "fedavg"
+                 and not r.setting["plugins"])
+    snap = next(r for r in tiny["runs"] if r.experiment == "tiny_snap")
+    assert "snapshots" not in plain.setting, "an unused snapshots section must not change run identities"
+    runs = tiny["work"] / "runs"
+    a, b = (pd.read_csv(runs / r.id / "metrics.csv").drop(columns=["seconds"]) for r in (plain, snap))
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert torch.equal(checkpoint.load(runs / plain.id / "model.pt")["x"], checkpoint.load(runs / snap.id / "model.pt")["x"])
+    stored = np.load(runs / snap.id / "snapshots.npz")
+    assert {f"round_{r}_{k}" for r in (1, 2, 3) for k in ("global", "client_0", "client_1", "next")} == set(stored.files)
+    np.testing.assert_array_equal(stored["round_3_next"], checkpoint.load(runs / snap.id / "model.pt")["x"].numpy())
+    np.testing.assert_array_equal(stored["round_2_global"], stored["round_1_next"])
+    assert "round_2" in np.load(runs / snap.id / "cosines.npz").files
+    out = tmp_path / "resumed"
+    _train(snap.setting, out, tiny["partition"], tiny["work"] / "data" / "fmnist", "--stop-after", "2")
+    _train(snap.setting, out, tiny["partition"], tiny["work"] / "data" / "fmnist")
+    resumed = np.load(out / "snapshots.npz")
+    assert set(resumed.files) == set(stored.files)
+    for key in stored.files:
+        np.testing.assert_array_equal(resumed[key], stored[key])
+
+
+def test_snapshot_rounds_outside_the_run_are_refused_before_work():
+    with pytest.raises(config.ConfigError, match=r"snapshots.rounds = \[4\]: allowed are 1..3"):
+        config.resolve({**BASE, "snapshots": {"rounds": [4]}})
+
+
+# --------------------------------------------------------------------------- every kind, drawn
+
+
+SPECS = {
+    "landscape": {"experiment": "tiny_snap", "rounds": [1, -1], "globals": [1, 2, 3], "resolution": 3},
+    "interpolation": {"experiment": "tiny", "points": 5,
+                      "between": [{"algorithm": "fedavg", "plugins": []}, {"algorithm": "fedavg", "plugins": ["ima"]}]},
+    "locality": {"experiment": "tiny"},
+    "coherence": {"experiment": "tiny"},
+    "fedlaw_weights": {"experiment": "tiny", "select": {"algorithm": "fedlaw"}},
+    "elud": {"experiment": "tiny"},
+    "cosines": {"experiment": "tiny_snap", "rounds": [1, 2]},
+    "coherence_lud": {"experiment": "tiny"},
+    "quadratic": {"rounds": 50, "decay_rounds": [20], "clients": 5, "dim": 3},
+    "loss_curves": {"experiment": "tiny"},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(set(figures.KINDS) - {"fixed_gamma"}))
+def test_every_kind_draws_its_image_from_tiny_runs(tiny, kind):
+    record = _draw(tiny, kind, {"kind": kind, "reproduces": "Fig. X", **SPECS[kind]})
+    assert record["drawn"], record["reason"]
+    png = tiny["work"] / "fig" / f"{kind}.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Reproduces Fig. X" in record["caption"] and "Quick profile" in record["caption"]
+
+
+def test_fixed_gamma_without_such_runs_says_so(tiny):
+    record = _draw(tiny, "gamma", {"kind": "fixed_gamma", "experiment": "tiny"})
+    assert not record["drawn"] and "fixed fedlaw.gamma" in record["reason"]
+
+
+def test_a_run_without_snapshots_gets_a_clear_message_not_a_crash(tiny):
+    record = _draw(tiny, "nosnap", {"kind": "landscape", "experiment": "tiny", "select": {"algorithm": "fedavg"},
+                                    "rounds": [1]})
+    assert not record["drawn"]
+    assert "kept no model snapshots" in record["reason"] and "snapshots.rounds" in record["reason"]
+    assert (tiny["work"] / "fig" / "nosnap.png").exists()
+    record = _draw(tiny, "noround", {"kind": "landscape", "experiment": "tiny_snap", "rounds": [1], "globals": []})
+    assert record["drawn"]
+    record = _draw(tiny, "cos", {"kind": "cosines", "experiment": "tiny_snap", "rounds": [3]})
+    assert not record["drawn"] and "cosine_rounds" in record["reason"]
+
+
+def test_a_figure_of_a_diverged_run_says_so(tiny):
+    diverged = figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_diverge", "select": {}})
+    assert diverged[0].summary["status"] == "diverged"
+    for kind in ("elud", "landscape"):
+        record = _draw(tiny, f"div_{kind}", {"kind": kind, "experiment": "tiny_diverge"})
+        assert not record["drawn"] and record["reason"].startswith("diverged")
+        assert "Not drawn: diverged" in record["caption"]
+
+
+def test_bad_figure_specs_are_refused_with_the_key_and_what_is_allowed():
+    with pytest.raises(config.ConfigError, match=r"figures.f.kind = 'heatmap': allowed are .*landscape"):
+        figures.check({"f": {"kind": "heatmap"}}, {"tiny": {}})
+    with pytest.raises(config.ConfigError, match=r"figures.f.experiment = 'nope'"):
+        figures.check({"f": {"kind": "elud", "experiment": "nope"}}, {"tiny": {}})
+    with pytest.raises(config.ConfigError, match=r"unknown keys \['grid'\]"):
+        figures.check({"f": {"kind": "elud", "experiment": "tiny", "grid": 3}}, {"tiny": {}})
+
+
+def test_the_cli_draws_a_figure_and_the_report_embeds_it(tiny, tmp_path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(tiny["manifest"]))
+    folder = tmp_path / "figures"
+    cli.main(["figures", "--name", "elud", "--spec", json.dumps({"kind": "elud", "experiment": "tiny"}),
+              "--manifest", str(manifest), "--runs-dir", str(tiny["work"] / "runs"), "--out", str(folder / "elud.png")])
+    assert json.loads((folder / "elud.json").read_text())["drawn"]
+    from fedrepro import report
+    page = report.build(manifest, tiny["work"] / "runs", tmp_path / "partitions", tmp_path / "tiny.html",
+                        tmp_path / "page_figures", folder)
+    html = page.read_text()
+    assert "The papers' analysis figures" in html and "e-LUD" in html
+    assert (tmp_path / "page_figures" / "paper.elud.png").exists()
+
+
+# --------------------------------------------------------------------------- the workflow
+
+
+def test_the_quick_default_draws_figures_of_every_paper(tmp_path):
+    from conftest import ROOT, job_counts
+    from test_workflow import _snakemake
+
+    params = config.load_params(ROOT / "params" / "default.yaml")
+    specs = figures.check(params["figures"], params["experiments"])
+    assert {figures.family(s["kind"]) for s in specs.values()} == {"ima", "fedlaw", "fedaware", "fednova"}
+    proc = _snakemake(tmp_path, "-n", "--configfile", str(ROOT / "params" / "default.yaml"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert job_counts(proc.stdout + proc.stderr)["figure"] == len(specs)
+
+
+WORKFLOW = {
+    "title": "tiny figures workflow", "quick": True,
+    "data": {"root": "data", "mirrors": {"fmnist": ["/usr/share/datasets/fashion-mnist/"]}},
+    "tracking": {"enabled": False},
+    "experiments": {"tiny": {"base": {**BASE, "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10},
+                                      "snapshots": {"rounds": [1, 3]}},
+                             "grid": {"algorithm": ["fedavg"]}}},
+    "figures": {"land": {"kind": "landscape", "experiment": "tiny", "rounds": [1, 3], "resolution": 3},
+                "coh": {"kind": "coherence", "experiment": "tiny"},
+                "quad": {"kind": "quadratic", "rounds": 30, "decay_rounds": [10]}},
+}
+
+
+@pytest.mark.slow
+def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path):
+    from conftest import have_debian_fmnist, write_yaml
+    from test_workflow import _snakemake
+
+    if not have_debian_fmnist():
+        pytest.skip("real Fashion-MNIST is not installed")
+    params = write_yaml(tmp_path / "tiny.yaml", WORKFLOW)
+    proc = _snakemake(tmp_path, "--configfile", str(params), "--cores", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in WORKFLOW["figures"]:
+        record = json.loads((tmp_path / "results" / "figures" / "tiny" / f"{name}.json").read_text())
+        assert record["drawn"], record
+        assert (tmp_path / "reports" / "tiny_figures" / f"paper.{name}.png").exists()
+    html = (tmp_path / "reports" / "tiny.html").read_text()
+    assert html.count('<figure id="figure-') == len(WORKFLOW["figures"])

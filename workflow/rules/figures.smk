@@ -1,0 +1,48 @@
+# The papers' analysis figures (docs/figures.md): one job per entry of the params file's `figures:`
+# section, each a call of `fedrepro figures`. Figures of experiments left out by `only` are skipped.
+from fedrepro import figures as ffigures
+
+try:
+    FIGURES = {
+        name: spec
+        for name, spec in ffigures.check(config.get("figures", {}), config["experiments"]).items()
+        if spec["kind"] in ffigures.NO_RUNS or spec["experiment"] in fconfig.selected_experiments(config)
+    }
+except fconfig.ConfigError as err:
+    raise WorkflowError(f"invalid figures section:\n{err}")
+FIGURES_DIR = f"results/figures/{CONFIG_NAME}"
+
+
+def figure_runs(wildcards):
+    spec = FIGURES[wildcards.figure]
+    return [] if spec["kind"] in ffigures.NO_RUNS else [i for i, r in RUNS.items() if r.experiment == spec["experiment"]]
+
+
+def figure_data(wildcards):
+    if FIGURES[wildcards.figure]["kind"] not in ffigures.EVALUATES:
+        return []
+    return sorted({f"{DATA_ROOT}/{RUNS[i].setting['dataset']}/download.json" for i in figure_runs(wildcards)})
+
+
+rule figure:
+    input:
+        manifest=ancient(MANIFEST_PATH),
+        summaries=ancient(lambda w: expand("results/runs/{run}/summary.json", run=figure_runs(w))),
+        data=ancient(figure_data),
+    output:
+        png=f"{FIGURES_DIR}/{{figure}}.png",
+        caption=f"{FIGURES_DIR}/{{figure}}.json",
+    wildcard_constraints:
+        figure="[A-Za-z0-9_]+",
+    params:
+        spec=lambda w: json.dumps(FIGURES[w.figure], sort_keys=True),
+    # landscapes evaluate hundreds of models: both cores of a small machine
+    threads: lambda w: 2 if FIGURES[w.figure]["kind"] in ffigures.EVALUATES else 1
+    resources:
+        # landscapes and interpolations evaluate models: a GPU on a cluster, the CPU otherwise
+        gpu=lambda w: int(FIGURES[w.figure]["kind"] in ffigures.EVALUATES),
+    log:
+        f"logs/figures/{CONFIG_NAME}/{{figure}}.log",
+    shell:
+        "fedrepro figures --name {wildcards.figure} --spec {params.spec:q} --manifest {input.manifest} "
+        "--data-root {DATA_ROOT} --threads {threads} --out {output.png} > {log} 2>&1"
