@@ -50,7 +50,7 @@ WORKER = textwrap.dedent("""
     import json, sys
     from fedrepro import tracking
     manifest, runs_dir, uri, out = sys.argv[1:5]
-    result = tracking.register_manifest(json.load(open(manifest)), runs_dir, uri)
+    result = tracking.track(json.load(open(manifest)), runs_dir, uri)
     json.dump(result, open(out, "w"))
 """)
 

@@ -287,6 +287,7 @@ def _open_run(client, experiment_id: str, run_name: str, tags: dict, params: dic
 
 def _run_tags(summary: dict) -> dict:
     return {"fedrepro.setting_hash": summary["setting_hash"], "fedrepro.partition": summary["partition"],
+            "fedrepro.partition_hash": summary.get("partition_hash", ""),
             "fedrepro.code_hash": summary.get("code_hash", ""), "fedrepro.device": summary.get("device", ""),
             "fedrepro.host": summary.get("host", "")}
 

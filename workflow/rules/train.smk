@@ -1,3 +1,14 @@
+# Live MLflow logging. Its grouping (an MLflow experiment per params file, the parent run named in
+# the manifest) comes from globals, not params: it is no part of the run's identity, and a run that
+# several params files share must not rerun because another file tracks it.
+TRACK_LIVE = (
+    shlex.join(["--mlflow-experiment", f"{config['tracking']['experiment_prefix']}/{CONFIG_NAME}",
+                "--mlflow-manifest", MANIFEST_PATH])
+    if config["tracking"]["enabled"] and config["tracking"]["live"]
+    else ""
+)
+
+
 rule train:
     # The run's path carries a hash of its setting and of the code it depends on (editing one method
     # gives its runs new paths), the partition's path likewise; data is checksum-verified. So inputs
@@ -24,4 +35,4 @@ rule train:
         "benchmarks/train/{run}.tsv"
     shell:
         "fedrepro train --setting {params.setting:q} --partition {params.partition_dir} "
-        "--data-root {params.data_root} --out results/runs/{wildcards.run} --threads {threads} > {log} 2>&1"
+        "--data-root {params.data_root} --out results/runs/{wildcards.run} --threads {threads} {TRACK_LIVE} > {log} 2>&1"
