@@ -93,29 +93,42 @@ def _prepare_sqlite(db: Path) -> None:
     """Make a killed schema creation harmless (call under the lock).
 
     A new store's schema is created in a temporary file beside it and moved into place once complete,
-    so a kill midway leaves only a temporary file, removed here next time. A store left with
-    ``_alembic_tmp_*`` tables by an older, non-atomic creation is repaired: the copy is dropped when
-    its table still exists, or renamed back when the kill came between the drop and the rename.
+    so a kill midway leaves only a temporary file, removed here next time. A store whose creation was
+    killed by an older, non-atomic version (``_alembic_tmp_*`` tables, a schema short of MLflow's head:
+    MLflow's migrations are not transactional on sqlite) holds no run yet: it is moved aside and made
+    anew. Such a store that does hold runs is left alone with a clear error.
     """
     for stale in db.parent.glob(f".{db.name}.*.tmp*"):
         stale.unlink(missing_ok=True)
-    if not db.exists():
-        from mlflow import MlflowClient
-        fd, tmp = tempfile.mkstemp(prefix=f".{db.name}.", suffix=".tmp", dir=db.parent)
-        os.close(fd)
-        os.unlink(tmp)  # MLflow creates the file itself
-        MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
-        os.replace(tmp, db)
-        return
+    if db.exists():
+        state = _sqlite_state(db)
+        if state["complete"]:
+            return
+        if state["runs"]:
+            raise RuntimeError(f"the MLflow store {db} was left half-migrated (schema {state['revision']}, tables "
+                               f"{', '.join(state['leftovers']) or '-'}) and holds {state['runs']} runs: back it up "
+                               f"and repair it with `mlflow db upgrade sqlite:///{db}`")
+        aside = db.with_name(f"{db.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(db, aside)
+        print(f"tracking: {db} was an interrupted, empty schema creation; moved to {aside.name}, creating anew")
+    from mlflow import MlflowClient
+    fd, tmp = tempfile.mkstemp(prefix=f".{db.name}.", suffix=".tmp", dir=db.parent)
+    os.close(fd)
+    os.unlink(tmp)  # MLflow creates the file itself
+    MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+    os.replace(tmp, db)
+
+
+def _sqlite_state(db: Path) -> dict:
+    from mlflow.store.db.utils import _get_latest_schema_revision
     with contextlib.closing(sqlite3.connect(db, timeout=20)) as con:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        for leftover in sorted(t for t in tables if t.startswith("_alembic_tmp_")):
-            original = leftover[len("_alembic_tmp_"):]
-            if original in tables:
-                con.execute(f'DROP TABLE "{leftover}"')
-            else:
-                con.execute(f'ALTER TABLE "{leftover}" RENAME TO "{original}"')
-        con.commit()
+        revision = (con.execute("SELECT version_num FROM alembic_version").fetchone() or [None])[0] \
+            if "alembic_version" in tables else None
+        runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    return {"complete": not leftovers and revision == _get_latest_schema_revision(), "revision": revision,
+            "leftovers": leftovers, "runs": runs}
 
 
 def open_store(uri: str):
