@@ -145,14 +145,19 @@ def open_store(uri: str):
     return client
 
 
+# MLflow 3's UI opens an experiment on its GenAI (traces) page unless the experiment says it holds model runs
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def _experiment_id(client, name: str, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     db = _sqlite_path(uri)
+    # next to a sqlite store; a server keeps (and serves) the artifacts itself
     location = (db.parent / "mlartifacts").resolve().as_uri() if db is not None else None
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS)
     except Exception:  # noqa: BLE001 - another job created it first
         exp = client.get_experiment_by_name(name)
         if exp is None:
