@@ -252,7 +252,7 @@ def _rows_with_times(run_dir: Path) -> list[dict]:
     return frame.to_dict("records")
 
 
-def _curves_figure(rows: list[dict], path: Path) -> Path | None:
+def _curves_figure(rows: list[dict], path: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -286,7 +286,8 @@ def complete_run(client, run_id: str, run_dir: Path, summary: dict, rows: list[d
     with tempfile.TemporaryDirectory() as tmp:
         if rows:
             client.log_artifact(run_id, str(_curves_figure(rows, Path(tmp) / "curves.png")), "figures")
-    heatmap = (partition_dir or ROOT / "results" / "partitions" / summary.get("partition", "-")) / "heatmap.png"
+    # results/runs/<run> -> results/partitions/<partition>, where the workflow keeps the partition of a run
+    heatmap = (partition_dir or run_dir.parent.parent / "partitions" / summary.get("partition", "-")) / "heatmap.png"
     if heatmap.exists():
         client.log_artifact(run_id, str(heatmap), "figures")
     client.set_tag(run_id, "fedrepro.status", summary["status"])
