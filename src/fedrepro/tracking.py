@@ -324,37 +324,40 @@ def reconcile_run(client, uri: str, run_dir: Path, experiment: str, parent: str 
     "already" (complete, nothing to add), "repaired" (a half-logged run finished, duplicates deleted,
     grouping added) or "registered" (a new record)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    name = summary["run"]
-    with _lock(uri):
-        found = find_runs(client, _prefix_experiments(client, prefix), "fedrepro.run", name)
-        complete = [r for r in found if r.data.tags.get("fedrepro.logged") == "complete"]
-        keep = (complete or found or [None])[0]
-        for extra in found:
-            if extra is not keep:  # a registration killed midway left a second record
-                client.delete_run(extra.info.run_id)
-        rows = _rows_with_times(run_dir)
-        if keep is None:
-            experiment_id = _experiment_id(client, experiment, uri)
-            parent_id = parent_run(client, experiment_id, parent, experiment_title) if parent else None
-            start_ms = int((float(rows[0]["wall_time"]) - float(rows[0].get("seconds") or 0)) * 1000) if rows else None
-            tags = {**system_tags(summary, name, parent_id), **_run_tags(summary), "fedrepro.experiments": membership}
-            run_id = _open_run(client, experiment_id, name, tags, flatten("", summary["setting"], {}), start_ms)
-            outcome = "registered"
-        else:
-            run_id = keep.info.run_id
-            _add_membership(client, keep, membership)
-            if keep.data.tags.get("mlflow.parentRunId") is None and parent:
-                parent_id = parent_run(client, keep.info.experiment_id, parent, experiment_title)
-                client.set_tag(run_id, "mlflow.parentRunId", parent_id)
-            if keep.data.tags.get("fedrepro.logged") == "complete":
-                _write_marker(run_dir, uri=uri, run_id=run_id, complete=True, error=None)
-                return "repaired" if len(found) > 1 else "already"
-            outcome = "repaired"
-    metrics = [m for row in rows for m in round_metrics(row)]
-    _log_metrics(client, run_id, metrics)
-    complete_run(client, run_id, run_dir, summary, rows)
+    with _lock(uri):  # a sqlite store: one registration at a time, so that two steps never split a run
+        outcome, run_id = _find_or_open(client, uri, run_dir, summary, experiment, parent, membership, prefix,
+                                        experiment_title)
+        if outcome != "already":
+            rows = _rows_with_times(run_dir)
+            _log_metrics(client, run_id, [m for row in rows for m in round_metrics(row)])
+            complete_run(client, run_id, run_dir, summary, rows)
     _write_marker(run_dir, uri=uri, run_id=run_id, complete=True, error=None)
     return outcome
+
+
+def _find_or_open(client, uri, run_dir, summary, experiment, parent, membership, prefix, experiment_title):
+    """The run's one record: the complete one, else the oldest (duplicates deleted), else a new one."""
+    name = summary["run"]
+    found = find_runs(client, _prefix_experiments(client, prefix), "fedrepro.run", name)
+    complete = [r for r in found if r.data.tags.get("fedrepro.logged") == "complete"]
+    keep = (complete or found or [None])[0]
+    for extra in found:
+        if extra is not keep:  # a registration killed midway left a second record
+            client.delete_run(extra.info.run_id)
+    if keep is None:
+        rows = _rows_with_times(run_dir)
+        experiment_id = _experiment_id(client, experiment, uri)
+        parent_id = parent_run(client, experiment_id, parent, experiment_title) if parent else None
+        start_ms = int((float(rows[0]["wall_time"]) - float(rows[0].get("seconds") or 0)) * 1000) if rows else None
+        tags = {**system_tags(summary, name, parent_id), **_run_tags(summary), "fedrepro.experiments": membership}
+        return "registered", _open_run(client, experiment_id, name, tags, flatten("", summary["setting"], {}), start_ms)
+    _add_membership(client, keep, membership)
+    if keep.data.tags.get("mlflow.parentRunId") is None and parent:
+        client.set_tag(keep.info.run_id, "mlflow.parentRunId",
+                       parent_run(client, keep.info.experiment_id, parent, experiment_title))
+    if keep.data.tags.get("fedrepro.logged") == "complete":
+        return ("repaired" if len(found) > 1 else "already"), keep.info.run_id
+    return "repaired", keep.info.run_id
 
 
 # ------------------------------------------------------------------ live logging
