@@ -274,6 +274,11 @@ def test_a_training_job_logs_its_run_live_and_a_resume_continues_it(tmp_path, sq
     marker = json.loads((out / tracking.MARKER).read_text())
     assert marker["complete"] and marker["run_id"] == run.info.run_id and marker["members"] == ["tinyfile/table1"]
 
+    _train(out, partition_dir, tiny_data_root, uri, manifest)  # trained again from round 0 (snakemake --forcerun)
+    (again,) = _records(client, "tiny-run")
+    assert again.info.run_id != run.info.run_id, "a new record, not a second value for every step"
+    assert sorted(m.step for m in client.get_metric_history(again.info.run_id, "test_acc")) == list(frame["round"])
+
 
 class Blackhole:
     """A server that accepts connections and never answers: a hung tracking server. Counts connections."""

@@ -335,6 +335,15 @@ def reconcile_run(client, uri: str, run_dir: Path, experiment: str, parent: str 
     return outcome
 
 
+def _is_active_run(client, run_id: str | None) -> bool:
+    if not run_id:
+        return False
+    try:
+        return client.get_run(run_id).info.lifecycle_stage == "active"
+    except Exception:  # noqa: BLE001 - gone for good
+        return False
+
+
 def _find_or_open(client, uri, run_dir, summary, experiment, parent, membership, prefix, experiment_title):
     """The run's one record: the complete one, else the oldest (duplicates deleted), else a new one."""
     name = summary["run"]
@@ -352,7 +361,9 @@ def _find_or_open(client, uri, run_dir, summary, experiment, parent, membership,
         tags = {**system_tags(summary, name, parent_id), **_run_tags(summary), "fedrepro.experiments": membership}
         return "registered", _open_run(client, experiment_id, name, tags, flatten("", summary["setting"], {}), start_ms)
     _add_membership(client, keep, membership)
-    if keep.data.tags.get("mlflow.parentRunId") is None and parent:
+    if parent and not _is_active_run(client, keep.data.tags.get("mlflow.parentRunId")):
+        # unnested (the training job had no manifest yet), or nested under a parent that a concurrent
+        # creator on a server deleted as a duplicate
         client.set_tag(keep.info.run_id, "mlflow.parentRunId",
                        parent_run(client, keep.info.experiment_id, parent, experiment_title))
     if keep.data.tags.get("fedrepro.logged") == "complete":
@@ -408,7 +419,10 @@ class LiveRun:
         name = self.run_dir.name
         with _lock(self.uri):
             found = find_runs(self.client, _prefix_experiments(self.client, self.prefix), "fedrepro.run", name)
-            if found:  # a resume, or a rerun of a run that a crash cut short: continue that record
+            if not resumed:  # trained from round 0 again: its record starts again too
+                for stale in found:
+                    self.client.delete_run(stale.info.run_id)
+            if resumed and found:  # continue the record the interrupted job began
                 run = found[0]
                 self.run_id = run.info.run_id
                 _add_membership(self.client, run, self.membership)
