@@ -130,7 +130,9 @@ def test_a_hostile_params_file_name_is_refused(name, tmp_path):
 def test_every_value_reaching_a_shell_is_quoted():
     """Every placeholder of a shell command in the rules is quoted (``:q``), except numbers."""
     import re
-    unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled"}
+    # TRACK_LIVE is an argument list that train.smk builds with shlex.join (quoted where it is made)
+    unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled", "TRACK_LIVE"}
+    assert "shlex.join(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
     for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
         text = smk.read_text()
         for block in re.findall(r"shell:\n((?:\s+\".*\"\n?)+)", text):

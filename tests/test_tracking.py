@@ -1,10 +1,13 @@
-"""MLflow under load: concurrent registering processes lose no run and no metric, into one sqlite
-store and into an ``mlflow server`` the test starts on 127.0.0.1. A tracking failure never raises."""
+"""MLflow: a training job logs its run live (and a resume continues it); the track step reconciles
+after a failed run, a dead server and a killed registration; a killed schema creation leaves a usable
+store; concurrent registering processes lose no run and no metric, into one sqlite store and into an
+``mlflow server`` the test starts on 127.0.0.1. A tracking failure never raises."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,12 +20,27 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import BIN, free_port, subprocess_env
-from fedrepro import tracking
+from conftest import BIN, free_port, make_partition, subprocess_env
+from fedrepro import cli, tracking
 
 WORKERS = 8
 ROUNDS = 25
 METRICS = ["test_acc", "test_loss", "train_loss", "e_lud", "global_norm", "lr"]
+
+
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory) -> Path:
+    """An empty sqlite store, made once: MLflow's schema migrations take seconds to minutes."""
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    tracking.open_store(f"sqlite:///{db}")
+    return db
+
+
+@pytest.fixture
+def sqlite_uri(tmp_path, store_template) -> str:
+    """A private copy of the empty store."""
+    shutil.copy(store_template, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 def _fake_run(runs_dir: Path, name: str, status: str = "finished") -> dict:
@@ -50,7 +68,7 @@ WORKER = textwrap.dedent("""
     import json, sys
     from fedrepro import tracking
     manifest, runs_dir, uri, out = sys.argv[1:5]
-    result = tracking.register_manifest(json.load(open(manifest)), runs_dir, uri)
+    result = tracking.track(json.load(open(manifest)), runs_dir, uri)
     json.dump(result, open(out, "w"))
 """)
 
@@ -84,7 +102,7 @@ def _check_store(uri: str, runs_dir: Path, expected_runs: set[str]) -> None:
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("fedrepro/load")
     assert exp is not None
-    found = client.search_runs([exp.experiment_id], max_results=1000)
+    found = client.search_runs([exp.experiment_id], "tags.`fedrepro.run` != ''", max_results=1000)
     names = [r.data.tags["fedrepro.run"] for r in found]
     assert sorted(names) == sorted(expected_runs), "every run exactly once"
     for mlrun in found:
@@ -97,7 +115,7 @@ def _check_store(uri: str, runs_dir: Path, expected_runs: set[str]) -> None:
         assert mlrun.data.metrics["summary.final_acc"] == 0.5
         assert mlrun.data.params["client.lr"] == "0.1"
         artifacts = {a.path for a in client.list_artifacts(mlrun.info.run_id)}
-        assert {"summary.json", "metrics.csv"} <= artifacts
+        assert {"summary.json", "metrics.csv", "figures"} <= artifacts
 
 
 @pytest.mark.slow
@@ -107,6 +125,7 @@ def test_concurrent_registration_into_one_sqlite_store(tmp_path):
     assert sum(r["failed"] for r in results) == 0, [r["errors"] for r in results]
     assert sum(r["registered"] for r in results) == WORKERS + 1, "the shared run is registered once"
     assert sum(r["already"] for r in results) == WORKERS - 1
+    assert sum(r["repaired"] for r in results) == 0
     _check_store(uri, tmp_path / "runs", {f"run-{i}" for i in range(WORKERS)} | {"shared-run"})
 
 
@@ -153,30 +172,260 @@ def test_concurrent_registration_into_an_mlflow_server(tmp_path, mlflow_server):
     assert sum(r["registered"] for r in results) == WORKERS
     _check_store(mlflow_server, tmp_path / "runs", {f"run-{i}" for i in range(WORKERS)})
     # registering again adds nothing
-    again = tracking.register_manifest(_manifest([_fake_run(tmp_path / "runs2", "run-0")]), tmp_path / "runs",
-                                       mlflow_server)
+    again = tracking.track(_manifest([_fake_run(tmp_path / "runs2", "run-0")]), tmp_path / "runs", mlflow_server)
     assert again["already"] == 1 and again["registered"] == 0
 
 
-def test_register_is_idempotent_and_keeps_diverged_runs(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_register_is_idempotent_and_keeps_diverged_runs(tmp_path, sqlite_uri):
+    uri = sqlite_uri
     runs = [_fake_run(tmp_path / "runs", "ok"), _fake_run(tmp_path / "runs", "bad", status="diverged")]
-    first = tracking.register_manifest(_manifest(runs), tmp_path / "runs", uri)
-    second = tracking.register_manifest(_manifest(runs), tmp_path / "runs", uri)
+    first = tracking.track(_manifest(runs), tmp_path / "runs", uri)
+    second = tracking.track(_manifest(runs), tmp_path / "runs", uri)
     assert (first["registered"], second["registered"], second["already"]) == (2, 0, 2)
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=uri)
-    found = client.search_runs([client.get_experiment_by_name("fedrepro/load").experiment_id])
+    found = client.search_runs([client.get_experiment_by_name("fedrepro/load").experiment_id],
+                               "tags.`fedrepro.run` != ''")
     assert sorted(r.data.tags["fedrepro.status"] for r in found) == ["diverged", "finished"]
+    assert sorted(r.info.status for r in found) == ["FAILED", "FINISHED"]
 
 
-def test_tracking_failure_never_raises(tmp_path, monkeypatch):
+def test_tracking_failure_never_raises(tmp_path, sqlite_uri, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     runs = [_fake_run(tmp_path / "runs", "ok")]
     # nothing listens on port 9: every call fails; the result says so and nothing raises
-    result = tracking.register_manifest(_manifest(runs), tmp_path / "runs", "http://127.0.0.1:9")
+    result = tracking.track(_manifest(runs), tmp_path / "runs", "http://127.0.0.1:9")
     assert result["failed"] == 1 and result["registered"] == 0 and result["errors"]
-    missing = tracking.register_manifest(_manifest([{"id": "absent"}]), tmp_path / "runs",
-                                         f"sqlite:///{tmp_path / 'm.db'}")
+    missing = tracking.track(_manifest([{"id": "absent"}]), tmp_path / "runs", sqlite_uri)
     assert missing["missing"] == 1 and missing["failed"] == 0
+
+
+# --------------------------------------------------------------------------- live logging, real runs
+
+TINY = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 6, "batch_size": 50,
+        "device": "cpu", "eval_every": 1, "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1}}
+
+
+@pytest.fixture(scope="module")
+def partition_dir(tiny_data_root, tmp_path_factory):
+    return make_partition(tiny_data_root, tmp_path_factory.mktemp("part"), num_clients=4)
+
+
+def _tiny_manifest(tmp_path: Path, run_ids: list[str], name: str = "tinyfile") -> Path:
+    runs = [{"id": r, "variant": {}, "label": r, "seed": 1, "partition": "p", "setting": TINY} for r in run_ids]
+    manifest = {"name": name, "title": name, "tracking": {"experiment_prefix": "fedrepro"},
+                "experiments": {"table1": {"title": "Table 1", "description": "", "grid": {}, "runs": runs}}}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+def _train(out: Path, partition: Path, data_root: Path, uri: str, manifest: Path | None, *extra: str,
+           setting: dict = TINY) -> None:
+    args = ["train", "--setting", json.dumps(setting), "--partition", str(partition), "--data-root", str(data_root),
+            "--out", str(out), "--no-progress", "--threads", "1", "--mlflow-experiment", "fedrepro/tinyfile",
+            "--tracking-uri", uri, *extra]
+    cli.main(args + (["--mlflow-manifest", str(manifest)] if manifest else []))
+
+
+def _records(client, name: str) -> list:
+    ids = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(ids, f"tags.`fedrepro.run` = '{name}'")
+
+
+def test_a_training_job_logs_its_run_live_and_a_resume_continues_it(tmp_path, sqlite_uri, partition_dir,
+                                                                      tiny_data_root):
+    from mlflow import MlflowClient
+    uri = sqlite_uri
+    out = tmp_path / "runs" / "tiny-run"
+    manifest = _tiny_manifest(tmp_path, ["tiny-run"])
+    _train(out, partition_dir, tiny_data_root, uri, manifest, "--stop-after", "3")
+    client = MlflowClient(tracking_uri=uri)
+    (during,) = _records(client, "tiny-run")
+    # while the run is cut off after 3 rounds, MLflow already holds those rounds, stamped when they ended
+    history = client.get_metric_history(during.info.run_id, "test_acc")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+    assert during.data.tags["fedrepro.status"] == "interrupted" and during.info.status == "KILLED"
+    assert during.info.start_time <= min(m.timestamp for m in history)
+
+    _train(out, partition_dir, tiny_data_root, uri, manifest)
+    (run,) = _records(client, "tiny-run")
+    assert run.info.run_id == during.info.run_id, "the resume continued the same MLflow run"
+    assert run.info.status == "FINISHED" and run.data.tags["fedrepro.status"] == "finished"
+    frame = pd.read_csv(out / "metrics.csv")
+    for key in ("test_acc", "train_loss", "e_lud"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(frame["round"]), key
+        assert [m.timestamp for m in sorted(history, key=lambda m: m.step)] == \
+            [int(t * 1000) for t in frame["wall_time"]], "each round's real wall-clock time"
+    assert run.info.start_time < run.info.end_time == int(frame["wall_time"].iloc[-1] * 1000)
+    tags = run.data.tags
+    assert tags["mlflow.source.git.commit"] and tags["mlflow.source.name"] == "fedrepro train"
+    assert tags["mlflow.runName"] == "tiny-run" and tags["fedrepro.experiments"] == "tinyfile/table1"
+    parent = client.get_run(tags["mlflow.parentRunId"])
+    assert parent.data.tags["fedrepro.parent"] == "table1"
+    assert client.get_experiment(run.info.experiment_id).name == "fedrepro/tinyfile"
+    assert "None" not in run.data.params.values(), "unset settings are not logged"
+    assert "ima.start_round" not in run.data.params
+    assert run.data.params["client.lr"] == "0.05" and run.data.metrics["summary.final_acc"] >= 0
+    assert {"model.pt", "summary.json", "metrics.csv", "figures"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"figures/curves.png", "figures/heatmap.png"} <= {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
+    marker = json.loads((out / tracking.MARKER).read_text())
+    assert marker["complete"] and marker["run_id"] == run.info.run_id and marker["members"] == ["tinyfile/table1"]
+
+    _train(out, partition_dir, tiny_data_root, uri, manifest)  # trained again from round 0 (snakemake --forcerun)
+    (again,) = _records(client, "tiny-run")
+    assert again.info.run_id != run.info.run_id, "a new record, not a second value for every step"
+    assert sorted(m.step for m in client.get_metric_history(again.info.run_id, "test_acc")) == list(frame["round"])
+
+
+class Blackhole:
+    """A server that accepts connections and never answers: a hung tracking server. Counts connections."""
+
+    def __init__(self):
+        import socket
+        import threading
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_a_dead_server_costs_one_failed_call_and_the_run_goes_on(tmp_path, partition_dir, tiny_data_root, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # the test's patience; the retry count stays ours
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    server = Blackhole()
+    try:
+        out = tmp_path / "runs" / "dead-run"
+        _train(out, partition_dir, tiny_data_root, server.url, None)
+        assert json.loads((out / "summary.json").read_text())["status"] == "finished", "training went on"
+        # MLflow's default (7 retries with backoff, ~4 minutes per call) would hold every call; ours
+        # tries once more and then switches tracking off for the rest of the run
+        assert 1 <= len(server.accepted) <= 1 + int(tracking.FAIL_FAST_ENV["MLFLOW_HTTP_REQUEST_MAX_RETRIES"])
+        marker = json.loads((out / tracking.MARKER).read_text())
+        assert marker["complete"] is False and marker["error"]
+    finally:
+        server.close()
+
+
+def test_track_reconciles_after_a_failed_run_and_a_dead_server(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
+                                                                monkeypatch):
+    """Issue #15: a track step that met a dead server wrote its output and was never retried."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    runs_dir = tmp_path / "runs"
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the server is down
+    _train(runs_dir / "ok-run", partition_dir, tiny_data_root, dead, None)
+    manifest = _tiny_manifest(tmp_path, ["ok-run", "crashed-run"])  # crashed-run never wrote a summary
+    out = tmp_path / "tracked.json"
+
+    def track(uri) -> int:
+        try:
+            cli.main(["track", "--manifest", str(manifest), "--runs-dir", str(runs_dir), "--tracking-uri", uri,
+                      "--out", str(out)])
+        except SystemExit as exit_:
+            return exit_.code
+        return 0
+
+    assert track(dead) == 1 and not out.exists(), "not done: Snakemake runs it again"
+    uri = sqlite_uri
+    assert track(uri) == 0
+    result = json.loads(out.read_text())
+    assert (result["registered"], result["missing"], result["failed"]) == (1, 1, 0), "the failed run blocks nothing"
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = _records(client, "ok-run")
+    frame = pd.read_csv(runs_dir / "ok-run" / "metrics.csv")
+    history = sorted(client.get_metric_history(run.info.run_id, "test_acc"), key=lambda m: m.step)
+    assert [m.timestamp for m in history] == [int(t * 1000) for t in frame["wall_time"]]
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"]
+    assert json.loads((runs_dir / "ok-run" / tracking.MARKER).read_text())["complete"]
+
+
+def test_a_killed_registration_is_repaired_not_duplicated(tmp_path, sqlite_uri):
+    """Issue #15: a registration killed midway left one RUNNING orphan, and the next call added a second
+    record. Here the store holds what such kills leave (a bare RUNNING record, a FAILED half-logged one)."""
+    from mlflow import MlflowClient
+    uri = sqlite_uri
+    runs = [_fake_run(tmp_path / "runs", "half")]
+    client = tracking.open_store(uri)
+    exp_id = client.create_experiment("fedrepro/load")
+    for status in ("RUNNING", "FAILED"):
+        orphan = client.create_run(exp_id, run_name="half", tags={"fedrepro.run": "half"})
+        if status == "FAILED":
+            client.set_terminated(orphan.info.run_id, "FAILED")
+    result = tracking.track(_manifest(runs), tmp_path / "runs", uri)
+    assert result["repaired"] == 1 and result["failed"] == 0
+    (run,) = _records(MlflowClient(tracking_uri=uri), "half")
+    assert run.info.status == "FINISHED" and run.data.tags["fedrepro.logged"] == "complete"
+    assert len(client.get_metric_history(run.info.run_id, "train_loss")) == ROUNDS
+    again = tracking.track(_manifest(runs), tmp_path / "runs", uri)
+    assert again["already"] == 1 and len(_records(client, "half")) == 1
+
+
+KILL_CREATION = textwrap.dedent("""
+    import sys
+    from fedrepro import tracking
+    from mlflow import MlflowClient
+    uri = sys.argv[2]
+    tracking.open_store(uri) if sys.argv[1] == "ours" else MlflowClient(tracking_uri=uri).search_experiments()
+""")
+
+
+def _kill_during_schema_creation(how: str, db: Path, watch) -> bool:
+    """Start creating the store at ``db`` and SIGKILL the process once ``watch()`` sees it midway."""
+    proc = subprocess.Popen([sys.executable, "-c", KILL_CREATION, how, f"sqlite:///{db}"], env=subprocess_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while proc.poll() is None:
+        if watch():
+            proc.kill()
+            proc.wait()
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def _alembic_leftover(db: Path) -> bool:
+    import sqlite3
+    if not db.exists():
+        return False
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.01) as con:
+            return any(r[0].startswith("_alembic_tmp_") for r in con.execute("SELECT name FROM sqlite_master"))
+    except sqlite3.Error:
+        return False
+
+
+@pytest.mark.slow
+def test_a_killed_schema_creation_leaves_a_usable_store(tmp_path):
+    """Issue #15: killing the first tracking call while MLflow created its schema broke the store for
+    good (``_alembic_tmp_experiments already exists``). Real kills, mid-migration."""
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    # what MLflow alone leaves: a half-migrated file (the state earlier versions left behind)
+    assert _kill_during_schema_creation("mlflow", db, lambda: _alembic_leftover(db)), "the kill came too late"
+    # ours builds the schema in a temporary file: killed midway, the store's own path is untouched
+    tmp_files = lambda: [p for p in tmp_path.glob(".mlflow.db.*.tmp") if _alembic_leftover(p)]  # noqa: E731
+    db.rename(tmp_path / "legacy.db")
+    assert _kill_during_schema_creation("ours", db, lambda: bool(tmp_files())), "the kill came too late"
+    assert not db.exists()
+    (tmp_path / "legacy.db").rename(db)
+    client = tracking.open_store(uri)  # repairs: the half-made, empty store is moved aside and made anew
+    client.create_experiment("after-the-kills")
+    assert client.get_experiment_by_name("after-the-kills") is not None
+    assert list(tmp_path.glob("mlflow.db.broken-*")) and not list(tmp_path.glob(".mlflow.db.*.tmp"))

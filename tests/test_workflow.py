@@ -33,7 +33,7 @@ def _expected_counts(params_file: Path) -> dict[str, int]:
     partitions = {run.partition for run in runs.values()}
     datasets = {run.setting["dataset"] for run in runs.values()}
     return {"download": len(datasets), "partition": len(partitions), "train": len(runs),
-            "manifest": 1, "track": 1, "report": 1, "all": 1}
+            "manifest": 1, "track_run": len(runs), "track": 1, "report": 1, "all": 1}
 
 
 def test_default_dag_dry_run_job_counts(tmp_path):
@@ -135,15 +135,17 @@ def test_e2e_diverged_run_is_recorded_and_the_grid_continues(tiny_run):
 def test_e2e_mlflow_holds_every_run_and_metric(tiny_run):
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=tiny_run["uri"])
+    exp = client.get_experiment_by_name("fedrepro/tiny")  # one MLflow experiment per params file
+    assert exp is not None
     for experiment in ("tiny_e2e", "tiny_diverge"):
-        exp = client.get_experiment_by_name(f"fedrepro/{experiment}")
-        assert exp is not None, experiment
-        found = client.search_runs([exp.experiment_id], max_results=100)
+        (parent,) = client.search_runs([exp.experiment_id], f"tags.`fedrepro.parent` = '{experiment}'")
+        assert parent.info.status == "FINISHED"
+        found = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
         expected = {r.id for r in _runs_of(tiny_run, experiment)}
         assert sorted(r.data.tags["fedrepro.run"] for r in found) == sorted(expected)
         for mlrun in found:
             tags = mlrun.data.tags
-            for tag in ("fedrepro.setting_hash", "fedrepro.partition_hash", "git_commit", "fedrepro.experiment"):
+            for tag in ("fedrepro.setting_hash", "fedrepro.partition_hash", "mlflow.source.git.commit", "fedrepro.experiments"):
                 assert tags.get(tag), tag
             run_dir = tiny_run["work"] / "results" / "runs" / tags["fedrepro.run"]
             metrics = pd.read_csv(run_dir / "metrics.csv")
@@ -171,7 +173,7 @@ def test_e2e_tracking_twice_does_not_duplicate(tiny_run):
     assert result["registered"] == 0 and result["failed"] == 0
     assert result["already"] == len(tiny_run["runs"])
     client = MlflowClient(tracking_uri=tiny_run["uri"])
-    total = sum(len(client.search_runs([e.experiment_id], max_results=100))
+    total = sum(len(client.search_runs([e.experiment_id], "tags.`fedrepro.run` != ''", max_results=100))
                 for e in client.search_experiments() if e.name.startswith("fedrepro/"))
     assert total == len(tiny_run["runs"])
 

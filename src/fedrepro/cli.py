@@ -117,8 +117,13 @@ def cmd_train(args) -> None:
     setting = resolve(args.setting)
     if args.device:
         setting["device"] = args.device
+    observer = None
+    if args.mlflow_experiment:
+        from fedrepro import tracking
+        observer = tracking.live_run(args.out, args.tracking_uri, args.mlflow_experiment, args.mlflow_manifest,
+                                     args.partition)
     summary = engine.train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
-                           progress=not args.no_progress, stop_after=args.stop_after)
+                           progress=not args.no_progress, stop_after=args.stop_after, observer=observer)
     print(json.dumps({k: summary.get(k) for k in ("run", "status", "final_acc", "best_acc", "runtime_s")}))
 
 
@@ -144,13 +149,22 @@ def cmd_plan(args) -> None:
 
 
 def cmd_track(args) -> None:
-    from fedrepro import tracking
-    manifest = json.loads(Path(args.manifest).read_text())
-    result = tracking.register_manifest(manifest, args.runs_dir, args.tracking_uri)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"tracking: {result['registered']} registered, {result['already']} already there, "
-          f"{result['failed']} failed ({result['uri']})")
+    from fedrepro import config, tracking
+    if args.manifest:
+        manifest = json.loads(Path(args.manifest).read_text())
+    else:
+        params = config.load_params_files(args.configfile)
+        manifest = config.manifest(params, config.expand(params), Path(args.configfile[-1]).stem)
+    result = tracking.track(manifest, args.runs_dir, args.tracking_uri, args.run)
+    print(f"tracking: {result['registered']} registered, {result['repaired']} repaired, {result['already']} "
+          f"already there, {result['missing']} without a summary, {result['failed']} failed ({result['uri']})")
+    for error in result["errors"]:
+        print(f"  {error}", file=sys.stderr)
+    if result["failed"]:  # no --out: the step is not done, and Snakemake retries it next time
+        raise SystemExit(1)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
 
 
 def cmd_report(args) -> None:
@@ -250,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the setting's device")
     p.add_argument("--stop-after", type=_number(int, 1), help="checkpoint and stop after this many rounds (for tests)")
     p.add_argument("--no-progress", action="store_true", help="no per-round progress line")
+    p.add_argument("--mlflow-experiment", help="log the run live into this MLflow experiment (default: no tracking)")
+    p.add_argument("--mlflow-manifest", help="the params file's manifest: the run is nested under the parent run of "
+                   "the first experiment that holds it (not part of the run's identity)")
+    p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("expand", help="list the runs a params file declares (validates it)")
@@ -270,11 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("track", help="register finished runs in MLflow (idempotent)")
-    p.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
-    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    p = sub.add_parser("track", help="reconcile MLflow with the runs' files, run by run (idempotent; exits 1 "
+                       "and writes no --out when the store cannot be reached)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--configfile", nargs="+", type=_existing("file"), help="params file(s), merged in order as snakemake does")
+    source.add_argument("--manifest", type=_existing("file"), help="the manifest the workflow wrote (results/manifests/)")
+    p.add_argument("--run", action="append", help="only this run id (repeat for several)")
+    p.add_argument("--runs-dir", default="results/runs")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
-    p.add_argument("--out", required=True, help="JSON: what was registered")
+    p.add_argument("--out", help="write the result here when every run with a summary is tracked")
     p.set_defaults(func=cmd_track)
 
     p = sub.add_parser("report", help="build the self-contained HTML report (also of a partial grid)")

@@ -347,10 +347,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
 
-    def run(self, checkpoint_every: int = 10, progress: bool = True, stop_after: int | None = None) -> dict:
+    def run(self, checkpoint_every: int = 10, progress: bool = True, stop_after: int | None = None,
+            observer=None) -> dict:
+        """``observer`` (tracking.LiveRun) hears of the start, each round and the end; it must never raise."""
         from tqdm import tqdm
 
         resumed = self.try_resume()
+        observer = observer or _Silent()
+        observer.started(self, resumed)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm) if _main_thread() else None
         status = "finished"
         rounds = range(self.start_round, self.setting["rounds"])
@@ -359,7 +363,9 @@ class Trainer:
         try:
             for t in bar:
                 row = self.round(t)
+                row["wall_time"] = time.time()  # when the round ended: MLflow's timestamp for its metrics
                 self.rows.append(row)
+                observer.round_done(self, row)
                 self.elapsed += row["seconds"]
                 if diverged(row, self.model.flat):
                     status = "diverged"
@@ -374,12 +380,18 @@ class Trainer:
                     self.save_checkpoint(done)
                 if stop_after is not None and done >= stop_after:
                     self.save_checkpoint(done)
+                    observer.ended(self, "interrupted", None)
                     return {"status": "stopped", "round": done}
+        except BaseException as err:
+            observer.ended(self, "interrupted" if isinstance(err, (Preempted, KeyboardInterrupt)) else "failed", None)
+            raise
         finally:
             bar.close()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        return self.finish(status, resumed)
+        summary = self.finish(status, resumed)
+        observer.ended(self, status, summary)
+        return summary
 
     def _on_sigterm(self, signum, frame):
         self._stop = True
@@ -447,11 +459,24 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         os.kill(os.getpid(), sig)
 
 
+class _Silent:
+    """The observer of an untracked run."""
+
+    def started(self, trainer, resumed):
+        pass
+
+    def round_done(self, trainer, row):
+        pass
+
+    def ended(self, trainer, status, summary):
+        pass
+
+
 def _main_thread() -> bool:
     import threading
     return threading.current_thread() is threading.main_thread()
 
 
 def train(setting: dict, run_dir, partition_dir, data_root, checkpoint_every: int = 10, progress: bool = True,
-          stop_after: int | None = None) -> dict:
-    return Trainer(setting, run_dir, partition_dir, data_root).run(checkpoint_every, progress, stop_after)
+          stop_after: int | None = None, observer=None) -> dict:
+    return Trainer(setting, run_dir, partition_dir, data_root).run(checkpoint_every, progress, stop_after, observer)

@@ -44,5 +44,5 @@ rule figure:
     log:
         f"logs/figures/{CONFIG_NAME}/{{figure}}.log",
     shell:
-        "fedrepro figures --name {wildcards.figure} --spec {params.spec:q} --manifest {input.manifest} "
-        "--data-root {DATA_ROOT} --threads {threads} --out {output.png} > {log} 2>&1"
+        "fedrepro figures --name {wildcards.figure:q} --spec {params.spec:q} --manifest {input.manifest:q} "
+        "--data-root {DATA_ROOT:q} --threads {threads} --out {output.png:q} > {log:q} 2>&1"

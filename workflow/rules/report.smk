@@ -5,10 +5,34 @@ rule manifest:
         Path(output[0]).write_text(json.dumps(MANIFEST, indent=2, sort_keys=True))
 
 
+# MLflow: each training job logs its own run live; these steps reconcile MLflow with the files
+# afterwards. One job per run, so that a failed run blocks only its own: the others are tracked
+# (a run the training job logged completely costs no store call). A job whose store is unreachable
+# fails without writing its output, and the next snakemake call retries it.
+localrules: track_run
+
+
+rule track_run:
+    input:
+        manifest=ancient(MANIFEST_PATH),
+        summary=ancient("results/runs/{run}/summary.json"),
+    output:
+        f"results/tracking/{CONFIG_NAME}/{{run}}.json",
+    params:
+        enabled=config["tracking"]["enabled"],
+    log:
+        f"logs/track/{CONFIG_NAME}/{{run}}.log",
+    shell:
+        "if [ {params.enabled} = True ]; then "
+        "fedrepro track --manifest {input.manifest:q} --run {wildcards.run:q} --out {output:q} > {log:q} 2>&1; "
+        "else echo '{{\"disabled\": true}}' > {output:q}; fi"
+
+
+# Closes the parent run of each experiment once all its runs are tracked.
 rule track:
     input:
         manifest=ancient(MANIFEST_PATH),
-        summaries=ancient(expand("results/runs/{run}/summary.json", run=RUNS)),
+        runs=ancient(expand(f"results/tracking/{CONFIG_NAME}/{{run}}.json", run=RUNS)),
     output:
         f"results/tracking/{CONFIG_NAME}.json",
     params:

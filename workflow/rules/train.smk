@@ -1,3 +1,14 @@
+# Live MLflow logging. Its grouping (an MLflow experiment per params file, the parent run named in
+# the manifest) comes from globals, not params: it is no part of the run's identity, and a run that
+# several params files share must not rerun because another file tracks it.
+TRACK_LIVE = (
+    shlex.join(["--mlflow-experiment", f"{config['tracking']['experiment_prefix']}/{CONFIG_NAME}",
+                "--mlflow-manifest", MANIFEST_PATH])
+    if config["tracking"]["enabled"] and config["tracking"]["live"]
+    else ""
+)
+
+
 rule train:
     # The run's path carries a hash of its setting and of the code it depends on (editing one method
     # gives its runs new paths), the partition's path likewise; data is checksum-verified. So inputs
@@ -27,4 +38,4 @@ rule train:
     # (checkpoint first, as on SIGTERM) when Snakemake is killed (engine.die_with_parent)
     shell:
         "exec fedrepro train --setting {params.setting:q} --partition {params.partition_dir:q} "
-        "--data-root {params.data_root:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"
+        "--data-root {params.data_root:q} --out {params.out:q} --threads {threads} {TRACK_LIVE} > {log:q} 2>&1"
