@@ -42,6 +42,11 @@ def cmd_train(args) -> None:
     setting = resolve(_json_arg(args.setting))
     if args.device:
         setting["device"] = args.device
+    if setting["device"] != "cpu":  # several GPUs here: this job takes its own (fedrepro.slots)
+        from fedrepro import slots
+        bound = slots.bind_gpu()
+        if bound:
+            print(bound, file=sys.stderr, flush=True)
     summary = engine.train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
                            progress=not args.no_progress, stop_after=args.stop_after)
     print(json.dumps({k: summary.get(k) for k in ("run", "status", "final_acc", "best_acc", "runtime_s")}))

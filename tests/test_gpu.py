@@ -1,0 +1,125 @@
+"""Devices: which one a job trains on, what its log says, several runs per GPU, and (marker ``gpu``)
+correctness on CUDA.
+
+The unmarked tests run everywhere. The ``gpu`` tests need CUDA and skip with the reason otherwise;
+``fedrepro check-gpu`` (or ``pytest -m gpu``) runs them. They import only torch, torchvision and the
+package (no snakemake, mlflow), so a GPU node with only a site PyTorch runs them from a checkout
+with ``PYTHONPATH=src``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_partition
+from fedrepro import cli, engine, slots
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
+        "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
+        "partition": {"kind": "iid", "seed": 1}, "algorithm": "fedavg"}
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+
+
+@pytest.fixture(scope="module")
+def partition_dir(tiny_data_root, tmp_path_factory):
+    return make_partition(tiny_data_root, tmp_path_factory.mktemp("part"), num_clients=4)
+
+
+def _train_args(setting, out, partition_dir, data_root, *extra) -> list[str]:
+    return ["train", "--setting", json.dumps(setting), "--partition", str(partition_dir), "--data-root",
+            str(data_root), "--out", str(out), "--no-progress", "--threads", "1", *extra]
+
+
+# --------------------------------------------------------------------------- device choice (CPU)
+
+
+@no_cuda
+@pytest.mark.parametrize("grant", [{"CUDA_VISIBLE_DEVICES": "0"}, {"SLURM_JOB_GPUS": "3"},
+                                   {"SLURM_STEP_GPUS": "0,1"}, {"CUDA_VISIBLE_DEVICES": "GPU-5ad1"}])
+def test_job_given_a_gpu_without_cuda_fails_clearly(grant):
+    with pytest.raises(RuntimeError) as err:
+        engine.pick_device("auto", environ=grant)
+    message = str(err.value)
+    name = next(iter(grant))
+    assert "given a GPU" in message and name in message and torch.__version__ in message
+    assert "device: cpu" in message  # the way out is named
+
+
+@no_cuda
+@pytest.mark.parametrize("environ", [{}, {"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "-1"},
+                                     {"SLURM_JOB_ID": "7"}])
+def test_auto_without_a_gpu_grant_trains_on_cpu(environ):
+    assert engine.pick_device("auto", environ=environ) == torch.device("cpu")
+
+
+@no_cuda
+def test_cuda_asked_for_without_cuda_fails():
+    with pytest.raises(RuntimeError, match="device: cuda was asked for"):
+        engine.pick_device("cuda", environ={})
+
+
+def test_cpu_is_cpu_even_with_a_gpu_grant():
+    assert engine.pick_device("cpu", environ={"CUDA_VISIBLE_DEVICES": "0"}) == torch.device("cpu")
+
+
+def test_train_log_starts_with_device_versions_and_resume(tmp_path, partition_dir, tiny_data_root, capfd):
+    out = tmp_path / "run"
+    cli.main(_train_args(BASE, out, partition_dir, tiny_data_root, "--stop-after", "2"))
+    first = capfd.readouterr().err.splitlines()[0]
+    assert first == (f"fedrepro train: device cpu; torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}; "
+                     "fresh start")
+    cli.main(_train_args(BASE, out, partition_dir, tiny_data_root))
+    assert capfd.readouterr().err.splitlines()[0].endswith("; resumed at round 2")
+
+
+# --------------------------------------------------------------------------- several runs per GPU (CPU)
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from fedrepro import slots
+    print(slots.acquire(sys.argv[1]), flush=True)
+    time.sleep(float(sys.argv[2]))
+""")
+
+
+def test_concurrent_jobs_hold_distinct_slots_and_free_them(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    holders = [subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "30"], stdout=subprocess.PIPE,
+                                text=True, env=env) for _ in range(3)]
+    try:
+        taken = sorted(int(p.stdout.readline()) for p in holders)
+        assert taken == [0, 1, 2]
+        holders[1].kill()  # whichever slot it held is free again once the process is gone
+        holders[1].wait()
+        again = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path), "0"], capture_output=True, text=True,
+                               env=env, timeout=60)
+        assert int(again.stdout) in taken and int(again.stdout) < 3
+    finally:
+        for p in holders:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("gpus,per_gpu", [(1, 4), (2, 3), (4, 2), (3, 1)])
+def test_slots_spread_jobs_evenly_over_gpus(gpus, per_gpu):
+    # Snakemake admits at most gpus x per_gpu jobs; any set of held slots below that bound
+    # (the lowest free slot is always taken) puts at most per_gpu jobs on one GPU
+    slots_in_use = range(gpus * per_gpu)
+    load = [0] * gpus
+    for slot in slots_in_use:
+        load[slots.gpu_for_slot(slot, gpus)] += 1
+    assert load == [per_gpu] * gpus
+
+
+def test_slot_folder_is_per_slurm_allocation():
+    assert slots.slot_dir({"SLURM_JOB_ID": "41"}) != slots.slot_dir({"SLURM_JOB_ID": "42"})
+    assert slots.slot_dir({"FEDREPRO_SLOT_DIR": "/x/y"}) == Path("/x/y")
