@@ -15,7 +15,9 @@ rule train:
         partition_dir=lambda w: f"results/partitions/{run_partition(w)}",
     threads: 1
     resources:
-        gpu=1,
+        # "1" as a string: a Slurm group of runs sharing one GPU asks for one, not one per run
+        gpu="1",
+        gpu_slot=1,
         mem_mb=lambda w, attempt: 4000 * attempt,
         runtime=lambda w, attempt: 120 * attempt,
     log:
