@@ -118,7 +118,8 @@ def cmd_bench(args) -> None:
     devices = args.device or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if "cuda" in devices and not torch.cuda.is_available():
         raise SystemExit("fedrepro bench: --device cuda was asked for, but torch sees no CUDA device")
-    report = bench.run(args.settings, devices, args.rounds, args.repeats, args.quick, args.data_root, args.threads)
+    report = bench.run(args.settings, devices, args.rounds, args.repeats, args.quick, args.data_root, args.threads,
+                       concurrency=args.throughput)
     print(bench.table(report))
     if args.out:
         bench.write(report, args.out)
@@ -219,6 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", help="write the measurements as JSON here")
     p.add_argument("--html", help="write a small HTML page with the table here")
+    p.add_argument("--throughput", type=int, nargs="+", metavar="R", help="also measure runs finished per "
+                   "device-hour with R runs side by side on one device (1 is always measured), and extrapolate "
+                   "IMA Table 1's FMNIST rows")
     p.set_defaults(func=cmd_bench)
 
     args = parser.parse_args(argv)
