@@ -123,3 +123,93 @@ def test_slots_spread_jobs_evenly_over_gpus(gpus, per_gpu):
 def test_slot_folder_is_per_slurm_allocation():
     assert slots.slot_dir({"SLURM_JOB_ID": "41"}) != slots.slot_dir({"SLURM_JOB_ID": "42"})
     assert slots.slot_dir({"FEDREPRO_SLOT_DIR": "/x/y"}) == Path("/x/y")
+
+
+# --------------------------------------------------------------------------- correctness on CUDA (marker gpu)
+
+from fedrepro import gpucheck  # noqa: E402
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                          reason=f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})")
+
+
+@pytest.mark.gpu
+@cuda
+def test_every_model_family_forward_backward_on_cuda():
+    assert len(gpucheck.check_models("cuda")) >= len(gpucheck.registry.MODELS) - 1
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("method", gpucheck.method_names())
+def test_every_method_and_plugin_runs_on_cuda(method):
+    gpucheck.check_method(method, "cuda")
+
+
+@pytest.mark.gpu
+@cuda
+def test_cohort_path_matches_sequential_on_cuda():
+    gpucheck.check_cohort_matches_sequential("cuda")
+
+
+@pytest.mark.gpu
+@cuda
+def test_exact_resume_on_cuda():
+    gpucheck.check_exact_resume("cuda")
+
+
+@pytest.mark.gpu
+@cuda
+def test_evaluation_in_eval_mode_on_cuda():
+    gpucheck.check_eval_mode("cuda")
+
+
+# --------------------------------------------------------------------------- the same checks on the CPU
+
+
+def test_checks_hold_on_cpu():
+    """The GPU checks are known to run (and pass) before a GPU ever sees them."""
+    assert "vgg11/cifar10" in gpucheck.check_models("cpu")
+    assert gpucheck.check_cohort_matches_sequential("cpu") < 1e-4
+    gpucheck.check_exact_resume("cpu")
+    gpucheck.check_eval_mode("cpu")
+
+
+@pytest.mark.slow
+def test_every_method_check_runs_on_cpu():
+    failures = {}
+    for method in gpucheck.method_names():
+        try:
+            gpucheck.check_method(method, "cpu")
+        except Exception as err:  # noqa: BLE001 (all failures at once)
+            failures[method] = repr(err)[:300]
+    assert not failures, failures
+
+
+BLOCK = textwrap.dedent("""
+    import importlib.abc, sys
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("snakemake", "mlflow"):
+                raise ImportError(f"{name} is not installed on this GPU node")
+    sys.meta_path.insert(0, Block())
+""")
+
+
+def test_gpu_check_imports_neither_snakemake_nor_mlflow(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(BLOCK)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT / 'src'}"}
+    probe = ("import sys\nfrom fedrepro import gpucheck, bench, engine, slots, cli\n"
+             "gpucheck.check_cohort_matches_sequential('cpu')\n"
+             "assert not any(m.split('.')[0] in ('snakemake', 'mlflow') for m in sys.modules)\n"
+             "import snakemake\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    # the block is active (the last import fails) and nothing before it needed those packages
+    assert "snakemake is not installed on this GPU node" in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("Traceback") == 1 and 'line 5' in proc.stderr, proc.stderr[-2000:]
+
+
+@no_cuda
+def test_check_gpu_without_cuda_says_so(capsys):
+    with pytest.raises(SystemExit, match="sees no CUDA device; run it on a GPU node"):
+        cli.main(["check-gpu", "--skip-bench"])

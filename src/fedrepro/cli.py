@@ -112,6 +112,11 @@ def cmd_collect(args) -> None:
     print(f"collect: {args.metrics}, {args.curves}")
 
 
+def cmd_check_gpu(args) -> None:
+    from fedrepro import gpucheck
+    raise SystemExit(gpucheck.main(args.out, args.data_root, args.rounds, tuple(args.throughput), args.skip_bench))
+
+
 def cmd_bench(args) -> None:
     import torch
     from fedrepro import bench
@@ -224,6 +229,16 @@ def main(argv: list[str] | None = None) -> None:
                    "device-hour with R runs side by side on one device (1 is always measured), and extrapolate "
                    "IMA Table 1's FMNIST rows")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("check-gpu", help="on a GPU node: the engine's CUDA checks, then the benchmark with several "
+                       "runs per GPU; all written to one JSON file (needs only torch, PYTHONPATH=src)")
+    p.add_argument("--out", default="results/bench/gpu_check.json")
+    p.add_argument("--data-root", default="data/fmnist", help="real Fashion-MNIST here if present, else generated")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per benchmark measurement")
+    p.add_argument("--throughput", type=int, nargs="+", default=[2, 4, 8], metavar="R",
+                   help="runs side by side on the GPU to measure (1 is always measured)")
+    p.add_argument("--skip-bench", action="store_true", help="the correctness checks only")
+    p.set_defaults(func=cmd_check_gpu)
 
     args = parser.parse_args(argv)
     from fedrepro.config import ConfigError

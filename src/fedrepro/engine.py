@@ -85,12 +85,17 @@ def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> np.ndarra
 def evaluate(model: torch.nn.Module, test: data.TensorDataset, batch_size: int = 4096) -> tuple[float, float]:
     correct = torch.zeros((), device=test.labels.device)
     loss = torch.zeros((), device=test.labels.device)
-    for start in range(0, len(test), batch_size):
-        index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
-        x, y = test.batch(index)
-        logits = model(x)
-        loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
-        correct += (logits.argmax(1) == y).sum()
+    training = model.training
+    model.eval()  # dropout off, normalisation on running statistics; training resumes in its own mode
+    try:
+        for start in range(0, len(test), batch_size):
+            index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
+            x, y = test.batch(index)
+            logits = model(x)
+            loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
+    finally:
+        model.train(training)
     return float(correct) / len(test), float(loss) / len(test)
 
 
