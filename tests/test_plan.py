@@ -239,3 +239,13 @@ def test_sbatch_one_gpu_shared_by_runs_with_runtime_from_step_costs(tmp_path):
 def test_sbatch_gres_recipe_of_the_docs(tmp_path):
     (call,) = _sbatch_lines(tmp_path, 2, "--set-resources", "train:gpu=0", "train:gres=gpu:1")
     assert " --gres=gpu:1 " in call and "--gpus" not in call
+
+
+def test_runs_per_gpu_comes_from_a_gpu_throughput_measurement(tmp_path):
+    check = tmp_path / "gpu_check.json"
+    assert plan.measured_runs_per_gpu([check]) == (plan.RUNS_PER_GPU, "default (no GPU throughput measurement)")
+    check.write_text(json.dumps({"bench": {"throughput": [
+        {"device": "cuda", "setting": "fmnist_cnn", "runs_per_device": 8},
+        {"device": "cuda", "setting": "fmnist_mlp", "runs_per_device": 6},
+        {"device": "cpu", "setting": "fmnist_mlp", "runs_per_device": 1}]}}))
+    assert plan.measured_runs_per_gpu([check]) == (6, f"measured ({check})")

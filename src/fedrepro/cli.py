@@ -71,7 +71,8 @@ def cmd_plan(args) -> None:
                      log=lambda line: print(line, file=sys.stderr))
     result = plan.plan(params, args.bench, args.runs_dir)
     if args.walltime:  # Slurm: group size that keeps each submission within the site's walltime
-        result["cluster"] = plan.cluster_requests(params, args.walltime, args.runs_per_gpu, args.bench)
+        runs_per_gpu = args.runs_per_gpu or plan.measured_runs_per_gpu()[0]
+        result["cluster"] = plan.cluster_requests(params, args.walltime, runs_per_gpu, args.bench)
     print(json.dumps(result, indent=2) if args.json else plan.format_plan(result))
 
 
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs-dir", default="results/runs", help="finished runs here are not counted again")
     p.add_argument("--walltime", type=int, help="the site's walltime limit in minutes: print the Slurm group "
                    "size (--group-components trainbatch=N) that keeps every submission within it")
-    p.add_argument("--runs-per-gpu", type=int, default=4, help="runs sharing one GPU (the profile's gpu_slot)")
+    p.add_argument("--runs-per-gpu", type=int, help="runs sharing one GPU (the profile's gpu_slot; default: what "
+                   "fedrepro check-gpu measured, else 4)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 

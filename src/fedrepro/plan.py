@@ -220,6 +220,23 @@ RUNTIME_FLOOR_MIN = 10
 RUNS_PER_GPU = 4  # the profiles' gpu_slot default; bench's throughput measurement suggests a site's own
 
 
+GPU_CHECK_FILE = Path("results/bench/gpu_check.json")
+
+
+def measured_runs_per_gpu(paths=(GPU_CHECK_FILE, BENCH_FILE)) -> tuple[int, str]:
+    """Runs per GPU from a GPU throughput measurement (the fewest the measured settings chose), else
+    the profiles' default; and where the number came from."""
+    for path in map(Path, paths):
+        if not path.exists():
+            continue
+        report = json.loads(path.read_text())
+        report = report.get("bench", report)
+        chosen = [t["runs_per_device"] for t in report.get("throughput", []) if t["device"].startswith("cuda")]
+        if chosen:
+            return min(chosen), f"measured ({path})"
+    return RUNS_PER_GPU, "default (no GPU throughput measurement)"
+
+
 def run_minutes(setting: dict, costs: dict, margin: float = RUNTIME_MARGIN, floor: int = RUNTIME_FLOOR_MIN) -> int:
     """Minutes a cluster job of this run asks for (attempt 1): estimated local steps x seconds per
     step x margin. A model without any step cost asks for 120 minutes, the old fixed request."""
