@@ -213,3 +213,18 @@ def test_gpu_check_imports_neither_snakemake_nor_mlflow(tmp_path):
 def test_check_gpu_without_cuda_says_so(capsys):
     with pytest.raises(SystemExit, match="sees no CUDA device; run it on a GPU node"):
         cli.main(["check-gpu", "--skip-bench"])
+
+
+def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
+    """What check-gpu measures for `fedrepro plan` (here on the CPU, for a one-setting params file)."""
+    import yaml
+    from fedrepro import plan
+    params = tmp_path / "p.yaml"
+    params.write_text(yaml.safe_dump({"experiments": {"e": {"base": {
+        "dataset": "fmnist", "model": "mlp", "num_clients": 10, "batch_size": 32}, "grid": {"seed": [1, 2]}}}}))
+    monkeypatch.setattr(gpucheck, "PAPER_PARAMS", [str(params), str(tmp_path / "absent.yaml")])
+    out = tmp_path / "step_costs.json"
+    table = gpucheck.measure_step_costs("cpu", out, log=lambda line: None)
+    assert list(table["step_seconds"]) == ["fmnist/mlp:32"] and table["step_seconds"]["fmnist/mlp:32"] > 0
+    costs, source = plan.load_step_costs(out)
+    assert costs == table["step_seconds"] and source.startswith("measured on cpu")

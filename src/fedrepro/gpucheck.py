@@ -153,6 +153,35 @@ def run_checks(device: str, log=print) -> dict:
     return results
 
 
+PAPER_PARAMS = ["params/ima.yaml", "params/fedlaw.yaml", "params/fedaware.yaml", "params/fednova.yaml"]
+
+
+def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
+    """Seconds per local step of every (dataset, model, batch size) of the papers' params files on
+    this device, in ``fedrepro plan``'s step_costs format: the runtime requests of cluster jobs.
+    A model whose code needs a package the node lacks (Pythia needs transformers) is skipped, named."""
+    from fedrepro import plan
+    settings = {}
+    for path in PAPER_PARAMS:
+        if Path(path).exists():
+            for run in config.expand(config.load_params_files([path])):
+                settings.setdefault(plan.step_key(run.setting), run.setting)
+    costs, skipped = {}, {}
+    for key, setting in sorted(settings.items()):
+        try:
+            costs[key] = plan.measure_step(setting, device)
+            log(f"step {key} on {device}: {costs[key] * 1e3:.3f} ms")
+        except ImportError as err:
+            skipped[key] = str(err)
+    from fedrepro.bench import machine
+    table = {"device": device, "machine": machine(), "step_seconds": costs, "skipped": skipped}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(table, indent=2, sort_keys=True))
+    return table
+
+
+
+
 def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rounds: int = 5,
          concurrency: tuple[int, ...] = (2, 4, 8), skip_bench: bool = False, log=print) -> int:
     from fedrepro import bench
@@ -167,6 +196,9 @@ def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rou
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
     if not skip_bench:
+        from fedrepro import plan
+        report["step_costs"] = measure_step_costs(device, plan.STEP_COSTS_FILE, log)
+        out.write_text(json.dumps(report, indent=2, default=str))
         report["bench"] = bench.run(["fmnist_cnn", "fmnist_mlp"], ["cuda"], bench_rounds, 1, False, data_root,
                                     log=log, concurrency=list(concurrency))
         log(bench.table(report["bench"]))
