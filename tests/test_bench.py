@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 import torch
 
 from fedrepro import bench, cli, data, engine
@@ -92,3 +93,32 @@ def test_engine_setting_is_a_valid_run_setting():
     setting = bench.engine_setting(bench.SETTINGS["fmnist_cnn"], "cpu")
     assert setting["participation"] * setting["num_clients"] == 10
     assert setting["local_epochs"] == 5 and setting["batch_size"] == 50
+
+
+@pytest.mark.slow
+def test_throughput_side_by_side_and_table1_extrapolation(tmp_path, capsys):
+    """Several runs per device at CI size on the CPU: the mechanism the GPU measurement uses."""
+    out = tmp_path / "bench.json"
+    cli.main(["bench", "--quick", "--rounds", "1", "--device", "cpu", "--settings", "fmnist_cnn",
+              "--data-root", str(tmp_path / "absent"), "--throughput", "2", "--out", str(out)])
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    (t,) = report["throughput"]
+    assert t["setting"] == "fmnist_cnn" and [r["runs_side_by_side"] for r in t["rows"]] == [1, 2]
+    for r in t["rows"]:
+        assert r["runs_per_device_hour"] == r["runs_side_by_side"] * 3600 / (300 * r["seconds_per_round"])
+    assert t["rows"][0]["device_hours_per_run_vs_one"] == 1.0
+    assert t["runs_per_device"] in (1, 2)
+    e = report["ima_table1_fmnist"]["cpu"]
+    row = next(r for r in t["rows"] if r["runs_side_by_side"] == t["runs_per_device"])
+    # 96 runs in ceil(96 / R) waves of 300 rounds
+    assert e["runs"] == 96 and e["waves"] == -(-96 // t["runs_per_device"])
+    assert e["wall_seconds"] == e["waves"] * 300 * row["seconds_per_round"]
+    assert "runs per device-hour" in printed and "IMA Table 1 FMNIST rows (96 runs x 300 rounds)" in printed
+
+
+def test_extrapolation_picks_the_chosen_concurrency():
+    tput = {"timed_rounds": 5, "runs_per_device": 4, "rows": [
+        {"runs_side_by_side": 1, "seconds_per_round": 0.1}, {"runs_side_by_side": 4, "seconds_per_round": 0.2}]}
+    e = bench.extrapolate_table(tput, 96, 300)
+    assert e["waves"] == 24 and abs(e["wall_seconds"] - 24 * 300 * 0.2) < 1e-9

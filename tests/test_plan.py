@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from fedrepro import cli, config, plan
 
@@ -94,7 +95,7 @@ def test_measure_times_every_setting_of_the_params_file_and_plan_uses_it(tmp_pat
 
 def test_pythia_is_timed_from_its_published_architecture_without_the_hub():
     setting = {"dataset": "agnews", "model": "pythia70m", "batch_size": 2, "pretrained": {"max_length": 8}}
-    forward, module, inputs, labels = plan._timed_model(setting, plan.torch.device("cpu"))
+    forward, module, inputs, labels = plan._timed_model(setting, torch.device("cpu"))
     # Pythia-70M has 70,426,624 parameters with its 50304 x 512 output embedding; the classifier replaces
     # that by a 512 x 4 score head (no bias)
     assert sum(p.numel() for p in module.parameters()) == 70_426_624 - 50304 * 512 + 512 * 4
@@ -120,3 +121,132 @@ def test_cli_plan_merges_a_subset_file_as_snakemake_does(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert list(out["experiments"]) == ["b"] and out["total"]["runs"] == 1, "lists replace, only applies"
     assert out["experiments"]["b"]["steps"] == 4 * 5 * 2 * 60, "the base's settings still hold"
+
+
+# --------------------------------------------------------------------------- cluster requests
+
+
+def test_run_minutes_is_steps_times_cost_times_margin():
+    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
+                              "rounds": 100, "local_epochs": 2, "batch_size": 100})
+    costs = {"fmnist/mlp:100": 0.01}
+    # 100 x 5 x 2 x 60 = 60,000 steps x 0.01 s = 600 s = 10 min, x3 margin = 30 min
+    assert plan.run_minutes(setting, costs) == 30
+    assert plan.run_minutes({**setting, "rounds": 1}, costs) == plan.RUNTIME_FLOOR_MIN
+    assert plan.run_minutes({**setting, "model": "cnn"}, costs) == 120  # no cost known: the old request
+
+
+@pytest.mark.parametrize("minutes,walltime,per_gpu,size", [
+    ([30, 20, 30], 240, 4, 32),   # 8 layers of 30 min, 4 runs each
+    ([30], 240, 1, 8),
+    ([100], 240, 4, 8),           # 2 layers fit, the third would not
+    ([240], 240, 2, 2),
+])
+def test_group_size_keeps_the_submission_within_walltime(minutes, walltime, per_gpu, size):
+    assert plan.group_size(minutes, walltime, per_gpu) == size
+    # what Snakemake asks for a full group: ceil(n / per_gpu) layers of the longest run
+    assert math.ceil(size / per_gpu) * max(minutes) <= walltime < math.ceil((size + 1) / per_gpu) * max(minutes) \
+        or size % per_gpu == 0
+
+
+def test_group_size_names_a_run_longer_than_the_walltime():
+    with pytest.raises(ValueError, match="more than the site's walltime of 60 min"):
+        plan.group_size([90, 10], 60)
+
+
+def test_plan_prints_group_size_for_a_walltime(tmp_path, capsys):
+    import yaml
+    params = tmp_path / "p.yaml"
+    params.write_text(yaml.safe_dump(_params()))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:100": 1.0}}))
+    cli.main(["plan", "--configfile", str(params), "--bench", str(costs), "--walltime", "240", "--runs-per-gpu", "2",
+              "--runs-dir", str(tmp_path / "none")])
+    out = capsys.readouterr().out
+    # each run: 4 x 5 x 2 x 60 = 2,400 steps x 1 s x 3 = 120 min; 2 layers of 2 runs fit in 240 min
+    assert "runs ask for 120-120 min" in out and "--group-components trainbatch=4" in out
+    assert "(1 submissions)" in out  # 3 distinct runs
+
+
+# --------------------------------------------------------------------------- what sbatch is asked for
+
+FAKE_SBATCH = '#!/bin/bash\nprintf "%s\\n" "$*" >> "$SBATCH_RECORD"\nexit 1\n'
+
+
+def _sbatch_lines(tmp_path, runs: int, *extra) -> list[str]:
+    """Submit ``runs`` train jobs through the real slurm profile and executor plugin to an ``sbatch``
+    that records its arguments (and refuses the job); return the recorded calls."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import yaml
+    from conftest import snakemake_cmd, subprocess_env
+
+    params = {"title": "t", "data": {"root": "data"}, "experiments": {"tiny": {
+        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
+                 "batch_size": 256, "partition": {"kind": "iid", "seed": 1}},
+        "grid": {"seed": list(range(1, runs + 1))}}}}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(params))
+    expanded = config.unique_runs(config.expand(params))
+    for run in expanded.values():  # the train jobs' inputs exist: only train is submitted
+        part = tmp_path / "results/partitions" / run.partition / "clients.npz"
+        part.parent.mkdir(parents=True, exist_ok=True)
+        part.write_text("")
+    (tmp_path / "data/fmnist").mkdir(parents=True)
+    (tmp_path / "data/fmnist/download.json").write_text("{}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
+    for name in ("sacct", "sacctmgr", "sshare", "sinfo", "squeue", "scontrol"):  # site queries: nothing to say
+        (bin_dir / name).write_text("#!/bin/bash\nexit 0\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    record = tmp_path / "sbatch.txt"
+    env = subprocess_env(SBATCH_RECORD=str(record))
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    targets = [f"results/runs/{run_id}/summary.json" for run_id in expanded]
+    from conftest import ROOT
+    cmd = snakemake_cmd(tmp_path, *targets, "--configfile", str(tmp_path / "tiny.yaml"), "--workflow-profile",
+                        str(ROOT / "workflow/profiles/slurm"), "--default-resources", "slurm_partition=debug",
+                        "slurm_account=acc", "mem_mb=500", "--retries", "0", *extra)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        for _ in range(600):  # the call is recorded at submission; the executor then waits on its status
+            if record.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    assert record.exists(), out[-4000:]
+    return record.read_text().splitlines()
+
+
+@pytest.mark.slow
+def test_sbatch_one_gpu_shared_by_runs_with_runtime_from_step_costs(tmp_path):
+    (call,) = _sbatch_lines(tmp_path, 5)
+    # 5 runs, 4 per GPU (gpu_slot): one submission of one GPU, 4 CPUs, two layers of the
+    # 10-minute floor (2 rounds of a tiny MLP), 4 x 4000 MB
+    assert " --gpus=1 " in call and "--gres" not in call
+    assert " -t 20 " in call and "--cpus-per-task=4" in call and " --mem 16000 " in call
+
+
+@pytest.mark.slow
+def test_sbatch_gres_recipe_of_the_docs(tmp_path):
+    (call,) = _sbatch_lines(tmp_path, 2, "--set-resources", "train:gpu=0", "train:gres=gpu:1")
+    assert " --gres=gpu:1 " in call and "--gpus" not in call
+
+
+def test_runs_per_gpu_comes_from_a_gpu_throughput_measurement(tmp_path):
+    check = tmp_path / "gpu_check.json"
+    assert plan.measured_runs_per_gpu([check]) == (plan.RUNS_PER_GPU, "default (no GPU throughput measurement)")
+    check.write_text(json.dumps({"bench": {"throughput": [
+        {"device": "cuda", "setting": "fmnist_cnn", "runs_per_device": 8},
+        {"device": "cuda", "setting": "fmnist_mlp", "runs_per_device": 6},
+        {"device": "cpu", "setting": "fmnist_mlp", "runs_per_device": 1}]}}))
+    assert plan.measured_runs_per_gpu([check]) == (6, f"measured ({check})")

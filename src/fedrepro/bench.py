@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import platform
 import resource
@@ -340,8 +341,128 @@ def bench_one(bench: BenchSetting, device_name: str, rounds: int, repeats: int, 
     }
 
 
+# ----------------------------------------------------------------------------- throughput
+
+# A paper run's length, to turn seconds per round into runs finished per device-hour.
+PAPER_ROUNDS = {"fmnist_cnn": 300, "fmnist_mlp": 200, "cifar_cnn": 200}
+# IMA Table 1's FMNIST rows: 8 methods with and without IMA, 2 partitions, 3 seeds, 300 rounds each.
+IMA_TABLE1_FMNIST = {"setting": "fmnist_cnn", "runs": 8 * 2 * 2 * 3, "rounds": 300}
+# A run's share of the device memory it may use when several share one device (the rest: the CUDA
+# contexts of the processes and fragmentation).
+MEMORY_SHARE = 0.8
+
+WORKER = """
+import json, sys
+from fedrepro import bench
+print(json.dumps(bench.throughput_worker(*json.loads(sys.argv[1]))), flush=True)
+"""
+
+
+def _engine_trainer(bench: BenchSetting, device_name: str, quick: bool, data_root, run_dir) -> engine.Trainer:
+    images, labels, _ = load_train(bench.dataset, data_root, quick)
+    parts = make_parts(bench, labels, quick)
+    torch.manual_seed(1)
+    return engine.Trainer(engine_setting(bench, device_name), run_dir, None, None,
+                          datasets=(data.TensorDataset(images, labels, 0.0, 1.0),
+                                    data.TensorDataset(images[:256], labels[:256], 0.0, 1.0)),
+                          parts=parts, module=build_module(bench))
+
+
+def throughput_worker(name: str, device_name: str, rounds: int, quick: bool, data_root, go_file: str) -> dict:
+    """One of several runs side by side: one warm-up round, then wait for ``go_file`` (so all time
+    the same crowded stretch), then time ``rounds`` engine rounds."""
+    bench = SETTINGS[name].quick() if quick else SETTINGS[name]
+    device = torch.device(device_name)
+    with tempfile.TemporaryDirectory(prefix="fedrepro-tput-") as run_dir:
+        trainer = _engine_trainer(bench, device_name, quick, data_root, run_dir)
+        trainer.round(0)
+        _sync(device)
+        print("ready", flush=True)
+        while not Path(go_file).exists():
+            time.sleep(0.01)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        seconds = [_timed(lambda: trainer.round(t), device) for t in range(1, rounds + 1)]
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    return {"seconds_per_round": statistics.median(seconds), "total_seconds": sum(seconds), "peak_gpu_bytes": peak}
+
+
+def side_by_side(name: str, device_name: str, runs: int, rounds: int, quick: bool, data_root) -> list[dict]:
+    """``runs`` engine runs of one setting as concurrent processes on one device (what a Slurm
+    group with ``runs`` GPU slots does); each worker's report."""
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    with tempfile.TemporaryDirectory(prefix="fedrepro-go-") as folder:
+        go = Path(folder) / "go"
+        args = json.dumps([name, device_name, rounds, quick, None if data_root is None else str(data_root), str(go)])
+        workers = [subprocess.Popen([sys.executable, "-c", WORKER, args], stdout=subprocess.PIPE, text=True, env=env)
+                   for _ in range(runs)]
+        try:
+            for w in workers:
+                if w.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"a throughput worker of {name} on {device_name} failed before its first round")
+            go.touch()
+            reports = [json.loads(w.stdout.readline()) for w in workers]
+            for w in workers:
+                w.wait(timeout=600)
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                    w.wait()
+    return reports
+
+
+def throughput(name: str, device_name: str, concurrency: list[int], rounds: int, quick: bool, data_root,
+               log=print) -> dict:
+    """Runs finished per device-hour, one at a time and with several side by side, and the number
+    per device to use: the smallest within 5% of the best measured throughput that fits in memory.
+
+    Method: for each R, R processes each train one run; after a warm-up round they time ``rounds``
+    rounds together; a paper run (PAPER_ROUNDS) then takes PAPER_ROUNDS x (median seconds per round)
+    and R of them finish per that time. Evaluation is not timed (as in the per-round table)."""
+    paper_rounds = PAPER_ROUNDS[name]
+    rows = []
+    for runs in concurrency:
+        reports = side_by_side(name, device_name, runs, rounds, quick, data_root)
+        per_round = statistics.median(r["seconds_per_round"] for r in reports)
+        row = {"runs_side_by_side": runs, "seconds_per_round": per_round,
+               "runs_per_device_hour": runs * 3600 / (paper_rounds * per_round),
+               "peak_gpu_mb_per_run": max(r["peak_gpu_bytes"] for r in reports) / 2 ** 20}
+        rows.append(row)
+        log(f"  {name} {device_name} x{runs}: {per_round:.4f} s/round per run, "
+            f"{row['runs_per_device_hour']:.1f} runs per device-hour")
+    single = next((r for r in rows if r["runs_side_by_side"] == 1), None)
+    for row in rows:
+        row["device_hours_per_run_vs_one"] = (single["runs_per_device_hour"] / row["runs_per_device_hour"]
+                                              if single else None)
+    fits = rows
+    if device_name.startswith("cuda"):
+        total = torch.cuda.get_device_properties(torch.device(device_name)).total_memory / 2 ** 20
+        fits = [r for r in rows if r["runs_side_by_side"] * r["peak_gpu_mb_per_run"] <= MEMORY_SHARE * total] or rows[:1]
+    best = max(r["runs_per_device_hour"] for r in fits)
+    chosen = min(r["runs_side_by_side"] for r in fits if r["runs_per_device_hour"] >= 0.95 * best)
+    return {"setting": name, "device": device_name, "paper_rounds": paper_rounds, "timed_rounds": rounds,
+            "quick": quick, "rows": rows, "runs_per_device": chosen}
+
+
+def extrapolate_table(tput: dict, runs: int, rounds: int) -> dict:
+    """Wall time of ``runs`` runs of ``rounds`` rounds on one device with the chosen runs per device:
+    ceil(runs / R) waves of rounds x (measured seconds per round at R side by side)."""
+    row = next(r for r in tput["rows"] if r["runs_side_by_side"] == tput["runs_per_device"])
+    waves = math.ceil(runs / row["runs_side_by_side"])
+    seconds = waves * rounds * row["seconds_per_round"]
+    return {"runs": runs, "rounds": rounds, "runs_per_device": row["runs_side_by_side"], "waves": waves,
+            "seconds_per_round": row["seconds_per_round"], "wall_seconds": seconds,
+            "method": f"ceil({runs} runs / {row['runs_side_by_side']} per device) = {waves} waves x {rounds} rounds x "
+                      f"{row['seconds_per_round']:.4f} s per round (median of {tput['timed_rounds']} timed rounds "
+                      f"per run, {row['runs_side_by_side']} runs side by side, evaluation not timed)"}
+
+
 def run(settings: list[str], devices: list[str], rounds: int, repeats: int, quick: bool,
-        data_root: str | Path | None, threads: int = 0, log=print) -> dict:
+        data_root: str | Path | None, threads: int = 0, log=print, concurrency: list[int] | None = None) -> dict:
     if threads:
         torch.set_num_threads(threads)
     results = []
@@ -356,8 +477,16 @@ def run(settings: list[str], devices: list[str], rounds: int, repeats: int, quic
         key = BenchSetting(**r["config"]).step_key
         step_seconds.setdefault(r["device"], {})[key] = r["step_seconds"]["floor"]
         engine_step.setdefault(r["device"], {})[key] = r["step_seconds"]["engine"]
-    return {"machine": machine(), "rounds": rounds, "repeats": repeats, "quick": quick, "goals": GOALS,
-            "results": results, "step_seconds": step_seconds, "engine_step_seconds": engine_step}
+    report = {"machine": machine(), "rounds": rounds, "repeats": repeats, "quick": quick, "goals": GOALS,
+              "results": results, "step_seconds": step_seconds, "engine_step_seconds": engine_step}
+    if concurrency:
+        report["throughput"] = [throughput(name, device, sorted(set(concurrency) | {1}), rounds * repeats, quick,
+                                           data_root, log)
+                                for device in devices for name in settings if name in PAPER_ROUNDS]
+        table1 = IMA_TABLE1_FMNIST
+        report["ima_table1_fmnist"] = {t["device"]: extrapolate_table(t, table1["runs"], table1["rounds"])
+                                       for t in report["throughput"] if t["setting"] == table1["setting"]}
+    return report
 
 
 def table(report: dict) -> str:
@@ -384,6 +513,20 @@ def table(report: dict) -> str:
                  f"{report['repeats']} rounds per method (interleaved). RSS is the process's high-water mark "
                  "(the three loops share one process, so host memory is not split by method); GPU memory is "
                  "each method's own peak.")
+    for t in report.get("throughput", []):
+        lines += ["", f"Throughput, {t['setting']} on {t['device']}{' (quick)' if t['quick'] else ''}: runs of "
+                      f"{t['paper_rounds']} rounds finished per device-hour ({t['timed_rounds']} timed rounds per run)",
+                  "| runs side by side | s/round per run | runs per device-hour | device-hours per run vs one "
+                  "at a time | peak GPU MB per run |", "|---|---|---|---|---|"]
+        for r in t["rows"]:
+            vs = r["device_hours_per_run_vs_one"]
+            lines.append(f"| {r['runs_side_by_side']} | {r['seconds_per_round']:.4f} | {r['runs_per_device_hour']:.1f} "
+                         f"| {'-' if vs is None else f'{vs:.2f}x fewer'} | {r['peak_gpu_mb_per_run']:.0f} |")
+        lines.append(f"Runs per device to use: {t['runs_per_device']} (the fewest within 5% of the best that fit "
+                     "in memory).")
+    for device, e in report.get("ima_table1_fmnist", {}).items():
+        lines += ["", f"IMA Table 1 FMNIST rows ({e['runs']} runs x {e['rounds']} rounds) on one {device}: "
+                      f"{e['wall_seconds'] / 60:.1f} min, extrapolated: {e['method']}."]
     return "\n".join(lines)
 
 

@@ -81,6 +81,7 @@ EXAMPLES = {
     "collect": "fedrepro collect --manifest results/manifests/default.json --metrics results/metrics/default "
                "--curves results/curves/default",
     "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
+    "check-gpu": "fedrepro check-gpu --out results/bench/gpu_check.json --throughput 2 4 8",
     "figures": "fedrepro figures --name quadratic --spec '{\"kind\": \"quadratic\"}' --out reports/default_figures/quadratic.png",
     "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
                 "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
@@ -117,6 +118,11 @@ def cmd_train(args) -> None:
     setting = resolve(args.setting)
     if args.device:
         setting["device"] = args.device
+    if setting["device"] != "cpu":  # several GPUs here: this job takes its own (fedrepro.slots)
+        from fedrepro import slots
+        bound = slots.bind_gpu()
+        if bound:
+            print(bound, file=sys.stderr, flush=True)
     observer = None
     if args.mlflow_experiment:
         from fedrepro import tracking
@@ -145,6 +151,9 @@ def cmd_plan(args) -> None:
         plan.measure(params, args.device or ("cuda" if torch.cuda.is_available() else "cpu"), args.bench or plan.STEP_COSTS_FILE,
                      log=lambda line: print(line, file=sys.stderr))
     result = plan.plan(params, args.bench, args.runs_dir)
+    if args.walltime:  # Slurm: group size that keeps each submission within the site's walltime
+        runs_per_gpu = args.runs_per_gpu or plan.measured_runs_per_gpu()[0]
+        result["cluster"] = plan.cluster_requests(params, args.walltime, runs_per_gpu, args.bench)
     print(json.dumps(result, indent=2) if args.json else plan.format_plan(result))
 
 
@@ -218,13 +227,19 @@ def cmd_evidence(args) -> None:
         print(f"report: {Path(out).resolve()}")
 
 
+def cmd_check_gpu(args) -> None:
+    from fedrepro import gpucheck
+    raise SystemExit(gpucheck.main(args.out, args.data_root, args.rounds, tuple(args.throughput), args.skip_bench))
+
+
 def cmd_bench(args) -> None:
     import torch
     from fedrepro import bench
     devices = args.device or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if "cuda" in devices and not torch.cuda.is_available():
         raise SystemExit("fedrepro bench: --device cuda was asked for, but torch sees no CUDA device")
-    report = bench.run(args.settings, devices, args.rounds, args.repeats, args.quick, args.data_root, args.threads)
+    report = bench.run(args.settings, devices, args.rounds, args.repeats, args.quick, args.data_root, args.threads,
+                       concurrency=args.throughput)
     print(bench.table(report))
     if args.out:
         bench.write(report, args.out)
@@ -285,7 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "of the params file on --device, and keep them")
     p.add_argument("--device", help="device to measure on (default: cuda when there is one, else cpu)")
     p.add_argument("--runs-dir", default="results/runs", help="finished runs here are not counted again")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--walltime", type=int, help="the site's walltime limit in minutes: print the Slurm group "
+                   "size (--group-components trainbatch=N) that keeps every submission within it")
+    p.add_argument("--runs-per-gpu", type=int, help="runs sharing one GPU (the profile's gpu_slot; default: what "
+                   "fedrepro check-gpu measured, else 4)")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("track", help="reconcile MLflow with the runs' files, run by run (idempotent; exits 1 "
@@ -351,7 +370,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", help="write the measurements as JSON here")
     p.add_argument("--html", help="write a small HTML page with the table here")
+    p.add_argument("--throughput", type=int, nargs="+", metavar="R", help="also measure runs finished per "
+                   "device-hour with R runs side by side on one device (1 is always measured), and extrapolate "
+                   "IMA Table 1's FMNIST rows")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("check-gpu", help="on a GPU node: the engine's CUDA checks, then the benchmark with several "
+                       "runs per GPU; all written to one JSON file (needs only torch, PYTHONPATH=src)")
+    p.add_argument("--out", default="results/bench/gpu_check.json")
+    p.add_argument("--data-root", default="data/fmnist", help="real Fashion-MNIST here if present, else generated")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per benchmark measurement")
+    p.add_argument("--throughput", type=int, nargs="+", default=[2, 4, 8], metavar="R",
+                   help="runs side by side on the GPU to measure (1 is always measured)")
+    p.add_argument("--skip-bench", action="store_true", help="the correctness checks only")
+    p.set_defaults(func=cmd_check_gpu)
 
     p = sub.add_parser("evidence", help="keep finished runs' compact records in evidence/, or rebuild a page from them")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -32,12 +32,48 @@ from fedrepro.provenance import git_commit, versions
 LAST_ROUNDS = 10  # the papers report the mean test accuracy of the last 10 rounds
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: cuda was asked for, but torch sees no CUDA device")
-    return torch.device(name)
+# Variables through which a scheduler hands a job its GPUs (Slurm's, then the CUDA runtime's).
+GPU_GRANT_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
+
+
+def granted_gpus(environ=None) -> str | None:
+    """The GPUs this job was given (``NAME=value``), or None. An empty or ``-1`` CUDA_VISIBLE_DEVICES
+    hides every GPU on purpose, so it grants none."""
+    import os
+    environ = os.environ if environ is None else environ
+    for name in GPU_GRANT_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value and value not in ("-1", "NoDevFiles"):
+            return f"{name}={value}"
+    return None
+
+
+def pick_device(name: str, environ=None) -> torch.device:
+    """``auto`` is CUDA when torch sees it; a job that was given a GPU but sees no CUDA fails
+    instead of training silently on the CPU (a driver older than torch's CUDA, a broken module)."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    grant = granted_gpus(environ)
+    if name == "cuda" or grant:
+        why = f"this job was given a GPU ({grant})" if grant else "device: cuda was asked for"
+        built = torch.version.cuda or "none: a CPU-only build"
+        raise RuntimeError(
+            f"{why}, but torch {torch.__version__} (built for CUDA {built}) sees no CUDA device. Check "
+            "`nvidia-smi` and that the driver supports this CUDA version; set device: cpu to train on the CPU "
+            "on purpose")
+    return torch.device("cpu")
+
+
+def device_line(device: torch.device, resumed_at: int | None) -> str:
+    """The first line of every train log: where it runs, with what, and whether it resumed."""
+    where = str(device)
+    if device.type == "cuda":
+        where += f" ({torch.cuda.get_device_name(device)})"
+    cuda = torch.version.cuda or "none"
+    start = f"resumed at round {resumed_at}" if resumed_at is not None else "fresh start"
+    return f"fedrepro train: device {where}; torch {torch.__version__}, CUDA {cuda}; {start}"
 
 
 WARMUP_SALT = 0xC0407  # the exploration permutation's stream, apart from the per-round draws
@@ -354,6 +390,7 @@ class Trainer:
 
         resumed = self.try_resume()
         observer = observer or _Silent()
+        print(device_line(self.device, self.start_round if resumed else None), file=sys.stderr, flush=True)
         observer.started(self, resumed)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm) if _main_thread() else None
         status = "finished"

@@ -20,9 +20,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
-from fedrepro import config, models, registry
+from fedrepro import config, registry
 
 BENCH_FILE = Path("results/bench/bench.json")
 STEP_COSTS_FILE = Path("results/bench/step_costs.json")
@@ -102,6 +100,9 @@ def step_seconds(costs: dict, setting: dict) -> float | None:
 
 def _timed_model(setting: dict, device: torch.device):
     """(model, inputs, labels) of one local step of this setting, on random data of the right shape."""
+    import torch  # only measuring needs torch: the Snakefile reads step costs without importing it
+
+    from fedrepro import models
     spec = registry.DATASETS[setting["dataset"]]
     batch = setting["batch_size"]
     labels = torch.randint(0, spec["num_classes"], (batch,), device=device)
@@ -121,6 +122,7 @@ def _timed_model(setting: dict, device: torch.device):
 
 def measure_step(setting: dict, device: str = "cpu", steps: int = 10, warmup: int = 3) -> float:
     """Seconds per local SGD step (forward, backward, update) of this setting's model and batch."""
+    import torch
     device = torch.device(device)
     forward, module, inputs, labels = _timed_model(setting, device)
     opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
@@ -200,4 +202,71 @@ def format_plan(result: dict) -> str:
                      f"{hours:10.1f}{note}")
     lines.append(f"{result['unique_runs']} distinct runs; step cost: {result['source']}. Not counted: evaluation, "
                  "server-side optimisation (proxy-set epochs of FedLAW/FedDF/FedBE/Server-FT, FedAWARE min-norm).")
+    cluster = result.get("cluster")
+    if cluster:
+        minutes = cluster["run_minutes"].values()
+        lines.append(f"Slurm: runs ask for {min(minutes)}-{max(minutes)} min each (x{RUNTIME_MARGIN:g} margin); "
+                     f"with {cluster['runs_per_gpu']} runs per GPU and a walltime of {cluster['walltime_min']} min, "
+                     f"use --group-components trainbatch={cluster['group_components']} "
+                     f"({cluster['submissions']} submissions).")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- cluster requests
+
+# A run's runtime request is its estimated compute times this margin (evaluation, server-side work,
+# data loading and sharing the GPU with other runs are not in the step count), and never less than
+# the floor (start-up, a queue's clock granularity).
+RUNTIME_MARGIN = 3.0
+RUNTIME_FLOOR_MIN = 10
+RUNS_PER_GPU = 4  # the profiles' gpu_slot default; bench's throughput measurement suggests a site's own
+
+
+GPU_CHECK_FILE = Path("results/bench/gpu_check.json")
+
+
+def measured_runs_per_gpu(paths=(GPU_CHECK_FILE, BENCH_FILE)) -> tuple[int, str]:
+    """Runs per GPU from a GPU throughput measurement (the fewest the measured settings chose), else
+    the profiles' default; and where the number came from."""
+    for path in map(Path, paths):
+        if not path.exists():
+            continue
+        report = json.loads(path.read_text())
+        report = report.get("bench", report)
+        chosen = [t["runs_per_device"] for t in report.get("throughput", []) if t["device"].startswith("cuda")]
+        if chosen:
+            return min(chosen), f"measured ({path})"
+    return RUNS_PER_GPU, "default (no GPU throughput measurement)"
+
+
+def run_minutes(setting: dict, costs: dict, margin: float = RUNTIME_MARGIN, floor: int = RUNTIME_FLOOR_MIN) -> int:
+    """Minutes a cluster job of this run asks for (attempt 1): estimated local steps x seconds per
+    step x margin. A model without any step cost asks for 120 minutes, the old fixed request."""
+    seconds = step_seconds(costs, setting)
+    if seconds is None:
+        return 120
+    return max(floor, math.ceil(local_steps(setting) * seconds * margin / 60))
+
+
+def group_size(minutes: list[int], walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU) -> int:
+    """How many runs one Slurm submission may hold so that it asks for at most ``walltime_min``.
+    Snakemake asks a group for ceil(n / runs_per_gpu) x (longest run) minutes: layers of
+    ``runs_per_gpu`` runs side by side, one layer after the other."""
+    if walltime_min < 1 or runs_per_gpu < 1:
+        raise ValueError(f"group_size: walltime {walltime_min} min and {runs_per_gpu} runs per GPU must be >= 1")
+    longest = max(minutes)
+    if longest > walltime_min:
+        raise ValueError(f"one run asks for {longest} min, more than the site's walltime of {walltime_min} min: "
+                         "split it (fewer rounds) or measure its step cost (fedrepro plan --measure)")
+    return runs_per_gpu * (walltime_min // longest)
+
+
+def cluster_requests(params: dict, walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU,
+                     bench: str | Path | None = None) -> dict:
+    """Per-run runtime requests of a params file and the group size that fits a site's walltime."""
+    costs, source = load_step_costs(bench)
+    runs = config.unique_runs(config.expand(params))
+    minutes = {run_id: run_minutes(run.setting, costs) for run_id, run in runs.items()}
+    size = group_size(list(minutes.values()), walltime_min, runs_per_gpu)
+    return {"source": source, "run_minutes": minutes, "group_components": size, "runs_per_gpu": runs_per_gpu,
+            "walltime_min": walltime_min, "submissions": math.ceil(len(minutes) / size)}

@@ -8,6 +8,11 @@ TRACK_LIVE = (
     else ""
 )
 
+# Runtime requests: each run's estimated steps x measured seconds per step x a margin (fedrepro plan).
+from fedrepro import plan as fplan
+
+STEP_COSTS, _ = fplan.load_step_costs()
+
 
 rule train:
     # The run's path carries a hash of its setting and of the code it depends on (editing one method
@@ -27,9 +32,12 @@ rule train:
         out=lambda w: f"results/runs/{w.run}",
     threads: 1
     resources:
-        gpu=1,
+        # "1" as a string: a Slurm group of runs sharing one GPU asks for one, not one per run
+        gpu="1",
+        # one of the GPU slots the profile declares (GPUs x runs per GPU); device: cpu runs take none
+        gpu_slot=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
         mem_mb=lambda w, attempt: 4000 * attempt,
-        runtime=lambda w, attempt: 120 * attempt,
+        runtime=lambda w, attempt: fplan.run_minutes(run_setting(w), STEP_COSTS) * attempt,
     log:
         "logs/train/{run}.log",
     benchmark:

@@ -1,0 +1,210 @@
+"""``fedrepro check-gpu``: is the engine correct on this device, and what does it cost there.
+
+Each check takes a device and raises AssertionError on a wrong result; tests/test_gpu.py runs them
+on CUDA (marker ``gpu``) and at CI size on the CPU. The command runs them all on CUDA without
+pytest, then the benchmark with several runs per GPU, and writes everything to one JSON file
+(results/bench/gpu_check.json) that the README cites. It imports only torch, numpy and the package
+(never snakemake or mlflow), so it runs on a GPU node with a site PyTorch and ``PYTHONPATH=src``.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedrepro import config, data, engine, models, partition, registry
+
+OUT = Path("results/bench/gpu_check.json")
+
+# Settings a method needs to run at this size (as in tests/test_resume.py).
+_PROXY = {"proxy_size": 20, "server_epochs": 2}  # proxy samples come out of the 100 test samples
+METHOD_EXTRAS = {"fedlaw": {"fedlaw": {"proxy_size": 20}}, "fedfa": {"model": "cnn"}, "feddf": {"feddf": _PROXY},
+                 "fedbe": {"fedbe": _PROXY}, "serverft": {"serverft": _PROXY},
+                 "fedavg+ima": {"ima": {"start_round": 2, "window": 2}}}
+BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
+        "batch_size": 50, "eval_every": 1, "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1}}
+
+
+def tiny_fmnist(n_train: int = 400, n_test: int = 100):
+    """Generated Fashion-MNIST-shaped data whose brightness follows the label (something to learn)."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for n in (n_train, n_test):
+        labels = torch.arange(n) % 10
+        images = (torch.randint(0, 60, (n, 1, 28, 28), generator=gen) + 19 * labels[:, None, None, None]).to(torch.uint8)
+        out.append(data.TensorDataset(images, labels, 0.2860, 0.3530))
+    return tuple(out)
+
+
+def _trainer(setting: dict, run_dir, device: str, datasets=None) -> engine.Trainer:
+    setting = config.resolve({**setting, "device": device})
+    datasets = datasets or tiny_fmnist()
+    parts = partition.make(datasets[0].labels.numpy(), {"kind": "iid", "seed": 1, "num_clients": setting["num_clients"],
+                                                        "dataset": "fmnist"})
+    return engine.Trainer(setting, run_dir, None, None, datasets=datasets, parts=parts)
+
+
+def check_models(device: str) -> list[str]:
+    """Every model family: a forward and backward pass gives finite logits and a gradient for every parameter."""
+    done = []
+    for name, spec in registry.MODELS.items():
+        if spec.get("pretrained"):
+            continue  # hub weights; timed by `fedrepro plan --measure` on its architecture instead
+        dataset = spec["datasets"][0]
+        shape = registry.DATASETS[dataset]["shape"]
+        torch.manual_seed(0)
+        net = models.build(name, dataset).to(device)
+        x = torch.rand((4, *shape), device=device)
+        logits = net(x)
+        assert logits.shape == (4, registry.DATASETS[dataset]["num_classes"]), (name, logits.shape)
+        torch.nn.functional.cross_entropy(logits, torch.arange(4, device=device) % logits.shape[1]).backward()
+        for pname, p in net.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), f"{name}: no or non-finite gradient for {pname}"
+        done.append(f"{name}/{dataset}")
+    return done
+
+
+def method_names() -> list[str]:
+    return list(registry.ALGORITHMS) + [f"fedavg+{plugin}" for plugin in registry.PLUGINS]
+
+
+def check_method(method: str, device: str, rounds: int = 3) -> float:
+    """A few rounds of one method (or FedAvg with one plug-in): finished, finite; its final accuracy."""
+    algorithm, *plugins = method.split("+")
+    setting = {**BASE, "rounds": rounds, "algorithm": algorithm, "plugins": plugins, **METHOD_EXTRAS.get(method, {})}
+    with tempfile.TemporaryDirectory() as run_dir:
+        summary = _trainer(setting, run_dir, device).run(checkpoint_every=0, progress=False)
+    assert summary["status"] == "finished", f"{method} on {device}: {summary['status']}"
+    assert np.isfinite(summary["final_acc"]), f"{method} on {device}: final accuracy {summary['final_acc']}"
+    return summary["final_acc"]
+
+
+def check_cohort_matches_sequential(device: str) -> float:
+    """One round of equal-size clients trained together (vmapped cohort) and one by one: the same
+    client updates up to float rounding. Returns the largest difference relative to the update norm."""
+    setting = {**BASE, "num_clients": 4, "participation": 1.0, "algorithm": "fedavg", "batch_size": 25}
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = _trainer(setting, run_dir, device)
+        cohort = engine.sample_cohort(1, 0, 4, 4)
+        x = trainer.model.flat.clone()
+        results = {}
+        for mode in ("off", "on"):
+            trainer.cohort_mode = mode
+            results[mode] = trainer.local_training(0, cohort, x.clone(), 0.05).deltas.clone()
+            trainer.model.flat.copy_(x)
+    gap = float((results["on"] - results["off"]).abs().max() / results["off"].abs().max())
+    assert gap < 1e-4, f"cohort and sequential updates differ by {gap:.2e} (relative) on {device}"
+    return gap
+
+
+def check_exact_resume(device: str) -> None:
+    """Stopped after 2 rounds and resumed on the same device: the same metrics and model, bit for bit."""
+    setting = {**BASE, "algorithm": "fedavg", "plugins": ["ima"], **METHOD_EXTRAS["fedavg+ima"]}
+    datasets = tiny_fmnist()
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        _trainer(setting, a, device, datasets).run(checkpoint_every=0, progress=False)
+        assert _trainer(setting, b, device, datasets).run(progress=False, stop_after=2)["status"] == "stopped"
+        resumed = _trainer(setting, b, device, datasets)
+        summary = resumed.run(progress=False)
+        assert summary["resumed"], "the second start did not resume"
+        xa = torch.load(Path(a) / "model.pt", weights_only=False)["x"]
+        xb = torch.load(Path(b) / "model.pt", weights_only=False)["x"]
+        assert torch.equal(xa, xb), f"resumed model differs from the uninterrupted one on {device}"
+        ma = (Path(a) / "metrics.csv").read_text().splitlines()
+        mb = (Path(b) / "metrics.csv").read_text().splitlines()
+        # the clock columns (seconds a round took, when it ended) differ by nature
+        clock = {i for i, name in enumerate(ma[0].split(",")) if name in ("seconds", "wall_time")}
+        strip = lambda lines: [",".join(c for i, c in enumerate(l.split(",")) if i not in clock) for l in lines]
+        assert strip(ma) == strip(mb), f"resumed metrics differ on {device}"
+
+
+def check_eval_mode(device: str) -> None:
+    """Evaluation runs the model in eval mode (dropout off, normalisation on running statistics)."""
+    setting = {**BASE, "algorithm": "fedavg", "rounds": 1}
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = _trainer(setting, run_dir, device)
+        modes = []
+        handle = trainer.model.module.register_forward_hook(lambda m, i, o: modes.append(m.training))
+        trainer.run(checkpoint_every=0, progress=False)
+        handle.remove()
+    assert modes and not modes[-1], f"the last forward pass (evaluation) ran in training mode on {device}"
+
+
+def run_checks(device: str, log=print) -> dict:
+    """Every check on ``device``; a failing check is recorded with its traceback, the rest still run."""
+    checks = {"models": lambda: check_models(device),
+              **{f"method:{m}": (lambda m=m: check_method(m, device)) for m in method_names()},
+              "cohort_vs_sequential": lambda: check_cohort_matches_sequential(device),
+              "exact_resume": lambda: check_exact_resume(device), "eval_mode": lambda: check_eval_mode(device)}
+    results = {}
+    for name, check in checks.items():
+        tic = time.perf_counter()
+        try:
+            value = check()
+            results[name] = {"ok": True, "value": value}
+        except Exception:  # noqa: BLE001 (a report of every check, not the first failure)
+            results[name] = {"ok": False, "error": traceback.format_exc(limit=3)}
+        results[name]["seconds"] = round(time.perf_counter() - tic, 2)
+        log(f"{'ok  ' if results[name]['ok'] else 'FAIL'} {name} ({results[name]['seconds']} s)")
+    return results
+
+
+PAPER_PARAMS = ["params/ima.yaml", "params/fedlaw.yaml", "params/fedaware.yaml", "params/fednova.yaml"]
+
+
+def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
+    """Seconds per local step of every (dataset, model, batch size) of the papers' params files on
+    this device, in ``fedrepro plan``'s step_costs format: the runtime requests of cluster jobs.
+    A model whose code needs a package the node lacks (Pythia needs transformers) is skipped, named."""
+    from fedrepro import plan
+    settings = {}
+    for path in PAPER_PARAMS:
+        if Path(path).exists():
+            for run in config.expand(config.load_params_files([path])):
+                settings.setdefault(plan.step_key(run.setting), run.setting)
+    costs, skipped = {}, {}
+    for key, setting in sorted(settings.items()):
+        try:
+            costs[key] = plan.measure_step(setting, device)
+            log(f"step {key} on {device}: {costs[key] * 1e3:.3f} ms")
+        except ImportError as err:
+            skipped[key] = str(err)
+    from fedrepro.bench import machine
+    table = {"device": device, "machine": machine(), "step_seconds": costs, "skipped": skipped}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(table, indent=2, sort_keys=True))
+    return table
+
+
+
+
+def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rounds: int = 5,
+         concurrency: tuple[int, ...] = (2, 4, 8), skip_bench: bool = False, log=print) -> int:
+    from fedrepro import bench
+    if not torch.cuda.is_available():
+        raise SystemExit(f"fedrepro check-gpu: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) sees "
+                         "no CUDA device; run it on a GPU node")
+    device = "cuda"  # the current CUDA device, as a setting names it
+    log(engine.device_line(engine.pick_device(device), None))
+    report = {"machine": bench.machine(), "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
+              "checks": run_checks(device, log)}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str))
+    if not skip_bench:
+        from fedrepro import plan
+        report["step_costs"] = measure_step_costs(device, plan.STEP_COSTS_FILE, log)
+        out.write_text(json.dumps(report, indent=2, default=str))
+        report["bench"] = bench.run(["fmnist_cnn", "fmnist_mlp"], ["cuda"], bench_rounds, 1, False, data_root,
+                                    log=log, concurrency=list(concurrency))
+        log(bench.table(report["bench"]))
+        out.write_text(json.dumps(report, indent=2, default=str))
+    failed = [name for name, r in report["checks"].items() if not r["ok"]]
+    log(f"{len(report['checks']) - len(failed)} checks passed, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "
+        f"written to {out}")
+    return 1 if failed else 0
