@@ -12,7 +12,7 @@ from torch import nn
 from conftest import make_partition
 from fedrepro import checkpoint, config
 from fedrepro.algorithms.feddf import EnsembleDistillation
-from fedrepro.algorithms.fedbe import SWAG_SALT, BayesianEnsembleDistillation, swag_sample
+from fedrepro.algorithms.fedbe import BayesianEnsembleDistillation, swag_sample
 from fedrepro.algorithms.fedlaw import LearnedAggregation
 from fedrepro.algorithms.proxy import FunctionalModel, optimizer_settings, proxy_indices, round_generator
 from fedrepro.algorithms.serverft import ProxyFineTune
@@ -139,7 +139,7 @@ def test_fedbe_teachers_are_fedavg_clients_and_one_swag_sample():
     models = x - updates.deltas
     x_avg = x - updates.weighted_mean()
     agg.prepare(x, x_avg, models, updates)
-    eps = torch.randn(8, generator=round_generator(4, 0, SWAG_SALT), dtype=torch.float64)
+    eps = torch.randn(8, generator=round_generator(4, 0, "swag"), dtype=torch.float64)
     swag = swag_sample(x, models, FunctionalModel(module).slices(), 0.1, eps)
     teachers = torch.stack([x_avg, *models, swag])       # K + 2 = 5 nets, uniform
     expected = torch.stack([linear_logits(w, px) for w in teachers]).mean(0)

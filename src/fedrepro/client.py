@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedrepro import streams
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientObjective, GradientCorrection
@@ -21,8 +22,7 @@ from fedrepro.parts import ClientObjective, GradientCorrection
 
 def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
     """The shuffling RNG of one client in one round; a resumed run draws the same batches."""
-    state = np.random.SeedSequence([seed, round_, client, 0xC11E]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
+    return streams.generator("batches", seed, round_, client)
 
 
 def holdout_split(part: np.ndarray, fraction: float, seed: int, client: int) -> tuple[np.ndarray, np.ndarray]:
@@ -30,7 +30,7 @@ def holdout_split(part: np.ndarray, fraction: float, seed: int, client: int) -> 
     client), the first floor(fraction * n) held out and the rest trained on, as FedLAW's code splits
     each client (shuffle, then ``int(valid_ratio * n)`` held out). The seed is shared by every method of
     a comparison, so all of them hold out the same samples."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, client, 0x401D]))
+    rng = streams.rng("holdout", seed, client)
     order = np.asarray(part)[rng.permutation(len(part))]
     held = int(fraction * len(part))
     return order[held:], order[:held]

@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import platform
@@ -21,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import algorithms, checkpoint, data, identity, metrics, models, partition
+from fedrepro import algorithms, checkpoint, data, identity, metrics, models, partition, streams
 from fedrepro.client import LocalSGD, client_generator, holdout_split, lr_schedule as client_lr_schedule
 from fedrepro.cohort import CohortSGD, equal_steps, random_layers
+# scoring lives below the engine, where the methods that score models use it too
+from fedrepro.evaluation import eval_mode, evaluate, proxy_indices, split_test  # noqa: F401
 from fedrepro.identity import cohort_size, partition_id, partition_setting, stable_hash
 from fedrepro.flat import FlatModel
 from fedrepro.parts import RoundUpdates
@@ -76,7 +77,6 @@ def device_line(device: torch.device, resumed_at: int | None) -> str:
     return f"fedrepro train: device {where}; torch {torch.__version__}, CUDA {cuda}; {start}"
 
 
-WARMUP_SALT = 0xC0407  # the exploration permutation's stream, apart from the per-round draws
 
 
 def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
@@ -84,63 +84,13 @@ def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str 
     on resume. ``warmup: permutation`` (FedAWARE's code): rounds 0 .. ceil(N/k) - 1 walk one permutation of
     all N clients, seeded by the run's seed, k at a time, so each client is visited once; a last partial
     chunk is topped up with clients drawn from the others. Afterwards, uniform without replacement."""
-    rng = np.random.default_rng([seed, round_])
+    rng = streams.rng("cohort", seed, round_)
     if warmup == "permutation" and round_ < math.ceil(num_clients / k):
-        order = np.random.default_rng([seed, WARMUP_SALT]).permutation(num_clients)
+        order = streams.rng("warmup", seed).permutation(num_clients)
         chunk = order[round_ * k:(round_ + 1) * k]
         others = np.setdiff1d(np.arange(num_clients), chunk)
         return np.sort(np.concatenate([chunk, rng.choice(others, size=k - len(chunk), replace=False)]))
     return np.sort(rng.choice(num_clients, size=k, replace=False))
-
-
-PROXY_SALT = 0xFED1A  # the stream of FedLAW's proxy draw, kept so the held-out samples stay what they were
-
-
-def proxy_indices(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    """size / C test samples of each of the C classes, drawn by the run's seed: the server's proxy set,
-    held out of the evaluation of every run of a comparison (``evaluation.proxy_holdout``)."""
-    labels = labels.cpu().numpy()
-    classes = np.unique(labels)
-    rng = np.random.default_rng([seed, PROXY_SALT])
-    picked = [rng.choice(np.flatnonzero(labels == c), size // len(classes), replace=False) for c in classes]
-    return torch.from_numpy(np.sort(np.concatenate(picked)))
-
-
-def split_test(test, holdout: int, seed: int):
-    """(evaluation set, proxy set or None): the test set minus the class-balanced hold-out, and the hold-out.
-    The split belongs to the comparison, so every method of it is scored on the same samples."""
-    if not holdout:
-        return test, None
-    index = proxy_indices(test.labels, holdout, seed).to(test.labels.device)
-    keep = torch.ones(len(test), dtype=torch.bool, device=test.labels.device)
-    keep[index] = False
-    return test.subset(keep.nonzero().squeeze(1)), test.subset(index)
-
-
-@contextlib.contextmanager
-def eval_mode(module: torch.nn.Module):
-    """Score with dropout off (and BatchNorm on its running statistics); the previous mode comes back."""
-    was_training = module.training
-    module.eval()
-    try:
-        yield module
-    finally:
-        module.train(was_training)
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, test: data.TensorDataset, batch_size: int = 4096) -> tuple[float, float]:
-    """Accuracy and mean loss with the model in eval mode (dropout off), its mode restored after."""
-    correct = torch.zeros((), device=test.labels.device)
-    loss = torch.zeros((), device=test.labels.device)
-    with eval_mode(model):
-        for start in range(0, len(test), batch_size):
-            index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
-            x, y = test.batch(index)
-            logits = model(x)
-            loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
-            correct += (logits.argmax(1) == y).sum()
-    return float(correct) / len(test), float(loss) / len(test)
 
 
 class Preempted(Exception):

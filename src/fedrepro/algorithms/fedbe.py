@@ -16,7 +16,6 @@ from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.proxy import build_proxy_algorithm, round_generator
 from fedrepro.parts import Algorithm, RoundUpdates
 
-SWAG_SALT = 0xFEDBE
 VAR_CLAMP = 1e-5  # the code's SWAG_server var_clamp (its second clamp at 1e-6 never binds)
 
 
@@ -35,7 +34,7 @@ def swag_sample(x: torch.Tensor, models: torch.Tensor, slices, scale: float, eps
 
 class BayesianEnsembleDistillation(EnsembleDistillation):
     def teachers(self, x, x_avg, models, updates: RoundUpdates) -> list[torch.Tensor]:
-        generator = round_generator(self.seed, updates.round, SWAG_SALT)
+        generator = round_generator(self.seed, updates.round, "swag")
         eps = torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
         swag = swag_sample(x, models, self.net.slices(), self.cfg["swag_scale"], eps)
         return [x_avg, *models, swag]

@@ -12,19 +12,17 @@ baselines FedLAW compares with (FedDF, FedBE, Server-FT; Li et al., ICML 2023, s
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch.func import functional_call
 
-from fedrepro.engine import PROXY_SALT, eval_mode, proxy_indices  # noqa: F401 (proxy_indices: re-export)
+from fedrepro import streams
+from fedrepro.evaluation import eval_mode, proxy_indices  # noqa: F401 (proxy_indices: re-export)
 from fedrepro.parts import Aggregator, RoundUpdates
 
-FEDLAW_SALT = PROXY_SALT  # the proxy draw's stream, also FedLAW's batch stream
 
-
-def round_generator(seed: int, round_: int, salt: int = FEDLAW_SALT) -> torch.Generator:
-    state = np.random.SeedSequence([seed, round_, salt]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
+def round_generator(seed: int, round_: int, stream: str = "proxy") -> torch.Generator:
+    """The server's batches of a round (FedLAW, FedDF, Server-FT: the proxy stream; FedBE's SWAG sample)."""
+    return streams.generator(stream, seed, round_)
 
 
 def epoch_batches(n: int, batch_size: int, generator: torch.Generator, device) -> list[torch.Tensor]:
@@ -91,9 +89,9 @@ class ProxyTraining(Aggregator):
     state = ("opt_state",)
 
     def __init__(self, net: FunctionalModel, proxy_x, proxy_y, cfg: dict, optim: dict, server_lr: float = 1.0,
-                 seed: int = 0, salt: int = FEDLAW_SALT):
+                 seed: int = 0, stream: str = "proxy"):
         self.net, self.proxy_x, self.proxy_y = net, proxy_x, proxy_y
-        self.cfg, self.optim, self.server_lr, self.seed, self.salt = cfg, optim, server_lr, seed, salt
+        self.cfg, self.optim, self.server_lr, self.seed, self.stream = cfg, optim, server_lr, seed, stream
         self.opt_state: dict = {}
 
     def prepare(self, x: torch.Tensor, x_avg: torch.Tensor, models: torch.Tensor, updates: RoundUpdates) -> None:
@@ -127,7 +125,7 @@ class ProxyTraining(Aggregator):
     def train(self, w0: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
         w = w0.clone().requires_grad_(True)
         opt = self.make_optimizer(w)
-        generator = round_generator(self.seed, updates.round, self.salt)
+        generator = round_generator(self.seed, updates.round, self.stream)
         n = len(self.proxy_x)
         for _ in range(self.cfg["server_epochs"]):
             total = torch.zeros((), device=w.device, dtype=w.dtype)

@@ -6,7 +6,7 @@ by (seed, round, client): every method sees the same draws and a resumed run red
 """
 from __future__ import annotations
 
-import numpy as np
+from fedrepro import streams
 
 
 class RandomEpochs:
@@ -14,7 +14,7 @@ class RandomEpochs:
         self.seed, self.low, self.high = seed, low, high
 
     def __call__(self, round_: int, client: int) -> int:
-        rng = np.random.default_rng([self.seed, round_, client, 0xE90C])
+        rng = streams.rng("epochs", self.seed, round_, client)
         return int(rng.integers(self.low, self.high + 1))
 
 

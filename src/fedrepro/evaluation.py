@@ -1,0 +1,58 @@
+"""What every run of a comparison is scored on, and how: the test set minus the comparison's proxy
+hold-out, with the model in eval mode. Below the engine and the methods, which both use it.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from fedrepro import streams
+
+
+def proxy_indices(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """size / C test samples of each of the C classes, drawn by the run's seed: the server's proxy set,
+    held out of the evaluation of every run of a comparison (``evaluation.proxy_holdout``)."""
+    labels = labels.cpu().numpy()
+    classes = np.unique(labels)
+    rng = streams.rng("proxy", seed)
+    picked = [rng.choice(np.flatnonzero(labels == c), size // len(classes), replace=False) for c in classes]
+    return torch.from_numpy(np.sort(np.concatenate(picked)))
+
+
+def split_test(test, holdout: int, seed: int):
+    """(evaluation set, proxy set or None): the test set minus the class-balanced hold-out, and the hold-out.
+    The split belongs to the comparison, so every method of it is scored on the same samples."""
+    if not holdout:
+        return test, None
+    index = proxy_indices(test.labels, holdout, seed).to(test.labels.device)
+    keep = torch.ones(len(test), dtype=torch.bool, device=test.labels.device)
+    keep[index] = False
+    return test.subset(keep.nonzero().squeeze(1)), test.subset(index)
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module):
+    """Score with dropout off (and BatchNorm on its running statistics); the previous mode comes back."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, test, batch_size: int = 4096) -> tuple[float, float]:
+    """Accuracy and mean loss with the model in eval mode (dropout off), its mode restored after."""
+    correct = torch.zeros((), device=test.labels.device)
+    loss = torch.zeros((), device=test.labels.device)
+    with eval_mode(model):
+        for start in range(0, len(test), batch_size):
+            index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
+            x, y = test.batch(index)
+            logits = model(x)
+            loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
+    return float(correct) / len(test), float(loss) / len(test)
