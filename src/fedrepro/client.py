@@ -63,6 +63,15 @@ class LocalSGD:
     momentum: float = 0.0
     weight_decay: float = 0.0
 
+    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, buf: torch.Tensor | None) -> None:
+        """PyTorch's SGD update, in place, on one flat vector or a (K, P) stack of them (the cohort path):
+        g = grad + wd * x;  b = mu * b + g;  x -= lr * b. ``grad`` and ``buf`` are overwritten."""
+        if self.weight_decay:
+            grad.add_(x, alpha=self.weight_decay)
+        if buf is not None:
+            grad = buf.mul_(self.momentum).add_(grad)
+        x.add_(grad, alpha=-lr)
+
     def train(self, model: FlatModel, data: TensorDataset, index: torch.Tensor, x_global: torch.Tensor,
               lr: float, epochs: int, batch_size: int, generator: torch.Generator, client: int,
               corrections: list[GradientCorrection] = (), objective: ClientObjective | None = None,
@@ -91,11 +100,7 @@ class LocalSGD:
                 g = model.grad
                 for c in corrections:
                     c(g, model.flat, x_global, client)
-                if self.weight_decay:
-                    g.add_(model.flat, alpha=self.weight_decay)
-                if buf is not None:
-                    g = buf.mul_(self.momentum).add_(g)
-                model.flat.add_(g, alpha=-lr)
+                self.step(model.flat, g, lr, buf)
                 steps += 1
                 if objective is not None:
                     objective.after_step(model)

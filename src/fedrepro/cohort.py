@@ -7,7 +7,7 @@ K parameter vectors into one (K, P) buffer and vmapping ``functional_call`` over
 launches per layer into one batched launch, which is what small models on a GPU are bound by.
 
 Each client keeps its own shuffling generator and draws exactly the batches it would draw when
-trained alone (``client.LocalSGD``), and the update rule is the same (g + wd*x, momentum, x -= lr*b),
+trained alone (``client.LocalSGD``), and the update is the same function (``LocalSGD.step`` on the stack),
 so both paths give the same result up to the summation order of the batched kernels. Models with
 dropout stay on the sequential path: a vmapped dropout draws one mask batch from the global generator,
 which no client trained alone would draw, so the two paths could not agree.
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedrepro.client import LocalSGD
 from fedrepro.data import TensorDataset
 
 
@@ -39,15 +40,14 @@ class CohortSGD:
     ``max_together`` bounds how many clients share one stacked buffer (memory grows with K).
     """
 
-    def __init__(self, module: nn.Module, momentum: float = 0.0, weight_decay: float = 0.0,
-                 max_together: int = 64):
+    def __init__(self, module: nn.Module, rule: LocalSGD = LocalSGD(), max_together: int = 64):
         # Under vmap a dropout layer draws one batched mask from the global generator, not each
         # client's own sequence as when trained alone, so the two paths would differ; refuse it.
         if random_layers(module):
             raise ValueError(f"the vmapped cohort path cannot train a model with Dropout layers "
                              f"({', '.join(random_layers(module))}): train its clients one after another")
         self.module = module
-        self.momentum, self.weight_decay = momentum, weight_decay
+        self.rule = rule  # the same update as a client trained alone
         self.max_together = max_together
         named = list(module.named_parameters())
         self.names = [name for name, _ in named]
@@ -85,7 +85,7 @@ class CohortSGD:
         k, n = len(indices), len(indices[0])
         stacked = x_global.expand(k, -1).clone()
         grad = torch.empty_like(stacked)
-        velocity = torch.zeros_like(stacked) if self.momentum else None
+        velocity = torch.zeros_like(stacked) if self.rule.momentum else None
         params = self._views(stacked)
         index = torch.stack(indices)
         loss_sum = torch.zeros(k, device=stacked.device)
@@ -99,11 +99,6 @@ class CohortSGD:
                 grads, loss = self._step(params, x, y)
                 loss_sum += loss.detach()
                 torch.cat([g.reshape(k, -1) for g in grads], dim=1, out=grad)
-                g = grad
-                if self.weight_decay:
-                    g.add_(stacked, alpha=self.weight_decay)
-                if velocity is not None:
-                    g = velocity.mul_(self.momentum).add_(g)
-                stacked.add_(g, alpha=-lr)
+                self.rule.step(stacked, grad, lr, velocity)
                 steps += 1
         return stacked, steps, loss_sum / max(steps, 1)

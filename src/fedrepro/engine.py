@@ -242,7 +242,7 @@ class Trainer:
     def _cohort_training(self, t: int, cohort: np.ndarray, x: torch.Tensor, lr: float, epochs: int) -> RoundUpdates:
         s = self.setting
         if self._cohort_sgd is None:
-            self._cohort_sgd = CohortSGD(self.model.module, self.local.momentum, self.local.weight_decay)
+            self._cohort_sgd = CohortSGD(self.model.module, self.local)
         finals, steps, losses = self._cohort_sgd.train(
             self.train, [self.client_index[c] for c in cohort], x, lr, epochs, s["batch_size"],
             [self.shuffle_generator(t, int(c)) for c in cohort])
