@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from conftest import make_partition
 from fedrepro import checkpoint, config
 from fedrepro.algorithms import BuildContext, fedavgm, fedcm, feddyn, fedprox, scaffold
-from fedrepro.parts import Algorithm, RoundUpdates
+from fedrepro.parts import Algorithm, ClientRun, RoundUpdates
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi
 
 torch.set_num_threads(1)
@@ -118,15 +119,17 @@ def test_fedavgm_follows_the_heavy_ball_recurrence():
 def local_gd(corrections, client, x_global, target, lr, steps):
     """Gradient descent on F_i(x) = 1/2 ||x - target||^2 with the corrections applied as LocalSGD does."""
     x = x_global.clone()
+    run = ClientRun(0, client, SimpleNamespace(flat=x), x_global, lr)
     for c in corrections:
-        c.begin(client, x_global)
+        c.begin(run)
     for _ in range(steps):
         g = x - target
         for c in corrections:
-            c(g, x, x_global, client)
-        x = x - lr * g
+            c(g, run)
+        x.sub_(lr * g)
+        run.steps += 1
     for c in corrections:
-        c.end(client, x_global, x, steps, lr)
+        c.end(run)
     return x
 
 
@@ -158,7 +161,7 @@ def as_f64(algo: Algorithm) -> Algorithm:
 def test_fedprox_adds_mu_times_the_distance_to_the_global_model():
     algo = fedprox.build(SETTING, ctx())
     g = vec(1.0, -1.0)
-    algo.corrections[0](g, vec(3.0, 1.0), vec(1.0, 2.0), 0)
+    algo.corrections[0](g, ClientRun(0, 0, SimpleNamespace(flat=vec(3.0, 1.0)), vec(1.0, 2.0), 0.1))
     torch.testing.assert_close(g, vec(1.0 + 0.5 * 2.0, -1.0 + 0.5 * -1.0))
 
 
@@ -234,7 +237,7 @@ def test_fedcm_mixes_the_local_gradient_with_the_last_rounds_average_gradient():
     # G_1 = sum p_i Delta_i / (lr tau_i)
     torch.testing.assert_close(mom.global_gradient, (0.25 * updates.deltas[0] + 0.75 * updates.deltas[1]) / 0.2)
     g = vec(2.0, -4.0)
-    mom(g, x1, x1, 1)
+    mom(g, ClientRun(1, 1, SimpleNamespace(flat=x1), x1, 0.1))
     torch.testing.assert_close(g, 0.25 * vec(2.0, -4.0) + 0.75 * mom.global_gradient)
     again = as_f64(fedcm.build(SETTING, ctx()))
     again.load_state_dict(round_trip(algo.state_dict()))

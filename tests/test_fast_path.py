@@ -104,8 +104,8 @@ def test_unequal_sizes_take_the_sequential_path(tmp_path):
 
 def test_client_corrections_take_the_sequential_path(tmp_path):
     class Proximal(GradientCorrection):
-        def __call__(self, grad, x, x_global, client):
-            grad.add_(x - x_global, alpha=0.1)
+        def __call__(self, grad, run):
+            grad.add_(run.model.flat - run.x_global, alpha=0.1)
 
     trainer = _trainer(tmp_path, "mlp", [40] * 4, mode="on")
     trainer.algorithm.corrections.append(Proximal())

@@ -16,7 +16,7 @@ from fedrepro.client import LocalSGD, client_generator
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.models import build as build_model
-from fedrepro.parts import Algorithm, ClientObjective, GradientCorrection, RoundUpdates
+from fedrepro.parts import Algorithm, ClientObjective, ClientRun, GradientCorrection, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
 
 torch.set_num_threads(1)
@@ -69,7 +69,7 @@ def local_round(rho: float, sizes: list[int], batch_size: int = 16, epochs: int 
     for c, size in enumerate(sizes):
         index = torch.arange(start, start + size)
         start += size
-        result = local.train(model, data, index, x, lr, epochs, batch_size, client_generator(1, 0, c), c)
+        result = local.train(ClientRun(0, c, model, x, lr), data, index, epochs, batch_size, client_generator(1, 0, c))
         deltas.append(x - model.flat)
         steps.append(result.steps)
     updates = RoundUpdates(0, torch.arange(len(sizes)), torch.stack(deltas), torch.tensor(sizes, dtype=torch.float32),
@@ -228,11 +228,11 @@ class Quadratic(ClientObjective):
         self.h, self.e = h, e
         self.b = torch.zeros_like(e) if b is None else b
 
-    def begin(self, round_, client, model, x_global):
-        self.client = client
+    def begin(self, run):
+        self.client = run.client
 
-    def __call__(self, model, inputs, labels):
-        i = self.client
+    def __call__(self, run, inputs, labels):
+        i, model = self.client, run.model
         model.grad = self.h[i] * (model.flat - self.e[i]) + self.b[i]
         return (0.5 * self.h[i] * (model.flat - self.e[i]).square().sum()).detach()
 
@@ -246,8 +246,8 @@ def quadratic_round(algorithm, objective, x, lr, taus, sizes, t, rho=0.0):
     """One FedNova round of real LocalSGD (tau_i full-gradient steps) and the server step."""
     local, model, deltas = LocalSGD(momentum=rho), SimpleNamespace(flat=torch.empty_like(x), grad=None), []
     for i, tau in enumerate(taus):
-        local.train(model, OneSample(), torch.arange(1), x, lr, tau, 1, torch.Generator().manual_seed(0), i,
-                    algorithm.corrections, objective, t)
+        local.train(ClientRun(t, i, model, x, lr), OneSample(), torch.arange(1), tau, 1, torch.Generator().manual_seed(0),
+                    algorithm.corrections, objective)
         deltas.append(x - model.flat)
     m = len(taus)
     updates = RoundUpdates(t, torch.arange(m), torch.stack(deltas), sizes, torch.tensor(taus, dtype=x.dtype),
@@ -336,10 +336,10 @@ class CorrectionSpy(GradientCorrection):
     def __init__(self, vr):
         self.vr, self.seen = vr, {}
 
-    def begin(self, client, x_global):
-        self.seen[client] = self.vr.current.clone()
+    def begin(self, run):
+        self.seen[run.client] = self.vr.current.clone()
 
-    def __call__(self, grad, x, x_global, client):
+    def __call__(self, grad, run):
         pass
 
 
@@ -357,8 +357,8 @@ def test_vr_corrections_cancel_with_weights_p_in_every_round():
     for t in range(3):
         deltas, steps, start = [], [], 0
         for c, size in enumerate(sizes):
-            result = local.train(model, data, torch.arange(start, start + size), x, lr, 1, 16,
-                                 client_generator(1, t, c), c, algorithm.corrections)
+            result = local.train(ClientRun(t, c, model, x, lr), data, torch.arange(start, start + size), 1, 16,
+                                 client_generator(1, t, c), algorithm.corrections)
             start += size
             deltas.append(x - model.flat)
             steps.append(result.steps)
@@ -383,7 +383,7 @@ def test_vr_refuses_partial_participation_before_any_work():
     assert config.resolve({**raw, "participation": 1.0})["fednova"]["vr"] is True
     assert config.resolve({**raw, "fednova": {"vr": False}})["fednova"]["vr"] is False
     both = {**raw, "participation": 1.0, "fednova": {"vr": True, "mu": 0.001}, "client": {"momentum": 0.9}}
-    with pytest.raises(config.ConfigError, match=r"fednova\.vr = true with both fednova\.mu = 0\.001 and client\.momentum"):
+    with pytest.raises(config.ConfigError, match=r"fednova\.vr = True, fednova\.mu = 0\.001, client\.momentum = 0\.9\).*set fednova\.mu or client\.momentum to 0"):
         config.resolve(both)
     # and the part itself will not average over a partial cohort
     vr = CrossClientVR(4, 2)

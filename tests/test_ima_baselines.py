@@ -16,7 +16,7 @@ from fedrepro.algorithms.fedgma import MaskedAveraging
 from fedrepro.client import LocalSGD
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
-from fedrepro.parts import RoundUpdates
+from fedrepro.parts import ClientRun, RoundUpdates
 
 torch.set_num_threads(1)
 
@@ -52,8 +52,9 @@ def test_asam_step_by_hand():
     g_perturbed = torch.tensor([s - 1, 1 - s])
 
     objective = AdaptiveSharpness(rho, eta)
-    objective.begin(0, 0, model, model.flat.clone())
-    loss = objective(model, *data.batch(torch.tensor([0])))
+    run = ClientRun(0, 0, model, model.flat.clone(), lr)
+    objective.begin(run)
+    loss = objective(run, *data.batch(torch.tensor([0])))
     assert float(loss) == pytest.approx(math.log(2))                   # the loss at w, not at w + eps
     torch.testing.assert_close(model.flat, torch.zeros(4))               # w restored
     # flat order: W (2x1), then b (2)
@@ -62,7 +63,7 @@ def test_asam_step_by_hand():
     # the same through LocalSGD: the descent step uses g' (+ weight decay on w = 0)
     model.flat.zero_()
     result = LocalSGD(momentum=0.9, weight_decay=wd).train(
-        model, data, torch.tensor([0]), torch.zeros(4), lr, 1, 1, torch.Generator().manual_seed(0), 0,
+        ClientRun(0, 0, model, torch.zeros(4), lr), data, torch.tensor([0]), 1, 1, torch.Generator().manual_seed(0),
         objective=AdaptiveSharpness(rho, eta))
     assert result.steps == 1
     torch.testing.assert_close(model.flat, -lr * torch.cat([g_perturbed, g_perturbed]))
@@ -85,8 +86,9 @@ def test_asam_adapts_to_weight_magnitude():
     probe.loss_and_grad(torch.nn.functional.cross_entropy, x, y)
 
     objective = AdaptiveSharpness(rho, eta)
-    objective.begin(0, 0, model, w0)
-    objective(model, x, y)
+    run = ClientRun(0, 0, model, w0, 0.1)
+    objective.begin(run)
+    objective(run, x, y)
     torch.testing.assert_close(model.flat, w0)
     torch.testing.assert_close(model.grad, probe.grad)
     assert not torch.allclose(probe.grad, g)
@@ -133,8 +135,9 @@ def test_gma_with_zero_lr_is_fedavg():
 def anchors_objective(round_=1, lam=0.1, momentum=0.5, calibrate_after=100.0, lr=1e-3, model=None):
     model = model or zero_linear(3, 3)  # a bare classifier: the features are the inputs
     objective = FeatureAnchors(torch.eye(3), lam, momentum, calibrate_after, lr)
-    objective.begin(round_, 7, model, model.flat.clone())
-    return objective, model
+    run = ClientRun(round_, 7, model, model.flat.clone(), lr)
+    objective.begin(run)
+    return objective, run
 
 
 def test_anchor_loss_by_hand():
@@ -148,26 +151,27 @@ def test_anchor_loss_by_hand():
 def test_round_zero_trains_on_cross_entropy_alone():
     x, y = torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([2])
     for round_, extra in ((0, 0.0), (1, 0.1 * ((1.0 + 4.0 + 1.0) / 1) / 3)):
-        objective, model = anchors_objective(round_)
-        loss = objective(model, x, y)
+        objective, run = anchors_objective(round_)
+        loss = objective(run, x, y)
         assert float(loss) == pytest.approx(math.log(3) + extra)
 
 
 def test_anchor_momentum_update_over_an_epoch():
     """Two batches; per class, the batch means are summed and divided by all 2 batches (the code's rule)."""
-    objective, model = anchors_objective(momentum=0.5)
-    objective(model, torch.tensor([[2.0, 0.0, 0.0], [4.0, 0.0, 0.0], [0.0, 3.0, 0.0]]), torch.tensor([0, 0, 1]))
-    objective(model, torch.tensor([[0.0, 0.0, 6.0]]), torch.tensor([0]))
-    objective.end_epoch(model)
+    objective, run = anchors_objective(momentum=0.5)
+    objective(run, torch.tensor([[2.0, 0.0, 0.0], [4.0, 0.0, 0.0], [0.0, 3.0, 0.0]]), torch.tensor([0, 0, 1]))
+    objective(run, torch.tensor([[0.0, 0.0, 6.0]]), torch.tensor([0]))
+    objective.end_epoch(run)
     b0 = (torch.tensor([3.0, 0.0, 0.0]) + torch.tensor([0.0, 0.0, 6.0])) / 2
     b1 = torch.tensor([0.0, 3.0, 0.0]) / 2
     expected = torch.stack([0.5 * torch.eye(3)[0] + 0.5 * b0, 0.5 * torch.eye(3)[1] + 0.5 * b1, torch.eye(3)[2]])
     torch.testing.assert_close(objective.local, expected)  # class 2 absent: its anchor is kept
     torch.testing.assert_close(objective.anchors, torch.eye(3))  # the global anchors move only at the server
-    objective.end(7, model)
+    objective.end(run)
     other = FeatureAnchors(torch.eye(3), 0.1, 0.5, 0.0, 1e-3)
-    other.begin(1, 3, model, model.flat.clone())
-    other.end(3, model)
+    other_run = ClientRun(1, 3, run.model, run.model.flat.clone(), 1e-3)
+    other.begin(other_run)
+    other.end(other_run)
     objective.client_anchors[3] = other.local  # client 3 kept the global anchors
     objective.end_round(RoundUpdates(1, torch.tensor([7, 3]), torch.zeros(2, 12), torch.tensor([3.0, 1.0]),
                                      torch.ones(2), torch.zeros(2), 0.1))
@@ -180,15 +184,15 @@ def test_calibration_is_one_adam_step_on_the_classifier():
     Adam step moves each entry by -lr * g / (|g| + 1e-8), i.e. -lr * sign(g): W gains +lr on the
     diagonal, -lr off it; b_0 (p_0 > 1/3) loses lr, b_1 and b_2 gain it."""
     lr = 1e-2
-    objective, model = anchors_objective(round_=5, calibrate_after=4.0, lr=lr)
-    model.flat[9] = 1.0
-    objective.after_step(model)
-    W, b = model.flat[:9].view(3, 3), model.flat[9:]
+    objective, run = anchors_objective(round_=5, calibrate_after=4.0, lr=lr)
+    run.model.flat[9] = 1.0
+    objective.after_step(run)
+    W, b = run.model.flat[:9].view(3, 3), run.model.flat[9:]
     torch.testing.assert_close(W, lr * (2 * torch.eye(3) - 1))
     torch.testing.assert_close(b, torch.tensor([1 - lr, lr, lr]))
-    idle, model2 = anchors_objective(round_=4, calibrate_after=4.0, lr=lr)  # t > R/4 fails at t = R/4
-    idle.after_step(model2)
-    assert torch.equal(model2.flat, torch.zeros(12))
+    idle, run2 = anchors_objective(round_=4, calibrate_after=4.0, lr=lr)  # t > R/4 fails at t = R/4
+    idle.after_step(run2)
+    assert torch.equal(run2.model.flat, torch.zeros(12))
 
 
 def test_fedfa_refuses_models_without_a_feature_layer():

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fedrepro import streams
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
-from fedrepro.parts import ClientObjective, GradientCorrection
+from fedrepro.parts import ClientObjective, ClientRun, GradientCorrection
 
 
 def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
@@ -72,22 +72,20 @@ class LocalSGD:
             grad = buf.mul_(self.momentum).add_(grad)
         x.add_(grad, alpha=-lr)
 
-    def train(self, model: FlatModel, data: TensorDataset, index: torch.Tensor, x_global: torch.Tensor,
-              lr: float, epochs: int, batch_size: int, generator: torch.Generator, client: int,
-              corrections: list[GradientCorrection] = (), objective: ClientObjective | None = None,
-              round_: int = 0, momentum_buffer: torch.Tensor | None = None) -> LocalResult:
-        """``momentum_buffer``: this client's buffer kept from its earlier rounds, updated in place;
-        None starts from zero (and forgets it at the end)."""
-        model.flat.copy_(x_global)
-        for c in corrections:
-            c.begin(client, x_global)
-        if objective is not None:
-            objective.begin(round_, client, model, x_global)
+    def train(self, run: ClientRun, data: TensorDataset, index: torch.Tensor, epochs: int, batch_size: int,
+              generator: torch.Generator, corrections: list[GradientCorrection] = (),
+              objective: ClientObjective | None = None, momentum_buffer: torch.Tensor | None = None) -> LocalResult:
+        """Train ``run.model`` from ``run.x_global`` on the samples ``index`` of ``data``. ``momentum_buffer``:
+        this client's buffer kept from its earlier rounds, updated in place; None starts from zero."""
+        model = run.model
+        model.flat.copy_(run.x_global)
+        hooks = [*corrections, *([objective] if objective is not None else [])]
+        for hook in hooks:
+            hook.begin(run)
         buf = None
         if self.momentum:
             buf = torch.zeros_like(model.flat) if momentum_buffer is None else momentum_buffer
         loss_sum = torch.zeros((), device=model.flat.device)
-        steps = 0
         n = len(index)
         for _ in range(epochs):
             order = index[torch.randperm(n, generator=generator).to(index.device)]
@@ -96,18 +94,16 @@ class LocalSGD:
                 if objective is None:
                     loss_sum += model.loss_and_grad(F.cross_entropy, x, y)
                 else:
-                    loss_sum += objective(model, x, y)
+                    loss_sum += objective(run, x, y)
                 g = model.grad
                 for c in corrections:
-                    c(g, model.flat, x_global, client)
-                self.step(model.flat, g, lr, buf)
-                steps += 1
+                    c(g, run)
+                self.step(model.flat, g, run.lr, buf)
+                run.steps += 1
                 if objective is not None:
-                    objective.after_step(model)
+                    objective.after_step(run)
             if objective is not None:
-                objective.end_epoch(model)
-        for c in corrections:
-            c.end(client, x_global, model.flat, steps, lr)
-        if objective is not None:
-            objective.end(client, model)
-        return LocalResult(steps, loss_sum / max(steps, 1))
+                objective.end_epoch(run)
+        for hook in hooks:
+            hook.end(run)
+        return LocalResult(run.steps, loss_sum / max(run.steps, 1))

@@ -27,7 +27,7 @@ from fedrepro.cohort import CohortSGD, equal_steps, random_layers
 from fedrepro.evaluation import eval_mode, evaluate, proxy_indices, split_test  # noqa: F401
 from fedrepro.identity import cohort_size, partition_id, partition_setting, stable_hash
 from fedrepro.flat import FlatModel
-from fedrepro.parts import RoundUpdates
+from fedrepro.parts import ClientRun, RoundUpdates
 from fedrepro.provenance import git_commit, versions
 
 LAST_ROUNDS = 10  # the papers report the mean test accuracy of the last 10 rounds
@@ -203,9 +203,10 @@ class Trainer:
         for j, c in enumerate(cohort):
             e = client_epochs[j]
             self.model.buffers.copy_(global_buffers)
-            result = self.local.train(self.model, self.train, self.client_index[c], x, lr, e, s["batch_size"],
-                                      self.shuffle_generator(t, int(c)), int(c), self.algorithm.corrections,
-                                      self.algorithm.objective, t,
+            run = ClientRun(t, int(c), self.model, x, lr)
+            result = self.local.train(run, self.train, self.client_index[c], e, s["batch_size"],
+                                      self.shuffle_generator(t, int(c)), self.algorithm.corrections,
+                                      self.algorithm.objective,
                                       None if self.client_momentum is None else self.client_momentum[c])
             torch.sub(x, self.model.flat, out=deltas[j])
             client_buffers[j] = self.model.buffers

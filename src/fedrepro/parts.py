@@ -94,43 +94,51 @@ class PostStep(Part):
         raise NotImplementedError
 
 
-class GradientCorrection(Part):
-    """Client-objective term added to the minibatch gradient (proximal, SCAFFOLD, FedDyn)."""
+@dataclass
+class ClientRun:
+    """One client's local training in one round, as every client hook sees it."""
+    round: int
+    client: int
+    model: object              # the FlatModel; its flat vector is the client's moving parameters x
+    x_global: torch.Tensor     # the model the client started from
+    lr: float
+    steps: int = 0             # local steps taken so far (all of them at ``end``)
 
-    def begin(self, client: int, x_global: torch.Tensor) -> None:
+
+class ClientHook(Part):
+    """A method's part in a client's local training. The engine calls ``begin`` before the first step,
+    ``end`` after the last (``run.steps`` then counts them all) and ``end_round`` once the server step of
+    the round is done; the two kinds below add what they act on."""
+
+    def begin(self, run: ClientRun) -> None:
         pass
 
-    def __call__(self, grad: torch.Tensor, x: torch.Tensor, x_global: torch.Tensor, client: int) -> None:
-        raise NotImplementedError  # modifies grad in place
-
-    def end(self, client: int, x_global: torch.Tensor, x_local: torch.Tensor, steps: int, lr: float) -> None:
+    def end(self, run: ClientRun) -> None:
         pass
 
     def end_round(self, updates: RoundUpdates) -> None:
         pass
 
 
-class ClientObjective(Part):
+class GradientCorrection(ClientHook):
+    """Client-objective term added to the minibatch gradient (proximal, SCAFFOLD, FedDyn)."""
+
+    def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
+        raise NotImplementedError  # modifies grad in place; run.model.flat is the current x
+
+
+class ClientObjective(ClientHook):
     """How a client computes one minibatch gradient when it is not one cross-entropy backward
     (ASAM's two passes, FedFA's anchor loss). LocalSGD calls it in place of ``loss_and_grad``; the
     corrections, weight decay and momentum then act on ``model.grad`` as for every method."""
 
-    def begin(self, round_: int, client: int, model, x_global: torch.Tensor) -> None:
+    def __call__(self, run: ClientRun, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # fills run.model.grad, returns the detached loss
+
+    def after_step(self, run: ClientRun) -> None:
         pass
 
-    def __call__(self, model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError  # fills model.grad, returns the detached loss
-
-    def after_step(self, model) -> None:
-        pass
-
-    def end_epoch(self, model) -> None:
-        pass
-
-    def end(self, client: int, model) -> None:
-        pass
-
-    def end_round(self, updates: RoundUpdates) -> None:
+    def end_epoch(self, run: ClientRun) -> None:
         pass
 
 

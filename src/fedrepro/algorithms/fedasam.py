@@ -15,7 +15,7 @@ the SGD optimizer, not in the ascent gradient).
 import torch
 import torch.nn.functional as F
 
-from fedrepro.parts import Algorithm, ClientObjective
+from fedrepro.parts import Algorithm, ClientObjective, ClientRun
 from fedrepro.server import ServerSGD, WeightedMean
 
 # IMA Table 5 / code: (rho, eta) = (0.7, 0.2) for the small CNNs, (0.2, 0.05) for the other models
@@ -31,13 +31,15 @@ class AdaptiveSharpness(ClientObjective):
         self.rho, self.eta = rho, eta
         self.weight_mask: torch.Tensor | None = None  # True on entries of "weight" parameters
 
-    def begin(self, round_: int, client: int, model, x_global: torch.Tensor) -> None:
+    def begin(self, run: ClientRun) -> None:
+        model = run.model
         if self.weight_mask is None:
             mask = [torch.full((p.numel(),), "weight" in name, dtype=torch.bool)
                     for name, p in model.module.named_parameters()]
             self.weight_mask = torch.cat(mask).to(model.flat.device)
 
-    def __call__(self, model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def __call__(self, run: ClientRun, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        model = run.model
         loss = model.loss_and_grad(F.cross_entropy, inputs, labels)
         w = model.flat
         scale = torch.where(self.weight_mask, w.abs() + self.eta, torch.ones_like(w))

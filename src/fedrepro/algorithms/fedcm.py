@@ -12,7 +12,7 @@ different step counts; with equal tau it is the paper's Delta / (eta_l K).
 """
 import torch
 
-from fedrepro.parts import Algorithm, GradientCorrection, RoundUpdates
+from fedrepro.parts import Algorithm, ClientRun, GradientCorrection, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
 
 
@@ -23,7 +23,7 @@ class ClientMomentum(GradientCorrection):
         self.alpha = alpha
         self.global_gradient = torch.zeros(dim, device=device)
 
-    def __call__(self, grad: torch.Tensor, x: torch.Tensor, x_global: torch.Tensor, client: int) -> None:
+    def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
         grad.mul_(self.alpha).add_(self.global_gradient, alpha=1 - self.alpha)
 
     def end_round(self, updates: RoundUpdates) -> None:

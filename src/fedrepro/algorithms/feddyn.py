@@ -16,7 +16,7 @@ data-size weights p_i over the cohort instead of 1/|S| and 1/N:
 """
 import torch
 
-from fedrepro.parts import Aggregator, Algorithm, GradientCorrection, RoundUpdates
+from fedrepro.parts import Aggregator, Algorithm, ClientRun, GradientCorrection, RoundUpdates
 from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 
 
@@ -27,16 +27,16 @@ class DynamicRegulariser(GradientCorrection):
         self.alpha, self.squared = alpha, squared
         self.grad_state = torch.zeros(num_clients, dim, device=device)
 
-    def __call__(self, grad: torch.Tensor, x: torch.Tensor, x_global: torch.Tensor, client: int) -> None:
-        grad.sub_(self.grad_state[client])
+    def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
+        grad.sub_(self.grad_state[run.client])
+        offset = run.model.flat - run.x_global
         if self.squared:
-            grad.add_(x - x_global, alpha=self.alpha)
+            grad.add_(offset, alpha=self.alpha)
         else:  # gradient of alpha/2 ||x - x_global||; zero at x = x_global (no sync: stays on the device)
-            offset = x - x_global
             grad.add_(offset * (self.alpha / 2 / offset.norm().clamp_min(1e-30)))
 
-    def end(self, client: int, x_global: torch.Tensor, x_local: torch.Tensor, steps: int, lr: float) -> None:
-        self.grad_state[client] += self.alpha * (x_global - x_local)
+    def end(self, run: ClientRun) -> None:
+        self.grad_state[run.client] += self.alpha * (run.x_global - run.model.flat)
 
 
 class DynamicAggregate(Aggregator):

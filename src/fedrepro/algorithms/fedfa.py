@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro.parts import Algorithm, ClientObjective, RoundUpdates
+from fedrepro.parts import Algorithm, ClientObjective, ClientRun, RoundUpdates
 from fedrepro.catalog import FEATURE_CLASSIFIER_MODELS
 from fedrepro.server import ServerSGD, WeightedMean
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which the code uses
@@ -48,9 +48,9 @@ class FeatureAnchors(ClientObjective):
         self.client_anchors: dict[int, torch.Tensor] = {}  # this round's A_i, until the server averages
 
     # ---- one client's training
-    def begin(self, round_: int, client: int, model, x_global: torch.Tensor) -> None:
-        self.round, self.client = round_, client
-        self.classifier = classifier_of(model.module)
+    def begin(self, run: ClientRun) -> None:
+        self.round = run.round
+        self.classifier = classifier_of(run.model.module)
         self.local = self.anchors.clone()
         self.batch_means = torch.zeros_like(self.anchors)
         self.seen = torch.zeros(len(self.anchors), dtype=torch.bool, device=self.anchors.device)
@@ -65,7 +65,8 @@ class FeatureAnchors(ClientObjective):
         dist = (features - self.anchors[labels]).pow(2).sum(1) / counts[labels]
         return self.lam * dist.sum() / len(self.anchors)
 
-    def __call__(self, model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def __call__(self, run: ClientRun, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        model = run.model
         captured = []
         hook = self.classifier.register_forward_hook(lambda mod, args, out: captured.append(args[0]))
         try:
@@ -89,7 +90,7 @@ class FeatureAnchors(ClientObjective):
         return loss.detach()
 
     @torch.no_grad()
-    def after_step(self, model) -> None:
+    def after_step(self, run: ClientRun) -> None:
         if not (self.round > 0 and self.round > self.calibrate_after):
             return
         weight, bias = self.classifier.weight, self.classifier.bias
@@ -105,7 +106,7 @@ class FeatureAnchors(ClientObjective):
             denom = (v / (1 - b2 ** self.adam_step)).sqrt_().add_(ADAM_EPS)
             p.addcdiv_(m, denom, value=-self.calibration_lr / (1 - b1 ** self.adam_step))
 
-    def end_epoch(self, model) -> None:
+    def end_epoch(self, run: ClientRun) -> None:
         # the code divides by all the epoch's batches, not by those holding class c (kept as is)
         mean = self.batch_means[self.seen] / max(self.batches, 1)
         self.local[self.seen] = self.momentum * self.local[self.seen] + (1 - self.momentum) * mean
@@ -113,8 +114,8 @@ class FeatureAnchors(ClientObjective):
         self.seen.zero_()
         self.batches = 0
 
-    def end(self, client: int, model) -> None:
-        self.client_anchors[client] = self.local
+    def end(self, run: ClientRun) -> None:
+        self.client_anchors[run.client] = self.local
 
     # ---- server
     def end_round(self, updates: RoundUpdates) -> None:

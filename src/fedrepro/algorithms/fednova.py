@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from fedrepro.algorithms.fedprox import ProximalTerm
-from fedrepro.parts import Aggregator, Algorithm, GradientCorrection, RoundUpdates, ServerOptimizer
+from fedrepro.parts import Aggregator, Algorithm, ClientRun, GradientCorrection, RoundUpdates, ServerOptimizer
 from fedrepro.server import ServerSGD
 
 
@@ -88,17 +88,17 @@ class CrossClientVR(GradientCorrection):
         self.d_mean = torch.zeros(dim, device=device)                   # sum_j p_j d_j^(t-1)
         self.current = torch.zeros(dim, device=device)                  # c_i of the client now training
 
-    def begin(self, client: int, x_global: torch.Tensor) -> None:
-        torch.sub(self.d_mean, self.d_clients[client], out=self.current)
+    def begin(self, run: ClientRun) -> None:
+        torch.sub(self.d_mean, self.d_clients[run.client], out=self.current)
 
-    def __call__(self, grad: torch.Tensor, x: torch.Tensor, x_global: torch.Tensor, client: int) -> None:
+    def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
         grad.add_(self.current)
 
-    def end(self, client: int, x_global: torch.Tensor, x_local: torch.Tensor, steps: int, lr: float) -> None:
+    def end(self, run: ClientRun) -> None:
         # d_i^(t) replaces d_i^(t-1) at once: no other client's c_j reads row i, and d_mean moves
         # only in end_round, after the whole cohort has trained with the same corrections
-        norm = a_norm(steps, lr, self.rho, self.mu)
-        self.d_clients[client] = (x_global - x_local) / (lr * norm) - self.current
+        norm = a_norm(run.steps, run.lr, self.rho, self.mu)
+        self.d_clients[run.client] = (run.x_global - run.model.flat) / (run.lr * norm) - self.current
 
     def end_round(self, updates: RoundUpdates) -> None:
         if len(updates.clients) != self.num_clients:

@@ -4,7 +4,7 @@
 """
 import torch
 
-from fedrepro.parts import Algorithm, GradientCorrection
+from fedrepro.parts import Algorithm, ClientRun, GradientCorrection
 from fedrepro.server import ServerSGD, WeightedMean
 
 
@@ -12,8 +12,8 @@ class ProximalTerm(GradientCorrection):
     def __init__(self, mu: float):
         self.mu = mu
 
-    def __call__(self, grad: torch.Tensor, x: torch.Tensor, x_global: torch.Tensor, client: int) -> None:
-        grad.add_(x - x_global, alpha=self.mu)
+    def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
+        grad.add_(run.model.flat - run.x_global, alpha=self.mu)
 
 
 def build(setting, ctx) -> Algorithm:

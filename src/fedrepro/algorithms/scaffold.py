@@ -9,7 +9,7 @@ c and every c_i start at zero; the N x P matrix of c_i is server-held state in t
 """
 import torch
 
-from fedrepro.parts import Algorithm, GradientCorrection, RoundUpdates
+from fedrepro.parts import Algorithm, ClientRun, GradientCorrection, RoundUpdates
 from fedrepro.server import ServerSGD, UniformMean
 
 
@@ -22,14 +22,14 @@ class ControlVariates(GradientCorrection):
         self.c_clients = torch.zeros(num_clients, dim, device=device)
         self.c_change = torch.zeros(dim, device=device)  # sum of this round's c_i+ - c_i
 
-    def __call__(self, grad: torch.Tensor, x: torch.Tensor, x_global: torch.Tensor, client: int) -> None:
-        grad.sub_(self.c_clients[client]).add_(self.c)
+    def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
+        grad.sub_(self.c_clients[run.client]).add_(self.c)
 
-    def end(self, client: int, x_global: torch.Tensor, x_local: torch.Tensor, steps: int, lr: float) -> None:
-        old = self.c_clients[client]
-        new = old - self.c + (x_global - x_local) / (steps * lr)
+    def end(self, run: ClientRun) -> None:
+        old = self.c_clients[run.client]
+        new = old - self.c + (run.x_global - run.model.flat) / (run.steps * run.lr)
         self.c_change += new - old
-        self.c_clients[client] = new
+        self.c_clients[run.client] = new
 
     def end_round(self, updates: RoundUpdates) -> None:
         # the server's c only moves after the whole cohort has trained with the same c
