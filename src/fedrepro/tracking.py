@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from fedrepro import rundir
+from fedrepro.provenance import git_commit
 from fedrepro.config import ROOT
 
 BATCH = 1000  # MLflow's limit of metric values per log_batch
@@ -431,7 +432,7 @@ class LiveRun:
                 experiment_id = _experiment_id(self.client, self.experiment, self.uri)
                 parent_id = parent_run(self.client, experiment_id, self.parent) if self.parent else None
                 setting = trainer.setting
-                tags = {**system_tags({"git_commit": _git_commit()}, name, parent_id),
+                tags = {**system_tags({"git_commit": git_commit()}, name, parent_id),
                         "fedrepro.experiments": self.membership, "fedrepro.logged": "live",
                         "fedrepro.setting_hash": _setting_hash(setting), "fedrepro.partition": _partition(setting),
                         "fedrepro.device": str(trainer.device)}
@@ -488,11 +489,6 @@ def live_run(run_dir: str | Path, uri: str | None, experiment: str, manifest_pat
         if holders:
             parent, membership = holders[0], f"{manifest['name']}/{holders[0]}"
     return LiveRun(run_dir, uri, experiment, parent, membership, prefix, partition_dir)
-
-
-def _git_commit() -> str:
-    from fedrepro.engine import git_commit
-    return git_commit()
 
 
 def _setting_hash(setting: dict) -> str:
