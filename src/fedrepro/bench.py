@@ -19,7 +19,6 @@ import copy
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro import data, engine, models, partition
+from fedrepro.provenance import machine
 
 GOALS = {"cpu": {"reference_over_engine": 4.0, "engine_over_floor": 1.15},
          "cuda": {"reference_over_engine": 10.0, "engine_over_floor": 1.2}}
@@ -244,24 +244,6 @@ def _timed(fn, device: torch.device) -> float:
 def _peak_rss_mb() -> float:
     # ru_maxrss is in KiB on Linux: the process's high-water mark so far
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"host": platform.node(), "cpu": cpu, "cpu_cores": os.cpu_count(),
-            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "load_average": list(os.getloadavg())}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
 
 
 def _set_mode_and_round(trainer: engine.Trainer, mode: str, t: int) -> None:

@@ -8,13 +8,10 @@
 """
 from __future__ import annotations
 
-import json
 import math
-import platform
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +25,8 @@ from fedrepro.evaluation import eval_mode, evaluate, proxy_indices, split_test  
 from fedrepro.identity import cohort_size, partition_id, partition_setting, stable_hash
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
-from fedrepro.provenance import git_commit, versions
+from fedrepro.provenance import device_line, run_provenance
+from fedrepro.rundir import RunDir
 
 LAST_ROUNDS = 10  # the papers report the mean test accuracy of the last 10 rounds
 
@@ -67,16 +65,6 @@ def pick_device(name: str, environ=None) -> torch.device:
     return torch.device("cpu")
 
 
-def device_line(device: torch.device, resumed_at: int | None) -> str:
-    """The first line of every train log: where it runs, with what, and whether it resumed."""
-    where = str(device)
-    if device.type == "cuda":
-        where += f" ({torch.cuda.get_device_name(device)})"
-    cuda = torch.version.cuda or "none"
-    start = f"resumed at round {resumed_at}" if resumed_at is not None else "fresh start"
-    return f"fedrepro train: device {where}; torch {torch.__version__}, CUDA {cuda}; {start}"
-
-
 
 
 def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
@@ -97,42 +85,13 @@ class Preempted(Exception):
     """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was saved."""
 
 
-@dataclass
-class RunPaths:
-    root: Path
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.csv"
-
-    @property
-    def summary(self) -> Path:
-        return self.root / "summary.json"
-
-    @property
-    def model(self) -> Path:
-        return self.root / "model.pt"
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / "checkpoint.pt"
-
-    @property
-    def cosines(self) -> Path:
-        return self.root / "cosines.npz"
-
-    @property
-    def snapshots(self) -> Path:
-        return self.root / "snapshots.npz"
-
-
 class Trainer:
     def __init__(self, setting: dict, run_dir: str | Path, partition_dir: str | Path | None, data_root: str | Path | None,
                  *, datasets: tuple[data.TensorDataset, data.TensorDataset] | None = None,
                  parts: list[np.ndarray] | None = None, module: torch.nn.Module | None = None):
         """``datasets`` (train, test), ``parts`` and ``module`` replace loading from disk (benchmark, tests)."""
         self.setting = setting
-        self.paths = RunPaths(Path(run_dir))
+        self.paths = RunDir(Path(run_dir))
         self.paths.root.mkdir(parents=True, exist_ok=True)
         self.device = pick_device(setting["device"])
         if datasets is None:
@@ -388,7 +347,7 @@ class Trainer:
         import pandas as pd
 
         frame = pd.DataFrame(self.rows)
-        frame.to_csv(self.paths.metrics, index=False)
+        self.paths.write_metrics(frame)
         if self.cosines:
             np.savez_compressed(self.paths.cosines, **self.cosines)
         if self.snapshots:
@@ -406,11 +365,9 @@ class Trainer:
             "final_loss": float(frame["test_loss"].dropna().tail(LAST_ROUNDS).mean()) if len(acc) else float("nan"),
             "e_ludd": float(frame["e_lud"].mean()),
             "rounds_done": len(frame), "runtime_s": self.elapsed, "resumed": resumed,
-            "device": str(self.device) + (f" ({torch.cuda.get_device_name()})" if self.device.type == "cuda" else ""),
-            "host": platform.node(), "cpu_threads": torch.get_num_threads(),
-            "versions": versions(), "git_commit": git_commit(),
+            **run_provenance(self.device),
         }
-        self.paths.summary.write_text(json.dumps(summary, indent=2, default=float))
+        self.paths.write_summary(summary)
         self.paths.checkpoint.unlink(missing_ok=True)
         return summary
 

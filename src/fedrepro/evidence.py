@@ -20,7 +20,9 @@ import json
 import shutil
 from pathlib import Path
 
-RUN_FILES = ("summary.json", "metrics.csv")
+from fedrepro import rundir
+
+RUN_FILES = rundir.RECORD_FILES
 PARTITION_FILES = ("partition.json", "counts.csv", "heatmap.png")
 MANIFEST = "manifest.json"
 
@@ -41,7 +43,7 @@ def keep(configfiles: list[str | Path], name: str, runs_dir: str | Path = "resul
     params = config.load_params_files([str(p) for p in configfiles])
     runs = config.expand(params)
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
-    finished = [r for r in config.unique_runs(runs) if (runs_dir / r / "summary.json").exists()]
+    finished = [r for r in config.unique_runs(runs) if rundir.RunDir(runs_dir / r).finished()]
     if not finished:
         raise EvidenceError(f"none of the {len(config.unique_runs(runs))} runs of {', '.join(map(str, configfiles))} "
                             f"has finished in {runs_dir}: nothing to keep")

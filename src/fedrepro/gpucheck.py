@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from fedrepro import config, data, engine, models, partition, registry
+from fedrepro.provenance import device_line, machine
+from fedrepro.rundir import RunDir
 
 OUT = Path("results/bench/gpu_check.json")
 
@@ -112,11 +114,11 @@ def check_exact_resume(device: str) -> None:
         resumed = _trainer(setting, b, device, datasets)
         summary = resumed.run(progress=False)
         assert summary["resumed"], "the second start did not resume"
-        xa = torch.load(Path(a) / "model.pt", weights_only=False)["x"]
-        xb = torch.load(Path(b) / "model.pt", weights_only=False)["x"]
+        xa = torch.load(RunDir(a).model, weights_only=False)["x"]
+        xb = torch.load(RunDir(b).model, weights_only=False)["x"]
         assert torch.equal(xa, xb), f"resumed model differs from the uninterrupted one on {device}"
-        ma = (Path(a) / "metrics.csv").read_text().splitlines()
-        mb = (Path(b) / "metrics.csv").read_text().splitlines()
+        ma = RunDir(a).metrics.read_text().splitlines()
+        mb = RunDir(b).metrics.read_text().splitlines()
         # the clock columns (seconds a round took, when it ended) differ by nature
         clock = {i for i, name in enumerate(ma[0].split(",")) if name in ("seconds", "wall_time")}
         strip = lambda lines: [",".join(c for i, c in enumerate(l.split(",")) if i not in clock) for l in lines]
@@ -174,7 +176,6 @@ def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
             log(f"step {key} on {device}: {costs[key] * 1e3:.3f} ms")
         except ImportError as err:
             skipped[key] = str(err)
-    from fedrepro.bench import machine
     table = {"device": device, "machine": machine(), "step_seconds": costs, "skipped": skipped}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(table, indent=2, sort_keys=True))
@@ -190,8 +191,8 @@ def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rou
         raise SystemExit(f"fedrepro check-gpu: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) sees "
                          "no CUDA device; run it on a GPU node")
     device = "cuda"  # the current CUDA device, as a setting names it
-    log(engine.device_line(engine.pick_device(device), None))
-    report = {"machine": bench.machine(), "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
+    log(device_line(engine.pick_device(device), None))
+    report = {"machine": machine(), "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
               "checks": run_checks(device, log)}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,8 @@
 """reports/index.html: every experiment of every params file with its state, whatever has run.
 
-A run is ``done`` (summary.json, finished), ``diverged`` (summary.json, loss became NaN/inf),
-``interrupted`` (a checkpoint and no summary: it resumes where it stopped) or ``missing``. An
-experiment is done when all its runs have a summary. Each params file links to its report page when
-one exists, and says how to make it otherwise, so a partial grid is one command from a report.
+A run's state (done, diverged, interrupted, missing) is rundir's. An experiment is done when all its
+runs have a summary. Each params file links to its report page when one exists, and says how to make
+it otherwise, so a partial grid is one command from a report.
 """
 from __future__ import annotations
 
@@ -12,15 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from fedrepro import config
-
-STATES = ("done", "diverged", "interrupted", "missing")
-
-
-def run_state(run_dir: Path) -> str:
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        return "diverged" if config.read_json(summary).get("status") == "diverged" else "done"
-    return "interrupted" if (run_dir / "checkpoint.pt").exists() else "missing"
+from fedrepro.rundir import STATES, RunDir
 
 
 def params_files(params_dir: Path) -> list[Path]:
@@ -33,7 +24,7 @@ def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
         params = config.load_params(params_path)
         runs = config.expand(params)
         # a corrupt summary.json is named in this file's entry and stops no other
-        state_of = {run_id: run_state(runs_dir / run_id) for run_id in config.unique_runs(runs)}
+        state_of = {run_id: RunDir(runs_dir / run_id).state() for run_id in config.unique_runs(runs)}
     except (config.ConfigError, OSError, ValueError) as err:  # one broken file must not hide the others
         return {"name": params_path.stem, "path": str(params_path), "title": params_path.stem, "error": str(err),
                 "run_ids": set(), "experiments": [], "runs": 0, **{s: 0 for s in STATES}, "report": None,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro.config import ROOT, CorruptFileError, read_json
+from fedrepro import rundir
+from fedrepro.config import ROOT, CorruptFileError
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
 
@@ -125,20 +126,17 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
 
 def load_runs(runs_dir: str | Path, ids: set[str] | None = None) -> list[dict]:
     """Every run folder with a summary (or only those named in ``ids``): setting, summary, metrics."""
-    import pandas as pd
-
     runs = []
-    for summary_path in sorted(Path(runs_dir).glob("*/summary.json")):
-        if ids is not None and summary_path.parent.name not in ids:
+    for run_dir in rundir.finished_runs(runs_dir):
+        if ids is not None and run_dir.id not in ids:
             continue
         try:
-            summary = read_json(summary_path)
+            summary = run_dir.read_summary()
+            metrics = run_dir.read_metrics() if run_dir.metrics.exists() else None
         except CorruptFileError as err:  # one damaged run must not hide the others' numbers
             print(f"warning: skipped: {err}", file=sys.stderr)
             continue
-        metrics = summary_path.parent / "metrics.csv"
-        runs.append({"id": summary_path.parent.name, "setting": summary["setting"], "summary": summary,
-                     "metrics": pd.read_csv(metrics) if metrics.exists() else None})
+        runs.append({"id": run_dir.id, "setting": summary["setting"], "summary": summary, "metrics": metrics})
     return runs
 
 

@@ -21,6 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from fedrepro import config, registry
+from fedrepro.provenance import machine
+from fedrepro.rundir import RunDir
 
 BENCH_FILE = Path("results/bench/bench.json")
 STEP_COSTS_FILE = Path("results/bench/step_costs.json")
@@ -147,8 +149,6 @@ def measure_step(setting: dict, device: str = "cpu", steps: int = 10, warmup: in
 def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE, steps: int = 10,
             log=print) -> dict:
     """Time one step of every (dataset, model, batch size) of the params file; merge into ``out``."""
-    from fedrepro.bench import machine
-
     out = Path(out)
     table = json.loads(out.read_text()) if out.exists() else {}
     if out.exists() and "device" not in table:
@@ -178,7 +178,7 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
             row["shared"] += 1
             continue
         seen.add(run.id)
-        if (Path(runs_dir) / run.id / "summary.json").exists():
+        if RunDir(Path(runs_dir) / run.id).finished():
             row["done"] += 1
             continue
         steps = local_steps(run.setting)

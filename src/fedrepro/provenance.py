@@ -4,6 +4,7 @@ One owner for what every run's summary, the benchmark and the planner record abo
 """
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -31,3 +32,46 @@ def versions() -> dict:
     from fedrepro import __version__
     return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__,
             "numpy": np.__version__, "fedrepro": __version__}
+
+
+def device_name(device) -> str:
+    """A torch device as a person reads it: ``cuda:0 (NVIDIA H100 80GB HBM3)``, ``cpu``."""
+    import torch
+    device = torch.device(device)
+    return str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+
+
+def device_line(device, resumed_at: int | None) -> str:
+    """The first line of every train log: where it runs, with what, and whether it resumed."""
+    import torch
+    cuda = torch.version.cuda or "none"
+    start = f"resumed at round {resumed_at}" if resumed_at is not None else "fresh start"
+    return f"fedrepro train: device {device_name(device)}; torch {torch.__version__}, CUDA {cuda}; {start}"
+
+
+def run_provenance(device) -> dict:
+    """What a run's summary records about where and with what it ran."""
+    import torch
+    return {"device": device_name(device), "host": platform.node(), "cpu_threads": torch.get_num_threads(),
+            "versions": versions(), "git_commit": git_commit()}
+
+
+def machine() -> dict:
+    """The machine a measurement ran on (benchmark, step costs, GPU check): its load average says how
+    shared it was."""
+    import torch
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"host": platform.node(), "cpu": cpu, "cpu_cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "load_average": list(os.getloadavg())}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info

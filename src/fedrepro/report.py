@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedrepro.config import CorruptFileError, read_json, stable_hash
+from fedrepro.config import stable_hash
+from fedrepro.rundir import RunDir
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -35,26 +36,18 @@ def _file_png(path: Path) -> str | None:
     return base64.b64encode(path.read_bytes()).decode() if path.exists() else None
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError) as err:
-        raise CorruptFileError(f"{path}: cannot be read as CSV ({type(err).__name__}: {err})") from None
-
-
 def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per run with its summary, one row per run and round) for the manifest's runs."""
     rows, curves = [], []
     for exp_name, exp in manifest["experiments"].items():
         for run in exp["runs"]:
-            run_dir = runs_dir / run["id"]
+            run_dir = RunDir(runs_dir / run["id"])
             base = {"experiment": exp_name, "run": run["id"], "label": run["label"], "seed": run["seed"],
                     "partition": run["partition"]}
-            summary_path = run_dir / "summary.json"
-            if not summary_path.exists():
+            if not run_dir.finished():
                 rows.append({**base, "status": "missing", "variant": run["variant"]})
                 continue
-            summary = read_json(summary_path)  # a truncated file is named
+            summary = run_dir.read_summary()  # a truncated file is named
             rows.append({**base, "variant": run["variant"], "status": summary["status"],
                          "final_acc": summary["final_acc"],
                          "best_acc": summary["best_acc"], "e_ludd": summary["e_ludd"],
@@ -63,7 +56,7 @@ def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFram
                                    f"{summary.get('cpu_threads', '?')} CPU threads",
                          "git_commit": summary["git_commit"], "rounds_done": summary["rounds_done"],
                          "versions": summary.get("versions", {})})
-            metrics = _read_csv(run_dir / "metrics.csv")
+            metrics = run_dir.read_metrics()
             metrics = metrics.assign(**base)
             curves.append(metrics)
     runs = pd.DataFrame(rows)

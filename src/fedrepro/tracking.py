@@ -33,11 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from fedrepro import rundir
+from fedrepro.provenance import git_commit
 from fedrepro.config import ROOT
 
 BATCH = 1000  # MLflow's limit of metric values per log_batch
 FLUSH_SECONDS = 10.0
-MARKER = "mlflow.json"  # in the run folder: which store holds the run, and whether it is complete
+MARKER = rundir.MLFLOW  # in the run folder: which store holds the run, and whether it is complete
 # A dead server must cost seconds, not MLflow's default of 7 retries with exponential backoff (~4 min).
 FAIL_FAST_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
@@ -194,16 +196,14 @@ def parent_run(client, experiment_id: str, experiment: str, title: str = "") -> 
 
 def _marker(run_dir: Path) -> dict:
     try:
-        return json.loads((run_dir / MARKER).read_text())
+        return json.loads(rundir.RunDir(run_dir).mlflow.read_text())
     except (OSError, ValueError):
         return {}
 
 
 def _write_marker(run_dir: Path, **fields) -> None:
     marker = {**_marker(run_dir), **fields}
-    tmp = run_dir / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=2))
-    os.replace(tmp, run_dir / MARKER)
+    rundir.write_atomic(rundir.RunDir(run_dir).mlflow, json.dumps(marker, indent=2))
 
 
 def system_tags(summary_or_setting: dict, run_name: str, parent_id: str | None) -> dict:
@@ -244,9 +244,10 @@ def _rows_with_times(run_dir: Path) -> list[dict]:
     """metrics.csv rows; a run written before rows carried ``wall_time`` gets it back from the
     summary's modification time and the rounds' durations."""
     import pandas as pd
-    frame = pd.read_csv(run_dir / "metrics.csv")
+    run = rundir.RunDir(run_dir)
+    frame = run.read_metrics()
     if "wall_time" not in frame or frame["wall_time"].isna().any():
-        end = (run_dir / "summary.json").stat().st_mtime
+        end = run.summary.stat().st_mtime
         seconds = frame["seconds"].fillna(0.0) if "seconds" in frame else pd.Series(0.0, index=frame.index)
         frame["wall_time"] = end - seconds[::-1].cumsum()[::-1] + seconds
     return frame.to_dict("records")
@@ -280,9 +281,8 @@ def complete_run(client, run_id: str, run_dir: Path, summary: dict, rows: list[d
     summary_metrics = [Metric(f"summary.{k}", float(summary[k]), end_ms, 0) for k in SUMMARY_METRICS
                        if isinstance(summary.get(k), (int, float)) and math.isfinite(summary[k])]
     _log_metrics(client, run_id, summary_metrics)
-    for name in ("summary.json", "metrics.csv", "model.pt", "cosines.npz"):
-        if (run_dir / name).exists():
-            client.log_artifact(run_id, str(run_dir / name))
+    for path in rundir.RunDir(run_dir).artifacts():
+        client.log_artifact(run_id, str(path))
     with tempfile.TemporaryDirectory() as tmp:
         if rows:
             client.log_artifact(run_id, str(_curves_figure(rows, Path(tmp) / "curves.png")), "figures")
@@ -323,7 +323,7 @@ def reconcile_run(client, uri: str, run_dir: Path, experiment: str, parent: str 
     """Bring one finished run's MLflow record in line with its files. Returns what it did:
     "already" (complete, nothing to add), "repaired" (a half-logged run finished, duplicates deleted,
     grouping added) or "registered" (a new record)."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = rundir.RunDir(run_dir).read_summary()
     with _lock(uri):  # a sqlite store: one registration at a time, so that two steps never split a run
         outcome, run_id = _find_or_open(client, uri, run_dir, summary, experiment, parent, membership, prefix,
                                         experiment_title)
@@ -432,7 +432,7 @@ class LiveRun:
                 experiment_id = _experiment_id(self.client, self.experiment, self.uri)
                 parent_id = parent_run(self.client, experiment_id, self.parent) if self.parent else None
                 setting = trainer.setting
-                tags = {**system_tags({"git_commit": _git_commit()}, name, parent_id),
+                tags = {**system_tags({"git_commit": git_commit()}, name, parent_id),
                         "fedrepro.experiments": self.membership, "fedrepro.logged": "live",
                         "fedrepro.setting_hash": _setting_hash(setting), "fedrepro.partition": _partition(setting),
                         "fedrepro.device": str(trainer.device)}
@@ -491,11 +491,6 @@ def live_run(run_dir: str | Path, uri: str | None, experiment: str, manifest_pat
     return LiveRun(run_dir, uri, experiment, parent, membership, prefix, partition_dir)
 
 
-def _git_commit() -> str:
-    from fedrepro.engine import git_commit
-    return git_commit()
-
-
 def _setting_hash(setting: dict) -> str:
     from fedrepro.config import stable_hash
     return stable_hash(setting)
@@ -533,7 +528,7 @@ def track(manifest: dict, runs_dir: str | Path, uri: str | None = None, only: li
     for exp_name, exp, run_id in todo:
         run_dir = Path(runs_dir) / run_id
         membership = f"{manifest['name']}/{exp_name}"
-        if not (run_dir / "summary.json").exists():
+        if not rundir.RunDir(run_dir).finished():
             result["missing"] += 1
             complete_experiments.discard(exp_name)
             continue

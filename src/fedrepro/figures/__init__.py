@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedrepro.rundir import RunDir
+
 
 class MissingInput(Exception):
     """The runs lack what the figure needs (snapshots, a finished run, a column)."""
@@ -37,8 +39,8 @@ class Run:
     label: str
     setting: dict
     summary: dict
-    metrics: object  # pandas DataFrame of metrics.csv
-    folder: Path
+    metrics: object  # pandas DataFrame of the run's per-round metrics
+    folder: RunDir
     extra: dict = field(default_factory=dict)
 
     @property
@@ -122,7 +124,7 @@ def select_runs(manifest: dict, runs_dir: Path, spec: dict) -> list[Run]:
     if exp is None:
         raise MissingInput(f"experiment {spec['experiment']} is not in this params file's manifest")
     labels = {r["id"]: r["label"] for r in exp["runs"]}
-    runs = [Run(r["id"], labels[r["id"]], r["setting"], r["summary"], r["metrics"], Path(runs_dir) / r["id"])
+    runs = [Run(r["id"], labels[r["id"]], r["setting"], r["summary"], r["metrics"], RunDir(Path(runs_dir) / r["id"]))
             for r in paper.load_runs(runs_dir, set(labels)) if paper.matches(r["setting"], spec["select"])]
     if not runs:
         raise MissingInput(f"no finished run of experiment {spec['experiment']} matches {spec['select'] or 'all'}")

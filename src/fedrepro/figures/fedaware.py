@@ -26,9 +26,9 @@ def cosines(spec, runs, context):
     import matplotlib.pyplot as plt
 
     run = finished(runs)[0]
-    path = run.folder / "cosines.npz"
+    path = run.folder.cosines
     if not path.exists():
-        raise MissingInput(f"run {run.id} has no cosines.npz")
+        raise MissingInput(f"run {run.id} has no {path.name}")
     stored = np.load(path)
     have = sorted(int(k.split("_")[1]) for k in stored.files)
     wanted = [r if r > 0 else run.setting["rounds"] + 1 + r for r in spec["rounds"]]

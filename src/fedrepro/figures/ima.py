@@ -95,7 +95,7 @@ def surface(evaluator: Evaluator, models: list[torch.Tensor], resolution: int, m
 
 
 def snapshots(run) -> dict[str, torch.Tensor]:
-    path = run.folder / "snapshots.npz"
+    path = run.folder.snapshots
     if not path.exists():
         raise MissingInput(f"run {run.id} kept no model snapshots; list the rounds in its setting's "
                            f"snapshots.rounds (docs/figures.md)")
@@ -160,9 +160,9 @@ def interpolate(evaluator: Evaluator, a: torch.Tensor, b: torch.Tensor, alphas: 
 def _final_model(run) -> torch.Tensor:
     from fedrepro import checkpoint
 
-    path = run.folder / "model.pt"
+    path = run.folder.model
     if not path.exists():
-        raise MissingInput(f"run {run.id} has no model.pt")
+        raise MissingInput(f"run {run.id} has no {path.name}")
     return checkpoint.load(path)["x"]
 
 
