@@ -187,3 +187,47 @@ def test_natural_partition_settings_are_checked():
         resolve({"dataset": "synthetic_1_1", "model": "logreg", "num_clients": 20, "partition": {"kind": "natural"}})
     with pytest.raises(ConfigError, match="natural"):
         resolve({"dataset": "fmnist", "model": "mlp", "partition": {"kind": "natural"}})
+
+
+# --------------------------------------------------------------------------- the data package's shape
+
+
+def _every_dataset_class():
+    from fedrepro.data.agnews import TextDataset
+    labels = torch.arange(6) % 3
+    images = torch.zeros(6, 3, 4, 4, dtype=torch.uint8)
+    return {"TensorDataset": data.TensorDataset(images[:, :1], labels, 0.0, 1.0),
+            "ImageDataset": cifar.ImageDataset(images, labels),
+            "ImageDataset+augment": cifar.ImageDataset(images, labels, augment=True),
+            "FeatureDataset": synthetic.FeatureDataset(torch.zeros(6, 5), labels),
+            "TextDataset": TextDataset(torch.zeros(6, 7, dtype=torch.int64), torch.ones(6, 7, dtype=torch.int64), labels)}
+
+
+def test_every_dataset_class_declares_the_capabilities_the_engine_reads():
+    """The engine reads ``augment`` and ``batched_cohort`` as attributes (no getattr default): every
+    class implements the protocol, keeps the capabilities through subset/to, and says the truth."""
+    declared = {}
+    for name, ds in _every_dataset_class().items():
+        assert isinstance(ds, data.Dataset), name
+        for derived in (ds.subset(torch.arange(3)), ds.to("cpu")):
+            assert (derived.augment, derived.batched_cohort) == (ds.augment, ds.batched_cohort), name
+        declared[name] = (ds.augment, ds.batched_cohort)
+    assert declared == {"TensorDataset": (False, True), "ImageDataset": (False, True),
+                        "ImageDataset+augment": (True, True), "FeatureDataset": (False, True),
+                        # a (K, B) batch of token sequences cannot be vmapped through the HF model
+                        "TextDataset": (False, False)}
+
+
+def test_no_dataset_family_imports_the_dispatcher():
+    """The families (and base) import base only: the package __init__ imports them, never the reverse."""
+    import ast
+    folder = Path(data.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("fedrepro.data", "fedrepro") and not node.level:
+                names = {alias.name for alias in node.names}
+                assert node.module != "fedrepro.data" and "data" not in names, f"{path.name} imports the dispatcher"
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module:
+                raise AssertionError(f"{path.name} imports the dispatcher (from . import ...)")
