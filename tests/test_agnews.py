@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import config, data, models, partition, registry, text
+from fedrepro import config, data, models, partition, registry
+from fedrepro.data import agnews
 from fedrepro.engine import Trainer
 from fedrepro.flat import FlatModel, learnt_buffers
 
@@ -41,12 +42,12 @@ def write_parquet(folder, split, rows):
         names=["World", "Sports", "Business", "Sci/Tech"])})
     ds = datasets.Dataset.from_dict({"text": [f"{t} {d}" for _, t, d in rows], "label": [l for l, _, _ in rows]},
                                     features=features)
-    ds.to_parquet(str(folder / text.FILES["parquet"][split]))
+    ds.to_parquet(str(folder / agnews.FILES["parquet"][split]))
 
 
 def write_csv(folder, split, rows):
     # the original release: no header, every field quoted, class index 1..4
-    with open(folder / text.FILES["csv"][split], "w", newline="") as fh:
+    with open(folder / agnews.FILES["csv"][split], "w", newline="") as fh:
         writer = csv.writer(fh, quoting=csv.QUOTE_ALL)
         for label, title, desc in rows:
             writer.writerow([label + 1, title, desc])
@@ -54,7 +55,7 @@ def write_csv(folder, split, rows):
 
 @pytest.fixture
 def small_sizes(monkeypatch):
-    monkeypatch.setattr(text, "EXPECTED_ROWS", {"train": TRAIN_ROWS, "test": TEST_ROWS})
+    monkeypatch.setattr(agnews, "EXPECTED_ROWS", {"train": TRAIN_ROWS, "test": TEST_ROWS})
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +115,8 @@ def test_original_csv_format_gives_the_same_columns(tmp_path, small_sizes, tiny_
     write_csv(mirror, "train", rows)
     write_csv(mirror, "test", articles(TEST_ROWS, 1))
     root = data.download("agnews", tmp_path / "agnews", [str(mirror)], log=lambda *_: None)
-    assert (root / "train.csv").exists() and not (root / text.FILES["parquet"]["train"]).exists()
-    split = text.read_split(root / "train.csv")
+    assert (root / "train.csv").exists() and not (root / agnews.FILES["parquet"]["train"]).exists()
+    split = agnews.read_split(root / "train.csv")
     assert list(split["label"]) == [l for l, _, _ in rows]  # 1..4 shifted to 0..3
     assert split["text"][3] == f"{rows[3][1]} {rows[3][2]}"  # title + " " + description
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import data, datasets_extra, partition, registry
+from fedrepro import data, partition, registry
+from fedrepro.data import cifar, synthetic
 from fedrepro.config import ConfigError, resolve
 
 
@@ -28,7 +29,7 @@ def _pickle_batch(folder: Path, name: str, images: np.ndarray, labels: np.ndarra
 
 def make_fake_cifar(tmp: Path, dataset: str, monkeypatch, n_train: int = 20, n_test: int = 10) -> tuple[Path, np.ndarray]:
     """Write a small archive in torchvision's layout; point the torchvision class at its checksums."""
-    cls = datasets_extra._cifar_class(dataset)
+    cls = cifar._cifar_class(dataset)
     rng = np.random.default_rng(0)
     build = tmp / "build"
     folder = build / cls.base_folder
@@ -79,18 +80,18 @@ def test_cifar_local_folder_mirror_and_corrupt_mirror(tmp_path, monkeypatch):
     served, _ = make_fake_cifar(tmp_path, "cifar10", monkeypatch)
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
-    name = datasets_extra._cifar_class("cifar10").filename
+    name = cifar._cifar_class("cifar10").filename
     (corrupt / name).write_bytes(b"not an archive")
     root = tmp_path / "data"
-    datasets_extra.download("cifar10", root, [str(corrupt), str(served)], log=lambda *_: None)
+    cifar.download("cifar10", root, [str(corrupt), str(served)], log=lambda *_: None)
     assert not list(root.glob(".*part")), "temporary files must not stay behind"
     assert len(data.load("cifar10", root, train=True)) == 20
 
 
 def test_cifar_no_mirror_names_each_failure(tmp_path, monkeypatch):
     make_fake_cifar(tmp_path, "cifar10", monkeypatch)
-    with pytest.raises(datasets_extra.DownloadError, match="checksum mismatch|No such file"):
-        datasets_extra.download("cifar10", tmp_path / "data", [str(tmp_path / "nowhere")], log=lambda *_: None)
+    with pytest.raises(cifar.DownloadError, match="checksum mismatch|No such file"):
+        cifar.download("cifar10", tmp_path / "data", [str(tmp_path / "nowhere")], log=lambda *_: None)
 
 
 def test_extract_refuses_members_outside_the_folder(tmp_path):
@@ -101,8 +102,8 @@ def test_extract_refuses_members_outside_the_folder(tmp_path):
         tar.addfile(info, io.BytesIO(b"bad"))
     dest = tmp_path / "dest"
     dest.mkdir()
-    with pytest.raises(datasets_extra.DownloadError, match="outside"):
-        datasets_extra.safe_extract(archive, dest)
+    with pytest.raises(cifar.DownloadError, match="outside"):
+        cifar.safe_extract(archive, dest)
     assert not (tmp_path / "escaped.txt").exists()
 
 
@@ -113,17 +114,17 @@ def test_extract_refuses_links(tmp_path):
         info.type = tarfile.SYMTYPE
         info.linkname = "/etc/passwd"
         tar.addfile(info)
-    with pytest.raises(datasets_extra.DownloadError, match="link"):
-        datasets_extra.safe_extract(archive, tmp_path)
+    with pytest.raises(cifar.DownloadError, match="link"):
+        cifar.safe_extract(archive, tmp_path)
 
 
 def test_normalisation_per_channel_and_augmentation_only_on_train(tmp_path, monkeypatch):
     served, _ = make_fake_cifar(tmp_path, "cifar10", monkeypatch)
     root = tmp_path / "data"
-    datasets_extra.download("cifar10", root, [str(served)], log=lambda *_: None)
+    cifar.download("cifar10", root, [str(served)], log=lambda *_: None)
     plain = data.load("cifar10", root, train=True, preprocess={"normalize": "ima"})
     x, _ = plain.batch(torch.arange(4))
-    mean, std = datasets_extra.NORMALIZE["ima"]
+    mean, std = cifar.NORMALIZE["ima"]
     expected = (plain.images[:4].float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
     assert torch.allclose(x, expected, atol=1e-6)
     aug = data.load("cifar10", root, train=True, preprocess={"augment": "crop_flip"})
@@ -136,7 +137,7 @@ def test_normalisation_per_channel_and_augmentation_only_on_train(tmp_path, monk
 def test_random_crop_flip_is_a_shifted_window_of_the_padded_image():
     x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).reshape(2, 3, 32, 32)
     gen = torch.Generator().manual_seed(3)
-    out = datasets_extra.random_crop_flip(x, 4, gen)
+    out = cifar.random_crop_flip(x, 4, gen)
     assert out.shape == x.shape
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
     for i in range(2):
@@ -146,30 +147,30 @@ def test_random_crop_flip_is_a_shifted_window_of_the_padded_image():
 
 
 def test_synthetic_is_seeded_and_matches_the_registry(tmp_path):
-    root = datasets_extra.download("synthetic_1_1", tmp_path / "a", log=lambda *_: None)
+    root = synthetic.download("synthetic_1_1", tmp_path / "a", log=lambda *_: None)
     train = data.load("synthetic_1_1", root, train=True)
     test = data.load("synthetic_1_1", root, train=False)
     spec = registry.DATASETS["synthetic_1_1"]
     assert len(train) == spec["train_size"] and len(test) == spec["test_size"]
     assert train.features.shape[1] == 60 and int(train.labels.max()) < 10
-    again = data.load("synthetic_1_1", datasets_extra.download("synthetic_1_1", tmp_path / "b", log=lambda *_: None), True)
+    again = data.load("synthetic_1_1", synthetic.download("synthetic_1_1", tmp_path / "b", log=lambda *_: None), True)
     assert torch.equal(train.features, again.features)
     # power-law sizes: the largest user is much larger than the smallest
-    sizes = np.bincount(datasets_extra.train_groups("synthetic_1_1", root))
+    sizes = np.bincount(synthetic.train_groups("synthetic_1_1", root))
     assert len(sizes) == 30 and sizes.max() > 10 * sizes.min()
     x, y = train.batch(torch.arange(5))
     assert x.dtype == torch.float32 and y.dtype == torch.int64
 
 
 def test_synthetic_alpha_beta_change_the_data():
-    a = datasets_extra.generate_synthetic(1.0, 1.0, 0)
-    b = datasets_extra.generate_synthetic(0.0, 0.0, 0)
+    a = synthetic.generate_synthetic(1.0, 1.0, 0)
+    b = synthetic.generate_synthetic(0.0, 0.0, 0)
     assert not np.array_equal(a[0][1], b[0][1])
 
 
 def test_natural_partition_gives_each_user_its_samples(tmp_path):
-    root = datasets_extra.download("synthetic_1_1", tmp_path, log=lambda *_: None)
-    groups = datasets_extra.train_groups("synthetic_1_1", root)
+    root = synthetic.download("synthetic_1_1", tmp_path, log=lambda *_: None)
+    groups = synthetic.train_groups("synthetic_1_1", root)
     labels = data.train_labels("synthetic_1_1", root)
     parts = partition.make(labels, {"kind": "natural", "num_clients": 30, "dataset": "synthetic_1_1"}, groups)
     assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
@@ -186,3 +187,47 @@ def test_natural_partition_settings_are_checked():
         resolve({"dataset": "synthetic_1_1", "model": "logreg", "num_clients": 20, "partition": {"kind": "natural"}})
     with pytest.raises(ConfigError, match="natural"):
         resolve({"dataset": "fmnist", "model": "mlp", "partition": {"kind": "natural"}})
+
+
+# --------------------------------------------------------------------------- the data package's shape
+
+
+def _every_dataset_class():
+    from fedrepro.data.agnews import TextDataset
+    labels = torch.arange(6) % 3
+    images = torch.zeros(6, 3, 4, 4, dtype=torch.uint8)
+    return {"TensorDataset": data.TensorDataset(images[:, :1], labels, 0.0, 1.0),
+            "ImageDataset": cifar.ImageDataset(images, labels),
+            "ImageDataset+augment": cifar.ImageDataset(images, labels, augment=True),
+            "FeatureDataset": synthetic.FeatureDataset(torch.zeros(6, 5), labels),
+            "TextDataset": TextDataset(torch.zeros(6, 7, dtype=torch.int64), torch.ones(6, 7, dtype=torch.int64), labels)}
+
+
+def test_every_dataset_class_declares_the_capabilities_the_engine_reads():
+    """The engine reads ``augment`` and ``batched_cohort`` as attributes (no getattr default): every
+    class implements the protocol, keeps the capabilities through subset/to, and says the truth."""
+    declared = {}
+    for name, ds in _every_dataset_class().items():
+        assert isinstance(ds, data.Dataset), name
+        for derived in (ds.subset(torch.arange(3)), ds.to("cpu")):
+            assert (derived.augment, derived.batched_cohort) == (ds.augment, ds.batched_cohort), name
+        declared[name] = (ds.augment, ds.batched_cohort)
+    assert declared == {"TensorDataset": (False, True), "ImageDataset": (False, True),
+                        "ImageDataset+augment": (True, True), "FeatureDataset": (False, True),
+                        # a (K, B) batch of token sequences cannot be vmapped through the HF model
+                        "TextDataset": (False, False)}
+
+
+def test_no_dataset_family_imports_the_dispatcher():
+    """The families (and base) import base only: the package __init__ imports them, never the reverse."""
+    import ast
+    folder = Path(data.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("fedrepro.data", "fedrepro") and not node.level:
+                names = {alias.name for alias in node.names}
+                assert node.module != "fedrepro.data" and "data" not in names, f"{path.name} imports the dispatcher"
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module:
+                raise AssertionError(f"{path.name} imports the dispatcher (from . import ...)")

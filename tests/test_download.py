@@ -12,6 +12,7 @@ import pytest
 
 from conftest import FMNIST_FILES, fake_fmnist_arrays, write_fake_fmnist
 from fedrepro import data
+from fedrepro.data import fmnist
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def good_files(tmp_path, monkeypatch):
     folder = tmp_path / "good"
     sums = write_fake_fmnist(folder, n_train=50, n_test=20)
     monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
-    monkeypatch.setattr(data, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
+    monkeypatch.setattr(fmnist, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
     return folder
 
 
@@ -46,7 +47,7 @@ def test_good_mirror_is_accepted_extracted_and_loads(tmp_path, serve, good_files
     url = serve(good_files)
     root = tmp_path / "data"
     folder = data.download("fmnist", root, [url], timeout=10, log=lambda *_: None)
-    assert folder == data.raw_folder(root, "fmnist")
+    assert folder == fmnist.raw_folder(root)
     for name in FMNIST_FILES:
         assert (folder / name).read_bytes() == (good_files / name).read_bytes()
         assert (folder / name[:-3]).exists(), "extracted next to the archive, as torchvision leaves it"
@@ -81,7 +82,7 @@ def test_falls_back_to_the_next_mirror(tmp_path, serve, good_files):
     data.download("fmnist", root, [bad, missing, "http://127.0.0.1:9/", good], timeout=5, log=used.append)
     assert len(used) == 4 and all(good in line for line in used), used
     for name in FMNIST_FILES:
-        assert (data.raw_folder(root, "fmnist") / name).read_bytes() == (good_files / name).read_bytes()
+        assert (fmnist.raw_folder(root) / name).read_bytes() == (good_files / name).read_bytes()
 
 
 def test_local_folder_is_a_mirror(tmp_path, serve, good_files):

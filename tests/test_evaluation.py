@@ -109,8 +109,9 @@ def test_a_dropout_model_trains_the_same_with_the_cohort_path_asked_for_or_not(t
 
 
 def _datasets():
-    from fedrepro.datasets_extra import FeatureDataset, ImageDataset
-    from fedrepro.text import TextDataset
+    from fedrepro.data.agnews import TextDataset
+    from fedrepro.data.cifar import ImageDataset
+    from fedrepro.data.synthetic import FeatureDataset
     labels = torch.arange(40) % 10
     yield data.TensorDataset(torch.arange(40 * 4, dtype=torch.uint8).view(40, 1, 2, 2), labels, 0.5, 2.0)
     yield ImageDataset(torch.arange(40 * 12, dtype=torch.int64).to(torch.uint8).view(40, 3, 2, 2), labels,

@@ -270,6 +270,7 @@ def test_the_divergence_rule_reads_every_quantity():
 
 from conftest import FMNIST_FILES, write_fake_fmnist  # noqa: E402
 from fedrepro import data  # noqa: E402
+from fedrepro.data import base, fmnist  # noqa: E402
 
 
 @pytest.fixture
@@ -278,8 +279,8 @@ def fmnist_mirror(tmp_path, monkeypatch):
     folder = tmp_path / "mirror"
     sums = write_fake_fmnist(folder, n_train=50, n_test=20)
     monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
-    monkeypatch.setattr(data, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
-    monkeypatch.setattr(data, "FMNIST_BYTES", {n: (folder / n).stat().st_size for n in FMNIST_FILES})
+    monkeypatch.setattr(fmnist, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
+    monkeypatch.setattr(fmnist, "FMNIST_BYTES", {n: (folder / n).stat().st_size for n in FMNIST_FILES})
     return folder
 
 
@@ -290,18 +291,18 @@ def test_a_download_stops_at_the_expected_size(tmp_path, serve, fmnist_mirror):
     for name in FMNIST_FILES:
         (big / name).write_bytes((fmnist_mirror / name).read_bytes() + b"\0" * (8 << 20))
     written = []
-    real_fetch = data._fetch
+    real_fetch = base._fetch
 
-    def spy(mirror, filename, dest, timeout, max_bytes=data.DEFAULT_MAX_BYTES):
+    def spy(mirror, filename, dest, timeout, max_bytes=base.DEFAULT_MAX_BYTES):
         try:
             real_fetch(mirror, filename, dest, timeout, max_bytes)
         finally:
             written.append(dest.stat().st_size if dest.exists() else 0)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(data, "_fetch", spy)
+        mp.setattr(base, "_fetch", spy)
         with pytest.raises(data.DownloadError, match="stopped there"):
             data.download("fmnist", tmp_path / "root", [serve(big)])
-    assert written and max(written) <= max(data.FMNIST_BYTES.values())
+    assert written and max(written) <= max(fmnist.FMNIST_BYTES.values())
 
 
 def test_overwritten_labels_after_download_are_found_before_training(tmp_path, fmnist_mirror):
@@ -315,7 +316,7 @@ def test_overwritten_labels_after_download_are_found_before_training(tmp_path, f
     with pytest.raises(data.DataError, match="train-labels-idx1-ubyte"):
         data.load("fmnist", root, train=True)
     data.download("fmnist", root, [str(fmnist_mirror)])  # the download decompresses it anew
-    data.verify_loaded(folder)
+    base.verify_loaded(folder)
 
 
 # ------------------------------------------------------------------ corrupt results are named, and stop nothing else

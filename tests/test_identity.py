@@ -63,4 +63,4 @@ def test_the_real_runs_depend_on_training_code_only():
         assert not {"registry.py", "config.py", "report.py", "tracking.py", "cli.py", "plan.py"} & set(files)
     assert {"algorithms/proxy.py", "algorithms/feddf.py"} <= set(
         identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedbe", [])))
-    assert {"partition.py", "data.py"} <= set(identity.code_closure(identity.PARTITION_ENTRY))
+    assert {"partition.py", "data/__init__.py", "data/fmnist.py"} <= set(identity.code_closure(identity.PARTITION_ENTRY))

@@ -7,7 +7,8 @@ import torch
 
 from fedrepro import models, registry
 from fedrepro.flat import FlatModel
-from fedrepro.models_extra import CifarCNN, ResNet18GN
+from fedrepro.models.cnn import CifarCNN
+from fedrepro.models.resnet import ResNet18GN
 
 # Pretrained models (Pythia) need their weights; tests/test_agnews.py covers them with a tiny local config.
 BUILT_HERE = {name: spec for name, spec in registry.MODELS.items() if not spec.get("pretrained")}

@@ -10,14 +10,14 @@ DATASETS = {
     "fmnist": {"train_size": 60000, "test_size": 10000, "num_classes": 10, "shape": (1, 28, 28)},
     "cifar10": {"preprocess": True, "train_size": 50000, "test_size": 10000, "num_classes": 10, "shape": (3, 32, 32)},
     "cifar100": {"preprocess": True, "train_size": 50000, "test_size": 10000, "num_classes": 100, "shape": (3, 32, 32)},
-    # Generated from a fixed seed (datasets_extra.SYNTHETIC_SEED); its 30 users are its clients.
+    # Generated from a fixed seed (data.synthetic.SYNTHETIC_SEED); its 30 users are its clients.
     # smallest_test_class: its rarest class in the test set (counted from the generated files), which
     # bounds a class-balanced proxy set
     "synthetic_1_1": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30,
                       "smallest_test_class": 14},
     "synthetic_0_0": {"train_size": 4833, "test_size": 552, "num_classes": 10, "shape": (60,), "natural_clients": 30,
                       "smallest_test_class": 8},
-    # text.py: texts tokenised by the model's tokenizer to a fixed length (pretrained.max_length)
+    # data/agnews.py: texts tokenised by the model's tokenizer to a fixed length (pretrained.max_length)
     "agnews": {"text": True, "train_size": 120000, "test_size": 7600, "num_classes": 4, "shape": (100,)},
 }
 
@@ -27,7 +27,7 @@ MODELS = {
     # feature_classifier: the last layer is a Linear classifier over IMA's 128-d feature layer (FedFA's anchors)
     "cnn": {"datasets": ["fmnist", "cifar10", "cifar100"], "feature_classifier": True,
             "doc": "IMA's two-conv CNN: conv32-conv32 (5x5), FC 512-384-128-10; CIFAR: conv64-conv64, FC 1600-384-128"},
-    # models_extra.py
+    # models/cnn.py, resnet.py, vgg.py, alexnet.py
     "cnn_fedaware": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 122570},
                      "doc": "FedAWARE's CIFAR-10 CNN: conv32-conv64-conv64 (3x3), FC 1024-64-10, Kaiming/N(0,.01) init"},
     "simplecnn": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 122570},
@@ -45,12 +45,12 @@ MODELS = {
     "resnet56": {"datasets": ["cifar10", "cifar100"], "batchnorm": True,
                  "doc": "FedLAW's CIFAR ResNet-56 (16/32/64); BatchNorm (running or batch statistics: setting batchnorm)"},
     "logreg": {"datasets": ["synthetic_1_1", "synthetic_0_0"], "doc": "multinomial logistic regression 60-10 (FedNova)"},
-    # FedLAW Tables 1, 9: the paper and its code leave both undefined; ours (models_extra) with counts by hand
+    # FedLAW Tables 1, 9: the paper and its code leave both undefined; ours (models/resnet.py, alexnet.py) with counts by hand
     "resnet8": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 78042}, "batchnorm": True,
                 "doc": "CIFAR ResNet-8 (one BasicBlock per 16/32/64 stage, as ResNet-20/56); BatchNorm (setting batchnorm)"},
     "alexnet": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 2472266},
                 "doc": "CIFAR AlexNet: convs 64-192-384-256-256 (11/4, 5, 3, 3, 3), 3 max-pools, Linear 256-classes, no norm"},
-    # text.py; weights from pretrained.path (a hub id or a local folder). The count is the one of
+    # models/pythia.py; weights from pretrained.path (a hub id or a local folder). The count is the one of
     # Pythia-70M's published config with a 4-way head in place of the LM head (tests/test_agnews.py).
     "pythia70m": {"datasets": ["agnews"], "pretrained": True, "params": {"agnews": 44673024},
                   "doc": "Pythia-70M (GPT-NeoX) with a sequence-classification head, all parameters fine-tuned"},

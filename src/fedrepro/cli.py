@@ -101,8 +101,8 @@ def cmd_partition(args) -> None:
     labels = data.train_labels(setting["dataset"], args.data_root)
     groups = None
     if setting["kind"] == "natural":  # the dataset's own clients (Synthetic)
-        from fedrepro import datasets_extra
-        groups = datasets_extra.train_groups(setting["dataset"], args.data_root)
+        from fedrepro.data import synthetic
+        groups = synthetic.train_groups(setting["dataset"], args.data_root)
     parts = partition.make(labels, setting, groups)
     info = partition.save(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
     print(f"partition {Path(args.out).name}: {info['content_hash']}, client sizes {info['sizes']}")

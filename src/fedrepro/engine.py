@@ -195,7 +195,7 @@ class Trainer:
         # path does not carry (a vmapped BatchNorm cannot update one module's buffers per client)
         return (len(cohort) > 1 and self.client_momentum is None and not len(self.model.buffers)
                 and not self.algorithm.corrections and self.algorithm.objective is None
-                and not getattr(self.train, "augment", False) and getattr(self.train, "batched_cohort", True)
+                and not self.train.augment and self.train.batched_cohort
                 and not self.random_layers
                 and equal_steps([self.client_index[c] for c in cohort], client_epochs))
 

@@ -5,7 +5,7 @@ starts. The code a run depends on is read from the imports of the files that run
 hand-kept list that goes stale when someone adds an import:
 
     run        engine.py + the method's module + each plug-in's module, and what they import
-    partition  partition.py + data.py (the labels it splits), and what they import
+    partition  partition.py + data/__init__.py (the labels it splits), and what they import
 
 Imports are followed inside the package only, including those inside functions; a module loaded by
 name (``importlib.import_module``) is not followed, which is why the method's module is named here.
@@ -22,7 +22,7 @@ from typing import Any
 
 PACKAGE = Path(__file__).resolve().parent
 RUN_ENTRY = ("engine.py",)
-PARTITION_ENTRY = ("partition.py", "data.py")
+PARTITION_ENTRY = ("partition.py", "data/__init__.py")
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:

@@ -111,7 +111,7 @@ def _timed_model(setting: dict, device: torch.device):
     if spec.get("text"):
         from transformers import GPTNeoXConfig, GPTNeoXForSequenceClassification
 
-        from fedrepro.text import TokenBatch
+        from fedrepro.data.agnews import TokenBatch
         net = GPTNeoXForSequenceClassification(GPTNeoXConfig(**PYTHIA_70M, num_labels=spec["num_classes"],
                                                              pad_token_id=0, use_cache=False)).to(device)
         length = int(setting.get("pretrained", {}).get("max_length", spec["shape"][0]))

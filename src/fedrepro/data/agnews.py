@@ -1,7 +1,7 @@
-"""AGNews and Pythia-70M (FedAWARE Table 2, third dataset): text data as device tensors, and a
-pretrained Hugging Face model wrapped so that ``module(x)`` returns logits like every other model.
+"""AGNews (FedAWARE Table 2, third dataset): text data as device tensors, tokenised by the
+model's own tokenizer (the model itself: ``fedrepro.models.pythia``).
 
-Data. The files are AGNews in one of its two real on-disk formats, fetched from a list of mirrors
+The files are AGNews in one of its two real on-disk formats, fetched from a list of mirrors
 (URL prefixes or local folders) like every other dataset:
 
 - ``parquet``: the Hugging Face dataset ``fancyzhx/ag_news`` (formerly ``ag_news``),
@@ -20,13 +20,9 @@ fixed ``max_length`` (100 in FedAWARE's code), so a split is two (N, L) integer 
 and a batch is an index gather, as for images. Tokenisation is not cached: it costs seconds per
 run, which a 300-round fine-tuning run does not notice.
 
-Model. ``AutoModelForSequenceClassification.from_pretrained(path, num_labels=4)``: GPT-NeoX with a
-linear head on the last non-padding token, all parameters trained (FedAWARE's code). Pythia's
-tokenizer has no padding token; as is usual for GPT-style models (and needed for the head to find
-the last real token), the end-of-text token pads. ``path`` is a hub id or a local folder: on a
-machine without internet, point ``pretrained.path`` at a folder holding the model's
-``config.json``, weights and tokenizer files, or pre-fill the Hugging Face cache and set
-``HF_HUB_OFFLINE=1``.
+Pythia's tokenizer has no padding token; as is usual for GPT-style models (and needed for the
+classifier's head to find the last real token), the end-of-text token pads. ``pretrained.path`` is a
+hub id or a local folder (see ``fedrepro.models.pythia``).
 """
 from __future__ import annotations
 
@@ -34,9 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from fedrepro.data import DownloadError, fetch_from_mirrors, file_sha256, gather
+from fedrepro.data.base import DownloadError, fetch_from_mirrors, file_sha256, gather
 
 AGNEWS = "agnews"
 HANDLED = {AGNEWS}
@@ -177,7 +172,7 @@ def train_labels(root: str | Path):
 @dataclass
 class TokenBatch:
     """A model input of token ids and their attention mask; what ``TextDataset.batch`` returns
-    in place of an image tensor, and what ``SequenceClassifier.forward`` takes."""
+    in place of an image tensor, and what ``models.pythia.SequenceClassifier.forward`` takes."""
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
 
@@ -188,6 +183,7 @@ class TextDataset:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
+    augment = False
     # a (K, B) batch of token sequences is not a batch the HF model can be vmapped over (its
     # pooling indexes by data); the engine trains text clients one after another
     batched_cohort = False
@@ -226,33 +222,3 @@ def load(dataset: str, root: str | Path, train: bool, pretrained: dict | None = 
     ds = read_split(split_file(root, "train" if train else "test"))
     ids, mask = tokenize(list(ds["text"]), tokenizer, int(pretrained.get("max_length", DEFAULT_MAX_LENGTH)))
     return TextDataset(ids, mask, torch.from_numpy(_labels(ds)))
-
-
-# --------------------------------------------------------------------------- model
-
-BUILDERS = {"pythia70m"}
-
-
-class SequenceClassifier(nn.Module):
-    """A Hugging Face sequence classifier whose ``forward(TokenBatch)`` returns logits only."""
-
-    def __init__(self, path: str, num_labels: int):
-        super().__init__()
-        from transformers import AutoModelForSequenceClassification
-        pad = load_tokenizer(path).pad_token_id
-        # float32 explicitly: the hub's Pythia weights are stored in float16, and the flat engine
-        # keeps one float32 vector
-        self.net = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
-                                                                      pad_token_id=pad, dtype=torch.float32)
-        self.net.config.use_cache = False
-        self.train()  # from_pretrained returns eval mode; the other models start in train mode
-
-    def forward(self, x: TokenBatch) -> torch.Tensor:
-        return self.net(input_ids=x.input_ids, attention_mask=x.attention_mask, use_cache=False).logits
-
-
-def build(name: str, dataset: str, pretrained: dict | None = None) -> nn.Module:
-    from fedrepro.catalog import DATASETS
-    if name != "pythia70m":
-        raise ValueError(f"unknown text model '{name}'")
-    return SequenceClassifier(dict(pretrained or {}).get("path", DEFAULT_MODEL), DATASETS[dataset]["num_classes"])

@@ -1,0 +1,98 @@
+"""The ResNets of the papers: CIFAR ResNet-18 with GroupNorm (FedAWARE, IMA) and FedLAW's CIFAR
+ResNet-8/20/56 with BatchNorm.
+
+Sources (see /work/shared/specs): FedAWARE 4.2, IMA 4.2 (Table 4), FedLAW 4.3.
+
+Normalisation layers: GroupNorm has no buffers. FedLAW's CIFAR ResNet-8/20/56 use BatchNorm, by
+default with running statistics as the papers' code keeps them (the flat engine carries them in
+``FlatModel.buffers`` and averages them over the cohort; eval mode normalises with them). The setting
+``batchnorm: batch_stats`` builds them *without running statistics* (``track_running_stats=False``):
+every forward pass, evaluation included, normalises with the statistics of its own batch (evaluation
+batches hold 4096 test images), as this project did before the engine carried buffers.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+
+# --------------------------------------------------------------------------- ResNet-18 (CIFAR stem)
+
+
+def _norm(kind: str, channels: int, groups: int) -> nn.Module:
+    """gn: GroupNorm(groups); bn: BatchNorm with running statistics; bn_batch: batch statistics only."""
+    if kind == "gn":
+        return nn.GroupNorm(groups, channels)
+    return nn.BatchNorm2d(channels, track_running_stats=kind == "bn")
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, in_planes: int, planes: int, stride: int, norm: str, groups: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.n1 = _norm(norm, planes, groups)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.n2 = _norm(norm, planes, groups)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False),
+                                          _norm(norm, planes, groups))
+
+    def forward(self, x):
+        out = self.n1(self.conv1(x)).relu()
+        out = self.n2(self.conv2(out))
+        return (out + self.shortcut(x)).relu()
+
+
+class ResNet18GN(nn.Module):
+    """CIFAR ResNet-18 (3x3 stem, stride 1, no max-pool; blocks [2,2,2,2] of 64/128/256/512) with
+    GroupNorm everywhere, the shortcut included.
+
+    FedAWARE: 32 groups, avg-pool then Linear(512, classes): 11,220,132 parameters for CIFAR-100.
+    IMA: 2 groups and a 512->128 linear projector before the classifier (``projector=128``); the
+    specs say "linear projector", so no activation sits between projector and classifier.
+    """
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, groups: int = 32, projector: int = 0):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.GroupNorm(groups, 64), nn.ReLU())
+        layers, in_planes = [], 64
+        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            for s in (stride, 1):
+                layers.append(BasicBlock(in_planes, planes, s, "gn", groups))
+                in_planes = planes
+        self.layers = nn.Sequential(*layers)
+        head = [nn.Linear(512, projector), nn.Linear(projector, num_classes)] if projector else [nn.Linear(512, num_classes)]
+        self.head = nn.Sequential(*head)
+
+    def forward(self, x):
+        out = self.layers(self.stem(x))
+        return self.head(nn.functional.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+# --------------------------------------------------------------------------- CIFAR ResNet-20/56
+
+
+class CifarResNet(nn.Module):
+    """FedLAW's CIFAR ResNet (Li et al. 2018 landscape models): 3x3 stem conv 16, three stages of
+    (depth-2)/6 BasicBlocks with 16/32/64 channels, 1x1 conv + norm shortcut when the shape changes,
+    global average pool, Linear(64, classes). BatchNorm with running statistics, or on batch statistics
+    only when ``running_stats`` is False (module doc)."""
+
+    def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10, running_stats: bool = True):
+        super().__init__()
+        if (depth - 2) % 6:
+            raise ValueError(f"CIFAR ResNet depth must be 6n+2, got {depth}")
+        n = (depth - 2) // 6
+        bn = "bn" if running_stats else "bn_batch"
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), _norm(bn, 16, 0), nn.ReLU())
+        layers, in_planes = [], 16
+        for planes, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(n):
+                layers.append(BasicBlock(in_planes, planes, stride if i == 0 else 1, bn, 0))
+                in_planes = planes
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        out = self.layers(self.stem(x))
+        return self.fc(nn.functional.adaptive_avg_pool2d(out, 1).flatten(1))
