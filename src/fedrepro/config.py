@@ -22,6 +22,8 @@ import jsonschema
 import yaml
 
 from fedrepro import registry
+# reading the project's JSON records has its own light module, below training code (config is above it)
+from fedrepro.records import CorruptFileError, read_json  # noqa: F401
 # a run's identity (names, hashes, the code it runs) has its own light module
 from fedrepro.identity import cohort_size, partition_id, partition_setting, run_id, stable_hash  # noqa: F401
 
@@ -465,19 +467,6 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: '__use_yte__' asks for YTE templating, which runs Python code while the file "
                           f"is loaded; fedrepro refuses templated params files")
     return content
-
-
-class CorruptFileError(ValueError):
-    """A file of the project that cannot be parsed; the message names it."""
-
-
-def read_json(path: str | Path) -> Any:
-    """A JSON file's content; an unreadable or truncated file is an error that names it."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptFileError(f"{path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
 
 
 def load_params(path: str | Path) -> dict:

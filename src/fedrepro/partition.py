@@ -268,7 +268,7 @@ def load(out_dir: str | Path, setting: dict | None = None) -> list[np.ndarray]:
     """The clients' index arrays; with ``setting``, checked to be that partition: partition.json must
     describe ``setting`` and record the content hash of the arrays read (a file copied over another
     partition's, or altered, is refused)."""
-    from fedrepro.config import read_json
+    from fedrepro.records import read_json
 
     out = Path(out_dir)
     path = out / "clients.npz"

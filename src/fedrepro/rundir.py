@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from fedrepro.config import CorruptFileError, read_json
+from fedrepro.records import CorruptFileError, read_json
 
 STATES = ("done", "diverged", "interrupted", "missing")
 SUMMARY, METRICS, MODEL, CHECKPOINT = "summary.json", "metrics.csv", "model.pt", "checkpoint.pt"

@@ -149,7 +149,7 @@ def verify_loaded(folder: Path) -> None:
     record = folder / LOADED_SUMS
     if not record.exists():
         return
-    from fedrepro.config import read_json
+    from fedrepro.records import read_json
     for name, sha in read_json(record).items():
         path = folder / name
         if not path.exists() or file_sha256(path) != sha:
