@@ -43,6 +43,8 @@ rule figure:
         gpu=lambda w: int(FIGURES[w.figure]["kind"] in ffigures.EVALUATES),
     log:
         f"logs/figures/{CONFIG_NAME}/{{figure}}.log",
+    benchmark:
+        f"benchmarks/figure/{CONFIG_NAME}/{{figure}}.tsv"
     shell:
         "fedrepro figures --name {wildcards.figure:q} --spec {params.spec:q} --manifest {input.manifest:q} "
         "--data-root {DATA_ROOT:q} --threads {threads} --out {output.png:q} > {log:q} 2>&1"
