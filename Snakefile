@@ -48,6 +48,16 @@ MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
 CONFIG_OVERRIDES = json.dumps(workflow.config_settings.overwrite_config or {}, sort_keys=True)
 MANIFEST_PATH = fconfig.manifest_path(fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME))
 
+# `snakemake --lint` warnings left on purpose:
+# - "Specify a conda environment or container for each rule": every rule runs the `fedrepro` command
+#   of the project's own package, installed once by `make setup` (pyproject.toml pins it); a second,
+#   per-rule environment would duplicate that one and could drift from it.
+# - "Shell command directly uses variable TRACK_LIVE / MIRRORS / DATA_ROOT from outside of the rule":
+#   deliberately no params, since params are a rerun trigger: where the data lives, the mirrors it
+#   came from and how a run is grouped in MLflow are no part of what a run computes.
+# - "Param data_root / paper_figures is a prefix of input or output file but hardcoded": the workflow
+#   runs on a shared file system (locally or on Slurm, docs/cluster.md); paper_figures names the
+#   folder of the figure rule's outputs, which are this rule's inputs.
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/partition.smk"

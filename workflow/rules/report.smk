@@ -7,9 +7,15 @@ rule manifest:
         f"logs/manifest/{CONFIG_NAME}.log",
     benchmark:
         f"benchmarks/manifest/{CONFIG_NAME}.tsv"
+    # params are harmless here: what they change, the manifest's content, is in its path already
+    params:
+        configfiles=CONFIG_FILES,
+        base=workflow.basedir,
+        overrides=CONFIG_OVERRIDES,
+        command=MANIFEST_COMMAND,
     shell:
-        "fedrepro manifest --configfile {CONFIG_FILES:q} --base {workflow.basedir:q} --overrides {CONFIG_OVERRIDES:q} "
-        "--command {MANIFEST_COMMAND:q} --out {output:q} --check-name > {log:q} 2>&1"
+        "fedrepro manifest --configfile {params.configfiles:q} --base {params.base:q} --overrides {params.overrides:q} "
+        "--command {params.command:q} --out {output:q} --check-name > {log:q} 2>&1"
 
 
 # MLflow: each training job logs its own run live; these steps reconcile MLflow with the files
