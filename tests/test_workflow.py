@@ -239,7 +239,7 @@ def test_e2e_snakemake_report_packs_the_figures_with_their_captions(tiny_run):
         names = packed.namelist()
         assert any(n.endswith("tiny_e2e.curves.png") for n in names), names
         text = "".join(packed.read(n).decode(errors="ignore") for n in names if n.endswith((".html", ".js")))
-    assert "Test accuracy and training loss by round" in text, "the curves' caption"
+    assert "Test accuracy (%) and losses by round" in text, "the curves' caption"
     assert "Tiny FedAvg check" in text, "captions name the experiment"
 
 
