@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import (ROOT, DEBIAN_FMNIST, have_debian_fmnist, job_counts, snakemake_cmd, subprocess_env,
+from conftest import (BIN, ROOT, DEBIAN_FMNIST, have_debian_fmnist, job_counts, snakemake_cmd, subprocess_env,
                       write_yaml)
 from fedrepro import config
 
@@ -33,7 +33,7 @@ def _expected_counts(params_file: Path) -> dict[str, int]:
     partitions = {run.partition for run in runs.values()}
     datasets = {run.setting["dataset"] for run in runs.values()}
     return {"download": len(datasets), "partition": len(partitions), "train": len(runs),
-            "manifest": 1, "track_run": len(runs), "track": 1, "report": 1, "all": 1}
+            "manifest": 1, "track_run": len(runs), "track": 1, "report": 1, "index": 1, "all": 1}
 
 
 def test_default_dag_dry_run_job_counts(tmp_path):
@@ -48,29 +48,54 @@ def test_default_dag_dry_run_job_counts(tmp_path):
     assert counts["train"] >= 6 and counts["partition"] >= 3
     assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
     assert not (tmp_path / "results").exists(), "a dry run writes nothing"
+    # the index page every params file shares is no declared output: two params files run side by side
+    outputs = re.findall(r"^\s+output: (.*)$", proc.stdout, flags=re.MULTILINE)
+    assert outputs and not any("reports/index.html" in line for line in outputs), outputs
 
 
-TINY = {
-    "title": "Tiny end-to-end check",
-    "quick": True,
-    "data": {"root": "data", "mirrors": {"fmnist": [str(DEBIAN_FMNIST) + "/"]}},
-    "experiments": {
-        "tiny_e2e": {
-            "title": "Tiny FedAvg check",
-            "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
-                     "batch_size": 128, "device": "cpu", "client": {"lr": 0.05},
-                     "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10}},
-            "grid": {"algorithm": ["fedavg"], "seed": [1, 2]},
-        },
-        "tiny_diverge": {
-            "title": "A run that diverges",
-            "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
-                     "batch_size": 128, "device": "cpu", "client": {"lr": 1.0e6},
-                     "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10}},
-            "grid": {"seed": [1]},
-        },
-    },
-}
+RULE = re.compile(r"^(?:local)?rule (\w+):\n((?:[ \t]+.*\n|\n)+)", flags=re.MULTILINE)
+
+
+def test_every_rule_that_works_has_a_log_and_a_benchmark_and_a_shell_command():
+    """No logic in rule bodies (no run:), and each step leaves its log and its benchmark/<rule>/ record."""
+    rules = {}
+    for path in [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]:
+        rules.update({name: body for name, body in RULE.findall(path.read_text() + "\n")})
+    assert {"download", "partition", "train", "manifest", "report", "index", "collect", "track"} <= set(rules)
+    for name, body in rules.items():
+        if name == "all":
+            continue
+        assert "    run:" not in body, name
+        assert "    shell:" in body and "    log:" in body, name
+        assert re.search(rf"benchmark:\n\s+f?\"benchmarks/{name}/", body), name
+
+
+def test_the_workflow_and_fedrepro_manifest_agree_on_the_manifest(tmp_path):
+    """The Snakefile names the manifest by a hash of its content; `fedrepro manifest` writes that content
+    (one library function), also with --config values, and refuses a name its content does not hash to."""
+    default = ROOT / "params" / "default.yaml"
+    only = sorted(config.load_params(default)["experiments"])[0]
+    proc = _snakemake(tmp_path, "-n", "--configfile", str(default), "--config", f"only={only}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = re.search(r"results/manifests/default-\w+\.json", proc.stdout).group(0)
+    out = tmp_path / path
+    # as the manifest rule calls it: the params file as the Snakefile names it, relative to the workflow
+    cli = [str(BIN / "fedrepro"), "manifest", "--configfile", "params/default.yaml", "--base", str(ROOT),
+           "--overrides", json.dumps({"only": only}), "--command", "snakemake --configfile params/default.yaml",
+           "--out", str(out), "--check-name"]
+    done = subprocess.run(cli, capture_output=True, text=True, env=subprocess_env())
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(out.read_text())
+    assert list(manifest["experiments"]) == [only]
+    assert config.manifest_path(manifest).endswith(path.split("/")[-1])
+    cli[cli.index("--overrides") + 1] = "{}"  # the whole file: another content, so another name
+    done = subprocess.run(cli, capture_output=True, text=True, env=subprocess_env())
+    assert done.returncode != 0 and "hashes to" in done.stderr, done.stderr
+
+
+# The workflow's .test config (Snakemake's convention), run here through Snakemake as CI runs it.
+TEST_CONFIG = ROOT / ".test" / "config" / "tiny.yaml"
+TINY = config.read_yaml(TEST_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +104,7 @@ def tiny_run(tmp_path_factory):
     if not have_debian_fmnist():
         pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST} (make setup installs dataset-fashion-mnist)")
     work = tmp_path_factory.mktemp("e2e")
-    params = write_yaml(work / "tiny.yaml", TINY)
+    params = TEST_CONFIG
     uri = f"sqlite:///{work / 'mlflow.db'}"
     env = subprocess_env(uri)
     proc = _snakemake(work, "--configfile", str(params), "--workflow-profile", str(ROOT / "workflow/profiles/ci"),
@@ -191,6 +216,17 @@ def test_e2e_report_shows_the_experiment(tiny_run):
 
 
 @pytest.mark.slow
+def test_e2e_every_step_leaves_its_log_and_benchmark(tiny_run):
+    work = tiny_run["work"]
+    benchmarks = {p.relative_to(work / "benchmarks").parts[0] for p in (work / "benchmarks").rglob("*.tsv")}
+    assert benchmarks == {"download", "partition", "train", "manifest", "track_run", "track", "report", "index",
+                          "collect"}, benchmarks
+    assert (work / "logs" / "index" / "tiny.done").exists()
+    assert "ready in" in (work / "logs" / "download" / "fmnist.log").read_text()
+    assert not list((work / "reports").glob(".*partial")), "the index page was replaced whole"
+
+
+@pytest.mark.slow
 def test_e2e_snakemake_report_packs_the_figures_with_their_captions(tiny_run):
     figures = sorted(p.name for p in (tiny_run["work"] / "reports" / "tiny_figures").iterdir())
     assert "tiny_e2e.curves.png" in figures and any(f.startswith("tiny_e2e.partition-") for f in figures)
@@ -203,7 +239,7 @@ def test_e2e_snakemake_report_packs_the_figures_with_their_captions(tiny_run):
         names = packed.namelist()
         assert any(n.endswith("tiny_e2e.curves.png") for n in names), names
         text = "".join(packed.read(n).decode(errors="ignore") for n in names if n.endswith((".html", ".js")))
-    assert "Test accuracy and training loss by round" in text, "the curves' caption"
+    assert "Test accuracy (%) and losses by round" in text, "the curves' caption"
     assert "Tiny FedAvg check" in text, "captions name the experiment"
 
 
@@ -238,4 +274,7 @@ def test_e2e_changed_grid_and_mirrors_schedule_exactly_the_new_work(tiny_run, tm
     assert proc.returncode == 0, proc.stderr[-3000:]
     scheduled = re.findall(r"^(?:local)?rule (\w+):$", proc.stdout + proc.stderr, flags=re.MULTILINE)
     counts = dict(collections.Counter(scheduled))
-    assert counts == {"train": 1, "manifest": 1, "report": 1, "track": 1, "collect": 1, "all": 1}, proc.stdout[-3000:]
+    # the new manifest is an input of each run's tracking step: every run is reconciled with it (no store
+    # call for a run its training job logged completely), the new run tracked
+    assert counts == {"train": 1, "manifest": 1, "track_run": len(tiny_run["runs"]) + 1, "report": 1, "track": 1,
+                      "collect": 1, "index": 1, "all": 1}, proc.stdout[-3000:]

@@ -75,6 +75,7 @@ EXAMPLES = {
     "expand": "fedrepro expand --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml",
     "plan": "fedrepro plan --configfile params/ima.yaml --only 'ima_table1_*'",
     "track": "fedrepro track --manifest results/manifests/default.json --out results/tracking/default.json",
+    "manifest": "fedrepro manifest --configfile params/default.yaml",
     "report": "fedrepro report --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml "
               "--out reports/fedlaw_subset.html",
     "index": "fedrepro index --out reports/index.html",
@@ -91,7 +92,8 @@ EXAMPLES = {
 
 def cmd_download(args) -> None:
     from fedrepro import data
-    folder = data.prepare(args.dataset, args.root, args.mirror or None, args.out, timeout=args.timeout)
+    mirrors = args.mirror or (args.mirror_map or {}).get(args.dataset) or None
+    folder = data.prepare(args.dataset, args.root, mirrors, args.out, timeout=args.timeout)
     print(f"{args.dataset}: ready in {folder}")
 
 
@@ -162,8 +164,8 @@ def cmd_track(args) -> None:
     if args.manifest:
         manifest = json.loads(Path(args.manifest).read_text())
     else:
-        params = config.load_params_files(args.configfile)
-        manifest = config.manifest(params, config.expand(params), Path(args.configfile[-1]).stem)
+        manifest = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+                                       "fedrepro track --configfile " + " ".join(args.configfile))
     result = tracking.track(manifest, args.runs_dir, args.tracking_uri, args.run)
     print(f"tracking: {result['registered']} registered, {result['repaired']} repaired, {result['already']} "
           f"already there, {result['missing']} without a summary, {result['failed']} failed ({result['uri']})")
@@ -176,17 +178,32 @@ def cmd_track(args) -> None:
         Path(args.out).write_text(json.dumps(result, indent=2))
 
 
+def cmd_manifest(args) -> None:
+    from fedrepro import config
+    params = config.load_params_files([Path(args.base, f) for f in args.configfile])
+    if args.overrides:  # Snakemake's --config: merged last, as Snakemake does
+        params = config.validate(config.deep_merge(params, args.overrides), "params.schema.yaml",
+                                 " ".join(args.configfile) + " with --config")
+    manifest = config.run_manifest(params, args.configfile, args.command or "fedrepro manifest --configfile "
+                                   + " ".join(args.configfile))
+    addressed = Path(config.manifest_path(manifest))
+    out = Path(args.out or addressed)
+    if args.check_name and out.name != addressed.name:
+        raise SystemExit(f"fedrepro manifest: the manifest's content hashes to {addressed.name}, not {out.name}: "
+                         "the workflow and the library read the params differently")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    print(f"manifest: {out}")
+
+
 def cmd_report(args) -> None:
     from fedrepro import config, report
     manifest = args.manifest
     if manifest is None:  # straight from the params files: a partial grid, while runs are missing
-        params = config.load_params_files(args.configfile)
-        name = Path(args.configfile[-1]).stem
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         manifest = Path(args.out).with_suffix(".manifest.json")
-        manifest.write_text(json.dumps({**config.manifest(params, config.expand(params), name),
-                                        "configfiles": args.configfile,
-                                        "command": "fedrepro report --configfile " + " ".join(args.configfile)}))
+        manifest.write_text(json.dumps(config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+                                                           "fedrepro report --configfile " + " ".join(args.configfile))))
     out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures, args.paper_figures)
     print(f"report: {Path(out).resolve()}")
 
@@ -258,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="fmnist", choices=sorted(DATASETS), help="which dataset (default fmnist)")
     p.add_argument("--root", default="data/fmnist", help="folder the dataset goes into")
     p.add_argument("--mirror", action="append", help="URL prefix or local folder; repeat to try several in order")
+    p.add_argument("--mirror-map", type=_json_arg, help="the params file's data.mirrors as JSON {dataset: [mirror, "
+                   "...]}: this dataset's list, when no --mirror is given (how the workflow passes them)")
     p.add_argument("--timeout", type=_number(float, 0, strict=True), default=20.0, help="seconds per network request")
     p.add_argument("--out", help="write a JSON list of the files here when done")
     p.set_defaults(func=cmd_download)
@@ -317,6 +336,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.add_argument("--out", help="write the result here when every run with a summary is tracked")
     p.set_defaults(func=cmd_track)
+
+    p = sub.add_parser("manifest", help="write the manifest of a params file (its runs per experiment), the "
+                       "file the track, report and collect steps read")
+    p.add_argument("--configfile", required=True, nargs="+",
+                   help="params file(s), merged in order as snakemake does; recorded as given")
+    p.add_argument("--base", default=".", type=_existing("folder"),
+                   help="the folder --configfile paths are relative to (the workflow's, when it runs elsewhere)")
+    p.add_argument("--overrides", type=_json_arg, help="Snakemake's --config values as a JSON object, merged last")
+    p.add_argument("--command", help="the command to record as how the manifest was made")
+    p.add_argument("--out", help="default: results/manifests/<name>-<content hash>.json")
+    p.add_argument("--check-name", action="store_true",
+                   help="refuse when --out is not the content-addressed name (the workflow's own check)")
+    p.set_defaults(func=cmd_manifest)
 
     p = sub.add_parser("report", help="build the self-contained HTML report (also of a partial grid)")
     source = p.add_mutually_exclusive_group(required=True)

@@ -508,3 +508,16 @@ def manifest(params: dict, runs: list[Run], name: str) -> dict:
              "partition": run.partition, "setting": run.setting})
     return {"name": name, "title": params.get("title", name), "quick": params.get("quick", False),
             "tracking": params.get("tracking", {}), "experiments": experiments}
+
+
+def run_manifest(params: dict, configfiles: list[str | Path], command: str, name: str | None = None) -> dict:
+    """The manifest of a params file as every producer writes it (the workflow's manifest step, the
+    report and tracking of a partial grid, evidence): the runs, the files it came from and the command."""
+    configfiles = [str(p) for p in configfiles]
+    name = name or Path(configfiles[-1]).stem
+    return {**manifest(params, expand(params), name), "configfiles": configfiles, "command": command}
+
+
+def manifest_path(manifest: dict, folder: str = "results/manifests") -> str:
+    """Content-addressed, like every other output upstream of the report: a changed grid is a new path."""
+    return f"{folder}/{manifest['name']}-{stable_hash(manifest)}.json"

@@ -60,8 +60,7 @@ def keep(configfiles: list[str | Path], name: str, runs_dir: str | Path = "resul
     for pid in partitions:
         _copy(partitions_dir / pid, staging / "partitions" / pid, PARTITION_FILES)
     command = "fedrepro evidence keep --configfile " + " ".join(map(str, configfiles)) + f" --name {name}"
-    manifest = {**config.manifest(params, runs, name), "configfiles": [str(p) for p in configfiles],
-                "command": command,
+    manifest = {**config.run_manifest(params, configfiles, command, name),
                 "evidence": {"name": name, "kept": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                              "runs_kept": len(finished), "runs_declared": len(config.unique_runs(runs))}}
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))

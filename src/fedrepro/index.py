@@ -7,6 +7,7 @@ it otherwise, so a partial grid is one command from a report.
 from __future__ import annotations
 
 import datetime
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -75,5 +76,8 @@ def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str
         files=files, others=others, unlisted=unlisted, runs_dir=str(runs_dir),
         generated=datetime.datetime.now().isoformat(timespec="seconds"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html)
+    # several params files' workflows write this page: each replaces it whole, never half-written
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    partial.write_text(html)
+    os.replace(partial, out)
     return out

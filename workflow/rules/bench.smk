@@ -19,6 +19,8 @@ rule bench:
     threads: os.cpu_count() or 1
     log:
         "logs/bench/bench.log",
+    benchmark:
+        "benchmarks/bench/bench.tsv"
     shell:
         "fedrepro bench --rounds {params.rounds} --repeats {params.repeats} --threads {threads} "
         "--data-root {params.data_root:q} --out {output.json:q} --html {output.page:q} > {log:q} 2>&1"

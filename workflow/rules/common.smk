@@ -4,3 +4,15 @@ def run_setting(wildcards):
 
 def run_partition(wildcards):
     return RUNS[wildcards.run].partition
+
+
+# figures.smk
+def figure_runs(wildcards):
+    spec = FIGURES[wildcards.figure]
+    return [] if spec["kind"] in ffigures.NO_RUNS else [i for i, r in RUNS.items() if r.experiment == spec["experiment"]]
+
+
+def figure_data(wildcards):
+    if FIGURES[wildcards.figure]["kind"] not in ffigures.EVALUATES:
+        return []
+    return sorted({f"{DATA_ROOT}/{RUNS[i].setting['dataset']}/download.json" for i in figure_runs(wildcards)})

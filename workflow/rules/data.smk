@@ -1,12 +1,17 @@
-# No params: the mirrors decide where the bytes come from, not what they are (checksums do),
-# so changing the mirror list reruns nothing.
+# The mirrors decide where the bytes come from, not what they are (checksums do), so they are no
+# param: a changed mirror list reruns nothing. They reach the command as a global, all datasets' lists.
+MIRRORS = json.dumps(config["data"]["mirrors"], sort_keys=True)
+
+
 rule download:
     output:
         f"{DATA_ROOT}/{{dataset}}/download.json",
+    params:
+        root=lambda w: f"{DATA_ROOT}/{w.dataset}",
     log:
         "logs/download/{dataset}.log",
-    run:
-        from fedrepro import data
-
-        data.prepare(wildcards.dataset, f"{DATA_ROOT}/{wildcards.dataset}",
-                     config["data"]["mirrors"].get(wildcards.dataset), output[0], log[0])
+    benchmark:
+        "benchmarks/download/{dataset}.tsv"
+    shell:
+        "fedrepro download --dataset {wildcards.dataset:q} --root {params.root:q} --mirror-map {MIRRORS:q} "
+        "--out {output:q} > {log:q} 2>&1"

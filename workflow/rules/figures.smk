@@ -13,17 +13,6 @@ except fconfig.ConfigError as err:
 FIGURES_DIR = f"results/figures/{CONFIG_NAME}"
 
 
-def figure_runs(wildcards):
-    spec = FIGURES[wildcards.figure]
-    return [] if spec["kind"] in ffigures.NO_RUNS else [i for i, r in RUNS.items() if r.experiment == spec["experiment"]]
-
-
-def figure_data(wildcards):
-    if FIGURES[wildcards.figure]["kind"] not in ffigures.EVALUATES:
-        return []
-    return sorted({f"{DATA_ROOT}/{RUNS[i].setting['dataset']}/download.json" for i in figure_runs(wildcards)})
-
-
 rule figure:
     input:
         manifest=ancient(MANIFEST_PATH),
@@ -43,6 +32,8 @@ rule figure:
         gpu=lambda w: int(FIGURES[w.figure]["kind"] in ffigures.EVALUATES),
     log:
         f"logs/figures/{CONFIG_NAME}/{{figure}}.log",
+    benchmark:
+        f"benchmarks/figure/{CONFIG_NAME}/{{figure}}.tsv"
     shell:
         "fedrepro figures --name {wildcards.figure:q} --spec {params.spec:q} --manifest {input.manifest:q} "
         "--data-root {DATA_ROOT:q} --threads {threads} --out {output.png:q} > {log:q} 2>&1"

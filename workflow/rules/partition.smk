@@ -12,6 +12,8 @@ rule partition:
         out=lambda w: f"results/partitions/{w.partition}",
     log:
         "logs/partition/{partition}.log",
+    benchmark:
+        "benchmarks/partition/{partition}.tsv"
     shell:
         "fedrepro partition --setting {params.setting:q} --data-root {params.data_root:q} "
         "--out {params.out:q} > {log:q} 2>&1"

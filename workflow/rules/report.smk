@@ -1,8 +1,21 @@
+# Built by the library function the Snakefile hashed for MANIFEST_PATH; --check-name refuses a
+# manifest whose content does not hash to that path.
 rule manifest:
     output:
         MANIFEST_PATH,
-    run:
-        Path(output[0]).write_text(json.dumps(MANIFEST, indent=2, sort_keys=True))
+    log:
+        f"logs/manifest/{CONFIG_NAME}.log",
+    benchmark:
+        f"benchmarks/manifest/{CONFIG_NAME}.tsv"
+    # params are harmless here: what they change, the manifest's content, is in its path already
+    params:
+        configfiles=CONFIG_FILES,
+        base=workflow.basedir,
+        overrides=CONFIG_OVERRIDES,
+        command=MANIFEST_COMMAND,
+    shell:
+        "fedrepro manifest --configfile {params.configfiles:q} --base {params.base:q} --overrides {params.overrides:q} "
+        "--command {params.command:q} --out {output:q} --check-name > {log:q} 2>&1"
 
 
 # MLflow: each training job logs its own run live; these steps reconcile MLflow with the files
@@ -22,6 +35,8 @@ rule track_run:
         enabled=config["tracking"]["enabled"],
     log:
         f"logs/track/{CONFIG_NAME}/{{run}}.log",
+    benchmark:
+        f"benchmarks/track_run/{CONFIG_NAME}/{{run}}.tsv"
     shell:
         "if [ {params.enabled} = True ]; then "
         "fedrepro track --manifest {input.manifest:q} --run {wildcards.run:q} --out {output:q} > {log:q} 2>&1; "
@@ -39,6 +54,8 @@ rule track:
         enabled=config["tracking"]["enabled"],
     log:
         f"logs/track/{CONFIG_NAME}.log",
+    benchmark:
+        f"benchmarks/track/{CONFIG_NAME}.tsv"
     shell:
         "if [ {params.enabled} = True ]; then fedrepro track --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1; "
         "else echo '{{\"disabled\": true}}' > {output:q}; fi"
@@ -61,7 +78,6 @@ rule report:
         paper_figures=expand(f"{FIGURES_DIR}/{{figure}}.png", figure=FIGURES),  # figures.smk
     output:
         page=report(f"reports/{CONFIG_NAME}.html", caption="../report/index.rst", category="Report"),
-        index="reports/index.html",
         # the page's figures as files, so that `snakemake --report` packs them with their captions
         figures=report(
             directory(f"reports/{CONFIG_NAME}_figures"),
@@ -73,13 +89,34 @@ rule report:
         ),
     log:
         f"logs/report/{CONFIG_NAME}.log",
+    benchmark:
+        f"benchmarks/report/{CONFIG_NAME}.tsv"
     params:
-        index_params=INDEX_PARAMS,
         paper_figures=FIGURES_DIR,
     shell:
-        "(fedrepro report --manifest {input.manifest:q} --out {output.page:q} --figures {output.figures:q} "
-        "--paper-figures {params.paper_figures:q} && "
-        "fedrepro index --out {output.index:q} --params {params.index_params:q}) > {log:q} 2>&1"
+        "fedrepro report --manifest {input.manifest:q} --out {output.page:q} --figures {output.figures:q} "
+        "--paper-figures {params.paper_figures:q} > {log:q} 2>&1"
+
+
+# reports/index.html surveys every params file, so every params file's workflow writes it: it is no
+# declared output (Snakemake would refuse to run two params files side by side, each locking it),
+# `fedrepro index` replaces it atomically (the last writer wins with a whole page), and this rule's
+# output is a per-params-file record that it was written after this file's report.
+rule index:
+    input:
+        manifest=ancient(MANIFEST_PATH),
+        page=f"reports/{CONFIG_NAME}.html",
+        tracking=f"results/tracking/{CONFIG_NAME}.json",
+    output:
+        touch(f"logs/index/{CONFIG_NAME}.done"),
+    log:
+        f"logs/index/{CONFIG_NAME}.log",
+    benchmark:
+        f"benchmarks/index/{CONFIG_NAME}.tsv"
+    params:
+        index_params=INDEX_PARAMS,
+    shell:
+        "fedrepro index --out reports/index.html --params {params.index_params:q} > {log:q} 2>&1"
 
 
 rule collect:
@@ -92,5 +129,7 @@ rule collect:
         curves=directory(f"results/curves/{CONFIG_NAME}"),
     log:
         f"logs/collect/{CONFIG_NAME}.log",
+    benchmark:
+        f"benchmarks/collect/{CONFIG_NAME}.tsv"
     shell:
         "fedrepro collect --manifest {input.manifest:q} --metrics {output.metrics:q} --curves {output.curves:q} > {log:q} 2>&1"
