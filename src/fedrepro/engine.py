@@ -3,7 +3,7 @@
     for t in rounds:
         cohort  <- drawn from a generator seeded by (seed, t)   # same clients for every method
         Delta_i <- x - LocalTrain_i(x)                           # client objective of the method
-        x       <- algorithm.server_step(x, updates)             # aggregator, transforms, optimizer, hooks
+        x       <- algorithm.server_step(x, updates)             # aggregator, optimizer, post-step hooks
         log metrics; checkpoint every k rounds
 """
 from __future__ import annotations

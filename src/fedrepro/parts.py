@@ -4,8 +4,8 @@ Client work and server work are separate (as in Flower's Strategy); the server s
 of small transformations with explicit state (as in optax):
 
     aggregator: client updates -> pseudo-gradient d       (weighted mean, FedNova, FedLAW, AWARE)
-    transforms: d -> d                                   (the AWARE projection)
-    optimizer:  x, d -> x                                 (SGD with eta_g, momentum, Adam, Yogi, AMS)
+    optimizer:  x, d -> x                                 (SGD with eta_g, momentum, Adam, Yogi, AMS;
+                                                          +aware wraps the host's: its step projected on AWARE's d)
     post_steps: x -> x                                    (IMA window average)
 
 Sign convention: a client's update is Delta_i = x - x_i; the server step is x <- x - eta_g * d.
@@ -79,11 +79,6 @@ class Aggregator(Part):
         raise NotImplementedError
 
 
-class Transform(Part):
-    def __call__(self, d: torch.Tensor, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
-        raise NotImplementedError
-
-
 class ServerOptimizer(Part):
     def __call__(self, x: torch.Tensor, d: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
         raise NotImplementedError
@@ -149,7 +144,6 @@ class Algorithm:
     aggregator: Aggregator
     optimizer: ServerOptimizer
     corrections: list[GradientCorrection] = field(default_factory=list)
-    transforms: list[Transform] = field(default_factory=list)
     post_steps: list[PostStep] = field(default_factory=list)
     objective: ClientObjective | None = None  # None: cross-entropy, one backward per step
 
@@ -158,14 +152,11 @@ class Algorithm:
         if self.objective is not None:
             named["objective"] = self.objective
         named.update({f"correction{i}": p for i, p in enumerate(self.corrections)})
-        named.update({f"transform{i}": p for i, p in enumerate(self.transforms)})
         named.update({f"post_step{i}": p for i, p in enumerate(self.post_steps)})
         return named
 
     def server_step(self, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
         d = self.aggregator(x, updates)
-        for transform in self.transforms:
-            d = transform(d, x, updates)
         updates.info["pseudo_grad_norm"] = float(d.norm())
         x_new = self.optimizer(x, d, updates)
         for hook in self.post_steps:

@@ -1,7 +1,7 @@
 """The ResNets of the papers: CIFAR ResNet-18 with GroupNorm (FedAWARE, IMA) and FedLAW's CIFAR
 ResNet-8/20/56 with BatchNorm.
 
-Sources (see /work/shared/specs): FedAWARE 4.2, IMA 4.2 (Table 4), FedLAW 4.3.
+Sources (the project's notes on the papers): FedAWARE 4.2, IMA 4.2 (Table 4), FedLAW 4.3.
 
 Normalisation layers: GroupNorm has no buffers. FedLAW's CIFAR ResNet-8/20/56 use BatchNorm, by
 default with running statistics as the papers' code keeps them (the flat engine carries them in
