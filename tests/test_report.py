@@ -255,3 +255,38 @@ def test_evidence_rebuilds_the_same_page_without_results(tmp_path):
     assert numbers(before) and numbers(after) == numbers(before)
     assert "4/6 runs done" in after and "missing runs (2)" in after
     assert "evidence folder two: 4 of 6 runs kept" in after
+
+
+def test_evidence_keeps_the_runs_a_manifest_names_when_they_ran_with_earlier_code(tmp_path, capsys):
+    """A run's id hashes the code it ran: runs of an earlier commit are kept by the manifest written when
+    they ran (results/manifests/), not by today's expansion, which names other ids."""
+    import dataclasses
+
+    from fedrepro import cli
+    path = _two_method_params(tmp_path)
+    params = config.load_params(path)
+    earlier = [dataclasses.replace(r, id=r.id[:-4] + "0ld0") for r in config.expand(params)]  # other code, other ids
+    project = tmp_path / "then"
+    for i, run in enumerate(earlier[:3]):
+        fabricate(run, project / "results" / "runs", 0.6 + 0.05 * i)
+    (project / "params").mkdir()
+    shutil.copy(path, project / "params" / path.name)
+    manifest = config.run_manifest(params, [f"params/{path.name}"], "snakemake --configfile ...", "two")
+    for exp in manifest["experiments"].values():
+        for run in exp["runs"]:
+            run["id"] = run["id"][:-4] + "0ld0"
+    (project / "results" / "manifests").mkdir(parents=True)
+    written = project / "results" / "manifests" / "two-0123456789.json"
+    written.write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit):  # today's ids find none of them
+        cli.main(["evidence", "keep", "--configfile", str(path), "--name", "two", "--root", str(tmp_path / "ev"),
+                  "--runs-dir", str(project / "results" / "runs")])
+    assert "nothing to keep" in capsys.readouterr().err
+    cli.main(["evidence", "keep", "--manifest", str(written), "--name", "two", "--root", str(tmp_path / "ev"),
+              "--runs-dir", str(project / "results" / "runs"), "--partitions-dir", str(project / "results" / "partitions")])
+    kept = tmp_path / "ev" / "two"
+    assert sorted(p.name for p in (kept / "runs").iterdir()) == sorted(r.id for r in earlier[:3])
+    assert (kept / "params" / f"0_{path.name}").is_file()
+    cli.main(["evidence", "report", str(kept), "--out", str(tmp_path / "page.html")])
+    page = (tmp_path / "page.html").read_text()
+    assert "3/6 runs done" in page and "62.50 ± 3.54" in page and "70.00" in page

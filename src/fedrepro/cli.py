@@ -236,7 +236,7 @@ def cmd_collect(args) -> None:
 def cmd_evidence(args) -> None:
     from fedrepro import evidence
     if args.action == "keep":
-        kept = evidence.keep(args.configfile, args.name, args.runs_dir, args.partitions_dir, args.root)
+        kept = evidence.keep(args.configfile, args.name, args.runs_dir, args.partitions_dir, args.root, args.manifest)
         print(f"evidence: {kept['runs']} runs and {kept['partitions']} partitions kept in {kept['folder']} "
               f"({kept['bytes'] / 1024:.0f} KB)")
     else:
@@ -421,8 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     a = actions.add_parser("keep", help="copy summary.json, metrics.csv, partitions' records and the manifest of a "
                            "params file's finished runs into evidence/NAME (no models, no checkpoints)")
-    a.add_argument("--configfile", required=True, nargs="+", type=_existing("file"),
-                   help="params file(s), merged in order as snakemake does (e.g. a paper's file and a subset)")
+    which = a.add_mutually_exclusive_group(required=True)
+    which.add_argument("--configfile", nargs="+", type=_existing("file"),
+                       help="params file(s), merged in order as snakemake does (e.g. a paper's file and a subset)")
+    which.add_argument("--manifest", type=_existing("file"),
+                       help="a manifest the workflow wrote when the runs ran (results/manifests/): keeps the runs it "
+                            "names, also when they ran with an earlier commit of the code")
     a.add_argument("--name", required=True, type=_folder_name, help="the folder's name under --root")
     a.add_argument("--runs-dir", default="results/runs", help="the run folders")
     a.add_argument("--partitions-dir", default="results/partitions", help="the partition folders")

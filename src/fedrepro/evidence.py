@@ -31,39 +31,54 @@ class EvidenceError(ValueError):
     """A keep or report request that cannot be honoured (nothing finished, not an evidence folder)."""
 
 
-def keep(configfiles: list[str | Path], name: str, runs_dir: str | Path = "results/runs",
-         partitions_dir: str | Path = "results/partitions", root: str | Path = "evidence") -> dict:
+def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path = "results/runs",
+         partitions_dir: str | Path = "results/partitions", root: str | Path = "evidence",
+         manifest: str | Path | None = None) -> dict:
     """Copy the compact records of the finished runs of ``configfiles`` into ``root/name``.
+
+    With ``manifest`` (a manifest the workflow wrote when the runs ran, ``results/manifests/``) instead of
+    ``configfiles``, the runs are the ones it names: runs made by an earlier commit of the code keep their
+    ids (a run's id hashes the code it ran), which today's expansion of the params files would not give.
 
     The folder is replaced as a whole, so it never mixes records of two keeps. Runs that have not
     finished are not copied; the manifest still names them, so the page lists them as missing."""
     from fedrepro import config
 
-    configfiles = [Path(p) for p in configfiles]
-    params = config.load_params_files([str(p) for p in configfiles])
-    runs = config.expand(params)
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
-    finished = [r for r in config.unique_runs(runs) if rundir.RunDir(runs_dir / r).finished()]
+    if manifest is not None:
+        manifest_path = Path(manifest)
+        kept_manifest = config.read_json(manifest_path)
+        # results/manifests/<name>.json: the params files it names are relative to that project's root
+        project = manifest_path.resolve().parents[2]
+        configfiles = [project / p for p in kept_manifest.get("configfiles", [])]
+        declared = {r["id"]: r["partition"] for exp in kept_manifest["experiments"].values() for r in exp["runs"]}
+        command = f"fedrepro evidence keep --manifest {manifest_path} --name {name}"
+    else:
+        configfiles = [Path(p) for p in configfiles]
+        params = config.load_params_files([str(p) for p in configfiles])
+        runs = config.expand(params)
+        declared = {r.id: r.partition for r in runs}
+        command = "fedrepro evidence keep --configfile " + " ".join(map(str, configfiles)) + f" --name {name}"
+        kept_manifest = config.run_manifest(params, configfiles, command, name)
+    finished = [r for r in declared if rundir.RunDir(runs_dir / r).finished()]
     if not finished:
-        raise EvidenceError(f"none of the {len(config.unique_runs(runs))} runs of {', '.join(map(str, configfiles))} "
-                            f"has finished in {runs_dir}: nothing to keep")
+        raise EvidenceError(f"none of the {len(declared)} runs declared has finished in {runs_dir}: nothing to keep")
     folder = Path(root) / name
     staging = folder.with_name(f".{name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "params").mkdir(parents=True)
     for i, path in enumerate(configfiles):  # numbered: the merge order is part of what they mean
-        shutil.copy(path, staging / "params" / f"{i}_{path.name}")
+        if path.is_file():
+            shutil.copy(path, staging / "params" / f"{i}_{path.name}")
     for run_id in finished:
         _copy(runs_dir / run_id, staging / "runs" / run_id, RUN_FILES)
-    kept = set(finished)
-    partitions = sorted({r.partition for r in runs if r.id in kept})
+    partitions = sorted({declared[r] for r in finished})
     for pid in partitions:
         _copy(partitions_dir / pid, staging / "partitions" / pid, PARTITION_FILES)
-    command = "fedrepro evidence keep --configfile " + " ".join(map(str, configfiles)) + f" --name {name}"
-    manifest = {**config.run_manifest(params, configfiles, command, name),
-                "evidence": {"name": name, "kept": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                             "runs_kept": len(finished), "runs_declared": len(config.unique_runs(runs))}}
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    out = {**kept_manifest,
+           "evidence": {"name": name, "kept": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                        "runs_kept": len(finished), "runs_declared": len(declared), "kept_by": command}}
+    (staging / MANIFEST).write_text(json.dumps(out, indent=1, sort_keys=True))
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
     return {"folder": str(folder), "runs": len(finished), "partitions": len(partitions),
