@@ -77,5 +77,5 @@ rule all:
     input:
         f"reports/{CONFIG_NAME}.html",
         f"results/tracking/{CONFIG_NAME}.json",
-        f"logs/index/{CONFIG_NAME}.done",
+        f"results/index/{CONFIG_NAME}.done",
         f"results/metrics/{CONFIG_NAME}",

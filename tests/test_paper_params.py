@@ -111,7 +111,8 @@ def test_papers_hyperparameters_reach_the_runs():
     runs = config.expand(ima)
     s = runs[0].setting
     assert (s["num_clients"], s["participation"], s["rounds"], s["local_epochs"], s["batch_size"]) == (100, 0.1, 300, 5, 50)
-    assert s["client"] == {"lr": 0.01, "lr_decay": 0.99, "momentum": 0.9, "weight_decay": 0.001}
+    assert s["client"] == {"lr": 0.01, "lr_decay": 0.99, "momentum": 0.9, "weight_decay": 0.001,
+                           "keep_momentum": False, "holdout": 0.0, "shuffle": "fresh"}  # the paper's protocol
     adam = next(r for r in runs if r.setting["algorithm"] == "fedadam")
     assert adam.setting["server"]["lr"] == 0.01
     fedavg = next(r for r in runs if r.setting["algorithm"] == "fedavg")

@@ -229,7 +229,8 @@ def _sbatch_lines(tmp_path, runs: int, *extra) -> list[str]:
 
 @pytest.mark.slow
 def test_sbatch_one_gpu_shared_by_runs_with_runtime_from_step_costs(tmp_path):
-    (call,) = _sbatch_lines(tmp_path, 5)
+    # a site whose Slurm shares GPUs between steps sets gpu_slot (the profile's default is 1)
+    (call,) = _sbatch_lines(tmp_path, 5, "--resources", "gpu_slot=4")
     # 5 runs, 4 per GPU (gpu_slot): one submission of one GPU, 4 CPUs, two layers of the
     # 10-minute floor (2 rounds of a tiny MLP), 4 x 4000 MB
     assert " --gpus=1 " in call and "--gres" not in call

@@ -25,8 +25,10 @@ OUT = Path("results/bench/gpu_check.json")
 
 # Settings a method needs to run at this size (as in tests/test_resume.py).
 _PROXY = {"proxy_size": 20, "server_epochs": 2}  # proxy samples come out of the 100 test samples
-METHOD_EXTRAS = {"fedlaw": {"fedlaw": {"proxy_size": 20}}, "fedfa": {"model": "cnn"}, "feddf": {"feddf": _PROXY},
-                 "fedbe": {"fedbe": _PROXY}, "serverft": {"serverft": _PROXY},
+_HOLDOUT = {"evaluation": {"proxy_holdout": 20}}  # the comparison's hold-out the proxy methods train on
+METHOD_EXTRAS = {"fedlaw": {"fedlaw": {"proxy_size": 20}, **_HOLDOUT}, "fedfa": {"model": "cnn"},
+                 "feddf": {"feddf": _PROXY, **_HOLDOUT}, "fedbe": {"fedbe": _PROXY, **_HOLDOUT},
+                 "serverft": {"serverft": _PROXY, **_HOLDOUT},
                  "fedavg+ima": {"ima": {"start_round": 2, "window": 2}}}
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
         "batch_size": 50, "eval_every": 1, "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1}}

@@ -108,7 +108,8 @@ rule index:
         page=f"reports/{CONFIG_NAME}.html",
         tracking=f"results/tracking/{CONFIG_NAME}.json",
     output:
-        touch(f"logs/index/{CONFIG_NAME}.done"),
+        # a marker DVC keeps with the results (dvc.yaml), so a pulled clone has nothing left to do
+        touch(f"results/index/{CONFIG_NAME}.done"),
     log:
         f"logs/index/{CONFIG_NAME}.log",
     benchmark:
