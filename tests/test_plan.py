@@ -228,13 +228,13 @@ def _sbatch_lines(tmp_path, runs: int, *extra) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sbatch_one_gpu_shared_by_runs_with_runtime_from_step_costs(tmp_path):
-    # a site whose Slurm shares GPUs between steps sets gpu_slot (the profile's default is 1)
-    (call,) = _sbatch_lines(tmp_path, 5, "--resources", "gpu_slot=4")
-    # 5 runs, 4 per GPU (gpu_slot): one submission of one GPU, 4 CPUs, two layers of the
-    # 10-minute floor (2 rounds of a tiny MLP), 4 x 4000 MB
+def test_sbatch_one_gpu_for_a_group_of_runs_with_runtime_from_step_costs(tmp_path):
+    # the profile's default: one run at a time on the submission's one GPU (each job is its own srun step,
+    # which the jobstep plugin gives --gpus=<int>; sharing one GPU between steps needs the site's GPU sharing)
+    (call,) = _sbatch_lines(tmp_path, 5)
+    # 5 runs one after another: five 10-minute floors (2 rounds of a tiny MLP), one CPU, one run's memory
     assert " --gpus=1 " in call and "--gres" not in call
-    assert " -t 20 " in call and "--cpus-per-task=4" in call and " --mem 16000 " in call
+    assert " -t 50 " in call and "--cpus-per-task=1" in call and " --mem 4000 " in call
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ rule train:
         # "1" as a string: a Slurm group of runs sharing one GPU asks for one, not one per run. A device: cpu
         # run asks for none: inside a submission each job is its own srun step, and steps of CPU runs that
         # each asked for the submission's one GPU would wait for it (or fail) instead of running
-        gpu=lambda w: "0" if run_setting(w)["device"] == "cpu" else "1",
+        gpu=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
         # one of the GPU slots the profile declares (GPUs x runs per GPU); device: cpu runs take none
         gpu_slot=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
         mem_mb=lambda w, attempt: 4000 * attempt,
