@@ -55,7 +55,7 @@ dry-run: setup
 	snakemake --workflow-profile $(PROFILE) --configfile $(CONFIG) -n
 
 test: setup
-	pytest -q -rs
+	pytest -q -rs --durations=25
 
 test-fast: setup
 	pytest -q -m "not slow and not slurm"

@@ -86,6 +86,19 @@ def tiny_data_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture
+def fmnist_mirror(tmp_path, monkeypatch) -> Path:
+    """Generated Fashion-MNIST .gz files, and the downloader's checksums and expected sizes set to theirs."""
+    from torchvision.datasets import FashionMNIST
+    from fedrepro.data import fmnist
+    folder = tmp_path / "mirror"
+    sums = write_fake_fmnist(folder, n_train=50, n_test=20)
+    monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
+    monkeypatch.setattr(fmnist, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
+    monkeypatch.setattr(fmnist, "FMNIST_BYTES", {n: (folder / n).stat().st_size for n in FMNIST_FILES})
+    return folder
+
+
 def make_partition(data_root: Path, out: Path, num_clients: int = 4, kind: str = "iid", **extra) -> Path:
     """Partition the training labels under ``data_root`` into ``out`` with the real code."""
     from fedrepro import data, partition

@@ -10,21 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FMNIST_FILES, fake_fmnist_arrays, write_fake_fmnist
+from conftest import FMNIST_FILES, fake_fmnist_arrays
 from fedrepro import data
 from fedrepro.data import fmnist
-
-
-@pytest.fixture
-def good_files(tmp_path, monkeypatch):
-    """Generated Fashion-MNIST files, and the downloader's checksums set to theirs."""
-    from torchvision.datasets import FashionMNIST
-
-    folder = tmp_path / "good"
-    sums = write_fake_fmnist(folder, n_train=50, n_test=20)
-    monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
-    monkeypatch.setattr(fmnist, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
-    return folder
 
 
 def _corrupt_copy(src: Path, dst: Path, truncate: bool = False) -> Path:
@@ -43,13 +31,13 @@ def _leftovers(root: Path) -> list[str]:
     return sorted(p.name for p in root.rglob("*") if p.is_file())
 
 
-def test_good_mirror_is_accepted_extracted_and_loads(tmp_path, serve, good_files):
-    url = serve(good_files)
+def test_good_mirror_is_accepted_extracted_and_loads(tmp_path, serve, fmnist_mirror):
+    url = serve(fmnist_mirror)
     root = tmp_path / "data"
     folder = data.download("fmnist", root, [url], timeout=10, log=lambda *_: None)
     assert folder == fmnist.raw_folder(root)
     for name in FMNIST_FILES:
-        assert (folder / name).read_bytes() == (good_files / name).read_bytes()
+        assert (folder / name).read_bytes() == (fmnist_mirror / name).read_bytes()
         assert (folder / name[:-3]).exists(), "extracted next to the archive, as torchvision leaves it"
     assert not [p for p in folder.iterdir() if p.name.startswith(".")], "no temporary file left behind"
     train = data.load("fmnist", root, train=True)
@@ -62,8 +50,8 @@ def test_good_mirror_is_accepted_extracted_and_loads(tmp_path, serve, good_files
 
 
 @pytest.mark.parametrize("truncate", [False, True], ids=["flipped-byte", "partial-file"])
-def test_bad_checksum_is_rejected_and_nothing_is_left_behind(tmp_path, serve, good_files, truncate):
-    url = serve(_corrupt_copy(good_files, tmp_path / "bad", truncate))
+def test_bad_checksum_is_rejected_and_nothing_is_left_behind(tmp_path, serve, fmnist_mirror, truncate):
+    url = serve(_corrupt_copy(fmnist_mirror, tmp_path / "bad", truncate))
     root = tmp_path / "data"
     with pytest.raises(data.DownloadError) as err:
         data.download("fmnist", root, [url], timeout=10, log=lambda *_: None)
@@ -71,28 +59,28 @@ def test_bad_checksum_is_rejected_and_nothing_is_left_behind(tmp_path, serve, go
     assert _leftovers(root) == [], "a corrupt or partial file must never stay on disk"
 
 
-def test_falls_back_to_the_next_mirror(tmp_path, serve, good_files):
+def test_falls_back_to_the_next_mirror(tmp_path, serve, fmnist_mirror):
     empty = tmp_path / "empty"
     empty.mkdir()
-    bad = serve(_corrupt_copy(good_files, tmp_path / "bad"))
+    bad = serve(_corrupt_copy(fmnist_mirror, tmp_path / "bad"))
     missing = serve(empty)  # 404 for every file
-    good = serve(good_files)
+    good = serve(fmnist_mirror)
     used = []
     root = tmp_path / "data"
     data.download("fmnist", root, [bad, missing, "http://127.0.0.1:9/", good], timeout=5, log=used.append)
     assert len(used) == 4 and all(good in line for line in used), used
     for name in FMNIST_FILES:
-        assert (fmnist.raw_folder(root) / name).read_bytes() == (good_files / name).read_bytes()
+        assert (fmnist.raw_folder(root) / name).read_bytes() == (fmnist_mirror / name).read_bytes()
 
 
-def test_local_folder_is_a_mirror(tmp_path, serve, good_files):
+def test_local_folder_is_a_mirror(tmp_path, serve, fmnist_mirror):
     root = tmp_path / "data"
-    data.download("fmnist", root, [str(tmp_path / "nowhere"), str(good_files)], log=lambda *_: None)
+    data.download("fmnist", root, [str(tmp_path / "nowhere"), str(fmnist_mirror)], log=lambda *_: None)
     assert data.load("fmnist", root, train=False).labels.shape == (20,)
 
 
-def test_error_lists_every_mirror_tried_and_how_to_get_the_data(tmp_path, serve, good_files):
-    bad = serve(_corrupt_copy(good_files, tmp_path / "bad"))
+def test_error_lists_every_mirror_tried_and_how_to_get_the_data(tmp_path, serve, fmnist_mirror):
+    bad = serve(_corrupt_copy(fmnist_mirror, tmp_path / "bad"))
     mirrors = [bad, "http://127.0.0.1:9/", str(tmp_path / "no-such-folder")]
     with pytest.raises(data.DownloadError) as err:
         data.download("fmnist", tmp_path / "data", mirrors, timeout=5, log=lambda *_: None)
@@ -104,22 +92,22 @@ def test_error_lists_every_mirror_tried_and_how_to_get_the_data(tmp_path, serve,
     assert _leftovers(tmp_path / "data") == []
 
 
-def test_cli_download_writes_its_output_only_on_success(tmp_path, serve, good_files):
+def test_cli_download_writes_its_output_only_on_success(tmp_path, serve, fmnist_mirror):
     from fedrepro import cli
     out = tmp_path / "download.json"
     with pytest.raises(data.DownloadError):
         cli.main(["download", "--root", str(tmp_path / "d1"), "--mirror", str(tmp_path / "none"),
                   "--out", str(out)])
     assert not out.exists()
-    cli.main(["download", "--root", str(tmp_path / "d2"), "--mirror", serve(good_files), "--out", str(out)])
+    cli.main(["download", "--root", str(tmp_path / "d2"), "--mirror", serve(fmnist_mirror), "--out", str(out)])
     assert set(FMNIST_FILES) <= set(__import__("json").loads(out.read_text())["files"])
 
 
-def test_generated_files_are_real_idx(good_files):
+def test_generated_files_are_real_idx(fmnist_mirror):
     import gzip
     import struct
-    head = gzip.decompress((good_files / "train-images-idx3-ubyte.gz").read_bytes())[:16]
+    head = gzip.decompress((fmnist_mirror / "train-images-idx3-ubyte.gz").read_bytes())[:16]
     assert struct.unpack(">IIII", head) == (0x0803, 50, 28, 28)
-    labels = gzip.decompress((good_files / "train-labels-idx1-ubyte.gz").read_bytes())
+    labels = gzip.decompress((fmnist_mirror / "train-labels-idx1-ubyte.gz").read_bytes())
     assert struct.unpack(">II", labels[:8]) == (0x0801, 50)
     assert np.frombuffer(labels[8:], np.uint8).max() == 9

@@ -268,20 +268,9 @@ def test_the_divergence_rule_reads_every_quantity():
 
 # ------------------------------------------------------------------ data: size limit, loaded bytes
 
-from conftest import FMNIST_FILES, write_fake_fmnist  # noqa: E402
+from conftest import FMNIST_FILES  # noqa: E402
 from fedrepro import data  # noqa: E402
 from fedrepro.data import base, fmnist  # noqa: E402
-
-
-@pytest.fixture
-def fmnist_mirror(tmp_path, monkeypatch):
-    from torchvision.datasets import FashionMNIST
-    folder = tmp_path / "mirror"
-    sums = write_fake_fmnist(folder, n_train=50, n_test=20)
-    monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
-    monkeypatch.setattr(fmnist, "FMNIST_CONTENT_SHA256", {n: s["sha256_content"] for n, s in sums.items()})
-    monkeypatch.setattr(fmnist, "FMNIST_BYTES", {n: (folder / n).stat().st_size for n in FMNIST_FILES})
-    return folder
 
 
 def test_a_download_stops_at_the_expected_size(tmp_path, serve, fmnist_mirror):

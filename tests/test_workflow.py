@@ -221,7 +221,8 @@ def test_e2e_every_step_leaves_its_log_and_benchmark(tiny_run):
     benchmarks = {p.relative_to(work / "benchmarks").parts[0] for p in (work / "benchmarks").rglob("*.tsv")}
     assert benchmarks == {"download", "partition", "train", "manifest", "track_run", "track", "report", "index",
                           "collect"}, benchmarks
-    assert (work / "logs" / "index" / "tiny.done").exists()
+    assert (work / "results" / "index" / "tiny.done").exists(), "the marker DVC keeps with the results"
+    assert (work / "logs" / "index" / "tiny.log").exists()
     assert "ready in" in (work / "logs" / "download" / "fmnist.log").read_text()
     assert not list((work / "reports").glob(".*partial")), "the index page was replaced whole"
 
