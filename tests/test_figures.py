@@ -95,6 +95,48 @@ def test_interpolation_ends_reproduce_the_end_models_losses(tiny):
     assert want_loss[0] != pytest.approx(want_loss[1]), "the two end models differ"
 
 
+def test_the_average_of_all_kept_client_models_is_fedavgs_next_global_model(tiny):
+    """FedAvg with server lr 1 moves to the data-size-weighted mean of its cohort: the FMA of all m = K
+    kept client models (their stored sizes) must be that round's next global model, and m = 1 the client."""
+    run = _snap_run(tiny)
+    stored = ima.snapshots(run)
+    for r in (1, 2, 3):
+        models, sizes, weighted = ima._clients_of_round(stored, r, run)
+        assert weighted and len(models) == 2 and len(set(sizes.tolist())) >= 1
+        fma = ima.weighted_average(models, sizes)
+        nxt = stored[f"round_{r}_next"].double()
+        assert float((fma - nxt).norm()) < 1e-6 * float(nxt.norm())
+        assert float((ima.weighted_average(models[:1], sizes[:1]) - models[0].double()).norm()) == 0
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 4.0])
+    assert ima.weighted_average([a, b], np.array([1, 3])).tolist() == [0.25, 3.0], "n_k / n weights"
+
+
+def test_client_averages_ask_for_the_cohorts_models_when_one_was_kept(tiny):
+    run = _snap_run(tiny)
+    with pytest.raises(figures.MissingInput, match=r"kept 1 client model of round 2.*snapshots.clients"):
+        ima._clients_of_round({"round_2_client_0": torch.zeros(3)}, 2, run)
+    with pytest.raises(figures.MissingInput, match=r"no snapshot round_5_client_0"):
+        ima._clients_of_round({"round_2_client_0": torch.zeros(3)}, 5, run)
+
+
+def test_linear_cka_equals_the_kernel_hsic_form_and_ignores_rotation_scale_and_shift():
+    """Oracle: CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)) with linear kernels and the centring
+    matrix H (Kornblith et al. 2019, Eq. 2), computed here the slow way on n x n Gram matrices."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(60, 7, generator=gen, dtype=torch.float64), torch.randn(60, 5, generator=gen, dtype=torch.float64)
+    b = b + 0.5 * a[:, :5]
+    h = torch.eye(60, dtype=torch.float64) - 1.0 / 60
+
+    def hsic(x, y):
+        return float(torch.trace((x @ x.T) @ h @ (y @ y.T) @ h))
+    want = hsic(a, b) / (hsic(a, a) * hsic(b, b)) ** 0.5
+    assert ima.linear_cka(a, b) == pytest.approx(want, rel=1e-12)
+    assert 0.05 < want < 0.95
+    q, _ = torch.linalg.qr(torch.randn(7, 7, generator=gen, dtype=torch.float64))
+    assert ima.linear_cka(a, 3.0 * a @ q + 2.0) == pytest.approx(1.0, rel=1e-12)
+    assert ima.linear_cka(a, a.float()) == pytest.approx(1.0, rel=1e-6)
+
+
 # --------------------------------------------------------------------------- the quadratic demo
 
 
@@ -177,6 +219,7 @@ SPECS = {
     "interpolation": {"experiment": "tiny", "points": 5,
                       "between": [{"algorithm": "fedavg", "plugins": []}, {"algorithm": "fedavg", "plugins": ["ima"]}]},
     "locality": {"experiment": "tiny"},
+    "client_averages": {"experiment": "tiny_snap", "rounds": [2, -1], "cka_samples": 50},
     "coherence": {"experiment": "tiny"},
     "fedlaw_weights": {"experiment": "tiny", "select": {"algorithm": "fedlaw"}},
     "elud": {"experiment": "tiny"},

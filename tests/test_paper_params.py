@@ -31,6 +31,7 @@ EXPECTED = {
         "ima_fig6c_epochs": 240,           # 16 x 5 epochs x 3
         "ima_fig7b_window": 30,            # 5 windows x 2 start rounds x 3
         "ima_figures_landscape": 4,        # figures: {cross-device, cross-silo} x {FedAvg, +IMA}, 1 seed
+        "ima_figures_analysis": 2,         # figures 3-4: FedAvg x lr decay {1.0, 0.99}, 1 seed
     },
     "fedlaw": {
         "fedlaw_table3_fmnist": 96,        # 2 models x 2 alphas x 8 methods x 3 seeds
@@ -89,6 +90,15 @@ def test_params_file_validates_and_expands_to_the_papers_grid(name):
     runs = config.expand(params)
     assert dict(collections.Counter(r.experiment for r in runs)) == EXPECTED[name]
     assert all(r.setting["dataset"] in registry.DATASETS for r in runs)
+
+
+def test_the_readme_states_each_params_files_run_count():
+    """The README's table of params files gives the number of distinct runs each one trains."""
+    table = dict(re.findall(r"^\| `params/(\w+)\.yaml` \|.*\| (\d+) \|$", (ROOT / "README.md").read_text(), re.M))
+    assert set(table) == set(EXPECTED) | {"default"}, table
+    for name, stated in table.items():
+        runs = config.unique_runs(config.expand(config.load_params(ROOT / "params" / f"{name}.yaml")))
+        assert int(stated) == len(runs), f"README says params/{name}.yaml has {stated} runs; it has {len(runs)}"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -220,8 +220,11 @@ class Trainer:
         updates = self.local_training(t, cohort, x, lr)
         if t + 1 in self.snapshot_rounds:  # before the server step, which may rescale the deltas in place
             self.snapshots[f"round_{t + 1}_global"] = x.cpu().numpy()
-            for j in range(min(self.snapshot_clients, len(updates.deltas))):
+            kept = min(self.snapshot_clients, len(updates.deltas))
+            for j in range(kept):
                 self.snapshots[f"round_{t + 1}_client_{j}"] = (x - updates.deltas[j]).cpu().numpy()
+            # their data sizes, so a figure can average any m of them as the server would (IMA Fig. 4)
+            self.snapshots[f"round_{t + 1}_sizes"] = updates.sizes[:kept].double().cpu().numpy()
         x_new = self.algorithm.server_step(x, updates)
         if t + 1 in self.snapshot_rounds:
             self.snapshots[f"round_{t + 1}_next"] = x_new.cpu().numpy()

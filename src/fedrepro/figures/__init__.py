@@ -54,6 +54,7 @@ KINDS = {
     "landscape": ("ima", "landscape"),
     "interpolation": ("ima", "interpolation"),
     "locality": ("ima", "locality"),
+    "client_averages": ("ima", "client_averages"),
     "coherence": ("fedlaw", "coherence"),
     "fedlaw_weights": ("fedlaw", "weights"),
     "fixed_gamma": ("fedlaw", "fixed_gamma"),
@@ -66,12 +67,13 @@ KINDS = {
 # kinds that read no runs (pure mathematics)
 NO_RUNS = {"quadratic"}
 # kinds that evaluate models on the test set: their rule asks for a GPU
-EVALUATES = {"landscape", "interpolation"}
+EVALUATES = {"landscape", "interpolation", "client_averages"}
 COMMON_KEYS = {"kind", "experiment", "select", "reproduces", "differs", "title"}
 OPTIONS = {  # the options each kind reads, with their defaults
     "landscape": {"rounds": [], "globals": [], "resolution": 21, "margin": 0.25},
     "interpolation": {"between": [], "rounds": [], "points": 21, "extend": 0.25},
     "locality": {},
+    "client_averages": {"rounds": [-1], "cka_samples": 2000},
     "coherence": {},
     "fedlaw_weights": {},
     "fixed_gamma": {"axis": "alpha"},
@@ -107,7 +109,7 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
         if kind not in NO_RUNS and spec.get("experiment") not in experiments:
             problems.append(f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
                             f"experiments {sorted(experiments)}")
-        for key in ("resolution", "points"):
+        for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")
         out[name] = {**OPTIONS[kind], "select": {}, "reproduces": "", "differs": "", **spec}

@@ -1,4 +1,5 @@
-"""IMA figures: loss/error landscapes on a plane through three models, 1-D interpolations, locality.
+"""IMA figures: loss/error landscapes on a plane through three models, 1-D interpolations, locality,
+and the error of averages of m client models with their CKA similarity.
 
 The plane through models a, b, c has origin a and the orthonormal basis u = (b - a)/|b - a|,
 v = the part of (c - a) orthogonal to u, normalised; a point (s, t) is the model a + s u + t v, so
@@ -24,6 +25,9 @@ SHOWS = {
                      "(0 and 1 are the end models; beyond them, extrapolation)",
     "locality": "Locality: mean L2 distance ||x - x_i|| between the global model and the cohort's client "
                 "models after local training, over rounds, per method",
+    "client_averages": "Left: test error (%) of the data-size-weighted average of the first m client models "
+                       "of a round, against m (m = 1 is one client model); right: mean linear CKA similarity "
+                       "of the client models' logits over client pairs, per round",
 }
 
 
@@ -62,6 +66,15 @@ class Evaluator:
         self.model = FlatModel(models.build(setting["model"], setting["dataset"], setting.get("pretrained")),
                                self.device)
         self.evaluate = engine.evaluate
+
+    def logits(self, x: torch.Tensor, samples: int) -> torch.Tensor:
+        """The model's logits (eval mode, float64) on the first ``samples`` test images."""
+        from fedrepro.evaluation import eval_mode
+
+        self.model.flat.copy_(torch.as_tensor(x, device=self.device, dtype=self.model.flat.dtype))
+        index = torch.arange(min(samples, len(self.test)), device=self.test.labels.device)
+        with eval_mode(self.model.module), torch.no_grad():
+            return self.model.module(self.test.batch(index)[0]).double().cpu()
 
     def __call__(self, vectors) -> tuple[np.ndarray, np.ndarray]:
         """(test loss in nats, test error in %) of every vector."""
@@ -216,3 +229,71 @@ def interpolation(spec, runs, context):
 def locality(spec, runs, context):
     fig, _ = over_rounds(runs, "update_norm_mean", "mean ||x - x_i|| (L2, parameter space)")
     return fig, SHOWS["locality"]
+
+
+def weighted_average(models: list[torch.Tensor], sizes: np.ndarray) -> torch.Tensor:
+    """The FMA of the given client models: sum_k n_k x_k / sum_k n_k (float64)."""
+    w = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
+    return (torch.stack([m.double() for m in models]) * (w / w.sum())[:, None]).sum(0)
+
+
+def linear_cka(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Linear CKA (Kornblith et al. 2019) of two (samples x features) representations of the same inputs:
+    ||B'A||_F^2 / (||A'A||_F ||B'B||_F) after centring each feature; 1 for representations equal up to
+    an orthogonal map and an isotropic scale."""
+    a, b = a.double() - a.double().mean(0), b.double() - b.double().mean(0)
+    return float((b.T @ a).norm() ** 2 / ((a.T @ a).norm() * (b.T @ b).norm()))
+
+
+def _clients_of_round(stored: dict, r: int, run) -> tuple[list[torch.Tensor], np.ndarray, bool]:
+    models = []
+    while f"round_{r}_client_{len(models)}" in stored:
+        models.append(stored[f"round_{r}_client_{len(models)}"])
+    if len(models) < 2:
+        _need(stored, f"round_{r}_client_0", run)
+        raise MissingInput(f"run {run.id} kept {len(models)} client model of round {r}; averages of m models need "
+                           f"the cohort's (set snapshots.clients to the cohort size)")
+    sizes = stored.get(f"round_{r}_sizes")
+    # snapshots written before the sizes were kept: weigh the models equally, and say so
+    return models, (np.ones(len(models)) if sizes is None else sizes.numpy()), sizes is not None
+
+
+def client_averages(spec, runs, context):
+    """IMA Fig. 4: how the error of the FMA of m client models falls with m, and how alike the models are."""
+    import matplotlib.pyplot as plt
+
+    done = finished(runs)
+    evaluator = Evaluator(done[0].setting, context.data_root, context.device)
+    colours = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(spec["rounds"]))))
+    styles = ["-", "--", ":", "-."]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained")
+    equal_weights = []
+    for i, run in enumerate(done):
+        stored = snapshots(run)
+        cka_rounds, cka = [], []
+        for colour, r in zip(colours, [_round(run, r) for r in spec["rounds"]]):
+            models, sizes, weighted = _clients_of_round(stored, r, run)
+            if not weighted:
+                equal_weights.append(run.label)
+            _, errors = evaluator(weighted_average(models[:m], sizes[:m]) for m in range(1, len(models) + 1))
+            left.plot(range(1, len(models) + 1), errors, styles[i % len(styles)], color=colour, marker=".",
+                      label=f"{run.label}, round {r}")
+            outputs = [evaluator.logits(m, spec["cka_samples"]) for m in models]
+            pairs = [linear_cka(outputs[j], outputs[k]) for j in range(len(outputs)) for k in range(j + 1, len(outputs))]
+            cka_rounds.append(r)
+            cka.append(float(np.mean(pairs)))
+        right.plot(cka_rounds, cka, styles[i % len(styles)], marker="o", color="black", label=run.label)
+    from matplotlib.ticker import MaxNLocator
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left.set_xlabel("number m of client models averaged")
+    left.set_ylabel("test error (%)")
+    right.set_xlabel("round")
+    right.set_ylabel("mean linear CKA of client logits")
+    right.set_ylim(0, 1.02)
+    legend_outside(left)
+    right.legend(fontsize=8)
+    shows = SHOWS["client_averages"] + f" ({done[0].setting['dataset']} {done[0].setting['model']})"
+    if equal_weights:
+        shows += f"; equal weights for {', '.join(sorted(set(equal_weights)))} (snapshots without data sizes)"
+    return fig, shows
