@@ -193,7 +193,7 @@ def test_snapshots_do_not_change_the_run_and_survive_a_resume(tiny, tmp_path):
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert torch.equal(checkpoint.load(runs / plain.id / "model.pt")["x"], checkpoint.load(runs / snap.id / "model.pt")["x"])
     stored = np.load(runs / snap.id / "snapshots.npz")
-    assert {f"round_{r}_{k}" for r in (1, 2, 3) for k in ("global", "client_0", "client_1", "next")} == set(stored.files)
+    assert {f"round_{r}_{k}" for r in (1, 2, 3) for k in ("global", "client_0", "client_1", "next", "sizes")} == set(stored.files)
     np.testing.assert_array_equal(stored["round_3_next"], checkpoint.load(runs / snap.id / "model.pt")["x"].numpy())
     np.testing.assert_array_equal(stored["round_2_global"], stored["round_1_next"])
     assert "round_2" in np.load(runs / snap.id / "cosines.npz").files
@@ -287,6 +287,30 @@ def test_the_cli_draws_a_figure_and_the_report_embeds_it(tiny, tmp_path):
     html = page.read_text()
     assert "The papers' analysis figures" in html and "e-LUD" in html
     assert (tmp_path / "page_figures" / "paper.elud.png").exists()
+
+
+def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_them(tiny_data_root, tmp_path):
+    """Each group's coherence is the mean off-diagonal cosine of its clients' block of the round's cosine
+    matrix (full participation: the cohort is clients 0..3 in order; balanced = 0, 1)."""
+    work = tmp_path
+    (work / "data").mkdir()
+    (work / "data" / "fmnist").symlink_to(tiny_data_root)
+    hybrid = {"kind": "hybrid", "alpha_balanced": 10.0, "alpha": 0.1, "min_size": 1, "balance": False, "seed": 1}
+    params = {"title": "hybrid", "experiments": {"hyb": {
+        "base": {**BASE, "participation": 1.0, "partition": hybrid}, "grid": {"algorithm": ["fedavg"]}}}}
+    runs = config.expand(params)
+    parts = make_partition(tiny_data_root, work / "partition", num_clients=4, **hybrid)
+    run = runs[0]
+    _train(run.setting, work / "runs" / run.id, parts, tiny_data_root)
+    metrics = pd.read_csv(work / "runs" / run.id / "metrics.csv")
+    cosine = np.load(work / "runs" / run.id / "cosines.npz")["round_1"]
+    assert metrics.loc[0, "coherence_balanced"] == pytest.approx(cosine[0, 1], abs=1e-5)
+    assert metrics.loc[0, "coherence_imbalanced"] == pytest.approx(cosine[2, 3], abs=1e-5)
+    assert metrics.loc[0, "coherence_balanced"] != pytest.approx(metrics.loc[0, "coherence"], abs=1e-4)
+    manifest = config.manifest(params, runs, "hybrid")
+    spec = figures.check({"c": {"kind": "coherence", "experiment": "hyb"}}, manifest["experiments"])["c"]
+    record = figures.draw("c", spec, manifest, work / "runs", work / "fig" / "c.png", figures.Context(work / "data", "cpu"))
+    assert record["drawn"] and "dashed balanced, dotted imbalanced" in record["caption"]
 
 
 # --------------------------------------------------------------------------- the workflow

@@ -40,6 +40,7 @@ EXPECTED = {
         "fedlaw_table1_fixed_gamma": 108,  # 3 models x 2 alphas x 6 gammas x 3 seeds
         "fedlaw_table9_alpha": 216,        # 3 models x 4 alphas x 6 gammas x 3 seeds
         "fedlaw_table5_arch": 18,          # 2 models x 3 methods x 3 seeds
+        "fedlaw_fig5_hybrid": 2,           # figures: FedAvg and FedLAW on the hybrid partition, 1 seed
     },
     "fedaware": {
         "fedaware_table2_cifar10": 42,     # 8 raw + 6 xAWARE, 3 seeds

@@ -1,4 +1,4 @@
-"""Partition properties: IID, Dirichlet (NIID-Bench recipe) and label shards."""
+"""Partition properties: IID, Dirichlet (NIID-Bench recipe), FedLAW's hybrid Dirichlet and label shards."""
 from __future__ import annotations
 
 import json
@@ -22,6 +22,7 @@ SETTINGS = [
     {"kind": "dirichlet", "num_clients": 20, "alpha": 0.1, "min_size": 10, "balance": True},
     {"kind": "dirichlet", "num_clients": 10, "alpha": 0.5, "min_size": 30, "balance": False},
     {"kind": "dirichlet", "num_clients": 15, "alpha": 100.0, "min_size": 50, "balance": True},
+    {"kind": "hybrid", "num_clients": 20, "alpha_balanced": 10.0, "alpha": 0.1, "min_size": 5, "balance": False},
     {"kind": "shards", "num_clients": 20, "classes_per_client": 2, "distinct": True},
     {"kind": "shards", "num_clients": 10, "classes_per_client": 3, "distinct": False},
 ]
@@ -77,6 +78,27 @@ def test_dirichlet_small_alpha_is_more_skewed_than_large_alpha():
         return float((counts / counts.sum(1, keepdims=True) > 0.05).sum(1).mean())
 
     assert mean_classes_held(0.1) < mean_classes_held(100.0)
+
+
+def test_hybrid_is_a_dirichlet_first_half_and_a_dirichlet_split_of_the_rest():
+    """Oracle: the same generator drives the two draws in order, so the first half must be the first
+    n/2 clients of Dir(alpha_balanced) on all samples, and the rest Dir(alpha) on what is left."""
+    labels = _labels()
+    parts = partition.hybrid(labels, 20, np.random.default_rng(5), 10.0, 0.1, min_size=5, balance=False)
+    rng = np.random.default_rng(5)
+    first = partition.dirichlet(labels, 20, rng, 10.0, 5, False)[:10]
+    rest = np.setdiff1d(np.arange(len(labels)), np.concatenate(first))
+    second = partition.dirichlet(labels[rest], 10, rng, 0.1, 5, False)
+    want = first + [rest[p] for p in second]
+    assert all(np.array_equal(a, b) for a, b in zip(parts, want))
+    # and the groups differ as their names say: the imbalanced clients hold fewer classes
+    counts = partition.class_counts(labels, parts, 10)
+    held = (counts / counts.sum(1, keepdims=True) > 0.05).sum(1)
+    assert held[:10].mean() > held[10:].mean() + 3
+    setting = {"kind": "hybrid", "num_clients": 20}
+    groups = partition.groups(setting)
+    assert groups["balanced"].tolist() == list(range(10)) and groups["imbalanced"].tolist() == list(range(10, 20))
+    assert partition.groups({"kind": "dirichlet", "num_clients": 20}) == {}
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{v}" for v in s.values()))

@@ -59,6 +59,8 @@ MODELS = {
 PARTITION_KEYS = {
     "iid": ["kind", "seed"],
     "dirichlet": ["kind", "seed", "alpha", "min_size", "balance"],
+    # FedLAW's hybrid: the first half of the clients from Dir(alpha_balanced), the rest from Dir(alpha)
+    "hybrid": ["kind", "seed", "alpha", "alpha_balanced", "min_size", "balance"],
     "shards": ["kind", "seed", "classes_per_client", "distinct"],
     # CIFAR-100's Pachinko allocation: alpha over coarse labels, beta over each one's fine labels
     "pachinko": ["kind", "seed", "alpha", "beta", "samples_per_client"],

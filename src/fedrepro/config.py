@@ -261,7 +261,7 @@ def check_compatible(setting: dict, where: str) -> None:
         if per is not None and per * setting["num_clients"] > n_train:
             problems.append(f"partition.samples_per_client = {per} for {setting['num_clients']} clients needs "
                             f"{per * setting['num_clients']} samples, more than the {n_train} of {setting['dataset']}")
-    if part["kind"] == "dirichlet" and part["min_size"] * setting["num_clients"] > n_train:
+    if part["kind"] in ("dirichlet", "hybrid") and part["min_size"] * setting["num_clients"] > n_train:
         problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
                         f"than the {n_train} samples")
     holdout, spec = setting["evaluation"]["proxy_holdout"], registry.DATASETS[setting["dataset"]]

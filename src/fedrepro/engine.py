@@ -110,6 +110,8 @@ class Trainer:
         trained = [holdout_split(p, holdout, setting["seed"], i)[0] if holdout else p for i, p in enumerate(self.parts)]
         self.client_index = [torch.as_tensor(p, device=self.device) for p in trained]
         self.client_sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=self.device)
+        # client groups the partition defines (hybrid: balanced, imbalanced): their coherence is logged per round
+        self.client_groups = partition.groups(partition_setting(setting))
         torch.manual_seed(setting["seed"])
         module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained"),
                                setting.get("batchnorm", "running_stats")) if module is None else module)
@@ -238,6 +240,9 @@ class Trainer:
                "update_norm_mean": float(updates.deltas.norm(dim=1).mean()),
                "update_norm_max": float(updates.deltas.norm(dim=1).max()),
                "update_norm_min": float(updates.deltas.norm(dim=1).min())}
+        for name, members in self.client_groups.items():
+            inside = torch.as_tensor(np.isin(cohort, members), device=updates.deltas.device)
+            row[f"coherence_{name}"] = float(metrics.coherence(updates.deltas[inside]))  # nan below 2 clients
         for key, value in updates.info.items():
             if key == "pseudo_grad_norm":
                 continue

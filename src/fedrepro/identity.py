@@ -145,6 +145,7 @@ def partition_id(setting: dict) -> str:
     part = setting["partition"]
     key = {**partition_setting(setting), "code": partition_code_hash()}
     desc = {"iid": "iid", "dirichlet": f"dir{_fmt(part.get('alpha', 0))}",
+            "hybrid": f"hyb{_fmt(part.get('alpha_balanced', 0))}-{_fmt(part.get('alpha', 0))}",
             "shards": f"shards{part.get('classes_per_client')}", "natural": "natural",
             "pachinko": f"pa{_fmt(part.get('alpha', 0))}b{_fmt(part.get('beta', 0))}"}[part["kind"]]
     return f"{setting['dataset']}-{desc}-n{setting['num_clients']}-{stable_hash(key, 8)}"

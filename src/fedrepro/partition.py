@@ -1,5 +1,6 @@
-"""Splitting a training set over clients: IID, Dirichlet over labels, label-sorted shards, and
-CIFAR-100's Pachinko allocation over coarse and fine labels.
+"""Splitting a training set over clients: IID, Dirichlet over labels, FedLAW's hybrid Dirichlet
+(balanced and imbalanced client groups), label-sorted shards, and CIFAR-100's Pachinko allocation
+over coarse and fine labels.
 
 Every partitioner takes the labels and a local ``numpy.random.Generator`` (never the global
 RNG) and returns one sorted index array per client.
@@ -46,6 +47,28 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, al
             return [np.sort(np.asarray(c, dtype=np.int64)) for c in parts]
     raise PartitionError(f"Dirichlet partition with alpha={alpha} gave a client below min_size={min_size} "
                          f"in {max_tries} draws; lower partition.min_size or raise partition.alpha")
+
+
+def hybrid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha_balanced: float, alpha: float,
+           min_size: int = 10, balance: bool = True) -> list[np.ndarray]:
+    """FedLAW's hybrid Dirichlet (App. D, Fig. 5): draw a ``num_clients`` partition with Dir(alpha_balanced)
+    and keep its first half of the clients (the "balanced" group); split the samples left over among the
+    other half with Dir(alpha) (the "imbalanced" group). ``groups`` names the two halves."""
+    half = num_clients // 2
+    if half < 1 or num_clients - half < 1:
+        raise PartitionError(f"partition.kind = hybrid needs num_clients >= 2, got {num_clients}")
+    first = dirichlet(labels, num_clients, rng, alpha_balanced, min_size, balance)[:half]
+    rest = np.setdiff1d(np.arange(len(labels)), np.concatenate(first))
+    second = dirichlet(labels[rest], num_clients - half, rng, alpha, min_size, balance)
+    return first + [np.sort(rest[part]) for part in second]
+
+
+def groups(setting: dict) -> dict[str, np.ndarray]:
+    """Named client groups a partition defines (the engine logs each group's coherence); {} for most kinds."""
+    if setting["kind"] != "hybrid":
+        return {}
+    half = setting["num_clients"] // 2
+    return {"balanced": np.arange(half), "imbalanced": np.arange(half, setting["num_clients"])}
 
 
 def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, classes_per_client: int,
@@ -201,6 +224,9 @@ def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) ->
         return iid(labels, n, rng)
     if kind == "dirichlet":
         return dirichlet(labels, n, rng, setting["alpha"], setting["min_size"], setting["balance"])
+    if kind == "hybrid":
+        return hybrid(labels, n, rng, setting["alpha_balanced"], setting["alpha"], setting["min_size"],
+                      setting["balance"])
     if kind == "shards":
         return shards(labels, n, rng, setting["classes_per_client"], setting["distinct"])
     if kind == "pachinko":
@@ -251,16 +277,17 @@ def _heatmap(counts: np.ndarray, path: Path, setting: dict) -> None:
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    width = min(14, 2 + 0.12 * counts.shape[0])
+    width = min(14, max(4.0, 2 + 0.12 * counts.shape[0]))
     fig, ax = plt.subplots(figsize=(width, 3.2))
     sns.heatmap(counts.T, cmap="viridis", ax=ax, cbar_kws={"label": "samples"})
     ax.set_xlabel("client")
     ax.set_ylabel("class")
     title = f"{setting['dataset']}, {setting['num_clients']} clients: " + ", ".join(
         f"{k}={v}" for k, v in setting.items() if k not in ("dataset", "num_clients"))
-    ax.set_title(textwrap.fill(title, 70), fontsize=8, loc="left")
+    # about 13 characters of 8-point text per inch of the axes: the title wraps instead of running off
+    ax.set_title(textwrap.fill(title, int(13 * (width - 1.2))), fontsize=8, loc="left")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
 
 

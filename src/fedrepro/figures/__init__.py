@@ -188,8 +188,11 @@ def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out
         drawn, reason = False, str(err)
         print(f"figure {name}: not drawn: {err}")
     if context.quick:
-        # a constrained layout makes room for the label itself; a tight one gets it above the axes
-        above = {} if fig.get_layout_engine() is not None else {"y": 1.02}
+        # a constrained layout makes room for the label itself; any other gets it above the top edge
+        # (the axes titles reach it), and the tight bounding box of savefig takes it in
+        from matplotlib.layout_engine import ConstrainedLayoutEngine
+        constrained = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+        above = {} if constrained else {"y": 1.0, "va": "bottom"}
         fig.suptitle("QUICK profile (reduced setting, not comparable to the paper)", fontsize=9, color="gray",
                      **above)
     out = Path(out)

@@ -12,6 +12,8 @@ def split(run) -> str:
     part = run.setting["partition"]
     if part["kind"] == "dirichlet":
         return f"Dir({part['alpha']:g})"
+    if part["kind"] == "hybrid":
+        return f"hybrid Dir({part['alpha_balanced']:g}) | Dir({part['alpha']:g})"
     if part["kind"] == "shards":
         return f"#C={part['classes_per_client']}"
     return part["kind"]

@@ -37,7 +37,42 @@ def coherence(spec, runs, context):
                 marks.append(f"{m} at {name}: round {r:g}")
     shows = SHOWS["coherence"] + ("; critical points: " + "; ".join(marks) if marks else "; no method's coherence "
                                   "reached zero in these rounds")
+    grouped = _group_coherence(fig, data, runs)
+    if grouped:
+        shows += ("; thin lines: the coherence within each client group of the hybrid partition, seed mean (" +
+                  ", ".join(f"{style} {name}" for name, style in grouped) + ")")
     return fig, shows
+
+
+GROUP_STYLES = {"balanced": "dashed", "imbalanced": "dotted"}
+
+
+def _group_coherence(fig, data, runs) -> list[tuple[str, str]]:
+    """FedLAW Fig. 5 (left): within-group coherence of the runs whose partition defines client groups."""
+    from fedrepro.figures.curves import frame as metric_frame
+
+    drawn = []
+    for name, style in GROUP_STYLES.items():
+        try:
+            part = metric_frame(runs, f"coherence_{name}")
+        except MissingInput:
+            continue
+        for ax, split_name in zip(fig.axes, dict.fromkeys(data["split"])):
+            methods = list(dict.fromkeys(data[data["split"] == split_name]["method"]))
+            for m, group in part[part["split"] == split_name].groupby("method", sort=False):
+                mean = group.groupby("round")[f"coherence_{name}"].mean()
+                ax.plot(mean.index, mean.to_numpy(), ls=style, lw=0.9, color=f"C{methods.index(m)}")
+        drawn.append((name, style))
+    if drawn:
+        from matplotlib.lines import Line2D
+        keys = [Line2D([], [], color="gray", lw=1.2, label="all clients")]
+        keys += [Line2D([], [], color="gray", lw=0.9, ls=style, label=f"{name} clients") for name, style in drawn]
+        ax = fig.axes[-1]  # the methods' legend, with the line styles appended
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles + keys, labels + [k.get_label() for k in keys], loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), fontsize=8, title="95% band over seeds", title_fontsize=8,
+                  frameon=False)
+    return drawn
 
 
 def weights(spec, runs, context):
