@@ -311,6 +311,9 @@ def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_t
     spec = figures.check({"c": {"kind": "coherence", "experiment": "hyb"}}, manifest["experiments"])["c"]
     record = figures.draw("c", spec, manifest, work / "runs", work / "fig" / "c.png", figures.Context(work / "data", "cpu"))
     assert record["drawn"] and "dashed balanced, dotted imbalanced" in record["caption"]
+    spec = figures.check({"m": {"kind": "cosines", "experiment": "hyb", "rounds": [1]}}, manifest["experiments"])["m"]
+    record = figures.draw("m", spec, manifest, work / "runs", work / "fig" / "m.png", figures.Context(work / "data", "cpu"))
+    assert record["drawn"] and "part the balanced clients 0-1 from the imbalanced ones" in record["caption"]
 
 
 # --------------------------------------------------------------------------- the workflow

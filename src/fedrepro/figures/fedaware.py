@@ -38,6 +38,11 @@ def cosines(spec, runs, context):
                            f"list them in snapshots.cosine_rounds")
     from matplotlib.ticker import MaxNLocator
 
+    from fedrepro import partition
+    from fedrepro.identity import partition_setting
+
+    groups = partition.groups(partition_setting(run.setting))
+    boundary = len(groups["balanced"]) if groups and run.setting["participation"] == 1.0 else None
     fig, axes = plt.subplots(1, len(shown), figsize=(4.0 * len(shown) + 1.2, 3.6), squeeze=False,
                              constrained_layout=True)
     for ax, r in zip(axes[0], shown):
@@ -47,6 +52,9 @@ def cosines(spec, runs, context):
         image = ax.imshow(matrix, vmin=-1, vmax=1, cmap="RdBu_r")
         off = matrix[~np.eye(len(matrix), dtype=bool)]
         ax.set_title(f"round {r}: coherence {off.mean():.2f}", fontsize=10)
+        if boundary is not None:  # the hybrid partition's groups: every client sampled, in id order
+            for line in (ax.axhline, ax.axvline):
+                line(boundary - 0.5, color="black", lw=0.8)
         ax.set_xlabel("client of the cohort")
         ax.set_ylabel("client of the cohort")
     fig.colorbar(image, ax=axes[0].tolist(), label="cosine similarity", shrink=0.9)
@@ -54,6 +62,8 @@ def cosines(spec, runs, context):
     shows = SHOWS["cosines"] + f" ({method(run)}, {split(run)}, seed {run.setting['seed']})"
     if missing:
         shows += f"; rounds {missing} were not kept"
+    if boundary is not None:
+        shows += f"; the lines part the balanced clients 0-{boundary - 1} from the imbalanced ones"
     return fig, shows
 
 
