@@ -25,20 +25,25 @@ export DEBIAN_FRONTEND=noninteractive
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
+  touch "$PIDFILE.installed"  # SLURM_DOWN removes what this test installed
 fi
 NODE=$(hostname -s)
 CPUS=$(nproc)
 MEM=$(( $(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') * 9 / 10 ))
-mkdir -p /etc/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm
-chown slurm:slurm /var/lib/slurm/slurmctld /var/log/slurm || true
+# a private state folder: the queue holds only this test's jobs, never those of an earlier attempt
+STATE=$(mktemp -d /var/tmp/fedrepro-slurm.XXXXXX)
+echo "$STATE" > "$PIDFILE.state"
+mkdir -p /etc/slurm "$STATE/slurmctld" "$STATE/slurmd" /var/log/slurm
+chmod 755 "$STATE"
+chown slurm:slurm "$STATE/slurmctld" /var/log/slurm || true
 echo "NodeName=$NODE Name=gpu File=/dev/null" > /etc/slurm/gres.conf
 cat > /etc/slurm/slurm.conf <<EOF
 ClusterName=ci
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=slurm
 AuthType=auth/munge
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
+StateSaveLocation=$STATE/slurmctld
+SlurmdSpoolDir=$STATE/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
@@ -79,6 +84,14 @@ tac "$PIDFILE" | while read -r name pid; do
   for i in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
 done
 rm -f /run/slurmctld.pid /run/slurmd.pid
+[ -s "$PIDFILE.state" ] && rm -rf "$(cat "$PIDFILE.state")"
+# Snakemake's Slurm executor plugin runs `scontrol show config` at every start of snakemake wherever
+# Slurm's client tools are installed; with no controller that waits 10 s (its timeout) per call, so
+# every later test that runs snakemake would pay it. Leave the machine as this test found it.
+if [ -e "$PIDFILE.installed" ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq slurm-wlm slurmctld slurmd slurm-client >/dev/null \
+    && echo "removed the Slurm packages this test installed"
+fi
 """
 
 
