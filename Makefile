@@ -30,7 +30,8 @@ fmnist-data:
 # leaves it behind; `make run` holds a flock for as long as it runs (the kernel drops it when the
 # process dies, however it dies), so when it gets the flock no other `make run` is working here and
 # any Snakemake lock is stale: it is removed. Interrupted jobs rerun (rerun-incomplete in the profile)
-# and resume from their checkpoints.
+# and resume from their checkpoints. It waits up to 15 s for the flock: right after a kill -9 the
+# killed jobs may still be exiting (a torch process takes a moment to unmap), and they hold it until then.
 SNAKEMAKE_ARGS ?=
 RUN_FLOCK := .snakemake/make-run.flock
 
@@ -40,7 +41,7 @@ run: setup recover-run
 .PHONY: recover-run
 recover-run:
 	@mkdir -p .snakemake
-	@flock -n -E 75 $(RUN_FLOCK) $(MAKE) --no-print-directory locked-run \
+	@flock -w 15 -E 75 $(RUN_FLOCK) $(MAKE) --no-print-directory locked-run \
 	  || { status=$$?; [ $$status -eq 75 ] && echo "another 'make run' is working in $(CURDIR)" >&2; exit $$status; }
 
 .PHONY: locked-run

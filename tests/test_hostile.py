@@ -487,3 +487,81 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+KILLED_GRID = """title: killed grid
+data:
+  root: data
+  mirrors:
+    fmnist: [/usr/share/datasets/fashion-mnist/]
+experiments:
+  k:
+    base: {dataset: fmnist, model: mlp, num_clients: 4, participation: 0.5, rounds: 14, batch_size: 256,
+           device: cpu, partition: {kind: iid, seed: 1}}
+    grid: {seed: [1, 2]}
+"""
+
+
+def _trainers_in(project: Path) -> list[int]:
+    """Live `fedrepro train` processes working in ``project``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            words = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"train" in words and any(w.endswith(b"fedrepro") for w in words) and \
+                    Path(os.readlink(proc / "cwd")) == project and _alive(int(proc.name)):
+                pids.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_one_make_run_after_a_kill_9_of_the_whole_run_finishes_the_grid(tmp_path):
+    """kill -9 of `make run` with Snakemake and its jobs mid-training; then one `make run` (no --unlock,
+    no --rerun-incomplete by hand) finishes every run, resuming the killed ones from their checkpoints."""
+    from conftest import have_debian_fmnist
+    if not have_debian_fmnist():
+        pytest.skip("real Fashion-MNIST is not installed")
+    project = _project_copy(tmp_path)
+    (project / "k.yaml").write_text(KILLED_GRID)
+    env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", PYTHONPATH=str(project / "src"))
+    make = ["make", "-C", str(project), "--no-print-directory", "recover-run", "CONFIG=k.yaml"]
+    first = subprocess.Popen(make, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((project / "results" / "runs").glob("*/checkpoint.pt")):
+            assert first.poll() is None, "the first make run ended before any checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 5 minutes"
+            time.sleep(0.2)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # make, Snakemake and every job it started
+        first.wait()
+    deadline = time.monotonic() + 60
+    while _trainers_in(project):
+        assert time.monotonic() < deadline, "training jobs outlived the killed Snakemake"
+        time.sleep(0.2)
+    assert list((project / ".snakemake" / "locks").iterdir()), "the kill left Snakemake's lock behind"
+    second = subprocess.run(make, capture_output=True, text=True, env=env, timeout=900)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-4000:] + str(_holders(project))
+    assert "stale Snakemake lock" in second.stdout
+    summaries = [json.loads(p.read_text()) for p in (project / "results" / "runs").glob("*/summary.json")]
+    assert len(summaries) == 2 and all(s["status"] == "finished" and s["rounds_done"] == 14 for s in summaries)
+    logs = "".join(p.read_text() for p in (project / "logs" / "train").glob("*.log"))
+    assert "resumed at round 10" in logs, logs[-2000:]
+    assert (project / "reports" / "k.html").exists() and (project / "reports" / "index.html").exists()
+    locks = project / ".snakemake" / "locks"
+    assert not (locks.exists() and list(locks.iterdir())), "the finished run released Snakemake's lock"
+
+
+def _holders(project: Path) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) == str(project / ".snakemake" / "make-run.flock"):
+                    found.append(f"{proc.name} {(proc / 'stat').read_text()[:80]} {(proc / 'cmdline').read_bytes()[:200]}")
+        except OSError:
+            continue
+    return found
