@@ -502,18 +502,35 @@ experiments:
 """
 
 
-def _trainers_in(project: Path) -> list[int]:
-    """Live `fedrepro train` processes working in ``project``."""
-    pids = []
+def _processes(wanted) -> list[str]:
+    """The /proc entries of the processes for which ``wanted(folder)`` holds (vanishing ones skipped)."""
+    found = []
     for proc in Path("/proc").iterdir():
         try:
-            words = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"train" in words and any(w.endswith(b"fedrepro") for w in words) and \
-                    Path(os.readlink(proc / "cwd")) == project and _alive(int(proc.name)):
-                pids.append(int(proc.name))
-        except (OSError, ValueError):
+            if proc.name.isdigit() and wanted(proc):
+                found.append(proc.name)
+        except OSError:
             continue
-    return pids
+    return found
+
+
+def _trainers_in(project: Path) -> list[str]:
+    """Live `fedrepro train` processes working in ``project``."""
+    def trainer(proc: Path) -> bool:
+        words = (proc / "cmdline").read_bytes().split(b"\0")
+        return (b"train" in words and any(w.endswith(b"fedrepro") for w in words)
+                and Path(os.readlink(proc / "cwd")) == project and _alive(int(proc.name)))
+    return _processes(trainer)
+
+
+def _holders(project: Path) -> list[str]:
+    """The processes holding `make run`'s flock file open (for the failure message)."""
+    flock, named = str(project / ".snakemake" / "make-run.flock"), {}
+
+    def holds(proc: Path) -> bool:
+        named[proc.name] = (proc / "cmdline").read_bytes()[:200]
+        return any(os.readlink(fd) == flock for fd in (proc / "fd").iterdir())
+    return [f"{pid} {named[pid]!r}" for pid in _processes(holds)]
 
 
 @pytest.mark.slow
@@ -554,14 +571,3 @@ def test_one_make_run_after_a_kill_9_of_the_whole_run_finishes_the_grid(tmp_path
     locks = project / ".snakemake" / "locks"
     assert not (locks.exists() and list(locks.iterdir())), "the finished run released Snakemake's lock"
 
-
-def _holders(project: Path) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            for fd in (proc / "fd").iterdir():
-                if os.readlink(fd) == str(project / ".snakemake" / "make-run.flock"):
-                    found.append(f"{proc.name} {(proc / 'stat').read_text()[:80]} {(proc / 'cmdline').read_bytes()[:200]}")
-        except OSError:
-            continue
-    return found

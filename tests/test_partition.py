@@ -101,6 +101,13 @@ def test_hybrid_is_a_dirichlet_first_half_and_a_dirichlet_split_of_the_rest():
     assert partition.groups({"kind": "dirichlet", "num_clients": 20}) == {}
 
 
+def test_a_hybrid_partition_of_one_client_is_refused_before_any_work():
+    from fedrepro import config
+    params = {"experiments": {"h": {"base": {"num_clients": 1, "partition": {"kind": "hybrid"}}, "grid": {"seed": [1]}}}}
+    with pytest.raises(config.ConfigError, match=r"partition.kind = hybrid .*num_clients must be >= 2, not 1"):
+        config.expand(params)
+
+
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
 def test_same_seed_same_partition_other_seed_other_partition(setting):
     labels = _labels()

@@ -261,6 +261,9 @@ def check_compatible(setting: dict, where: str) -> None:
         if per is not None and per * setting["num_clients"] > n_train:
             problems.append(f"partition.samples_per_client = {per} for {setting['num_clients']} clients needs "
                             f"{per * setting['num_clients']} samples, more than the {n_train} of {setting['dataset']}")
+    if part["kind"] == "hybrid" and setting["num_clients"] < 2:
+        problems.append(f"partition.kind = hybrid splits the clients into two groups: num_clients must be >= 2, "
+                        f"not {setting['num_clients']}")
     if part["kind"] in ("dirichlet", "hybrid") and part["min_size"] * setting["num_clients"] > n_train:
         problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
                         f"than the {n_train} samples")

@@ -54,9 +54,9 @@ def hybrid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha
     """FedLAW's hybrid Dirichlet (App. D, Fig. 5): draw a ``num_clients`` partition with Dir(alpha_balanced)
     and keep its first half of the clients (the "balanced" group); split the samples left over among the
     other half with Dir(alpha) (the "imbalanced" group). ``groups`` names the two halves."""
-    half = num_clients // 2
-    if half < 1 or num_clients - half < 1:
+    if num_clients < 2:
         raise PartitionError(f"partition.kind = hybrid needs num_clients >= 2, got {num_clients}")
+    half = num_clients // 2
     first = dirichlet(labels, num_clients, rng, alpha_balanced, min_size, balance)[:half]
     rest = np.setdiff1d(np.arange(len(labels)), np.concatenate(first))
     second = dirichlet(labels[rest], num_clients - half, rng, alpha, min_size, balance)

@@ -1,7 +1,7 @@
 """Per-round quantities of metrics.csv drawn per method: the shared body of the metrics figures."""
 from __future__ import annotations
 
-from fedrepro.figures import MissingInput, finished, legend_outside
+from fedrepro.figures import MissingInput, finished
 
 
 def method(run) -> str:
@@ -52,7 +52,14 @@ def over_rounds(runs, column: str, ylabel: str, hline: float | None = None, logy
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("communication round")
         ax.set_ylabel(ylabel)
-    legend_outside(axes[0][-1], "95% band over seeds")
-    axes[0][-1].legend(*axes[0][-1].get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                       fontsize=8, frameon=False, title="95% band over seeds", title_fontsize=8)
+    methods_legend(axes[0][-1])
     return fig, data
+
+
+def methods_legend(ax, extra=()) -> None:
+    """The methods of an ``over_rounds`` figure, right of its last panel, followed by ``extra`` handles
+    (line-style keys); the bands are the seeds' 95% interval."""
+    handles, labels = ax.get_legend_handles_labels()
+    handles = [*handles, *extra]
+    ax.legend(handles, [*labels, *(h.get_label() for h in extra)], loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              fontsize=8, frameon=False, title="95% band over seeds", title_fontsize=8)

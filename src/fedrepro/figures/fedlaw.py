@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedrepro.figures import MissingInput, finished, legend_outside
-from fedrepro.figures.curves import frame, method, over_rounds, split
+from fedrepro.figures.curves import frame, method, methods_legend, over_rounds, split
 
 SHOWS = {
     "coherence": "Client (cohort) coherence, the mean pairwise cosine of the client updates, over rounds per "
@@ -49,12 +49,10 @@ GROUP_STYLES = {"balanced": "dashed", "imbalanced": "dotted"}
 
 def _group_coherence(fig, data, runs) -> list[tuple[str, str]]:
     """FedLAW Fig. 5 (left): within-group coherence of the runs whose partition defines client groups."""
-    from fedrepro.figures.curves import frame as metric_frame
-
     drawn = []
     for name, style in GROUP_STYLES.items():
         try:
-            part = metric_frame(runs, f"coherence_{name}")
+            part = frame(runs, f"coherence_{name}")
         except MissingInput:
             continue
         for ax, split_name in zip(fig.axes, dict.fromkeys(data["split"])):
@@ -67,11 +65,7 @@ def _group_coherence(fig, data, runs) -> list[tuple[str, str]]:
         from matplotlib.lines import Line2D
         keys = [Line2D([], [], color="gray", lw=1.2, label="all clients")]
         keys += [Line2D([], [], color="gray", lw=0.9, ls=style, label=f"{name} clients") for name, style in drawn]
-        ax = fig.axes[-1]  # the methods' legend, with the line styles appended
-        handles, labels = ax.get_legend_handles_labels()
-        ax.legend(handles + keys, labels + [k.get_label() for k in keys], loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), fontsize=8, title="95% band over seeds", title_fontsize=8,
-                  frameon=False)
+        methods_legend(fig.axes[-1], keys)
     return drawn
 
 
