@@ -31,10 +31,13 @@ def _without(setting: dict, switched: dict) -> dict:
     for section, keys in switched.items():
         for key in keys:
             out[section].pop(key, None)
-    for section in ("fedlaw", "feddf", "fedbe", "serverft"):  # FedLAW's proxy size and server epochs
+    for section in ("fedlaw", "feddf", "fedbe", "serverft"):  # FedLAW's proxy size, server epochs and optimiser
         if section in out:
-            out[section].pop("proxy_size", None)
-            out[section].pop("server_epochs", None)
+            for key in ("proxy_size", "server_epochs", "optimizer", "lr", "weight_decay", "swa_order"):
+                out[section].pop(key, None)
+    if out.get("algorithm") == "fedprox":  # FedLAW's code: FedProx without momentum and weight decay
+        out["client"].pop("momentum", None)
+        out["client"].pop("weight_decay", None)
     return out
 
 
