@@ -86,7 +86,8 @@ EXAMPLES = {
     "figures": "fedrepro figures --name quadratic --spec '{\"kind\": \"quadratic\"}' --out reports/default_figures/quadratic.png",
     "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
                 "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
-                "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html",
+                "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html\n"
+                "  fedrepro evidence matrix --write-readme",
 }
 
 
@@ -235,8 +236,18 @@ def cmd_collect(args) -> None:
 
 def cmd_evidence(args) -> None:
     from fedrepro import evidence
+    if args.action == "matrix":
+        from fedrepro import verification
+        block = verification.markdown(verification.matrix(args.root))
+        if args.write_readme:
+            verification.write_readme(block)
+            print("README.md: verification matrix rewritten")
+        else:
+            print(block, end="")
+        return
     if args.action == "keep":
-        kept = evidence.keep(args.configfile, args.name, args.runs_dir, args.partitions_dir, args.root, args.manifest)
+        kept = evidence.keep(args.configfile, args.name, args.runs_dir, args.partitions_dir, args.root, args.manifest,
+                             args.protocol)
         print(f"evidence: {kept['runs']} runs and {kept['partitions']} partitions kept in {kept['folder']} "
               f"({kept['bytes'] / 1024:.0f} KB)")
     else:
@@ -431,6 +442,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--runs-dir", default="results/runs", help="the run folders")
     a.add_argument("--partitions-dir", default="results/partitions", help="the partition folders")
     a.add_argument("--root", default="evidence", help="where evidence folders live")
+    a.add_argument("--protocol", help="the runs' protocol: paper (they enter the verification matrix), official, "
+                   "or another word (default: official when an *_official_protocol subset is given, else paper)")
+    a.set_defaults(func=cmd_evidence)
+    a = actions.add_parser("matrix", help="the verification matrix: the papers' cells that the paper-protocol "
+                           "evidence reproduces, per table (Markdown)")
+    a.add_argument("--root", default="evidence", help="where evidence folders live")
+    a.add_argument("--write-readme", action="store_true", help="rewrite the README's generated matrix section")
     a.set_defaults(func=cmd_evidence)
     a = actions.add_parser("report", help="rebuild the report page of an evidence folder from that folder alone")
     a.add_argument("folder", type=_existing("folder"), help="an evidence folder (made by `fedrepro evidence keep`)")
@@ -438,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--figures", help="also write its figures as PNG files into this folder")
     a.set_defaults(func=cmd_evidence)
     for action, a in actions.choices.items():
-        a.epilog = "example:\n  " + EXAMPLES["evidence"].splitlines()[action == "report"].strip()
+        a.epilog = "example:\n  " + EXAMPLES["evidence"].splitlines()[["keep", "report", "matrix"].index(action)].strip()
         a.formatter_class = argparse.RawDescriptionHelpFormatter
 
     for name, p in sub.choices.items():

@@ -33,7 +33,7 @@ class EvidenceError(ValueError):
 
 def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path = "results/runs",
          partitions_dir: str | Path = "results/partitions", root: str | Path = "evidence",
-         manifest: str | Path | None = None) -> dict:
+         manifest: str | Path | None = None, protocol: str | None = None) -> dict:
     """Copy the compact records of the finished runs of ``configfiles`` into ``root/name``.
 
     With ``manifest`` (a manifest the workflow wrote when the runs ran, ``results/manifests/``) instead of
@@ -41,8 +41,12 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     ids (a run's id hashes the code it ran), which today's expansion of the params files would not give.
 
     The folder is replaced as a whole, so it never mixes records of two keeps. Runs that have not
-    finished are not copied; the manifest still names them, so the page lists them as missing."""
-    from fedrepro import config
+    finished are not copied; the manifest still names them, so the page lists them as missing.
+
+    ``protocol`` ('paper', 'official', or another word such as 'ablation') says whether the runs follow
+    the paper's protocol; only 'paper' evidence enters the verification matrix. Unset, it is 'official'
+    when an ``*_official_protocol`` subset is among the params files, else 'paper'."""
+    from fedrepro import config, verification
 
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
     if manifest is not None:
@@ -77,7 +81,8 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
         _copy(partitions_dir / pid, staging / "partitions" / pid, PARTITION_FILES)
     out = {**kept_manifest,
            "evidence": {"name": name, "kept": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                        "runs_kept": len(finished), "runs_declared": len(declared), "kept_by": command}}
+                        "runs_kept": len(finished), "runs_declared": len(declared), "kept_by": command,
+                        "protocol": protocol or verification.protocol(kept_manifest)}}
     (staging / MANIFEST).write_text(json.dumps(out, indent=1, sort_keys=True))
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)

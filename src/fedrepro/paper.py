@@ -155,14 +155,23 @@ def join(tables: dict, runs: list[dict], names: list[str] | None = None) -> list
     return out
 
 
+MIN_GAP = 1.5  # points of accuracy: the least distance from the paper's mean that still counts as reproduced
+
+
+def tolerance(table: dict) -> float:
+    """The floor of a table's allowed gap: its own ``tolerance``, else 1.5 points (20 rounds for a
+    rounds-to-target table, IMA Table 2)."""
+    return table.get("tolerance", 20.0 if table["metric"]["kind"] == "rounds_to_target" else MIN_GAP)
+
+
 def allowed_gap(tolerance: float, paper_std: float | None, ours_std: float | None) -> float:
-    """How far our mean may sit from the paper's and still count as reproduced, given the seeds we have:
-    the stated tolerance, widened to the paper's seed-to-seed std (one seed of ours is one draw from that
-    spread) and, with two or more seeds of ours, to the sum of both stds."""
-    return max(tolerance, (paper_std or 0.0) + (ours_std or 0.0))
+    """How far our mean may sit from the paper's and still count as reproduced: max(tolerance, 2 standard
+    deviations of the paper's and ours together), together being sqrt(paper_std² + ours_std²) (a side
+    without a std, e.g. one seed of ours, adds nothing)."""
+    return max(tolerance, 2 * math.hypot(paper_std or 0.0, ours_std or 0.0))
 
 
-def table_frame(joined: list[Cell], table: str, tolerance: float = 1.0):
+def table_frame(joined: list[Cell], table: str, tolerance: float = MIN_GAP):
     """One paper table as rows x columns of 'paper ± std | ours ± std (n) | Δ', for the report page.
 
     ``within`` is True where |Δ| <= ``allowed`` (allowed_gap: points of accuracy, or rounds for IMA

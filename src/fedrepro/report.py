@@ -225,7 +225,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         for cell in joined:
             cell.in_scope = any(paper.matches(r["setting"], cell.match) for r in declared)
         metric = table["metric"]["kind"]
-        tolerance = table.get("tolerance", 20.0 if metric == "rounds_to_target" else 1.0)
+        tolerance = paper.tolerance(table)
         frame = paper.table_frame(joined, name, tolerance)
         columns = [c["label"] for c in table["columns"]]
         rows = []

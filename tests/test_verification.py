@@ -1,0 +1,96 @@
+"""The verification matrix: generated from evidence/ alone, the README holds exactly its output, and it
+counts, per paper table, the cells the paper-protocol evidence reproduces within the allowed gap."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from fedrepro import verification
+from fedrepro.config import ROOT
+
+# A two-column table: cells match runs by algorithm; alpha selects the row.
+TABLE = {"tables": {"toy_table1": {
+    "paper": "toy", "title": "Toy Table 1", "metric": {"kind": "mean_last_rounds", "rounds": 10, "scale": 100},
+    "columns": [{"label": "FedAvg", "match": {"algorithm": "fedavg"}},
+                {"label": "FedLAW", "match": {"algorithm": "fedlaw"}}],
+    "rows": [{"label": "FMNIST a=0.1", "match": {"dataset": "fmnist", "partition.alpha": 0.1},
+              "values": [{"mean": 80.0, "std": 1.0}, 85.0]},
+             {"label": "CIFAR a=0.1", "match": {"dataset": "cifar10", "partition.alpha": 0.1},
+              "values": [60.0, None]}]}}}
+
+
+def _run(folder, run_id: str, algorithm: str, acc: float, status: str = "finished") -> dict:
+    out = folder / "runs" / run_id
+    out.mkdir(parents=True)
+    accs = np.full(12, acc)
+    pd.DataFrame({"round": np.arange(1, 13), "test_acc": accs}).to_csv(out / "metrics.csv", index=False)
+    setting = {"algorithm": algorithm, "plugins": [], "dataset": "fmnist", "partition": {"alpha": 0.1}}
+    (out / "summary.json").write_text(json.dumps({"run": run_id, "status": status, "setting": setting}))
+    return {"id": run_id}
+
+
+def _folder(root, name, runs, configfiles=("params/toy.yaml",), experiment="toy_table1_fmnist"):
+    folder = root / name
+    folder.mkdir(parents=True)
+    declared = [_run(folder, *r) for r in runs]
+    manifest = {"configfiles": list(configfiles), "experiments": {experiment: {"runs": declared}},
+                "evidence": {"name": name}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.fixture
+def results(tmp_path):
+    path = tmp_path / "paper_results.yaml"
+    path.write_text(yaml.safe_dump(TABLE))
+    return path
+
+
+def test_counts_gaps_and_explanations_from_paper_protocol_evidence(tmp_path, results):
+    root = tmp_path / "evidence"
+    # FedAvg seeds 0.78, 0.80, 0.82: mean 80.00, std 2.00 -> allowed 2 sqrt(1 + 4) = 4.47, delta 0: within.
+    _folder(root, "a", [("fedavg-s1", "fedavg", 0.78), ("fedavg-s2", "fedavg", 0.80)])
+    # the same run kept twice counts once; fedavg-s3 comes from a second folder
+    _folder(root, "b", [("fedavg-s2", "fedavg", 0.80), ("fedavg-s3", "fedavg", 0.82),
+                        ("fedlaw-s1", "fedlaw", 0.82)])
+    # official-protocol evidence never enters the matrix, nor do runs of other experiments
+    _folder(root, "c", [("fedlaw-official", "fedlaw", 0.20)],
+            configfiles=("params/toy.yaml", "params/subsets/toy_official_protocol.yaml"))
+    _folder(root, "d", [("fedlaw-ablation", "fedlaw", 0.10)], experiment="toy_switches")
+    (root / verification.EXPLANATIONS).write_text(yaml.safe_dump(
+        {"toy_table1": [{"row": "FMNIST a=0.1", "column": "FedLAW", "text": "a named, tested difference"}]}))
+
+    (row,) = verification.matrix(root, results)
+    assert (row.reported, row.runnable, row.run) == (3, 2, 2)  # the CIFAR cell is not runnable; None is no cell
+    assert sorted(row.seeds) == [1, 3] and row.within == 1
+    # FedLAW: one seed at 82.00 against 85.00: delta -3.00 > 1.5, with its explanation
+    assert row.outside == [{"row": "FMNIST a=0.1", "column": "FedLAW", "delta": pytest.approx(-3.0),
+                            "allowed": 1.5, "explanation": "a named, tested difference"}]
+    assert row.largest["column"] == "FedLAW" and row.folders == ["a", "b"]
+    text = verification.markdown([row])
+    assert "| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference |" in text
+    assert "- toy_table1, FMNIST a=0.1 / FedLAW: -3.00 (allowed ±1.50). a named, tested difference" in text
+
+
+def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cells_count(tmp_path, results):
+    root = tmp_path / "evidence"
+    _folder(root, "a", [("fedavg-s1", "fedavg", 0.90), ("fedlaw-s1", "fedlaw", 0.0, "diverged")])
+    (row,) = verification.matrix(root, results)
+    assert row.within == 0 and row.diverged == 1
+    text = verification.markdown([row])
+    assert "+10.00 (allowed ±2.00). unexplained" in text  # one seed: 2 x the paper's std 1.0
+    assert "FMNIST a=0.1 / FedLAW: all seeds diverged. unexplained" in text
+
+
+def test_readme_holds_the_generated_matrix():
+    """`fedrepro evidence matrix --write-readme` writes this block; a stale README fails here."""
+    out = subprocess.run([sys.executable, "-m", "fedrepro.cli", "evidence", "matrix"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    readme = (ROOT / "README.md").read_text()
+    assert verification.readme_block(readme) == out, "run: fedrepro evidence matrix --write-readme"
