@@ -25,22 +25,23 @@ TABLE = {"tables": {"toy_table1": {
               "values": [60.0, None]}]}}}
 
 
-def _run(folder, run_id: str, algorithm: str, acc: float, status: str = "finished") -> dict:
+def _run(folder, run_id: str, algorithm: str, acc: float, status: str = "finished", seed: int | None = None) -> dict:
     out = folder / "runs" / run_id
     out.mkdir(parents=True)
     accs = np.full(12, acc)
     pd.DataFrame({"round": np.arange(1, 13), "test_acc": accs}).to_csv(out / "metrics.csv", index=False)
-    setting = {"algorithm": algorithm, "plugins": [], "dataset": "fmnist", "partition": {"alpha": 0.1}}
+    seed = int(run_id.rsplit("s", 1)[1]) if seed is None else seed
+    setting = {"algorithm": algorithm, "plugins": [], "dataset": "fmnist", "partition": {"alpha": 0.1}, "seed": seed}
     (out / "summary.json").write_text(json.dumps({"run": run_id, "status": status, "setting": setting}))
     return {"id": run_id}
 
 
-def _folder(root, name, runs, configfiles=("params/toy.yaml",), experiment="toy_table1_fmnist"):
+def _folder(root, name, runs, configfiles=("params/toy.yaml",), experiment="toy_table1_fmnist", kept="2026-01-01"):
     folder = root / name
     folder.mkdir(parents=True)
     declared = [_run(folder, *r) for r in runs]
     manifest = {"configfiles": list(configfiles), "experiments": {experiment: {"runs": declared}},
-                "evidence": {"name": name}}
+                "evidence": {"name": name, "kept": kept}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
@@ -58,15 +59,18 @@ def test_counts_gaps_and_explanations_from_paper_protocol_evidence(tmp_path, res
     _folder(root, "a", [("fedavg-s1", "fedavg", 0.78), ("fedavg-s2", "fedavg", 0.80)])
     # the same run kept twice counts once; fedavg-s3 comes from a second folder
     _folder(root, "b", [("fedavg-s2", "fedavg", 0.80), ("fedavg-s3", "fedavg", 0.82),
-                        ("fedlaw-s1", "fedlaw", 0.82)])
+                        ("fedlaw-s1", "fedlaw", 0.82)], kept="2026-01-02")
+    # an older keep of seed 1 under another id (an earlier commit): the newer keep of that seed counts
+    _folder(root, "0old", [("fedavg-old-s1", "fedavg", 0.10, "finished", 1)], kept="2025-12-31")
     # official-protocol evidence never enters the matrix, nor do runs of other experiments
-    _folder(root, "c", [("fedlaw-official", "fedlaw", 0.20)],
+    _folder(root, "c", [("fedlaw-official-s1", "fedlaw", 0.20)],
             configfiles=("params/toy.yaml", "params/subsets/toy_official_protocol.yaml"))
-    _folder(root, "d", [("fedlaw-ablation", "fedlaw", 0.10)], experiment="toy_switches")
+    _folder(root, "d", [("fedlaw-ablation-s1", "fedlaw", 0.10)], experiment="toy_switches")
     (root / verification.EXPLANATIONS).write_text(yaml.safe_dump(
         {"toy_table1": [{"row": "FMNIST a=0.1", "column": "FedLAW", "text": "a named, tested difference"}]}))
 
     (row,) = verification.matrix(root, results)
+    assert sorted(row.seeds) == [1, 3]
     assert (row.reported, row.runnable, row.run) == (3, 2, 2)  # the CIFAR cell is not runnable; None is no cell
     assert sorted(row.seeds) == [1, 3] and row.within == 1
     # FedLAW: one seed at 82.00 against 85.00: delta -3.00 > 1.5, with its explanation

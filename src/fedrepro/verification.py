@@ -9,8 +9,9 @@ checks that they agree.
 Only evidence kept under the paper's protocol counts: a folder kept from params files that include an
 ``*_official_protocol`` subset is the authors' code's protocol (docs/parity.md compares those). A run counts
 for table ``T`` when its folder's manifest declares it under an experiment named ``T`` or ``T_*`` (the
-report's rule), so ablation runs that share a cell's settings never leak into it. A run kept in two
-folders counts once.
+report's rule), so ablation runs that share a cell's settings never leak into it. A cell counts one run
+per seed: where folders hold two runs of one seed (a run kept again after a code change gave it a new id),
+the most recently kept counts.
 """
 from __future__ import annotations
 
@@ -66,12 +67,30 @@ def _explanations(root: Path) -> dict:
 
 
 def _folders(root: Path) -> list[tuple[Path, dict]]:
+    """The paper-protocol evidence folders, oldest keep first."""
     out = []
     for manifest in sorted(root.glob("*/manifest.json")):
         data = json.loads(manifest.read_text())
         if protocol(data) == "paper":
             out.append((manifest.parent, data))
-    return out
+    return sorted(out, key=lambda f: (f[1].get("evidence", {}).get("kept", ""), f[0].name))
+
+
+def _one_per_seed(cell: paper.Cell, runs: dict[str, dict]) -> None:
+    """Keep one run per seed in the cell, the one of the most recently kept folder (runs is in keep order)."""
+    order = {run_id: i for i, run_id in enumerate(runs)}
+    by_seed: dict = {}
+    for run_id, value in zip(cell.runs, cell.ours):
+        by_seed.setdefault(runs[run_id]["setting"]["seed"], []).append((order[run_id], run_id, value))
+    kept = sorted(max(entries) for entries in by_seed.values())
+    cell.runs, cell.ours = [r for _, r, _ in kept], [v for _, _, v in kept]
+    seeds = {runs[r]["setting"]["seed"] for r in cell.runs}
+    diverged = {}
+    for run_id in sorted(cell.diverged, key=order.get):
+        seed = runs[run_id]["setting"]["seed"]
+        if seed not in seeds:
+            diverged[seed] = run_id
+    cell.diverged = list(diverged.values())
 
 
 def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE) -> list[Row]:
@@ -87,14 +106,15 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             declared = {r["id"] for e, exp in manifest["experiments"].items()
                         if e == name or e.startswith(name + "_") for r in exp["runs"]}
             for run in paper.load_runs(folder / "runs", declared):
-                if run["id"] not in runs:
-                    runs[run["id"]] = run
-                    used.add(folder.name)
+                runs.pop(run["id"], None)  # kept again later: it counts as of its latest keep
+                runs[run["id"]] = {**run, "folder": folder.name}
         joined = paper.join({name: table}, list(runs.values()))
         row = Row(name, table["title"])
         for cell in joined:
             if cell.value is None:
                 continue
+            _one_per_seed(cell, runs)
+            used.update(runs[r]["folder"] for r in cell.runs + cell.diverged)
             row.reported += 1
             row.runnable += cell.match.get("dataset") in OFFLINE_DATASETS
             if not cell.ours and not cell.diverged:
