@@ -292,3 +292,30 @@ def test_evidence_keeps_the_runs_a_manifest_names_when_they_ran_with_earlier_cod
     cli.main(["evidence", "report", str(kept), "--out", str(tmp_path / "page.html")])
     page = (tmp_path / "page.html").read_text()
     assert "3/6 runs done" in page and "62.50 ± 3.54" in page and "70.00" in page
+
+
+def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
+    """params/subsets/fedlaw_protocol_switches.yaml (switches: true): one row per switch, one column per
+    method, the final accuracy and its difference from the method's paper-protocol run. The FedLAW proxy
+    switch (two keys) shares FedAvg's row (one key); the server-epoch switch is FedLAW's alone."""
+    files = [ROOT / "params" / "fedlaw.yaml", ROOT / "params" / "subsets" / "fedlaw_protocol_switches.yaml"]
+    params = config.load_params_files(files)
+    runs = config.expand(params)
+    accs = {"fedavg": 0.80, "fedavg · evaluation.proxy_holdout=200": 0.81, "fedavg · client.keep_momentum=True": 0.78,
+            "fedlaw": 0.86, "fedlaw · evaluation.proxy_holdout=200 · fedlaw.proxy_size=200": 0.85,
+            "fedlaw · fedlaw.server_epochs=20": 0.855}
+    runs_dir = tmp_path / "runs"
+    for run in runs:
+        if run.label in accs:
+            fabricate(run, runs_dir, accs[run.label])
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(json.dumps(config.manifest(params, runs, "switches")))
+    html = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    table = html[html.index("What each switch does"):]
+    table = table[:table.index("</table>")]
+    rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", table)
+    cells = {label: re.findall(r"<td>(.*?)</td>", rest) for label, rest in rows}
+    assert cells["none (the paper&#39;s protocol)"] == ["80.00", "86.00"]
+    assert cells["evaluation.proxy_holdout=200"] == ["81.00 <small>(+1.00)</small>", "85.00 <small>(-1.00)</small>"]
+    assert cells["client.keep_momentum=True"] == ["78.00 <small>(-2.00)</small>", "—"]  # FedLAW's not run yet
+    assert cells["fedlaw.server_epochs=20"] == ["—", "85.50 <small>(-0.50)</small>"]

@@ -505,6 +505,8 @@ def manifest(params: dict, runs: list[Run], name: str) -> dict:
     for exp_name, exp in selected_experiments(params).items():
         experiments[exp_name] = {"title": exp.get("title", exp_name), "description": exp.get("description", ""),
                                  "grid": exp.get("grid", {}), "runs": []}
+        if exp.get("switches"):  # only when set: every other manifest keeps its content hash
+            experiments[exp_name]["switches"] = True
     for run in runs:
         experiments[run.experiment]["runs"].append(
             {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],

@@ -89,6 +89,38 @@ def summary_table(runs: pd.DataFrame) -> list[dict]:
     return table
 
 
+def switch_label(variant: dict) -> str:
+    """What a grid point switches, besides its algorithm: the keys outside the algorithm's own section when
+    there are any (a proxy-size switch sets ``evaluation.proxy_holdout`` for every method and
+    ``fedlaw.proxy_size`` for FedLAW: one row), else the method's own keys."""
+    algorithm = str(variant.get("algorithm", "")).split("+")[0]
+    keys = {k: v for k, v in variant.items() if k != "algorithm"}
+    shared = {k: v for k, v in keys.items() if k.split(".")[0] != algorithm}
+    return SEP.join(f"{k}={v}" for k, v in (shared or keys).items())
+
+
+def switch_effects(runs: pd.DataFrame) -> dict | None:
+    """For an experiment of switches (``switches: true``), each switch's effect on the final accuracy of
+    each method: mean over seeds, and the difference from the method's run that switches nothing."""
+    done = runs[runs["status"] == "finished"] if len(runs) else runs
+    if done.empty:
+        return None
+    done = done.assign(method=[str(v.get("algorithm", "")) for v in done["variant"]],
+                       switch=[switch_label(v) for v in done["variant"]])
+    methods = list(dict.fromkeys(done["method"]))
+    switches = list(dict.fromkeys(["", *done["switch"]]))
+    mean = done.groupby(["switch", "method"])["final_acc"].mean() * 100
+    rows = []
+    for switch in switches:
+        cells = []
+        for method in methods:
+            value, base = mean.get((switch, method)), mean.get(("", method))
+            cells.append(None if value is None else
+                         {"value": value, "delta": None if base is None or switch == "" else value - base})
+        rows.append({"switch": switch or "none (the paper's protocol)", "cells": cells})
+    return {"methods": methods, "rows": rows}
+
+
 CURVES = [("test_acc", "test accuracy %", 100.0), ("test_loss", "test loss", 1.0),
           ("train_loss", "train loss (cohort mean)", 1.0)]
 SEP = " · "
@@ -373,6 +405,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
             "missing": [r for r in exp_runs.to_dict("records") if r["status"] == "missing"],
             "diverged": [r["run"] for r in exp_runs.to_dict("records") if r["status"] == "diverged"],
             "runtime_total": float(done["runtime_s"].sum()) if "runtime_s" in done else 0.0,
+            "switches": switch_effects(exp_runs) if exp.get("switches") and len(exp_runs) else None,
         })
     finished = runs[runs["status"] != "missing"] if len(runs) else runs
     provenance = provenance_rows(manifest, finished, len(runs))
