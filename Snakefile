@@ -20,20 +20,22 @@ if "experiments" not in config:
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from fedrepro import config as fconfig, registry
 
-CONFIG_FILE = (
-    os.path.relpath(workflow.overwrite_configfiles[-1], workflow.basedir)
-    if workflow.overwrite_configfiles
-    else "params/default.yaml"
-)
-CONFIG_FILES = [os.path.relpath(f, workflow.basedir) for f in workflow.overwrite_configfiles] or [CONFIG_FILE]
+# The params files as the workflow names them: --configfile's, else the directive's (which Snakemake reads
+# relative to the working directory). Both spellings of one file give the same names, so that neither
+# makes the other rerun a job whose params record them.
+CONFIG_FILES = [
+    os.path.relpath(os.path.abspath(f), workflow.basedir)
+    for f in (workflow.overwrite_configfiles or workflow.configfiles)
+]
+CONFIG_FILE = CONFIG_FILES[-1]
 CONFIG_NAME = Path(CONFIG_FILE).stem
 
 try:
     # Snakemake's own loader lets a repeated key win silently and knows no file of ours by name;
     # ours refuses what `fedrepro expand` refuses. (A YTE template ran already when Snakemake read it:
     # see the README's trust section.)
-    for path in workflow.overwrite_configfiles:
-        fconfig.read_yaml(path)
+    for path in CONFIG_FILES:
+        fconfig.read_yaml(Path(workflow.basedir, path))
     fconfig.check_name(CONFIG_NAME, "params file name")
     fconfig.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
     RUNS = fconfig.unique_runs(fconfig.expand(config))
@@ -45,7 +47,9 @@ PARTITIONS = {run.partition: fconfig.partition_setting(run.setting) for run in R
 # One library function builds the manifest here and in `fedrepro manifest`, which writes it (and checks
 # that its content hashes to this path); --config values travel to it as JSON.
 MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
-CONFIG_OVERRIDES = json.dumps(workflow.config_settings.overwrite_config or {}, sort_keys=True)
+# only --config's values: Snakemake's overwrite_config also holds the --configfile contents, which the
+# directive's spelling lacks
+CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=True)
 MANIFEST_PATH = fconfig.manifest_path(fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME))
 
 # `snakemake --lint` warnings left on purpose:
