@@ -23,10 +23,8 @@ from fedrepro import config as fconfig, registry
 # The params files as the workflow names them: --configfile's, else the directive's (which Snakemake reads
 # relative to the working directory). Both spellings of one file give the same names, so that neither
 # makes the other rerun a job whose params record them.
-CONFIG_FILES = [
-    os.path.relpath(os.path.abspath(f), workflow.basedir)
-    for f in (workflow.overwrite_configfiles or workflow.configfiles)
-]
+CONFIG_PATHS = [os.path.abspath(f) for f in (workflow.overwrite_configfiles or workflow.configfiles)]
+CONFIG_FILES = [os.path.relpath(f, workflow.basedir) for f in CONFIG_PATHS]
 CONFIG_FILE = CONFIG_FILES[-1]
 CONFIG_NAME = Path(CONFIG_FILE).stem
 
@@ -34,8 +32,8 @@ try:
     # Snakemake's own loader lets a repeated key win silently and knows no file of ours by name;
     # ours refuses what `fedrepro expand` refuses. (A YTE template ran already when Snakemake read it:
     # see the README's trust section.)
-    for path in CONFIG_FILES:
-        fconfig.read_yaml(Path(workflow.basedir, path))
+    for path in CONFIG_PATHS:
+        fconfig.read_yaml(path)
     fconfig.check_name(CONFIG_NAME, "params file name")
     fconfig.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
     RUNS = fconfig.unique_runs(fconfig.expand(config))

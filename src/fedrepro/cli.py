@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -160,9 +161,9 @@ def cmd_plan(args) -> None:
 
 
 def cmd_track(args) -> None:
-    from fedrepro import config, tracking
+    from fedrepro import config, records, tracking
     if args.manifest:
-        manifest = json.loads(Path(args.manifest).read_text())
+        manifest = records.read_json(args.manifest)
     else:
         manifest = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
                                        "fedrepro track --configfile " + " ".join(args.configfile))
@@ -209,11 +210,11 @@ def cmd_report(args) -> None:
 
 
 def cmd_figures(args) -> None:
-    from fedrepro import figures
+    from fedrepro import figures, records
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
+    manifest = records.read_json(args.manifest) if args.manifest else None
     spec = figures.check({args.name: _json_arg(args.spec)}, (manifest or {}).get("experiments", {}))[args.name]
     context = figures.Context(Path(args.data_root) if args.data_root else None, args.device,
                               bool((manifest or {}).get("quick")))
@@ -269,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     from fedrepro.registry import DATASETS
     parser = argparse.ArgumentParser(prog="fedrepro", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fedrepro {__version__}")
+    debug_help = f"on an error fedrepro raises on purpose, show the traceback too (or set {DEBUG_VARIABLE}=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("download", help="fetch a dataset from its mirrors, checksum-verified")
@@ -441,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
         a.epilog = "example:\n  " + EXAMPLES["evidence"].splitlines()[action == "report"].strip()
         a.formatter_class = argparse.RawDescriptionHelpFormatter
 
+    for p in [*sub.choices.values(), *actions.choices.values()]:  # also after the sub-command
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     for name, p in sub.choices.items():
         if name in EXAMPLES:
             p.epilog = "example:\n  " + EXAMPLES[name]
@@ -448,16 +453,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEBUG_VARIABLE = "FEDREPRO_DEBUG"
+
+
+def _debugging(args) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from fedrepro.config import ConfigError
-    from fedrepro.evidence import EvidenceError
+    from fedrepro.errors import FedreproError
     try:
         args.func(args)
-    except ConfigError as err:
-        parser.exit(2, f"fedrepro {args.command}: invalid setting\n{err}\n")
-    except EvidenceError as err:
+    except FedreproError as err:
+        # raised on purpose: its message names the file or setting and what to do; a rule's log ends with it
+        if _debugging(args):
+            raise
         parser.exit(2, f"fedrepro {args.command}: {err}\n")
 
 

@@ -27,6 +27,7 @@ from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
 from fedrepro.provenance import device_line, run_provenance
 from fedrepro.rundir import RunDir
+from fedrepro.errors import FedreproError
 
 LAST_ROUNDS = 10  # the papers report the mean test accuracy of the last 10 rounds
 
@@ -81,7 +82,7 @@ def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str 
     return np.sort(rng.choice(num_clients, size=k, replace=False))
 
 
-class Preempted(Exception):
+class Preempted(FedreproError):
     """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was saved."""
 
 

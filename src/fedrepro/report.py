@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedrepro import records
 from fedrepro.config import stable_hash
 from fedrepro.rundir import RunDir
 
@@ -344,7 +345,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
           figures_dir: str | Path | None = None, paper_figures_dir: str | Path | None = None) -> Path:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-    manifest = json.loads(Path(manifest_path).read_text())
+    manifest = records.read_json(manifest_path)
     runs_dir, partitions_dir, out = Path(runs_dir), Path(partitions_dir), Path(out)
     runs, curve = load_runs(manifest, runs_dir)
     sections = []
@@ -422,7 +423,7 @@ def collect(manifest_path: str | Path, runs_dir: str | Path, metrics_out: str | 
     ``metrics_out/<experiment>/<variant>.json`` (final_acc, final_acc_std, e_ludd, seeds: one row of
     `dvc metrics show` each) and ``curves_out/<experiment>/<variant>.csv`` (per round, the mean over
     seeds: one line each in `dvc plots show`). Accuracy is a fraction in both."""
-    manifest = json.loads(Path(manifest_path).read_text())
+    manifest = records.read_json(manifest_path)
     runs, curve = load_runs(manifest, Path(runs_dir))
     metrics_out, curves_out = Path(metrics_out), Path(curves_out)
     for folder in (metrics_out, curves_out):

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedrepro import rundir
+from fedrepro import records, rundir
 from fedrepro.provenance import git_commit
 from fedrepro.config import ROOT
 
@@ -479,7 +479,7 @@ def live_run(run_dir: str | Path, uri: str | None, experiment: str, manifest_pat
     otherwise unnested, and the track step nests it."""
     parent, membership, prefix = None, "", experiment.split("/")[0]
     try:
-        manifest = json.loads(Path(manifest_path).read_text()) if manifest_path else None
+        manifest = records.read_json(manifest_path) if manifest_path else None
     except (OSError, ValueError):
         manifest = None
     if manifest:
