@@ -19,6 +19,7 @@ if "experiments" not in config:
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from fedrepro import config as fconfig, registry
+from fedrepro.errors import FedreproError
 
 # The params files as the workflow names them: --configfile's, else the directive's (which Snakemake reads
 # relative to the working directory). Both spellings of one file give the same names, so that neither
@@ -38,7 +39,7 @@ try:
     fconfig.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
     RUNS = fconfig.unique_runs(fconfig.expand(config))
     DATA_ROOT = fconfig.data_root(config)
-except fconfig.ConfigError as err:
+except FedreproError as err:  # a params file (or a fragment of the registry) that cannot run
     raise WorkflowError(f"invalid params file:\n{err}")
 
 PARTITIONS = {run.partition: fconfig.partition_setting(run.setting) for run in RUNS.values()}

@@ -84,6 +84,8 @@ EXAMPLES = {
                "--curves results/curves/default",
     "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
     "check-gpu": "fedrepro check-gpu --out results/bench/gpu_check.json --throughput 2 4 8",
+    "tables": "fedrepro tables --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
+              "--format latex",
     "figures": "fedrepro figures --name quadratic --spec '{\"kind\": \"quadratic\"}' --out reports/default_figures/quadratic.png",
     "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
                 "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
@@ -207,6 +209,23 @@ def cmd_report(args) -> None:
                                                            "fedrepro report --configfile " + " ".join(args.configfile))))
     out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures, args.paper_figures)
     print(f"report: {Path(out).resolve()}")
+
+
+def cmd_tables(args) -> None:
+    from fedrepro import config, records, report, tables
+    if args.manifest:
+        manifest = records.read_json(args.manifest)
+    else:
+        manifest = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+                                       "fedrepro tables --configfile " + " ".join(args.configfile))
+    comparisons = report.paper_comparisons(manifest, Path(args.runs_dir))
+    if args.table:
+        unknown = sorted(set(args.table) - {c["name"] for c in comparisons})
+        if unknown:
+            raise config.ConfigError(f"--table {', '.join(unknown)}: not a paper table of this params file; its "
+                                     f"tables: {', '.join(c['name'] for c in comparisons) or 'none'}")
+        comparisons = [c for c in comparisons if c["name"] in args.table]
+    sys.stdout.write(tables.render(comparisons, args.format))
 
 
 def cmd_figures(args) -> None:
@@ -365,6 +384,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figures", help="also write its figures as PNG files into this folder")
     p.add_argument("--paper-figures", help="embed the papers' analysis figures (fedrepro figures) of this folder")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("tables", help="print the paper-vs-ours tables (as the report page shows them) as LaTeX "
+                       "(booktabs), CSV or Markdown")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--configfile", nargs="+", type=_existing("file"),
+                        help="params file(s), merged in order as snakemake does (also of a partial grid)")
+    source.add_argument("--manifest", type=_existing("file"), help="the manifest the workflow wrote (results/manifests/)")
+    p.add_argument("--format", choices=["latex", "csv", "md"], default="latex")
+    p.add_argument("--table", action="append", help="only this paper table (repeat for several; default: all of "
+                   "the params file's)")
+    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    p.set_defaults(func=cmd_tables)
 
     p = sub.add_parser("figures", help="draw one of the papers' analysis figures from runs (docs/figures.md)")
     p.add_argument("--name", required=True, help="the figure's name in the params file's figures section")

@@ -87,6 +87,8 @@ rule report:
             subcategory="{experiment}",
             labels={"experiment": "{experiment}", "figure": "{kind}"},
         ),
+        # the paper-vs-ours tables as CSV, LaTeX and Markdown, which the page links (report.tables_folder)
+        tables=directory(f"reports/{CONFIG_NAME}_tables"),
     log:
         f"logs/report/{CONFIG_NAME}.log",
     benchmark:
