@@ -9,3 +9,7 @@ escapes is a bug, and keeps its traceback.
 
 class FedreproError(Exception):
     """Raised on purpose; the message is what the user reads, and says what to do."""
+
+
+class SetupError(FedreproError, RuntimeError):
+    """The machine or a store around a run is not as the run needs it (no CUDA device, a store to repair)."""

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from fedrepro import records, rundir
+from fedrepro.errors import SetupError
 from fedrepro.provenance import git_commit
 from fedrepro.config import ROOT
 
@@ -107,7 +108,7 @@ def _prepare_sqlite(db: Path) -> None:
         if state["complete"]:
             return
         if state["runs"]:
-            raise RuntimeError(f"the MLflow store {db} was left half-migrated (schema {state['revision']}, tables "
+            raise SetupError(f"the MLflow store {db} was left half-migrated (schema {state['revision']}, tables "
                                f"{', '.join(state['leftovers']) or '-'}) and holds {state['runs']} runs: back it up "
                                f"and repair it with `mlflow db upgrade sqlite:///{db}`")
         aside = db.with_name(f"{db.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
