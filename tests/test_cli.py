@@ -135,3 +135,13 @@ def test_a_partition_that_cannot_be_made_ends_the_job_in_one_line(tmp_path, tiny
     assert proc.returncode == 2 and "Traceback" not in text, text
     assert text.strip().splitlines()[-1] == ("fedrepro partition: partition.classes_per_client = 11 exceeds the 10 "
                                              "classes; choose at most 10")
+
+
+def test_a_data_root_without_the_dataset_names_the_folder_and_the_download(capsys, tmp_path):
+    """Once torchvision's 'Dataset not found' traceback."""
+    setting = '{"dataset": "fmnist", "kind": "iid", "num_clients": 4, "seed": 1}'
+    err = fails(capsys, ["partition", "--setting", setting, "--data-root", str(tmp_path), "--out", str(tmp_path / "p")])
+    assert err.startswith(f"fedrepro partition: {tmp_path}: no fmnist files to read (") and "Traceback" not in err
+    assert err.strip().endswith(f"run `fedrepro download --dataset fmnist --root {tmp_path}` (snakemake does, when "
+                                "the params file's data.root names this folder)")
+    assert len(err.strip().splitlines()) == 1

@@ -146,6 +146,12 @@ def extract(folder: Path, expected: dict[str, str]) -> None:
     (folder / LOADED_SUMS).write_text(json.dumps(sums, indent=2, sort_keys=True))
 
 
+def not_downloaded(dataset: str, root: str | Path, err: Exception) -> DataError:
+    """torchvision's reader found no files under ``root``: say which folder and how to fill it."""
+    return DataError(f"{root}: no {dataset} files to read ({err}); run `fedrepro download --dataset {dataset} "
+                     f"--root {root}` (snakemake does, when the params file's data.root names this folder)")
+
+
 def verify_loaded(folder: Path) -> None:
     """Check the decompressed files against the digests recorded at download (when there is a record)."""
     record = folder / LOADED_SUMS
