@@ -19,33 +19,36 @@ if "experiments" not in config:
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from fedrepro import config as fconfig, registry
+from fedrepro.errors import FedreproError
 
-CONFIG_FILE = (
-    os.path.relpath(workflow.overwrite_configfiles[-1], workflow.basedir)
-    if workflow.overwrite_configfiles
-    else "params/default.yaml"
-)
-CONFIG_FILES = [os.path.relpath(f, workflow.basedir) for f in workflow.overwrite_configfiles] or [CONFIG_FILE]
+# The params files as the workflow names them: --configfile's, else the directive's (which Snakemake reads
+# relative to the working directory). Both spellings of one file give the same names, so that neither
+# makes the other rerun a job whose params record them.
+CONFIG_PATHS = [os.path.abspath(f) for f in (workflow.overwrite_configfiles or workflow.configfiles)]
+CONFIG_FILES = [os.path.relpath(f, workflow.basedir) for f in CONFIG_PATHS]
+CONFIG_FILE = CONFIG_FILES[-1]
 CONFIG_NAME = Path(CONFIG_FILE).stem
 
 try:
     # Snakemake's own loader lets a repeated key win silently and knows no file of ours by name;
     # ours refuses what `fedrepro expand` refuses. (A YTE template ran already when Snakemake read it:
     # see the README's trust section.)
-    for path in workflow.overwrite_configfiles:
+    for path in CONFIG_PATHS:
         fconfig.read_yaml(path)
     fconfig.check_name(CONFIG_NAME, "params file name")
     fconfig.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
     RUNS = fconfig.unique_runs(fconfig.expand(config))
     DATA_ROOT = fconfig.data_root(config)
-except fconfig.ConfigError as err:
+except FedreproError as err:  # a params file (or a fragment of the registry) that cannot run
     raise WorkflowError(f"invalid params file:\n{err}")
 
 PARTITIONS = {run.partition: fconfig.partition_setting(run.setting) for run in RUNS.values()}
 # One library function builds the manifest here and in `fedrepro manifest`, which writes it (and checks
 # that its content hashes to this path); --config values travel to it as JSON.
 MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
-CONFIG_OVERRIDES = json.dumps(workflow.config_settings.overwrite_config or {}, sort_keys=True)
+# only --config's values: Snakemake's overwrite_config also holds the --configfile contents, which the
+# directive's spelling lacks
+CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=True)
 MANIFEST_PATH = fconfig.manifest_path(fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME))
 
 # `snakemake --lint` warnings left on purpose:

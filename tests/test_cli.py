@@ -70,3 +70,78 @@ def test_version(capsys):
         cli.main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"fedrepro {__version__}"
+
+
+# --------------------------------------------------------------------------- errors raised on purpose
+
+def _error_classes():
+    """Every exception class fedrepro defines (grep "class .*Error"), found in the source, not listed by hand."""
+    import importlib
+    import re
+    from pathlib import Path
+    src = Path(cli.__file__).parent
+    found = {}
+    for path in sorted(src.rglob("*.py")):
+        module = ".".join(("fedrepro", *path.relative_to(src).with_suffix("").parts)).removesuffix(".__init__")
+        for name in re.findall(r"^class (\w+)\((?:[\w.]*(?:Error|Exception)[\w.]*,?\s*)+\):", path.read_text(),
+                               flags=re.MULTILINE):
+            found[name] = getattr(importlib.import_module(module), name)
+    return found
+
+
+def test_every_error_fedrepro_defines_is_one_it_raises_on_purpose():
+    from fedrepro.errors import FedreproError
+    classes = _error_classes()
+    assert {"ConfigError", "EvidenceError", "PartitionError", "CheckpointError", "DataError", "CorruptFileError",
+            "DownloadError", "FragmentError", "ConditionError", "MissingInput", "Preempted"} <= set(classes)
+    assert [n for n, c in classes.items() if not issubclass(c, FedreproError)] == []
+    assert issubclass(classes["ConfigError"], ValueError) and issubclass(classes["CheckpointError"], RuntimeError), \
+        "the old bases stay, for the callers that catch them"
+
+
+@pytest.mark.parametrize("name", sorted(_error_classes()))
+def test_each_error_ends_in_one_line_with_status_2(capsys, monkeypatch, name):
+    """Once only ConfigError and EvidenceError did; PartitionError, CheckpointError, DataError and the rest
+    ended in a traceback."""
+    cls = _error_classes()[name]
+
+    def raising(args):
+        raise cls(f"results/x.json: what went wrong ({name}); what to do")
+    monkeypatch.setattr(cli, "cmd_index", raising)
+    monkeypatch.delenv("FEDREPRO_DEBUG", raising=False)
+    assert fails(capsys, ["index"]).splitlines() == [f"fedrepro index: results/x.json: what went wrong ({name}); "
+                                                     "what to do"]
+    for argv, env in ((["--debug", "index"], None), (["index", "--debug"], None), (["index"], "1")):
+        if env:
+            monkeypatch.setenv("FEDREPRO_DEBUG", env)
+        with pytest.raises(cls):  # the traceback, for a bug report
+            cli.main(argv)
+
+
+def test_a_partition_that_cannot_be_made_ends_the_job_in_one_line(tmp_path, tiny_data_root):
+    """Through the real command as the partition rule runs it (`> log 2>&1`): the log ends with the line."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+    setting = ('{"dataset": "fmnist", "kind": "shards", "num_clients": 4, "classes_per_client": 11, "distinct": true, '
+               '"seed": 1}')
+    log = tmp_path / "partition.log"
+    with open(log, "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "fedrepro", "partition", "--setting", setting, "--data-root",
+                               str(tiny_data_root), "--out", str(tmp_path / "p")], stdout=out, stderr=subprocess.STDOUT,
+                              env=subprocess_env(FEDREPRO_DEBUG=""), timeout=120)
+    text = log.read_text()
+    assert proc.returncode == 2 and "Traceback" not in text, text
+    assert text.strip().splitlines()[-1] == ("fedrepro partition: partition.classes_per_client = 11 exceeds the 10 "
+                                             "classes; choose at most 10")
+
+
+def test_a_data_root_without_the_dataset_names_the_folder_and_the_download(capsys, tmp_path):
+    """Once torchvision's 'Dataset not found' traceback."""
+    setting = '{"dataset": "fmnist", "kind": "iid", "num_clients": 4, "seed": 1}'
+    err = fails(capsys, ["partition", "--setting", setting, "--data-root", str(tmp_path), "--out", str(tmp_path / "p")])
+    assert err.startswith(f"fedrepro partition: {tmp_path}: no fmnist files to read (") and "Traceback" not in err
+    assert err.strip().endswith(f"run `fedrepro download --dataset fmnist --root {tmp_path}` (snakemake does, when "
+                                "the params file's data.root names this folder)")
+    assert len(err.strip().splitlines()) == 1

@@ -174,3 +174,51 @@ def test_snakemake_stops_before_any_job_on_a_bad_value(tmp_path):
     assert "'participation'" in out and "1.5" in out and "<= 1" in out
     assert "Job stats" not in out
     assert not (tmp_path / "results").exists()
+
+
+def test_pretrained_on_a_model_that_loads_no_weights_is_refused_naming_the_key():
+    """prune drops `pretrained` for models that read none (the MLP): given anyway, it was ignored in silence."""
+    message = _error({"model": "mlp", "pretrained": {"path": "EleutherAI/pythia-70m"}})
+    assert "experiments.exp: pretrained = " in message and "model 'mlp', which loads no weights" in message
+    assert "pythia70m" in message, "names the models that read it"
+    # the model that reads it keeps it (the params file of FedAWARE's AGNews rows)
+    setting = config.resolve({"dataset": "agnews", "model": "pythia70m", "num_clients": 10,
+                              "pretrained": {"path": "/models/pythia-70m"}})
+    assert setting["pretrained"]["path"] == "/models/pythia-70m"
+
+
+def _alias_bomb(levels: int = 9, width: int = 10) -> str:
+    """A mapping whose aliases expand to width**levels values from a few hundred bytes ("billion laughs")."""
+    lines = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\nexperiments: {}\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("extra: &a [*a]\nexperiments: {}\n", "line 1: an alias refers to a block that contains it (a recursive alias"),
+    ("x: &m {k: [1, {deeper: *m}]}\nexperiments: {}\n", "a recursive alias"),
+    (_alias_bomb(), "its aliases expand to more than 100000 values"),
+], ids=["self", "nested", "bomb"])
+def test_recursive_alias_and_alias_bomb_are_refused_quickly_by_name(tmp_path, capsys, text, message):
+    """Once a RecursionError traceback (a recursive alias) or minutes of expansion (a bomb): the file is
+    refused while it is read, by `fedrepro expand` and by the Snakefile's read (config.read_yaml)."""
+    import time
+
+    from fedrepro import cli
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    start = time.monotonic()
+    with pytest.raises(config.ConfigError, match=message.replace("(", r"\(")):
+        config.read_yaml(path)
+    assert time.monotonic() - start < 2, "refused from the node graph, before anything is expanded"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["expand", "--configfile", str(path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [f"fedrepro expand: {path}, " + err.split(f"{path}, ", 1)[1].strip()]
+
+
+def test_aliases_that_repeat_a_block_within_reason_still_load(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text(_alias_bomb(levels=4) + "more: [*l3, *l3]\n")  # 2 x 10**4 values: fine
+    assert len(config.read_yaml(path)["more"][1]) == 10

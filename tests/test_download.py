@@ -92,12 +92,13 @@ def test_error_lists_every_mirror_tried_and_how_to_get_the_data(tmp_path, serve,
     assert _leftovers(tmp_path / "data") == []
 
 
-def test_cli_download_writes_its_output_only_on_success(tmp_path, serve, fmnist_mirror):
+def test_cli_download_writes_its_output_only_on_success(tmp_path, serve, fmnist_mirror, capsys):
     from fedrepro import cli
     out = tmp_path / "download.json"
-    with pytest.raises(data.DownloadError):
+    with pytest.raises(SystemExit) as exit_:  # a DownloadError: its message, no traceback, status 2
         cli.main(["download", "--root", str(tmp_path / "d1"), "--mirror", str(tmp_path / "none"),
                   "--out", str(out)])
+    assert exit_.value.code == 2 and "fedrepro download: could not get" in capsys.readouterr().err
     assert not out.exists()
     cli.main(["download", "--root", str(tmp_path / "d2"), "--mirror", serve(fmnist_mirror), "--out", str(out)])
     assert set(FMNIST_FILES) <= set(__import__("json").loads(out.read_text())["files"])

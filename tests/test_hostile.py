@@ -6,6 +6,7 @@ tests/hostile_params/*.yaml each start with ``# expect: TEXT``: the error must c
 """
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -115,6 +116,8 @@ def _shell_commands(output: str) -> list[list[str]]:
     commands = []
     for line in output.splitlines():
         line = line.strip().removeprefix("Shell command:").strip().removeprefix("exec ")
+        # rules call `<this Python> -m fedrepro` (common.smk's FEDREPRO): read it as `fedrepro`
+        line = re.sub(r"^(\(?)(?:'[^']*'|\S+) -m fedrepro ", r"\1fedrepro ", line)
         if line.startswith(("fedrepro ", "(fedrepro ", "if [ ")):
             commands.append(shlex.split(line))
     return commands
@@ -147,8 +150,10 @@ def test_every_value_reaching_a_shell_is_quoted():
     """Every placeholder of a shell command in the rules is quoted (``:q``), except numbers."""
     import re
     # TRACK_LIVE is an argument list that train.smk builds with shlex.join (quoted where it is made)
-    unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled", "TRACK_LIVE"}
+    # FEDREPRO is this Python's path and `-m fedrepro`, the path quoted with shlex.quote in common.smk
+    unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled", "TRACK_LIVE", "FEDREPRO"}
     assert "shlex.join(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
+    assert 'FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"' in (ROOT / "workflow/rules/common.smk").read_text()
     for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
         text = smk.read_text()
         for block in re.findall(r"shell:\n((?:\s+\".*\"\n?)+)", text):
@@ -235,11 +240,14 @@ def test_partial_checkpoint_writes_are_removed_on_the_next_start(tmp_path, parti
     assert not list(out.glob(".*.part"))
 
 
-def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partition_dir, tiny_data_root):
+def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partition_dir, tiny_data_root, capsys):
     from fedrepro.partition import PartitionError
     other = make_partition(tiny_data_root, tmp_path / "other", num_clients=4, kind="iid", seed=2)
-    with pytest.raises(PartitionError, match="partition.json"):
+    with pytest.raises(SystemExit) as exit_:  # the command's one line, status 2
         _train(RUN, tmp_path / "run", other, tiny_data_root)
+    assert exit_.value.code == 2 and f"fedrepro train: {other / 'partition.json'} describes" in capsys.readouterr().err
+    with pytest.raises(PartitionError, match="partition.json"):  # --debug: the exception itself
+        _train(RUN, tmp_path / "run", other, tiny_data_root, "--debug")
     # same setting, altered indices: partition.json's content hash no longer matches
     altered = make_partition(tiny_data_root, tmp_path / "altered", num_clients=4)
     with np.load(altered / "clients.npz") as data:
@@ -247,7 +255,7 @@ def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partit
     parts["client_0"], parts["client_1"] = parts["client_1"], parts["client_0"]
     np.savez_compressed(altered / "clients.npz", **parts)
     with pytest.raises(PartitionError, match="content hash"):
-        _train(RUN, tmp_path / "run2", altered, tiny_data_root)
+        _train(RUN, tmp_path / "run2", altered, tiny_data_root, "--debug")
 
 
 def test_a_corrupt_partition_file_is_named(tmp_path, tiny_data_root):

@@ -157,3 +157,21 @@ def test_artifact_counts_csv_and_hash(tmp_path):
     assert int(frame.values.sum()) == len(labels)
     assert (frame.values == partition.class_counts(labels, parts, 10)).all()
     assert json.loads((tmp_path / "partition.json").read_text())["setting"] == setting
+
+
+def test_an_unreachable_min_size_fails_within_seconds_naming_the_setting(monkeypatch):
+    """20 clients, alpha = 0.001, min_size 2999 of 60000 samples: within the bound num_clients * min_size
+    <= 60000 the config check applies, but each class goes to one client, so no draw reaches it; the job
+    redrew for 30 s and more. A cap on the redraw's time ends it, naming partition.min_size."""
+    import time
+    monkeypatch.setattr(partition, "DIRICHLET_SECONDS", 1.0)
+    labels = np.repeat(np.arange(10), 6000)
+    setting = {"dataset": "fmnist", "kind": "dirichlet", "num_clients": 20, "alpha": 0.001, "min_size": 2999,
+               "balance": True, "seed": 1}
+    start = time.monotonic()
+    with pytest.raises(partition.PartitionError) as err:
+        partition.make(labels, setting)
+    assert time.monotonic() - start < 6, "the redraw stops at its time cap (1 s here) plus one draw"
+    message = str(err.value)
+    assert message.startswith("partition.min_size = 2999: ") and "lower partition.min_size or raise" in message
+    assert "\n" not in message

@@ -319,3 +319,129 @@ def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
     assert cells["evaluation.proxy_holdout=200"] == ["81.00 <small>(+1.00)</small>", "85.00 <small>(-1.00)</small>"]
     assert cells["client.keep_momentum=True"] == ["78.00 <small>(-2.00)</small>", "—"]  # FedLAW's not run yet
     assert cells["fedlaw.server_epochs=20"] == ["—", "85.50 <small>(-0.50)</small>"]
+
+
+# --------------------------------------------------------------------------- exported tables
+
+def _page_cells(html: str, table: str) -> dict:
+    """(row, column) -> (ours, ours std or None, paper) of the cells of ours on the report page."""
+    section = html[html.index(f'<h2 id="{table}">'):]
+    section = section[:section.index("</table></div>")]
+    columns = re.findall(r"<th>([^<]*)</th>", section[section.index('<table class="cells">'):])[1:]
+    cells = {}
+    for row in re.findall(r"<tr><td>([^<]*)</td>\n(.*?)</tr>", section, flags=re.S):
+        label, tds = row
+        for column, td in zip(columns, re.findall(r"<td[^>]*>.*?</td>", tds)):
+            ours = re.search(r'<b class="ours">([\d.]+)</b>(?: ± ([\d.]+))?.*?<small>paper ([\d.]+)', td)
+            if ours:
+                cells[(label, column)] = (ours[1], ours[2], ours[3])
+    return cells
+
+
+def _latex_cells(tex: str):
+    """The same from a LaTeX export, and the (row, column, side) cells set in bold."""
+    from fedrepro.tables import latex_text
+    lines = tex.splitlines()
+    head = lines[lines.index(r"\toprule") + 1]
+    columns = [c.strip() for c in head.removesuffix(r" \\").split(" & ")[1:]]
+    body = lines[lines.index(r"\midrule") + 1:lines.index(r"\bottomrule")]
+    number = r"\$(\\mathbf\{)?([\d.]+)(?: \\pm ([\d.]+))?\}?\$"
+    cells, bold = {}, set()
+    for line in body:
+        label, *texts = line.removesuffix(r" \\").split(" & ")
+        for column, text in zip(columns, texts):
+            found = re.fullmatch(rf"{number} \({number}\)", text)
+            if found:
+                cells[(label, column)] = (found[2], found[3], found[5])
+                bold |= {(label, column, side) for side, mark in (("ours", found[1]), ("paper", found[4])) if mark}
+            elif text.startswith("--") and re.search(number, text) and "mathbf" in text:
+                bold.add((label, column, "paper"))
+    return cells, bold, latex_text
+
+
+def test_every_paper_table_is_exported_as_latex_csv_and_markdown_with_the_pages_numbers(tmp_path, ima_fmnist_runs):
+    """Beside the page, each paper-vs-ours table as LaTeX (booktabs; mean ± std over seeds, the paper's value,
+    the best bold), CSV and Markdown, linked from the page; the numbers are the page's (both parsed)."""
+    from fedrepro import cli
+    params, runs = ima_fmnist_runs
+    runs_dir = tmp_path / "runs"
+    fabricate(shards_run(runs, "fedavg", [], 1), runs_dir, 0.80)
+    fabricate(shards_run(runs, "fedavg", [], 2), runs_dir, 0.82)
+    fabricate(shards_run(runs, "fedprox", [], 1), runs_dir, 0.86)  # the best of ours on the #C=2 FMA row
+    fabricate(shards_run(runs, "fedavg", ["ima"], 1), runs_dir, 0.90)
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    page = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "reports" / "ima.html")
+    html = page.read_text()
+    folder = tmp_path / "reports" / "ima_tables"
+    assert sorted(p.name for p in folder.iterdir()) == ["ima_table1.csv", "ima_table1.md", "ima_table1.tex"]
+    for suffix in ("tex", "csv", "md"):
+        assert f'href="ima_tables/ima_table1.{suffix}"' in html, "the page links each export"
+
+    tex = (folder / "ima_table1.tex").read_text()
+    latex, bold, latex_text = _latex_cells(tex)
+    on_page = {(latex_text(r), latex_text(c)): v for (r, c), v in _page_cells(html, "ima_table1").items()}
+    assert len(on_page) == 3 and latex == on_page
+    row, paper_row = latex_text("FMNIST (CNN) #C=2, FMA"), report.paper_comparisons(
+        json.loads(manifest_path.read_text()), runs_dir)[0]["rows"][0]
+    assert latex[(row, "FedAvg")] == ("81.00", "1.41", "81.17"), "mean ± std over the two seeds, then the paper's"
+    # IMA Table 1 has its methods as columns: the best of each row is bold, ours and the paper's apart
+    assert (row, "FedProx", "ours") in bold and (row, "FedAvg", "ours") not in bold
+    best_paper = max((c["paper"], col) for c, col in zip(paper_row["cells"], tables_columns(tex)) if c["paper"])[1]
+    assert (row, best_paper, "paper") in bold
+    assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex
+
+    frame = pd.read_csv(folder / "ima_table1.csv")
+    fedavg = frame[(frame["row"] == "FMNIST (CNN) #C=2, FMA") & (frame["column"] == "FedAvg")].iloc[0]
+    assert f"{fedavg['ours']:.2f}" == "81.00" and f"{fedavg['ours_std']:.2f}" == "1.41" and fedavg["seeds"] == 2
+    assert frame["ours"].notna().sum() == 3 and frame["best_ours"].sum() == 1
+    md = (folder / "ima_table1.md").read_text()
+    assert "| FMNIST (CNN) #C=2, FMA | 81.00 ± 1.41 (81.17) | **86.00** (" in md
+
+    # `fedrepro tables` prints the same files' content
+    import contextlib
+    import io
+    for fmt, suffix in (("latex", "tex"), ("csv", "csv"), ("md", "md")):
+        argv = ["tables", "--manifest", str(manifest_path), "--runs-dir", str(runs_dir), "--format", fmt]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            cli.main(argv)
+        assert out.getvalue() == (folder / f"ima_table1.{suffix}").read_text(), fmt
+
+
+def tables_columns(tex: str) -> list[str]:
+    lines = tex.splitlines()
+    return [c.strip() for c in lines[lines.index(r"\toprule") + 1].removesuffix(r" \\").split(" & ")[1:]]
+
+
+def _latex_is_installed() -> str | None:
+    """Why LaTeX cannot be tested here, or None (Debian: texlive-latex-base, booktabs in -recommended)."""
+    import shutil
+    import subprocess
+    if not shutil.which("pdflatex"):
+        return "pdflatex is not installed (Debian: apt-get install texlive-latex-base texlive-latex-recommended)"
+    found = subprocess.run(["kpsewhich", "booktabs.sty"], capture_output=True, text=True)
+    if not found.stdout.strip():
+        return "booktabs.sty is not installed (Debian: apt-get install texlive-latex-recommended)"
+    return None
+
+
+@pytest.mark.skipif(_latex_is_installed() is not None, reason=str(_latex_is_installed()))
+def test_every_shipped_paper_table_compiles_with_latex(tmp_path):
+    """Every table of params/paper_results.yaml (their labels' #, %, α, γ, ×, ±), bold cells included."""
+    import subprocess
+    from fedrepro import paper, tables
+    manifest = {"experiments": {name: {"runs": []} for name in paper.load_results()}}
+    comparisons = report.paper_comparisons(manifest, tmp_path / "runs")
+    assert len(comparisons) == len(paper.load_results())
+    body = tables.render(comparisons, "latex")
+    assert r"\mathbf{" in body, "the papers' best numbers are bold"
+    (tmp_path / "tables.tex").write_text(body)
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs}\n\\usepackage[margin=5mm,"
+                                      "landscape]{geometry}\n\\begin{document}\n\\tiny\n\\input{tables.tex}\n"
+                                      "\\end{document}\n")
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 1000
+    assert "Missing character" not in (tmp_path / "doc.log").read_text(errors="replace")

@@ -429,3 +429,61 @@ def test_a_killed_schema_creation_leaves_a_usable_store(tmp_path):
     client.create_experiment("after-the-kills")
     assert client.get_experiment_by_name("after-the-kills") is not None
     assert list(tmp_path.glob("mlflow.db.broken-*")) and not list(tmp_path.glob(".mlflow.db.*.tmp"))
+
+
+# --------------------------------------------------------------------------- what the runs table shows
+
+def _inputs(run) -> dict:
+    """context -> (name, digest, profile) of a run's dataset inputs."""
+    out = {}
+    for item in run.inputs.dataset_inputs:
+        context = {t.key: t.value for t in item.tags}["mlflow.data.context"]
+        assert context not in out, f"{context} listed twice"
+        out[context] = (item.dataset.name, item.dataset.digest, json.loads(item.dataset.profile))
+    return out
+
+
+def test_a_run_shows_its_partition_and_dataset_as_inputs_and_its_params_file_as_source(tmp_path, sqlite_uri,
+                                                                                        partition_dir, tiny_data_root):
+    """The runs table's Dataset column: the dataset and the partition (content hash, client counts), by which
+    runs are filtered; the Source column: the `fedrepro train` entry point and the params file. Through a
+    real sqlite store, live (the training job, cut off and resumed) and by the track step."""
+    from mlflow import MlflowClient
+
+    from fedrepro.config import partition_id
+    uri = sqlite_uri
+    manifest_path = _tiny_manifest(tmp_path, ["tiny-run"])
+    manifest = json.loads(manifest_path.read_text())
+    manifest["configfiles"] = ["params/tinyfile.yaml"]
+    manifest_path.write_text(json.dumps(manifest))
+    out = tmp_path / "runs" / "tiny-run"
+    _train(out, partition_dir, tiny_data_root, uri, manifest_path, "--stop-after", "2")
+    _train(out, partition_dir, tiny_data_root, uri, manifest_path)  # resumed: the same inputs, not twice
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = _records(client, "tiny-run")
+    info = json.loads((partition_dir / "partition.json").read_text())
+    counts = pd.read_csv(partition_dir / "counts.csv", index_col="client").sum(axis=1).tolist()
+    inputs = _inputs(run)
+    assert inputs["partition"][:2] == (partition_id(json.loads((out / "summary.json").read_text())["setting"]),
+                                       info["content_hash"])
+    assert inputs["partition"][2]["client_sizes"] == counts and inputs["partition"][2]["num_clients"] == 4
+    assert inputs["training"][0] == "fmnist" and inputs["training"][2]["train_size"] == 60000
+    assert run.data.tags["mlflow.source.name"] == "fedrepro train · params/tinyfile.yaml"
+    assert run.data.tags["mlflow.source.type"] == "JOB"
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    found = client.search_runs(experiments, f"dataset.digest = '{info['content_hash']}'")
+    assert [r.info.run_id for r in found] == [run.info.run_id], "runs are filtered by their partition"
+    assert not client.search_runs(experiments, "dataset.digest = 'another-partition'")
+
+    # a run the track step registers (its training job logged nothing) gets the same
+    runs_dir = tmp_path / "other" / "runs"
+    fake = _fake_run(runs_dir, "late")
+    summary = json.loads((runs_dir / "late" / "summary.json").read_text())
+    summary["setting"] = {**summary["setting"], "dataset": "fmnist"}
+    (runs_dir / "late" / "summary.json").write_text(json.dumps(summary))
+    shutil.copytree(partition_dir, runs_dir.parent / "partitions" / summary["partition"])
+    result = tracking.track({**_manifest([fake]), "configfiles": ["params/load.yaml"]}, runs_dir, uri)
+    assert result["registered"] == 1, result
+    (late,) = _records(client, "late")
+    assert _inputs(late)["partition"][:2] == ("p", info["content_hash"])
+    assert late.data.tags["mlflow.source.name"] == "fedrepro train · params/load.yaml"

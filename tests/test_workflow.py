@@ -67,6 +67,10 @@ def test_every_rule_that_works_has_a_log_and_a_benchmark_and_a_shell_command():
             continue
         assert "    run:" not in body, name
         assert "    shell:" in body and "    log:" in body, name
+        # the fedrepro of the environment Snakemake runs in (common.smk), not whichever PATH finds first
+        shell = body.split("    shell:")[1]
+        assert not re.search(r"(?<![\w{.-])fedrepro ", shell), (name, shell)
+        assert "{FEDREPRO} " in shell, (name, shell)
         assert re.search(rf"benchmark:\n\s+f?\"benchmarks/{name}/", body), name
 
 
@@ -279,3 +283,32 @@ def test_e2e_changed_grid_and_mirrors_schedule_exactly_the_new_work(tiny_run, tm
     # call for a run its training job logged completely), the new run tracked
     assert counts == {"train": 1, "manifest": 1, "track_run": len(tiny_run["runs"]) + 1, "report": 1, "track": 1,
                       "collect": 1, "index": 1, "all": 1}, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_both_spellings_of_the_default_params_file_see_the_same_state(tmp_path):
+    """`snakemake` (the Snakefile's `configfile:` directive) and `snakemake --configfile params/default.yaml`
+    name one params file: a job done under one spelling is done under the other (the manifest rule's params
+    once recorded the file's whole content as --config overrides under the second spelling only). Run with
+    an absolute snakemake and a PATH without the environment's bin: the rules call that environment's
+    fedrepro, not one found on PATH (once every job failed with exit 127)."""
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "default.yaml").write_text(TEST_CONFIG.read_text())
+    env = subprocess_env(PATH="/usr/bin:/bin")
+    assert not (Path("/usr/bin/fedrepro").exists() or Path("/bin/fedrepro").exists())
+
+    def snakemake(*args):
+        proc = subprocess.run(snakemake_cmd(tmp_path, "--cores", "1", *args), capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+        return proc, proc.stdout + proc.stderr
+
+    for first, second in ((["--configfile", "params/default.yaml"], []), ([], ["--configfile", "params/default.yaml"])):
+        for folder in ("results", ".snakemake"):
+            subprocess.run(["rm", "-rf", str(tmp_path / folder)], check=True)
+        proc, out = snakemake("manifest", *first)
+        assert proc.returncode == 0, out[-3000:]
+        (manifest,) = (tmp_path / "results" / "manifests").glob("default-*.json")
+        assert json.loads(manifest.read_text())["experiments"].keys() == TINY["experiments"].keys(), \
+            "the directive's file is the working directory's params/default.yaml, as Snakemake reads it"
+        proc, out = snakemake("-n", "manifest", *second)
+        assert proc.returncode == 0 and "Nothing to be done" in out, (first, out[-3000:])

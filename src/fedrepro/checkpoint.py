@@ -16,10 +16,12 @@ from pathlib import Path
 
 import torch
 
+from fedrepro.errors import FedreproError
+
 MAGIC = b"fedrepro-sha256 "
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(FedreproError, RuntimeError):
     """A checkpoint that cannot be trusted; the message names the file."""
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -83,6 +84,8 @@ EXAMPLES = {
                "--curves results/curves/default",
     "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
     "check-gpu": "fedrepro check-gpu --out results/bench/gpu_check.json --throughput 2 4 8",
+    "tables": "fedrepro tables --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
+              "--format latex",
     "figures": "fedrepro figures --name quadratic --spec '{\"kind\": \"quadratic\"}' --out reports/default_figures/quadratic.png",
     "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
                 "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
@@ -161,9 +164,9 @@ def cmd_plan(args) -> None:
 
 
 def cmd_track(args) -> None:
-    from fedrepro import config, tracking
+    from fedrepro import config, records, tracking
     if args.manifest:
-        manifest = json.loads(Path(args.manifest).read_text())
+        manifest = records.read_json(args.manifest)
     else:
         manifest = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
                                        "fedrepro track --configfile " + " ".join(args.configfile))
@@ -209,12 +212,29 @@ def cmd_report(args) -> None:
     print(f"report: {Path(out).resolve()}")
 
 
+def cmd_tables(args) -> None:
+    from fedrepro import config, records, report, tables
+    if args.manifest:
+        manifest = records.read_json(args.manifest)
+    else:
+        manifest = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+                                       "fedrepro tables --configfile " + " ".join(args.configfile))
+    comparisons = report.paper_comparisons(manifest, Path(args.runs_dir))
+    if args.table:
+        unknown = sorted(set(args.table) - {c["name"] for c in comparisons})
+        if unknown:
+            raise config.ConfigError(f"--table {', '.join(unknown)}: not a paper table of this params file; its "
+                                     f"tables: {', '.join(c['name'] for c in comparisons) or 'none'}")
+        comparisons = [c for c in comparisons if c["name"] in args.table]
+    sys.stdout.write(tables.render(comparisons, args.format))
+
+
 def cmd_figures(args) -> None:
-    from fedrepro import figures
+    from fedrepro import figures, records
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
+    manifest = records.read_json(args.manifest) if args.manifest else None
     spec = figures.check({args.name: _json_arg(args.spec)}, (manifest or {}).get("experiments", {}))[args.name]
     context = figures.Context(Path(args.data_root) if args.data_root else None, args.device,
                               bool((manifest or {}).get("quick")))
@@ -280,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     from fedrepro.registry import DATASETS
     parser = argparse.ArgumentParser(prog="fedrepro", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fedrepro {__version__}")
+    debug_help = f"on an error fedrepro raises on purpose, show the traceback too (or set {DEBUG_VARIABLE}=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("download", help="fetch a dataset from its mirrors, checksum-verified")
@@ -374,6 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--paper-figures", help="embed the papers' analysis figures (fedrepro figures) of this folder")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("tables", help="print the paper-vs-ours tables (as the report page shows them) as LaTeX "
+                       "(booktabs), CSV or Markdown")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--configfile", nargs="+", type=_existing("file"),
+                        help="params file(s), merged in order as snakemake does (also of a partial grid)")
+    source.add_argument("--manifest", type=_existing("file"), help="the manifest the workflow wrote (results/manifests/)")
+    p.add_argument("--format", choices=["latex", "csv", "md"], default="latex")
+    p.add_argument("--table", action="append", help="only this paper table (repeat for several; default: all of "
+                   "the params file's)")
+    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    p.set_defaults(func=cmd_tables)
+
     p = sub.add_parser("figures", help="draw one of the papers' analysis figures from runs (docs/figures.md)")
     p.add_argument("--name", required=True, help="the figure's name in the params file's figures section")
     p.add_argument("--spec", required=True, help="the figure's spec as JSON (or a JSON file)")
@@ -459,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
         a.epilog = "example:\n  " + EXAMPLES["evidence"].splitlines()[["keep", "report", "matrix"].index(action)].strip()
         a.formatter_class = argparse.RawDescriptionHelpFormatter
 
+    for p in [*sub.choices.values(), *actions.choices.values()]:  # also after the sub-command
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     for name, p in sub.choices.items():
         if name in EXAMPLES:
             p.epilog = "example:\n  " + EXAMPLES[name]
@@ -466,16 +502,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEBUG_VARIABLE = "FEDREPRO_DEBUG"
+
+
+def _debugging(args) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from fedrepro.config import ConfigError
-    from fedrepro.evidence import EvidenceError
+    from fedrepro.errors import FedreproError
     try:
         args.func(args)
-    except ConfigError as err:
-        parser.exit(2, f"fedrepro {args.command}: invalid setting\n{err}\n")
-    except EvidenceError as err:
+    except FedreproError as err:
+        # raised on purpose: its message names the file or setting and what to do; a rule's log ends with it
+        if _debugging(args):
+            raise
         parser.exit(2, f"fedrepro {args.command}: {err}\n")
 
 

@@ -16,6 +16,7 @@ import functools
 import operator
 
 from fedrepro import catalog
+from fedrepro.errors import FedreproError
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -25,7 +26,7 @@ _COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.
 _FUNCTIONS = {"int": int, "min": min, "max": max, "len": len}
 
 
-class ConditionError(ValueError):
+class ConditionError(FedreproError, ValueError):
     """A fragment's expression that is not in the allowed language."""
 
 

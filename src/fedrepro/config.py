@@ -26,11 +26,12 @@ from fedrepro import registry
 from fedrepro.records import CorruptFileError, read_json  # noqa: F401
 # a run's identity (names, hashes, the code it runs) has its own light module
 from fedrepro.identity import cohort_size, partition_id, partition_setting, run_id, stable_hash  # noqa: F401
+from fedrepro.errors import FedreproError
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class ConfigError(ValueError):
+class ConfigError(FedreproError, ValueError):
     """A params file that cannot run; the message names the key, the value and what is allowed."""
 
 
@@ -324,10 +325,20 @@ class Run:
         return " · ".join(parts) or "+".join([self.setting["algorithm"], *self.setting["plugins"]])
 
 
+def _refuse_unread_pretrained(raw: dict, setting: dict, where: str) -> None:
+    """A ``pretrained`` section given for a model that loads no weights would be dropped in silence."""
+    if "pretrained" in raw and not registry.MODELS[setting["model"]].get("pretrained"):
+        readers = sorted(name for name, spec in registry.MODELS.items() if spec.get("pretrained"))
+        raise ConfigError(f"{where}: pretrained = {_short(json.dumps(raw['pretrained'], sort_keys=True))} is given for "
+                          f"model '{setting['model']}', which loads no weights; only {', '.join(readers)} read it: "
+                          f"remove the pretrained key or choose such a model")
+
+
 def resolve(raw: dict, where: str = "setting") -> dict:
     """A complete, validated, pruned run setting from a partial one."""
     setting = split_algorithm(copy.deepcopy(raw))
     validate(setting, "setting.schema.yaml", where)
+    _refuse_unread_pretrained(raw, setting, where)  # before prune drops the section
     setting = prune(setting)
     check_compatible(setting, where)
     return setting
@@ -452,6 +463,46 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+# A params file is a few hundred values; aliases may repeat a block, but not blow it up to millions.
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(root: yaml.Node, path: Path) -> int:
+    """The number of values the document has once every alias is expanded, counted over the node graph
+    (each distinct node once, so an alias bomb costs no more than its text); an alias inside the block it
+    names (a cycle) or an expansion beyond MAX_YAML_NODES is a ConfigError before anything is built."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:  # iterative: a deep document must not hit Python's recursion limit either
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[key] = 1
+            continue
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else node.value
+        if children_done:
+            open_nodes.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[key] > MAX_YAML_NODES:
+                raise ConfigError(f"{path}, line {node.start_mark.line + 1}: its aliases expand to more than "
+                                  f"{MAX_YAML_NODES} values (an alias bomb?); write the values out or repeat fewer")
+            continue
+        if key in open_nodes:
+            raise ConfigError(f"{path}, line {node.start_mark.line + 1}: an alias refers to a block that contains "
+                              f"it (a recursive alias, e.g. `&a [*a]`); a params file must be a tree")
+        open_nodes.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_nodes:
+                raise ConfigError(f"{path}, line {child.start_mark.line + 1}: an alias refers to a block that "
+                                  f"contains it (a recursive alias, e.g. `&a [*a]`); a params file must be a tree")
+            stack.append((child, False))
+    return sizes[id(root)]
+
+
 def read_yaml(path: str | Path) -> Any:
     """A params file's content; a file that cannot be read or parsed is a ConfigError naming it and the line."""
     path = Path(path)
@@ -460,7 +511,14 @@ def read_yaml(path: str | Path) -> Any:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot be read: {err}") from None
     try:
-        content = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        loader = _StrictLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is not None:
+                _expanded_size(root, path)
+            content = None if root is None else loader.construct_document(root)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f", line {mark.line + 1}" if mark else ""

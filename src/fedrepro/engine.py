@@ -27,6 +27,7 @@ from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
 from fedrepro.provenance import device_line, run_provenance
 from fedrepro.rundir import RunDir
+from fedrepro.errors import FedreproError, SetupError
 
 LAST_ROUNDS = 10  # the papers report the mean test accuracy of the last 10 rounds
 
@@ -58,7 +59,7 @@ def pick_device(name: str, environ=None) -> torch.device:
     if name == "cuda" or grant:
         why = f"this job was given a GPU ({grant})" if grant else "device: cuda was asked for"
         built = torch.version.cuda or "none: a CPU-only build"
-        raise RuntimeError(
+        raise SetupError(
             f"{why}, but torch {torch.__version__} (built for CUDA {built}) sees no CUDA device. Check "
             "`nvidia-smi` and that the driver supports this CUDA version; set device: cpu to train on the CPU "
             "on purpose")
@@ -81,7 +82,7 @@ def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str 
     return np.sort(rng.choice(num_clients, size=k, replace=False))
 
 
-class Preempted(Exception):
+class Preempted(FedreproError):
     """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was saved."""
 
 
@@ -102,8 +103,8 @@ class Trainer:
         self.parts = partition.load(partition_dir, partition_setting(setting)) if parts is None else parts
         self.partition_hash = partition.content_hash(self.parts)
         if len(self.parts) != setting["num_clients"]:
-            raise ValueError(f"partition {partition_dir} has {len(self.parts)} clients, the setting asks for "
-                             f"{setting['num_clients']}")
+            raise partition.PartitionError(f"partition {partition_dir} has {len(self.parts)} clients, the setting "
+                                           f"asks for num_clients = {setting['num_clients']}; rerun its partition step")
         # client.holdout: each client trains on the rest and the held-out samples serve nothing (FedLAW's
         # code only logs an accuracy on them); the aggregation weights keep the full n_i, as that code does
         holdout = setting["client"].get("holdout", 0.0)

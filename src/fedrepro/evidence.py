@@ -21,13 +21,14 @@ import shutil
 from pathlib import Path
 
 from fedrepro import rundir
+from fedrepro.errors import FedreproError
 
 RUN_FILES = rundir.RECORD_FILES
 PARTITION_FILES = ("partition.json", "counts.csv", "heatmap.png")
 MANIFEST = "manifest.json"
 
 
-class EvidenceError(ValueError):
+class EvidenceError(FedreproError, ValueError):
     """A keep or report request that cannot be honoured (nothing finished, not an evidence folder)."""
 
 

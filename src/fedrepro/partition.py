@@ -10,29 +10,44 @@ from __future__ import annotations
 import hashlib
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 
+from fedrepro.errors import FedreproError
 
-class PartitionError(RuntimeError):
-    pass
+
+class PartitionError(FedreproError, RuntimeError):
+    """A partition that cannot be made or read; the message names the setting or the file."""
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
+# Redrawing a Dirichlet partition until every client has min_size samples: a min_size that is
+# reachable in principle but not in practice (alpha = 0.001 gives each class to one client) would
+# redraw for minutes. The draws are seeded, so this cap decides only whether the partition is found
+# in time, never which one it is.
+DIRICHLET_SECONDS = 10.0
+
+
 def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float,
-              min_size: int = 10, balance: bool = True, max_tries: int = 10000) -> list[np.ndarray]:
+              min_size: int = 10, balance: bool = True, max_tries: int = 10000,
+              max_seconds: float | None = None) -> list[np.ndarray]:
     """The NIID-Bench / FedLab ``hetero_dir`` recipe: per-class proportions over clients.
 
     For each class, p ~ Dir_J(alpha); with ``balance`` a client already above N/J gets no more;
-    the class is cut at floor(cumsum(p) * n_k). Redraw until every client has ``min_size``.
+    the class is cut at floor(cumsum(p) * n_k). Redraw until every client has ``min_size``, at most
+    ``max_tries`` times and ``max_seconds`` long.
     """
     n, classes = len(labels), np.unique(labels)
     by_class = [np.flatnonzero(labels == k) for k in classes]
-    for _ in range(max_tries):
+    max_seconds = DIRICHLET_SECONDS if max_seconds is None else max_seconds
+    start, best, tries = time.monotonic(), 0, 0
+    while tries < max_tries and (tries == 0 or time.monotonic() - start < max_seconds):
+        tries += 1
         parts: list[list[int]] = [[] for _ in range(num_clients)]
         for idx_k in by_class:
             idx_k = rng.permutation(idx_k)
@@ -43,10 +58,14 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, al
             cuts = (np.cumsum(p) * len(idx_k)).astype(int)[:-1]
             for client, piece in zip(parts, np.split(idx_k, cuts)):
                 client.extend(piece.tolist())
-        if min(len(c) for c in parts) >= min_size:
+        smallest = min(len(c) for c in parts)
+        if smallest >= min_size:
             return [np.sort(np.asarray(c, dtype=np.int64)) for c in parts]
-    raise PartitionError(f"Dirichlet partition with alpha={alpha} gave a client below min_size={min_size} "
-                         f"in {max_tries} draws; lower partition.min_size or raise partition.alpha")
+        best = max(best, smallest)
+    raise PartitionError(f"partition.min_size = {min_size}: no Dirichlet(alpha = {alpha}) draw over {num_clients} "
+                         f"clients gave every client that many samples ({tries} draws in "
+                         f"{time.monotonic() - start:.0f} s; the best draw's smallest client had {best}); "
+                         f"lower partition.min_size or raise partition.alpha")
 
 
 def hybrid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha_balanced: float, alpha: float,
@@ -95,8 +114,9 @@ def _make_distinct(assign: np.ndarray, shard_label: np.ndarray, rng: np.random.G
     """Repair a random assignment by swaps until no client holds two shards of one label."""
     assign = assign.copy()
     n_clients, per = assign.shape
-    if per > len(np.unique(shard_label)):
-        raise PartitionError(f"classes_per_client={per} exceeds the number of classes")
+    classes = len(np.unique(shard_label))
+    if per > classes:
+        raise PartitionError(f"partition.classes_per_client = {per} exceeds the {classes} classes; choose at most {classes}")
     for _ in range(max_sweeps):
         bad = list(_repeated_labels(assign, shard_label))
         if not bad:

@@ -23,6 +23,12 @@ from pathlib import Path
 from fedrepro import config, registry
 from fedrepro.provenance import machine
 from fedrepro.rundir import RunDir
+from fedrepro.errors import FedreproError
+
+
+class PlanError(FedreproError, ValueError):
+    """A plan that cannot be made (a file that holds no step costs, a run longer than the walltime)."""
+
 
 BENCH_FILE = Path("results/bench/bench.json")
 STEP_COSTS_FILE = Path("results/bench/step_costs.json")
@@ -152,7 +158,7 @@ def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE
     out = Path(out)
     table = json.loads(out.read_text()) if out.exists() else {}
     if out.exists() and "device" not in table:
-        raise ValueError(f"{out} is not a step_costs file (a benchmark's bench.json?); measure into another file")
+        raise PlanError(f"{out} is not a step_costs file (a benchmark's bench.json?); measure into another file")
     if table.get("device") not in (None, device):
         table = {}  # costs of another device do not mix
     costs = table.get("step_seconds", {})
@@ -253,10 +259,10 @@ def group_size(minutes: list[int], walltime_min: int, runs_per_gpu: int = RUNS_P
     Snakemake asks a group for ceil(n / runs_per_gpu) x (longest run) minutes: layers of
     ``runs_per_gpu`` runs side by side, one layer after the other."""
     if walltime_min < 1 or runs_per_gpu < 1:
-        raise ValueError(f"group_size: walltime {walltime_min} min and {runs_per_gpu} runs per GPU must be >= 1")
+        raise PlanError(f"group_size: walltime {walltime_min} min and {runs_per_gpu} runs per GPU must be >= 1")
     longest = max(minutes)
     if longest > walltime_min:
-        raise ValueError(f"one run asks for {longest} min, more than the site's walltime of {walltime_min} min: "
+        raise PlanError(f"one run asks for {longest} min, more than the site's walltime of {walltime_min} min: "
                          "split it (fewer rounds) or measure its step cost (fedrepro plan --measure)")
     return runs_per_gpu * (walltime_min // longest)
 

@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fedrepro.errors import FedreproError
 
-class CorruptFileError(ValueError):
+
+class CorruptFileError(FedreproError, ValueError):
     """A file of the project that cannot be parsed; the message names it."""
 
 
@@ -18,4 +20,5 @@ def read_json(path: str | Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptFileError(f"{path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
+        raise CorruptFileError(f"{path}: cannot be read as JSON ({type(err).__name__}: {err}); check the path, "
+                               f"or delete the file and rerun the step that writes it") from None

@@ -28,12 +28,13 @@ import yaml
 from fedrepro import conditions
 # Facts training code reads too live in catalog.py, so that editing a fragment changes no other run
 from fedrepro.catalog import DATASETS, FEATURE_CLASSIFIER_MODELS, MODELS, PARTITION_KEYS, ima_start_round  # noqa: F401
+from fedrepro.errors import FedreproError
 
 FRAGMENTS = Path(__file__).resolve().parent / "algorithms"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 
-class FragmentError(ValueError):
+class FragmentError(FedreproError, ValueError):
     """A settings fragment that cannot be assembled."""
 
 

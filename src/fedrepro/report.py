@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedrepro import records, tables
 from fedrepro.config import stable_hash
 from fedrepro.rundir import RunDir
 
@@ -264,15 +265,43 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         for label in dict.fromkeys(frame["row"]):
             cells = frame[frame["row"] == label].set_index("column")
             rows.append({"label": label, "cells": [_nan_to_none(cells.loc[c].to_dict()) for c in columns]})
+        lower = [(c.get("metric") or table["metric"])["kind"] == "rounds_to_target" for c in table["columns"]]
+        mark_best(rows, table.get("best_among", "rows"), lower)
         compared = frame.dropna(subset=["paper", "ours"])
         in_scope = frame.dropna(subset=["paper"])["in_scope"]
         verdict = (f"{int(compared['within'].sum())}/{len(compared)} cells run so far are within the allowed gap"
                    f" ({int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope)")
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
                     "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
-                    "experiments": experiments, "tolerance": tolerance,
+                    "experiments": experiments, "tolerance": tolerance, "best_among": table.get("best_among", "rows"),
                     "unit": "rounds" if metric == "rounds_to_target" else "%"})
     return out
+
+
+def mark_best(rows: list[dict], among: str, lower_is_better: list[bool]) -> None:
+    """Set each cell's ``best_ours`` and ``best_paper``: the best number of its group, as a paper bolds it.
+
+    A group is a column's cells (``among`` = rows: methods as rows) or a row's (``among`` = columns);
+    higher is better except in the columns ``lower_is_better`` names (rounds to a target). Ties are all
+    best; a group with fewer than two numbers has no best."""
+    width = len(lower_is_better)
+    if among == "rows":
+        groups = [[(r, c) for r in range(len(rows))] for c in range(width)]
+    else:
+        groups = [[(r, c) for c in range(width)] for r in range(len(rows))]
+    for group in groups:
+        for side in ("ours", "paper"):
+            scores = {}
+            for r, c in group:
+                cell = rows[r]["cells"][c]
+                cell[f"best_{side}"] = False
+                value = cell.get(side)
+                if value is not None and not math.isnan(value):
+                    scores[(r, c)] = -value if lower_is_better[c] else value
+            if len(scores) >= 2:
+                top = max(scores.values())
+                for (r, c), score in scores.items():
+                    rows[r]["cells"][c][f"best_{side}"] = score == top
 
 
 def ablation_figure(runs: pd.DataFrame) -> str | None:
@@ -376,7 +405,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
           figures_dir: str | Path | None = None, paper_figures_dir: str | Path | None = None) -> Path:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-    manifest = json.loads(Path(manifest_path).read_text())
+    manifest = records.read_json(manifest_path)
     runs_dir, partitions_dir, out = Path(runs_dir), Path(partitions_dir), Path(out)
     runs, curve = load_runs(manifest, runs_dir)
     sections = []
@@ -411,8 +440,12 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
     provenance = provenance_rows(manifest, finished, len(runs))
     others = sorted(p.name for p in out.parent.glob("*.html") if p.name != out.name)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
-    env.filters["num"] = lambda v: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+    env.filters["num"] = tables.number  # the exports print numbers as the page does
     comparisons = paper_comparisons(manifest, runs_dir)
+    # beside the page, each table as CSV, LaTeX and Markdown, which the page links
+    exports = tables.write(comparisons, tables_folder(out))
+    for comparison in comparisons:
+        comparison["exports"] = exports[comparison["name"]]
     env.filters["plain"] = plain
     html = env.get_template("report.html.j2").render(manifest=manifest, sections=sections, provenance=provenance,
                                                      runs_done=int(len(finished)), runs_total=int(len(runs)),
@@ -424,6 +457,12 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
     if figures_dir:
         write_figures(sections, Path(figures_dir))
     return out
+
+
+def tables_folder(page: str | Path) -> Path:
+    """Where the page's tables go: ``reports/<name>_tables`` beside ``reports/<name>.html``."""
+    page = Path(page)
+    return page.with_name(f"{page.stem}_tables")
 
 
 def slug(label: str) -> str:
@@ -455,7 +494,7 @@ def collect(manifest_path: str | Path, runs_dir: str | Path, metrics_out: str | 
     ``metrics_out/<experiment>/<variant>.json`` (final_acc, final_acc_std, e_ludd, seeds: one row of
     `dvc metrics show` each) and ``curves_out/<experiment>/<variant>.csv`` (per round, the mean over
     seeds: one line each in `dvc plots show`). Accuracy is a fraction in both."""
-    manifest = json.loads(Path(manifest_path).read_text())
+    manifest = records.read_json(manifest_path)
     runs, curve = load_runs(manifest, Path(runs_dir))
     metrics_out, curves_out = Path(metrics_out), Path(curves_out)
     for folder in (metrics_out, curves_out):

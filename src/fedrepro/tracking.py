@@ -33,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedrepro import rundir
+from fedrepro import records, rundir
+from fedrepro.errors import SetupError
 from fedrepro.provenance import git_commit
 from fedrepro.config import ROOT
 
@@ -107,7 +108,7 @@ def _prepare_sqlite(db: Path) -> None:
         if state["complete"]:
             return
         if state["runs"]:
-            raise RuntimeError(f"the MLflow store {db} was left half-migrated (schema {state['revision']}, tables "
+            raise SetupError(f"the MLflow store {db} was left half-migrated (schema {state['revision']}, tables "
                                f"{', '.join(state['leftovers']) or '-'}) and holds {state['runs']} runs: back it up "
                                f"and repair it with `mlflow db upgrade sqlite:///{db}`")
         aside = db.with_name(f"{db.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -206,9 +207,19 @@ def _write_marker(run_dir: Path, **fields) -> None:
     rundir.write_atomic(rundir.RunDir(run_dir).mlflow, json.dumps(marker, indent=2))
 
 
-def system_tags(summary_or_setting: dict, run_name: str, parent_id: str | None) -> dict:
+ENTRY_POINT = "fedrepro train"
+
+
+def source_name(manifest: dict | None) -> str:
+    """The runs table's Source column: the entry point and the params file(s) that asked for the run
+    (MLflow's UI shows a JOB source's name whole; a LOCAL one only after its last '/')."""
+    files = (manifest or {}).get("configfiles") or []
+    return f"{ENTRY_POINT} · {' '.join(map(str, files))}" if files else ENTRY_POINT
+
+
+def system_tags(summary_or_setting: dict, run_name: str, parent_id: str | None, source: str = ENTRY_POINT) -> dict:
     commit = str(summary_or_setting.get("git_commit", ""))
-    tags = {"fedrepro.run": run_name, "mlflow.source.name": "fedrepro train", "mlflow.source.type": "JOB",
+    tags = {"fedrepro.run": run_name, "mlflow.source.name": source, "mlflow.source.type": "JOB",
             "mlflow.user": _user()}
     if commit and commit != "unknown":
         tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
@@ -272,6 +283,47 @@ def _curves_figure(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def dataset_inputs(setting: dict, partition: str, partition_dir: Path | None, partition_hash: str = "") -> list:
+    """The run's data as MLflow dataset inputs, for the runs table's Dataset column and for filtering
+    (``dataset.name``, ``dataset.digest``): the dataset (digest: its declared sizes, the files themselves
+    are checksum-verified at download) and the partition (digest: its content hash; profile: the client
+    counts), read from the partition folder when it is there."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    from fedrepro.catalog import DATASETS
+    from fedrepro.config import stable_hash
+    name = setting["dataset"]
+    declared = {k: DATASETS[name][k] for k in ("train_size", "test_size", "num_classes") if k in DATASETS[name]}
+    data = Dataset(name=name, digest=stable_hash({"dataset": name, **declared}), source_type="fedrepro",
+                   source=json.dumps({"dataset": name}), profile=json.dumps(declared))
+    profile = {"num_clients": setting.get("num_clients"), "content_hash": partition_hash}
+    if partition_dir is not None and (partition_dir / "partition.json").is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError):  # a damaged record: the hash alone
+            info = records.read_json(partition_dir / "partition.json")
+            profile.update(content_hash=info["content_hash"], num_samples=info.get("num_samples"))
+            import pandas as pd
+            counts = pd.read_csv(partition_dir / "counts.csv", index_col="client")
+            profile.update(num_clients=len(counts), client_sizes=[int(n) for n in counts.sum(axis=1)])
+    source = {"uri": str(partition_dir.resolve())} if partition_dir is not None else {"partition": partition}
+    split = Dataset(name=partition, digest=profile["content_hash"] or "unknown", source_type="local",
+                    source=json.dumps(source), profile=json.dumps(profile))
+    return [DatasetInput(data, [InputTag("mlflow.data.context", "training")]),
+            DatasetInput(split, [InputTag("mlflow.data.context", "partition")])]
+
+
+def _partition_dir(run_dir: Path, partition: str, given: Path | None) -> Path:
+    # results/runs/<run> -> results/partitions/<partition>, where the workflow keeps the partition of a run
+    return given or run_dir.parent.parent / "partitions" / partition
+
+
+def _log_inputs(client, run_id: str, inputs: list) -> None:
+    """Each input once: a resumed or reconciled run does not list its data twice."""
+    have = {(d.dataset.name, d.dataset.digest) for d in client.get_run(run_id).inputs.dataset_inputs}
+    new = [i for i in inputs if (i.dataset.name, i.dataset.digest) not in have]
+    if new:
+        client.log_inputs(run_id, datasets=new)
+
+
 def complete_run(client, run_id: str, run_dir: Path, summary: dict, rows: list[dict],
                  partition_dir: Path | None = None) -> None:
     """Everything a finished run's record holds beyond its round metrics; then mark it complete and
@@ -286,10 +338,13 @@ def complete_run(client, run_id: str, run_dir: Path, summary: dict, rows: list[d
     with tempfile.TemporaryDirectory() as tmp:
         if rows:
             client.log_artifact(run_id, str(_curves_figure(rows, Path(tmp) / "curves.png")), "figures")
-    # results/runs/<run> -> results/partitions/<partition>, where the workflow keeps the partition of a run
-    heatmap = (partition_dir or run_dir.parent.parent / "partitions" / summary.get("partition", "-")) / "heatmap.png"
+    partition_dir = _partition_dir(run_dir, summary.get("partition", "-"), partition_dir)
+    heatmap = partition_dir / "heatmap.png"
     if heatmap.exists():
         client.log_artifact(run_id, str(heatmap), "figures")
+    if "dataset" in summary.get("setting", {}):
+        _log_inputs(client, run_id, dataset_inputs(summary["setting"], summary.get("partition", "-"), partition_dir,
+                                                    summary.get("partition_hash", "")))
     client.set_tag(run_id, "fedrepro.status", summary["status"])
     client.set_tag(run_id, "fedrepro.logged", "complete")
     client.set_terminated(run_id, MLFLOW_STATUS.get(summary["status"], "FAILED"), end_time=end_ms)
@@ -319,14 +374,14 @@ def _add_membership(client, run, membership: str) -> None:
 
 
 def reconcile_run(client, uri: str, run_dir: Path, experiment: str, parent: str | None, membership: str,
-                  prefix: str = "fedrepro", experiment_title: str = "") -> str:
+                  prefix: str = "fedrepro", experiment_title: str = "", source: str = ENTRY_POINT) -> str:
     """Bring one finished run's MLflow record in line with its files. Returns what it did:
     "already" (complete, nothing to add), "repaired" (a half-logged run finished, duplicates deleted,
     grouping added) or "registered" (a new record)."""
     summary = rundir.RunDir(run_dir).read_summary()
     with _lock(uri):  # a sqlite store: one registration at a time, so that two steps never split a run
         outcome, run_id = _find_or_open(client, uri, run_dir, summary, experiment, parent, membership, prefix,
-                                        experiment_title)
+                                        experiment_title, source)
         if outcome != "already":
             rows = _rows_with_times(run_dir)
             _log_metrics(client, run_id, [m for row in rows for m in round_metrics(row)])
@@ -344,7 +399,8 @@ def _is_active_run(client, run_id: str | None) -> bool:
         return False
 
 
-def _find_or_open(client, uri, run_dir, summary, experiment, parent, membership, prefix, experiment_title):
+def _find_or_open(client, uri, run_dir, summary, experiment, parent, membership, prefix, experiment_title,
+                  source=ENTRY_POINT):
     """The run's one record: the complete one, else the oldest (duplicates deleted), else a new one."""
     name = summary["run"]
     found = find_runs(client, _prefix_experiments(client, prefix), "fedrepro.run", name)
@@ -358,9 +414,12 @@ def _find_or_open(client, uri, run_dir, summary, experiment, parent, membership,
         experiment_id = _experiment_id(client, experiment, uri)
         parent_id = parent_run(client, experiment_id, parent, experiment_title) if parent else None
         start_ms = int((float(rows[0]["wall_time"]) - float(rows[0].get("seconds") or 0)) * 1000) if rows else None
-        tags = {**system_tags(summary, name, parent_id), **_run_tags(summary), "fedrepro.experiments": membership}
+        tags = {**system_tags(summary, name, parent_id, source), **_run_tags(summary),
+                "fedrepro.experiments": membership}
         return "registered", _open_run(client, experiment_id, name, tags, flatten("", summary["setting"], {}), start_ms)
     _add_membership(client, keep, membership)
+    if keep.data.tags.get("mlflow.source.name") == ENTRY_POINT != source:  # logged before its params file was known
+        client.set_tag(keep.info.run_id, "mlflow.source.name", source)
     if parent and not _is_active_run(client, keep.data.tags.get("mlflow.parentRunId")):
         # unnested (the training job had no manifest yet), or nested under a parent that a concurrent
         # creator on a server deleted as a duplicate
@@ -398,13 +457,15 @@ class LiveRun:
 
     def __init__(self, run_dir: str | Path, uri: str | None = None, experiment: str = "fedrepro/runs",
                  parent: str | None = None, membership: str = "", prefix: str = "fedrepro",
-                 partition_dir: str | Path | None = None, flush_seconds: float = FLUSH_SECONDS):
+                 partition_dir: str | Path | None = None, flush_seconds: float = FLUSH_SECONDS,
+                 source: str = ENTRY_POINT):
         self.run_dir = Path(run_dir)
         self.uri = uri or default_uri()
         self.experiment, self.parent, self.prefix = experiment, parent, prefix
         self.membership = membership or experiment
         self.partition_dir = Path(partition_dir) if partition_dir else None
         self.flush_seconds = flush_seconds
+        self.source = source
         self.client = None
         self.run_id: str | None = None
         self.error: str | None = None
@@ -432,13 +493,15 @@ class LiveRun:
                 experiment_id = _experiment_id(self.client, self.experiment, self.uri)
                 parent_id = parent_run(self.client, experiment_id, self.parent) if self.parent else None
                 setting = trainer.setting
-                tags = {**system_tags({"git_commit": git_commit()}, name, parent_id),
+                tags = {**system_tags({"git_commit": git_commit()}, name, parent_id, self.source),
                         "fedrepro.experiments": self.membership, "fedrepro.logged": "live",
                         "fedrepro.setting_hash": _setting_hash(setting), "fedrepro.partition": _partition(setting),
                         "fedrepro.device": str(trainer.device)}
                 self.run_id = _open_run(self.client, experiment_id, name, tags, flatten("", setting, {}),
                                         int(time.time() * 1000))
         _write_marker(self.run_dir, run_id=self.run_id)
+        setting = trainer.setting
+        _log_inputs(self.client, self.run_id, dataset_inputs(setting, _partition(setting), self.partition_dir))
         if resumed and trainer.rows:  # rounds logged before the interruption are sent again: deduplicated
             self.pending += [m for row in trainer.rows if "wall_time" in row for m in round_metrics(row)]
         self.flush(force=True)
@@ -479,7 +542,7 @@ def live_run(run_dir: str | Path, uri: str | None, experiment: str, manifest_pat
     otherwise unnested, and the track step nests it."""
     parent, membership, prefix = None, "", experiment.split("/")[0]
     try:
-        manifest = json.loads(Path(manifest_path).read_text()) if manifest_path else None
+        manifest = records.read_json(manifest_path) if manifest_path else None
     except (OSError, ValueError):
         manifest = None
     if manifest:
@@ -488,7 +551,7 @@ def live_run(run_dir: str | Path, uri: str | None, experiment: str, manifest_pat
                    if any(r["id"] == Path(run_dir).name for r in exp["runs"])]
         if holders:
             parent, membership = holders[0], f"{manifest['name']}/{holders[0]}"
-    return LiveRun(run_dir, uri, experiment, parent, membership, prefix, partition_dir)
+    return LiveRun(run_dir, uri, experiment, parent, membership, prefix, partition_dir, source=source_name(manifest))
 
 
 def _setting_hash(setting: dict) -> str:
@@ -538,7 +601,7 @@ def track(manifest: dict, runs_dir: str | Path, uri: str | None = None, only: li
         try:
             client = client or open_store(uri)
             outcome = reconcile_run(client, uri, run_dir, mlflow_experiment, exp_name, membership, prefix,
-                                    exp.get("title", ""))
+                                    exp.get("title", ""), source_name(manifest))
             _write_marker(run_dir, members=sorted(set(_marker(run_dir).get("members", [])) | {membership}))
             result[outcome] += 1
         except Exception as err:  # noqa: BLE001 - reported; the step fails and is retried

@@ -22,5 +22,5 @@ rule bench:
     benchmark:
         "benchmarks/bench/bench.tsv"
     shell:
-        "fedrepro bench --rounds {params.rounds} --repeats {params.repeats} --threads {threads} "
+        "{FEDREPRO} bench --rounds {params.rounds} --repeats {params.repeats} --threads {threads} "
         "--data-root {params.data_root:q} --out {output.json:q} --html {output.page:q} > {log:q} 2>&1"

@@ -1,3 +1,9 @@
+# Every rule calls the fedrepro of the Python that runs Snakemake (so `.venv/bin/snakemake` works without
+# activating the environment, and Slurm jobs, which rerun this file there, do likewise), never a `fedrepro`
+# found on PATH.
+FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"
+
+
 def run_setting(wildcards):
     return RUNS[wildcards.run].setting
 

@@ -13,5 +13,5 @@ rule download:
     benchmark:
         "benchmarks/download/{dataset}.tsv"
     shell:
-        "fedrepro download --dataset {wildcards.dataset:q} --root {params.root:q} --mirror-map {MIRRORS:q} "
+        "{FEDREPRO} download --dataset {wildcards.dataset:q} --root {params.root:q} --mirror-map {MIRRORS:q} "
         "--out {output:q} > {log:q} 2>&1"

@@ -35,5 +35,5 @@ rule figure:
     benchmark:
         f"benchmarks/figure/{CONFIG_NAME}/{{figure}}.tsv"
     shell:
-        "fedrepro figures --name {wildcards.figure:q} --spec {params.spec:q} --manifest {input.manifest:q} "
+        "{FEDREPRO} figures --name {wildcards.figure:q} --spec {params.spec:q} --manifest {input.manifest:q} "
         "--data-root {DATA_ROOT:q} --threads {threads} --out {output.png:q} > {log:q} 2>&1"

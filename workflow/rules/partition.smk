@@ -15,5 +15,5 @@ rule partition:
     benchmark:
         "benchmarks/partition/{partition}.tsv"
     shell:
-        "fedrepro partition --setting {params.setting:q} --data-root {params.data_root:q} "
+        "{FEDREPRO} partition --setting {params.setting:q} --data-root {params.data_root:q} "
         "--out {params.out:q} > {log:q} 2>&1"

@@ -14,7 +14,7 @@ rule manifest:
         overrides=CONFIG_OVERRIDES,
         command=MANIFEST_COMMAND,
     shell:
-        "fedrepro manifest --configfile {params.configfiles:q} --base {params.base:q} --overrides {params.overrides:q} "
+        "{FEDREPRO} manifest --configfile {params.configfiles:q} --base {params.base:q} --overrides {params.overrides:q} "
         "--command {params.command:q} --out {output:q} --check-name > {log:q} 2>&1"
 
 
@@ -39,7 +39,7 @@ rule track_run:
         f"benchmarks/track_run/{CONFIG_NAME}/{{run}}.tsv"
     shell:
         "if [ {params.enabled} = True ]; then "
-        "fedrepro track --manifest {input.manifest:q} --run {wildcards.run:q} --out {output:q} > {log:q} 2>&1; "
+        "{FEDREPRO} track --manifest {input.manifest:q} --run {wildcards.run:q} --out {output:q} > {log:q} 2>&1; "
         "else echo '{{\"disabled\": true}}' > {output:q}; fi"
 
 
@@ -57,7 +57,7 @@ rule track:
     benchmark:
         f"benchmarks/track/{CONFIG_NAME}.tsv"
     shell:
-        "if [ {params.enabled} = True ]; then fedrepro track --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1; "
+        "if [ {params.enabled} = True ]; then {FEDREPRO} track --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1; "
         "else echo '{{\"disabled\": true}}' > {output:q}; fi"
 
 
@@ -87,6 +87,8 @@ rule report:
             subcategory="{experiment}",
             labels={"experiment": "{experiment}", "figure": "{kind}"},
         ),
+        # the paper-vs-ours tables as CSV, LaTeX and Markdown, which the page links (report.tables_folder)
+        tables=directory(f"reports/{CONFIG_NAME}_tables"),
     log:
         f"logs/report/{CONFIG_NAME}.log",
     benchmark:
@@ -94,7 +96,7 @@ rule report:
     params:
         paper_figures=FIGURES_DIR,
     shell:
-        "fedrepro report --manifest {input.manifest:q} --out {output.page:q} --figures {output.figures:q} "
+        "{FEDREPRO} report --manifest {input.manifest:q} --out {output.page:q} --figures {output.figures:q} "
         "--paper-figures {params.paper_figures:q} > {log:q} 2>&1"
 
 
@@ -118,7 +120,7 @@ rule index:
     params:
         index_params=INDEX_PARAMS,
     shell:
-        "fedrepro index --out reports/index.html --params {params.index_params:q} > {log:q} 2>&1"
+        "{FEDREPRO} index --out reports/index.html --params {params.index_params:q} > {log:q} 2>&1"
 
 
 rule collect:
@@ -134,4 +136,4 @@ rule collect:
     benchmark:
         f"benchmarks/collect/{CONFIG_NAME}.tsv"
     shell:
-        "fedrepro collect --manifest {input.manifest:q} --metrics {output.metrics:q} --curves {output.curves:q} > {log:q} 2>&1"
+        "{FEDREPRO} collect --manifest {input.manifest:q} --metrics {output.metrics:q} --curves {output.curves:q} > {log:q} 2>&1"

@@ -47,5 +47,5 @@ rule train:
     # exec: the shell becomes `fedrepro train`, whose parent is then Snakemake itself, so that it stops
     # (checkpoint first, as on SIGTERM) when Snakemake is killed (engine.die_with_parent)
     shell:
-        "exec fedrepro train --setting {params.setting:q} --partition {params.partition_dir:q} "
+        "exec {FEDREPRO} train --setting {params.setting:q} --partition {params.partition_dir:q} "
         "--data-root {params.data_root:q} --out {params.out:q} --threads {threads} {TRACK_LIVE} > {log:q} 2>&1"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from fedrepro.data.base import DownloadError, fetch_from_mirrors, file_sha256, gather
+from fedrepro.data.base import DataError, DownloadError, fetch_from_mirrors, file_sha256, gather
 
 AGNEWS = "agnews"
 HANDLED = {AGNEWS}
@@ -130,7 +130,7 @@ def split_file(root: str | Path, split: str) -> Path:
         path = Path(root) / names[split]
         if path.exists():
             return path
-    raise FileNotFoundError(f"no AGNews {split} file in {root}; run `fedrepro download --dataset agnews`")
+    raise DataError(f"no AGNews {split} file in {root}; run `fedrepro download --dataset agnews`")
 
 
 def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 60.0,

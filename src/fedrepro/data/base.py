@@ -22,6 +22,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fedrepro.errors import FedreproError
+
 # For a file whose size is not known in advance
 DEFAULT_MAX_BYTES = 1 << 30
 
@@ -48,7 +50,7 @@ class Dataset(Protocol):
     def to(self, device) -> "Dataset": ...
 
 
-class DownloadError(RuntimeError):
+class DownloadError(FedreproError, RuntimeError):
     """No mirror gave a file that passes its check; the message lists what was tried."""
 
 
@@ -117,7 +119,7 @@ def fetch_from_mirrors(filename: str, target: Path, mirrors: list[str], valid, t
 LOADED_SUMS = "SHA256SUMS.json"
 
 
-class DataError(RuntimeError):
+class DataError(FedreproError, RuntimeError):
     """A dataset file that is not what was downloaded; the message names it."""
 
 
@@ -142,6 +144,12 @@ def extract(folder: Path, expected: dict[str, str]) -> None:
             os.replace(tmp, out)
         sums[out.name] = file_sha256(out)
     (folder / LOADED_SUMS).write_text(json.dumps(sums, indent=2, sort_keys=True))
+
+
+def not_downloaded(dataset: str, root: str | Path, err: Exception) -> DataError:
+    """torchvision's reader found no files under ``root``: say which folder and how to fill it."""
+    return DataError(f"{root}: no {dataset} files to read ({err}); run `fedrepro download --dataset {dataset} "
+                     f"--root {root}` (snakemake does, when the params file's data.root names this folder)")
 
 
 def verify_loaded(folder: Path) -> None:

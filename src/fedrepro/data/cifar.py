@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro.data.base import DownloadError, fetch_from_mirrors
+from fedrepro.data.base import DownloadError, fetch_from_mirrors, not_downloaded
 
 CIFAR = {"cifar10": "CIFAR10", "cifar100": "CIFAR100"}
 
@@ -175,7 +175,10 @@ def random_crop_flip(x: torch.Tensor, pad: int = 4, generator: torch.Generator |
 def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None) -> ImageDataset:
     preprocess = dict(preprocess or {})
     if dataset in CIFAR:
-        ds = _cifar_class(dataset)(str(root), train=train, download=False)
+        try:
+            ds = _cifar_class(dataset)(str(root), train=train, download=False)
+        except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
+            raise not_downloaded(dataset, root, err) from None
         images = torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2)))
         labels = torch.as_tensor(ds.targets, dtype=torch.int64)
         mean, std = NORMALIZE[preprocess.get("normalize", "none")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedrepro.data.base import (DEFAULT_MAX_BYTES, TensorDataset, extract, fetch_from_mirrors, file_ok,
-                                verify_loaded)
+                                not_downloaded, verify_loaded)
 
 DATASET = "fmnist"
 HANDLED = {DATASET}
@@ -66,6 +66,9 @@ def download(root: str | Path, mirrors: list[str] | None = None, timeout: float 
 def load(root: str | Path, train: bool) -> TensorDataset:
     from torchvision.datasets import FashionMNIST
     verify_loaded(raw_folder(root))
-    ds = FashionMNIST(str(root), train=train, download=False)
+    try:
+        ds = FashionMNIST(str(root), train=train, download=False)
+    except RuntimeError as err:  # torchvision's "Dataset not found"
+        raise not_downloaded(DATASET, root, err) from None
     # ToTensor only, as IMA's and FedLAW's code do for Fashion-MNIST.
     return TensorDataset(ds.data.unsqueeze(1).contiguous(), ds.targets.clone(), 0.0, 1.0)

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedrepro.partition import PartitionError
+
 # Synthetic(alpha, beta): name -> (alpha, beta). The generation seed is fixed: the data is part of
 # the benchmark, not of a run, and FedProx's own script set none (so no seed is "the paper's").
 SYNTHETIC = {"synthetic_1_1": (1.0, 1.0), "synthetic_0_0": (0.0, 0.0)}
@@ -69,7 +71,7 @@ def load(dataset: str, root: str | Path, train: bool) -> FeatureDataset:
 def train_groups(dataset: str, root: str | Path) -> np.ndarray:
     """The natural client (user) of every training sample, for ``partition.kind: natural``."""
     if dataset not in SYNTHETIC:
-        raise ValueError(f"dataset '{dataset}' has no natural clients; use partition kind iid, dirichlet or shards")
+        raise PartitionError(f"dataset '{dataset}' has no natural clients; use partition kind iid, dirichlet or shards")
     with np.load(Path(root) / SYNTHETIC_FILE) as data:
         return data["user_train"].copy()
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedrepro.rundir import RunDir
+from fedrepro.errors import FedreproError
 
 
-class MissingInput(Exception):
+class MissingInput(FedreproError):
     """The runs lack what the figure needs (snapshots, a finished run, a column)."""
 
 
