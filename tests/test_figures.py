@@ -239,6 +239,17 @@ def test_every_kind_draws_its_image_from_tiny_runs(tiny, kind):
     assert "Reproduces Fig. X" in record["caption"] and "Quick profile" in record["caption"]
 
 
+def test_loss_curves_draw_the_logged_rounds_of_the_global_loss_or_the_local_one(tiny):
+    from fedrepro.figures import fednova
+    runs = figures.finished(figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
+                                                {"experiment": "tiny", "select": {"algorithm": "fedavg"}}))
+    logged = runs[0].metrics.dropna(subset=["global_train_loss"])["round"].tolist()
+    assert logged == [1, 3]  # every 10 rounds by default, plus the first and the last of the 3
+    for column in ("global_train_loss", "train_loss"):
+        record = _draw(tiny, f"loss_{column}", {"kind": "loss_curves", "experiment": "tiny", "column": column})
+        assert record["drawn"] and record["caption"].startswith(fednova.LOSS_COLUMNS[column].split(" (")[0])
+
+
 def test_fixed_gamma_without_such_runs_says_so(tiny):
     record = _draw(tiny, "gamma", {"kind": "fixed_gamma", "experiment": "tiny"})
     assert not record["drawn"] and "fixed fedlaw.gamma" in record["reason"]
@@ -270,6 +281,8 @@ def test_bad_figure_specs_are_refused_with_the_key_and_what_is_allowed():
         figures.check({"f": {"kind": "heatmap"}}, {"tiny": {}})
     with pytest.raises(config.ConfigError, match=r"figures.f.experiment = 'nope'"):
         figures.check({"f": {"kind": "elud", "experiment": "nope"}}, {"tiny": {}})
+    with pytest.raises(config.ConfigError, match=r"figures.f.column = 'loss': allowed are global_train_loss, train_loss"):
+        figures.check({"f": {"kind": "loss_curves", "experiment": "tiny", "column": "loss"}}, {"tiny": {}})
     with pytest.raises(config.ConfigError, match=r"unknown keys \['grid'\]"):
         figures.check({"f": {"kind": "elud", "experiment": "tiny", "grid": 3}}, {"tiny": {}})
 

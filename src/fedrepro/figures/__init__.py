@@ -82,7 +82,11 @@ OPTIONS = {  # the options each kind reads, with their defaults
     "coherence_lud": {},
     "quadratic": {"clients": 30, "dim": 20, "rounds": 1200, "lr": 0.05, "decay_rounds": [600, 900],
                   "decay": 5.0, "tau": 30, "tau_range": [1, 96], "tau_std": 20.0, "mu": 1.0, "seed": 0},
-    "loss_curves": {"panels": []},
+    "loss_curves": {"panels": [], "column": "global_train_loss"},
+}
+
+CHOICES = {  # options with a closed set of values
+    "loss_curves": {"column": ("global_train_loss", "train_loss")},
 }
 
 
@@ -112,6 +116,9 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
         for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")
+        for key, allowed in CHOICES.get(kind, {}).items():
+            if key in spec and spec[key] not in allowed:
+                problems.append(f"{where}.{key} = {spec[key]!r}: allowed are {', '.join(allowed)}")
         out[name] = {**OPTIONS[kind], "select": {}, "reproduces": "", "differs": "", **spec}
     if problems:
         raise ConfigError("\n".join(problems))
