@@ -65,6 +65,7 @@ def cells(tables: dict, names: list[str] | None = None) -> list[Cell]:
             continue
         columns = table["columns"]
         for row in table["rows"]:
+            row = {"values": [None] * len(columns), **row}  # no values: the paper prints none (a figure)
             if len(row["values"]) != len(columns):
                 raise ValueError(f"{name}, row '{row['label']}': {len(row['values'])} values for {len(columns)} columns")
             column_match = row.get("column_match") or [c["match"] for c in columns]
@@ -93,6 +94,9 @@ def matches(setting: dict, match: dict) -> bool:
         if key == "plugins":
             if sorted(have if have is not _MISSING else []) != sorted(want):
                 return False
+        elif want is None:  # null: the key is unset (a method's default that runs never write)
+            if have is not _MISSING and have is not None:
+                return False
         elif have is _MISSING or (have != want and not (_is_num(have) and _is_num(want)
                                                          and math.isclose(have, want))):
             return False
@@ -118,6 +122,8 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
         return float(last.mean()) * scale
     if kind == "mean_over_rounds":
         return float(frame[metric["column"]].mean()) * scale
+    if kind == "mean_last_logged":  # a column logged every k rounds (global_train_loss): its last values
+        return float(frame[metric["column"]].dropna().tail(metric.get("rounds", 1)).mean()) * scale
     if kind == "rounds_to_target":
         hit = frame[frame["test_acc"] >= metric["target"]]
         return float(hit["round"].iloc[0]) if len(hit) else math.inf

@@ -208,16 +208,18 @@ def _nan_to_none(record: dict) -> dict:
 def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     """The papers' tables whose experiments this params file runs, cell by cell beside ours.
 
-    A table ``T`` of params/paper_results.yaml takes its runs from the experiments named ``T`` or
-    ``T_*`` (e.g. ``ima_table1`` from ``ima_table1_fmnist``), so ablation runs that happen to share
-    a cell's settings never leak into it.
+    A table ``T`` of params/paper_results.yaml takes its runs from the experiments it lists under
+    ``experiments``, or else from those named ``T`` or ``T_*`` (e.g. ``ima_table1`` from
+    ``ima_table1_fmnist``), so ablation runs that happen to share a cell's settings never leak into it.
     """
     from fedrepro import claims, paper
 
     tables = paper.load_results()
     out = []
     for name, table in tables.items():
-        experiments = [e for e in manifest["experiments"] if e == name or e.startswith(name + "_")]
+        named = table.get("experiments")
+        experiments = [e for e in manifest["experiments"]
+                       if (e in named if named else e == name or e.startswith(name + "_"))]
         if not experiments:
             continue
         declared = [r for e in experiments for r in manifest["experiments"][e]["runs"]]
