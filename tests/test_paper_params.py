@@ -137,6 +137,9 @@ def test_papers_hyperparameters_reach_the_runs():
     assert adam.setting["server"]["lr"] == 0.01
     fedavg = next(r for r in runs if r.setting["algorithm"] == "fedavg")
     assert fedavg.setting["server"]["lr"] == 1.0
+    fedfa = next(r for r in runs if r.setting["algorithm"] == "fedfa")
+    assert fedfa.setting["fedfa"]["momentum"] == 0.9  # Table 5's anchor momentum (the code's 0.5: official subset)
+    assert next(r for r in runs if r.setting["plugins"] == ["ima"]).setting["ima"]["cyclic_lr_max"] == 0.01
 
 
 def test_paper_results_cover_every_cell_of_their_tables():
