@@ -244,7 +244,7 @@ def test_loss_curves_draw_the_logged_rounds_of_the_global_loss_or_the_local_one(
     runs = figures.finished(figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
                                                 {"experiment": "tiny", "select": {"algorithm": "fedavg"}}))
     logged = runs[0].metrics.dropna(subset=["global_train_loss"])["round"].tolist()
-    assert logged == [1, 3]  # every 10 rounds by default, plus the first and the last of the 3
+    assert logged == [1, 3]  # every 20 rounds by default, plus the first and the last of the 3
     for column in ("global_train_loss", "train_loss"):
         record = _draw(tiny, f"loss_{column}", {"kind": "loss_curves", "experiment": "tiny", "column": column})
         assert record["drawn"] and record["caption"].startswith(fednova.LOSS_COLUMNS[column].split(" (")[0])
