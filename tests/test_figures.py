@@ -25,6 +25,11 @@ PARAMS = {
         "tiny": {"base": BASE, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedlaw", "fedaware"]}},
         "tiny_snap": {"base": {**BASE, "snapshots": SNAP}, "grid": {"algorithm": ["fedavg"]}},
         "tiny_diverge": {"base": {**BASE, "client": {"lr": 1.0e6}}, "grid": {"algorithm": ["fedavg"]}},
+        "tiny_alpha": {"base": BASE, "grid": {"setting": [  # FedAWARE Fig. 4's sweep, two alphas
+            {"algorithm": "fedaware", "fedaware": {"alpha": 0.3}}, {"algorithm": "fedaware", "fedaware": {"alpha": 0.7}},
+            {"algorithm": "fedaware", "fedaware": {"alpha": 0.3, "weights": "static"}},
+            {"algorithm": "fedaware", "fedaware": {"alpha": 0.7, "weights": "static"}},
+            {"algorithm": "fedavg", "participation": 1.0}]}},
     },
 }
 TINY_OPTIONS = {"ima": {"window": 2, "start_round": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2}}
@@ -227,6 +232,8 @@ SPECS = {
     "coherence_lud": {"experiment": "tiny"},
     "quadratic": {"rounds": 50, "decay_rounds": [20], "clients": 5, "dim": 3},
     "loss_curves": {"experiment": "tiny"},
+    "split_dynamics": {"experiment": "tiny"},
+    "momentum_ablation": {"experiment": "tiny_alpha"},
 }
 
 

@@ -48,6 +48,7 @@ EXPECTED = {
         "fedaware_table2_agnews": 42,      # the same 14 settings on AGNews / Pythia-70M
         "fedaware_fig4_alpha_cifar10": 33,  # 5 alphas x {FedAWARE, FedAWARE-NA} + FedAvg-Full, 3 seeds
         "fedaware_fig4_alpha_cifar100": 33,
+        "fedaware_fig4_alpha_agnews": 33,  # the same sweep on AGNews / Pythia-70M (Fig. 4's third panel)
         "fedaware_fig1_alpha": 12,         # 4 alphas x 3 seeds
         "fedaware_fig6_cosines": 2,        # figures: FedAvg and FedAWARE, 1 seed
     },

@@ -61,6 +61,8 @@ KINDS = {
     "elud": ("fedaware", "elud"),
     "cosines": ("fedaware", "cosines"),
     "coherence_lud": ("fedaware", "coherence_lud"),
+    "split_dynamics": ("fedaware", "split_dynamics"),
+    "momentum_ablation": ("fedaware", "momentum_ablation"),
     "quadratic": ("fednova", "quadratic"),
     "loss_curves": ("fednova", "loss_curves"),
 }
@@ -80,6 +82,8 @@ OPTIONS = {  # the options each kind reads, with their defaults
     "elud": {},
     "cosines": {"rounds": [3, 60, 150]},
     "coherence_lud": {},
+    "split_dynamics": {},
+    "momentum_ablation": {},
     "quadratic": {"clients": 30, "dim": 20, "rounds": 1200, "lr": 0.05, "decay_rounds": [600, 900],
                   "decay": 5.0, "tau": 30, "tau_range": [1, 96], "tau_std": 20.0, "mu": 1.0, "seed": 0},
     "loss_curves": {"panels": [], "column": "global_train_loss"},
