@@ -380,3 +380,39 @@ def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path):
         assert (tmp_path / "reports" / "tiny_figures" / f"paper.{name}.png").exists()
     html = (tmp_path / "reports" / "tiny.html").read_text()
     assert html.count('<figure id="figure-') == len(WORKFLOW["figures"])
+
+
+def test_interpolation_for_each_method_draws_a_line_per_method_and_names_the_missing(tiny):
+    record = _draw(tiny, "interp_each", {"kind": "interpolation", "experiment": "tiny", "points": 3,
+                                         "between": [{"plugins": []}, {"plugins": ["ima"]}],
+                                         "for_each": {"algorithm": ["fedavg", "fedaware"]}})
+    assert record["drawn"], record["reason"]
+    assert "no finished run: {'plugins': ['ima'], 'algorithm': 'fedaware'}" in record["caption"]
+    record = _draw(tiny, "interp_none", {"kind": "interpolation", "experiment": "tiny", "points": 3,
+                                         "between": [{"plugins": []}, {"plugins": ["ima"]}],
+                                         "for_each": {"algorithm": ["fedaware"]}})
+    assert not record["drawn"] and "no finished run matches" in record["reason"]
+    with pytest.raises(config.ConfigError, match=r"for_each = .*one key and its list of values"):
+        figures.check({"f": {"kind": "interpolation", "experiment": "tiny", "for_each": {"a": [1], "b": [2]}}},
+                      {"tiny": {}})
+
+
+def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_path):
+    """IMA Fig. 1's plane: three client models of one round (full participation keeps three of four)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "fmnist").symlink_to(tiny_data_root)
+    params = {"title": "three", "quick": True, "experiments": {"three": {
+        "base": {**BASE, "participation": 1.0, "rounds": 2, "snapshots": {"rounds": [2], "clients": 3}},
+        "grid": {"algorithm": ["fedavg"]}}}}
+    runs = config.expand(params)
+    partition_dir = make_partition(tiny_data_root, tmp_path / "partition", num_clients=4)
+    _train(runs[0].setting, tmp_path / "runs" / runs[0].id, partition_dir, tiny_data_root)
+    manifest = config.manifest(params, runs, "three")
+    spec = figures.check({"p": {"kind": "landscape", "experiment": "three", "rounds": [2], "plane": "three_clients",
+                                "resolution": 3}}, manifest["experiments"])["p"]
+    record = figures.draw("p", spec, manifest, tmp_path / "runs", tmp_path / "fig" / "p.png",
+                          figures.Context(tmp_path / "data", "cpu", True))
+    assert record["drawn"], record["reason"]
+    assert "three client models of a round" in record["caption"]
+    with pytest.raises(config.ConfigError, match=r"plane = 'four': allowed are global_and_two_clients, three_clients"):
+        figures.check({"f": {"kind": "landscape", "experiment": "three", "plane": "four"}}, manifest["experiments"])

@@ -72,8 +72,8 @@ NO_RUNS = {"quadratic"}
 EVALUATES = {"landscape", "interpolation", "client_averages"}
 COMMON_KEYS = {"kind", "experiment", "select", "reproduces", "differs", "title"}
 OPTIONS = {  # the options each kind reads, with their defaults
-    "landscape": {"rounds": [], "globals": [], "resolution": 21, "margin": 0.25},
-    "interpolation": {"between": [], "rounds": [], "points": 21, "extend": 0.25},
+    "landscape": {"rounds": [], "globals": [], "resolution": 21, "margin": 0.25, "plane": "global_and_two_clients"},
+    "interpolation": {"between": [], "rounds": [], "points": 21, "extend": 0.25, "for_each": {}},
     "locality": {},
     "client_averages": {"rounds": [-1], "cka_samples": 2000},
     "coherence": {},
@@ -91,6 +91,7 @@ OPTIONS = {  # the options each kind reads, with their defaults
 
 CHOICES = {  # options with a closed set of values
     "loss_curves": {"column": ("global_train_loss", "train_loss")},
+    "landscape": {"plane": ("global_and_two_clients", "three_clients")},
 }
 
 
@@ -117,6 +118,9 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
         if kind not in NO_RUNS and spec.get("experiment") not in experiments:
             problems.append(f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
                             f"experiments {sorted(experiments)}")
+        if kind == "interpolation" and (not isinstance(spec.get("for_each", {}), dict)
+                                        or len(spec.get("for_each", {})) > 1):
+            problems.append(f"{where}.for_each = {spec['for_each']!r}: one key and its list of values")
         for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")
