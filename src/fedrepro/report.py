@@ -241,7 +241,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
                     "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
                     "experiments": experiments, "tolerance": tolerance,
-                    "unit": "rounds" if metric == "rounds_to_target" else "%"})
+                    "unit": table.get("unit", "rounds" if metric == "rounds_to_target" else "%")})
     return out
 
 
