@@ -270,3 +270,11 @@ def test_fedams_server_lr_on_cifar10_follows_fedawares_scripts():
     lrs = {("+".join([r.setting["algorithm"], *r.setting["plugins"]])): r.setting["server"]["lr"]
            for r in runs if r.experiment == "fedaware_table2_cifar10" and r.setting["algorithm"] == "fedams"}
     assert lrs == {"fedams": 0.01, "fedams+aware": 0.005}
+
+
+def test_fednova_fig5_logs_the_global_objective_every_round_and_other_runs_every_20():
+    nova = config.load_params(ROOT / "params" / "fednova.yaml")
+    nova["only"] = "fednova_fig5_synthetic"
+    assert {r.setting["evaluation"]["global_train_loss_every"] for r in config.expand(nova)} == {1}
+    nova["only"] = "fednova_table1_e2"
+    assert {r.setting["evaluation"]["global_train_loss_every"] for r in config.expand(nova)} == {20}
