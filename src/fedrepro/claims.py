@@ -1,8 +1,8 @@
 """A paper's qualitative claims as checks on its table, counted on the paper's numbers and on ours.
 
 A table of params/paper_results.yaml lists its claims under ``checks``. Each check compares cells
-of that table along one ``axis`` (``rows`` or ``columns``: which labels are compared), once per
-line of the other axis (``lines``: patterns restricting those, default all):
+of that table along one ``axis`` (``rows``, ``columns`` or ``cells``: which labels are compared), once
+per line of the other axis (``lines``: patterns restricting those, default all):
 
   beats  every label matching ``winner`` against every label matching ``loser``, by more than
          ``margin`` (default 0). Patterns pair by what their ``*`` stands for ("*, +IMA" with
