@@ -397,8 +397,11 @@ def test_interpolation_for_each_method_draws_a_line_per_method_and_names_the_mis
                       {"tiny": {}})
 
 
-def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_path):
+def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_path, monkeypatch):
     """IMA Fig. 1's plane: three client models of one round (full participation keeps three of four)."""
+    planes = []
+    surface = ima.surface
+    monkeypatch.setattr(ima, "surface", lambda evaluator, models, *a: planes.append(models) or surface(evaluator, models, *a))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "fmnist").symlink_to(tiny_data_root)
     params = {"title": "three", "quick": True, "experiments": {"three": {
@@ -414,5 +417,8 @@ def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_pat
                           figures.Context(tmp_path / "data", "cpu", True))
     assert record["drawn"], record["reason"]
     assert "three client models of a round" in record["caption"]
+    stored = np.load(tmp_path / "runs" / runs[0].id / "snapshots.npz")
+    assert len(planes) == 1 and all(np.array_equal(np.asarray(m), stored[f"round_2_client_{i}"])
+                                    for i, m in enumerate(planes[0]))
     with pytest.raises(config.ConfigError, match=r"plane = 'four': allowed are global_and_two_clients, three_clients"):
         figures.check({"f": {"kind": "landscape", "experiment": "three", "plane": "four"}}, manifest["experiments"])
