@@ -186,3 +186,26 @@ def test_two_federated_rounds_end_to_end(agnews_root, tiny_model, tmp_path):
     assert summary["status"] == "finished" and summary["rounds_done"] == 2
     assert 0.0 <= summary["final_acc"] <= 1.0 and np.isfinite(summary["final_loss"])
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["setting"]["model"] == "pythia70m"
+
+
+def test_fig4s_agnews_sweep_runs_at_a_tiny_size(agnews_root, tiny_model, tmp_path):
+    """FedAWARE Fig. 4's AGNews experiment, its own settings shrunk: FedAWARE-NA and FedAvg-Full, 2 rounds."""
+    from fedrepro.config import ROOT
+    params = config.load_params(ROOT / "params" / "fedaware.yaml")
+    params["only"] = "fedaware_fig4_alpha_agnews"
+    runs = config.expand(params)
+    assert len(runs) == 33 and {r.setting["dataset"] for r in runs} == {"agnews"}
+    picked = [r.setting for r in runs if r.setting["seed"] == 1998 and (
+        r.setting.get("fedaware", {}).get("weights") == "static" and r.setting["fedaware"]["alpha"] == 0.1
+        or r.setting["algorithm"] == "fedavg")]
+    assert len(picked) == 2
+    for i, paper_setting in enumerate(picked):
+        s = config.resolve({**paper_setting, "device": "cpu", "num_clients": 4, "rounds": 2, "batch_size": 8,
+                            "local_epochs": 1, "pretrained": {"path": tiny_model, "max_length": 16},
+                            "participation": 0.5 if paper_setting["algorithm"] == "fedaware" else 1.0,
+                            "partition": {**paper_setting["partition"], "min_size": 2}})
+        labels = data.train_labels("agnews", agnews_root)
+        parts = partition.make(labels, config.partition_setting(s))
+        partition.save(tmp_path / f"part{i}", config.partition_setting(s), labels, parts, 4)
+        summary = Trainer(s, tmp_path / f"run{i}", tmp_path / f"part{i}", agnews_root).run(progress=False)
+        assert summary["status"] == "finished" and np.isfinite(summary["e_ludd"])

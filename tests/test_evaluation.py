@@ -137,3 +137,45 @@ def test_the_holdout_split_works_for_every_dataset_class(dataset):
         torch.testing.assert_close(xa, xb[pick], rtol=0, atol=0)
         assert torch.equal(a[1], b[1][pick])
     assert engine.split_test(dataset, 0, seed=8) == (dataset, None)
+
+
+def test_global_train_loss_is_the_size_weighted_mean_of_the_clients_losses_in_eval_mode(tmp_path):
+    """Oracle: a hand loop over every client's samples, one sample at a time, weighted n_i / n. The
+    clients' sizes differ, so an unweighted mean of the client means would not match; the model has
+    dropout, so a train-mode pass would not match either."""
+    train, test = tiny_split(240, seed=1), tiny_split(64, seed=2)
+    cuts = np.cumsum([0, 10, 20, 30, 40, 60, 80])
+    parts = [np.arange(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    setting = resolve({"model": "mlp", "num_clients": 6, "participation": 0.5, "local_epochs": 1,
+                       "batch_size": 16, "device": "cpu", "rounds": 5, "eval_every": 1,
+                       "evaluation": {"global_train_loss_every": 2}, "client": {"lr": 0.05}})
+    trainer = engine.Trainer(setting, tmp_path / "run", None, None, datasets=(train, test), parts=parts,
+                             module=dropout_mlp())
+    trainer.run(progress=False)
+    logged = [row["global_train_loss"] for row in trainer.rows]
+    assert [not np.isnan(v) for v in logged] == [True, True, False, True, True]  # rounds 1, 2, 4 and the last
+    model = trainer.model.module
+    model.eval()
+    oracle = 0.0
+    with torch.no_grad():
+        for part in parts:
+            losses = [float(nn.functional.cross_entropy(model(train.batch(torch.tensor([i]))[0]),
+                                                        train.labels[[i]])) for i in part]
+            oracle += len(part) / 240 * (sum(losses) / len(losses))
+    assert logged[-1] == pytest.approx(oracle, rel=1e-5)
+    assert trainer.rows[-1]["train_loss"] != pytest.approx(logged[-1], rel=1e-3)  # another quantity
+
+
+def test_the_global_train_loss_of_augmented_data_neither_augments_nor_draws_from_the_rng():
+    from fedrepro.data.cifar import ImageDataset
+    from fedrepro.evaluation import global_train_loss
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 255, (24, 3, 32, 32), generator=gen, dtype=torch.uint8)
+    train = ImageDataset(images, torch.randint(0, 10, (24,), generator=gen), augment=True)
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+    before = torch.get_rng_state()
+    value = global_train_loss(model, train, [torch.arange(10), torch.arange(10, 24)], batch_size=7)
+    assert torch.equal(before, torch.get_rng_state())
+    plain = ImageDataset(images, train.labels)
+    assert value == pytest.approx(engine.evaluate(model, plain)[1], rel=1e-6)

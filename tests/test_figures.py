@@ -25,6 +25,11 @@ PARAMS = {
         "tiny": {"base": BASE, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedlaw", "fedaware"]}},
         "tiny_snap": {"base": {**BASE, "snapshots": SNAP}, "grid": {"algorithm": ["fedavg"]}},
         "tiny_diverge": {"base": {**BASE, "client": {"lr": 1.0e6}}, "grid": {"algorithm": ["fedavg"]}},
+        "tiny_alpha": {"base": BASE, "grid": {"setting": [  # FedAWARE Fig. 4's sweep, two alphas
+            {"algorithm": "fedaware", "fedaware": {"alpha": 0.3}}, {"algorithm": "fedaware", "fedaware": {"alpha": 0.7}},
+            {"algorithm": "fedaware", "fedaware": {"alpha": 0.3, "weights": "static"}},
+            {"algorithm": "fedaware", "fedaware": {"alpha": 0.7, "weights": "static"}},
+            {"algorithm": "fedavg", "participation": 1.0}]}},
     },
 }
 TINY_OPTIONS = {"ima": {"window": 2, "start_round": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2}}
@@ -227,6 +232,8 @@ SPECS = {
     "coherence_lud": {"experiment": "tiny"},
     "quadratic": {"rounds": 50, "decay_rounds": [20], "clients": 5, "dim": 3},
     "loss_curves": {"experiment": "tiny"},
+    "split_dynamics": {"experiment": "tiny"},
+    "momentum_ablation": {"experiment": "tiny_alpha"},
 }
 
 
@@ -237,6 +244,17 @@ def test_every_kind_draws_its_image_from_tiny_runs(tiny, kind):
     png = tiny["work"] / "fig" / f"{kind}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Reproduces Fig. X" in record["caption"] and "Quick profile" in record["caption"]
+
+
+def test_loss_curves_draw_the_logged_rounds_of_the_global_loss_or_the_local_one(tiny):
+    from fedrepro.figures import fednova
+    runs = figures.finished(figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
+                                                {"experiment": "tiny", "select": {"algorithm": "fedavg"}}))
+    logged = runs[0].metrics.dropna(subset=["global_train_loss"])["round"].tolist()
+    assert logged == [1, 3]  # every 20 rounds by default, plus the first and the last of the 3
+    for column in ("global_train_loss", "train_loss"):
+        record = _draw(tiny, f"loss_{column}", {"kind": "loss_curves", "experiment": "tiny", "column": column})
+        assert record["drawn"] and record["caption"].startswith(fednova.LOSS_COLUMNS[column].split(" (")[0])
 
 
 def test_fixed_gamma_without_such_runs_says_so(tiny):
@@ -270,6 +288,8 @@ def test_bad_figure_specs_are_refused_with_the_key_and_what_is_allowed():
         figures.check({"f": {"kind": "heatmap"}}, {"tiny": {}})
     with pytest.raises(config.ConfigError, match=r"figures.f.experiment = 'nope'"):
         figures.check({"f": {"kind": "elud", "experiment": "nope"}}, {"tiny": {}})
+    with pytest.raises(config.ConfigError, match=r"figures.f.column = 'loss': allowed are global_train_loss, train_loss"):
+        figures.check({"f": {"kind": "loss_curves", "experiment": "tiny", "column": "loss"}}, {"tiny": {}})
     with pytest.raises(config.ConfigError, match=r"unknown keys \['grid'\]"):
         figures.check({"f": {"kind": "elud", "experiment": "tiny", "grid": 3}}, {"tiny": {}})
 
@@ -360,3 +380,45 @@ def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path):
         assert (tmp_path / "reports" / "tiny_figures" / f"paper.{name}.png").exists()
     html = (tmp_path / "reports" / "tiny.html").read_text()
     assert html.count('<figure id="figure-') == len(WORKFLOW["figures"])
+
+
+def test_interpolation_for_each_method_draws_a_line_per_method_and_names_the_missing(tiny):
+    record = _draw(tiny, "interp_each", {"kind": "interpolation", "experiment": "tiny", "points": 3,
+                                         "between": [{"plugins": []}, {"plugins": ["ima"]}],
+                                         "for_each": {"algorithm": ["fedavg", "fedaware"]}})
+    assert record["drawn"], record["reason"]
+    assert "no finished run: {'plugins': ['ima'], 'algorithm': 'fedaware'}" in record["caption"]
+    record = _draw(tiny, "interp_none", {"kind": "interpolation", "experiment": "tiny", "points": 3,
+                                         "between": [{"plugins": []}, {"plugins": ["ima"]}],
+                                         "for_each": {"algorithm": ["fedaware"]}})
+    assert not record["drawn"] and "no finished run matches" in record["reason"]
+    with pytest.raises(config.ConfigError, match=r"for_each = .*one key and its list of values"):
+        figures.check({"f": {"kind": "interpolation", "experiment": "tiny", "for_each": {"a": [1], "b": [2]}}},
+                      {"tiny": {}})
+
+
+def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_path, monkeypatch):
+    """IMA Fig. 1's plane: three client models of one round (full participation keeps three of four)."""
+    planes = []
+    surface = ima.surface
+    monkeypatch.setattr(ima, "surface", lambda evaluator, models, *a: planes.append(models) or surface(evaluator, models, *a))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "fmnist").symlink_to(tiny_data_root)
+    params = {"title": "three", "quick": True, "experiments": {"three": {
+        "base": {**BASE, "participation": 1.0, "rounds": 2, "snapshots": {"rounds": [2], "clients": 3}},
+        "grid": {"algorithm": ["fedavg"]}}}}
+    runs = config.expand(params)
+    partition_dir = make_partition(tiny_data_root, tmp_path / "partition", num_clients=4)
+    _train(runs[0].setting, tmp_path / "runs" / runs[0].id, partition_dir, tiny_data_root)
+    manifest = config.manifest(params, runs, "three")
+    spec = figures.check({"p": {"kind": "landscape", "experiment": "three", "rounds": [2], "plane": "three_clients",
+                                "resolution": 3}}, manifest["experiments"])["p"]
+    record = figures.draw("p", spec, manifest, tmp_path / "runs", tmp_path / "fig" / "p.png",
+                          figures.Context(tmp_path / "data", "cpu", True))
+    assert record["drawn"], record["reason"]
+    assert "three client models of a round" in record["caption"]
+    stored = np.load(tmp_path / "runs" / runs[0].id / "snapshots.npz")
+    assert len(planes) == 1 and all(np.array_equal(np.asarray(m), stored[f"round_2_client_{i}"])
+                                    for i, m in enumerate(planes[0]))
+    with pytest.raises(config.ConfigError, match=r"plane = 'four': allowed are global_and_two_clients, three_clients"):
+        figures.check({"f": {"kind": "landscape", "experiment": "three", "plane": "four"}}, manifest["experiments"])

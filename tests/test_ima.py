@@ -76,11 +76,13 @@ def test_other_decay_schemes():
     start, lr_start = 60, 0.01 * 0.99 ** 60
     const = applied(setting(start_round=start, decay="constant"))
     assert const.lr_schedule(59) == pytest.approx(0.01 * 0.99 ** 59) and const.lr_schedule(70) == 5e-5
-    cyclic = applied(setting(start_round=start, decay="cyclic", cycle_rounds=4))
-    # SWA: (1 - f) lr_max + f lr_min with f = (k + 1) / c at position k of the cycle
-    assert [cyclic.lr_schedule(t) for t in range(60, 65)] == pytest.approx(
-        [0.75 * lr_start + 0.25 * 5e-5, 0.5 * lr_start + 0.5 * 5e-5, 0.25 * lr_start + 0.75 * 5e-5, 5e-5,
-         0.75 * lr_start + 0.25 * 5e-5])
+    # SWA: (1 - f) lr_max + f lr_min with f = (k + 1) / c at position k of the cycle; lr_max is the paper's
+    # 1e-2 by default, the lr at t_s (the code's) with cyclic_lr_max: null
+    for top, cyclic_lr_max in ((0.01, 0.01), (lr_start, None)):
+        cyclic = applied(setting(start_round=start, decay="cyclic", cycle_rounds=4, cyclic_lr_max=cyclic_lr_max))
+        assert [cyclic.lr_schedule(t) for t in range(60, 65)] == pytest.approx(
+            [0.75 * top + 0.25 * 5e-5, 0.5 * top + 0.5 * 5e-5, 0.25 * top + 0.75 * 5e-5, 5e-5,
+             0.75 * top + 0.25 * 5e-5])
     none = applied(setting(start_round=start, decay="none"))
     assert none.lr_schedule(90) == pytest.approx(0.01 * 0.99 ** 90)
     epoch = applied(setting(start_round=start, decay="epoch", cycle_rounds=20))

@@ -1,8 +1,8 @@
 """A paper's qualitative claims as checks on its table, counted on the paper's numbers and on ours.
 
 A table of params/paper_results.yaml lists its claims under ``checks``. Each check compares cells
-of that table along one ``axis`` (``rows`` or ``columns``: which labels are compared), once per
-line of the other axis (``lines``: patterns restricting those, default all):
+of that table along one ``axis`` (``rows``, ``columns`` or ``cells``: which labels are compared), once
+per line of the other axis (``lines``: patterns restricting those, default all):
 
   beats  every label matching ``winner`` against every label matching ``loser``, by more than
          ``margin`` (default 0). Patterns pair by what their ``*`` stands for ("*, +IMA" with
@@ -11,7 +11,18 @@ line of the other axis (``lines``: patterns restricting those, default all):
   best   per line, the best of the ``winner`` labels beats every other label of the line.
   order  per line and per neighbouring pair of the ``order`` labels: the first is at least as good.
 
+  gain_ratio   per pair of labels as beats pairs them, the gain (winner minus loser) on the first of the
+         two ``lines`` divided by the gain on the second lies ``within`` [low, high] ("participation 0.05
+         gives about twice the gain of 0.2"); one comparison per pair.
+  gain_spread  per pair, the gains on all ``lines`` lie within ``tolerance`` of each other ("the gain
+         stays stable over E"); one comparison per pair.
+
+``axis: cells`` compares single cells across rows and columns, each labelled "row | column"
+("FedAMS | C100 ×AWARE Acc" beats "* | C100 Raw Acc"), on one line.
 ``among`` (patterns) restricts the compared labels, e.g. ``best`` among some rows only.
+``stated`` (where the paper says it, e.g. "Fig. 6b, text"): the paper prints no numbers for the claim
+(a figure, a sentence); its cells are left empty in the table and the check is counted on ours only,
+the paper's side reading "stated in ..." instead of a count.
 ``better: lower`` flips the direction (rounds to a target accuracy); two cells that never reached the
 target (inf) are no evidence either way, so such a comparison does not hold. Patterns are literal
 text except ``*``. A check is counted on each side separately over the comparisons whose cells that
@@ -27,7 +38,8 @@ from dataclasses import dataclass
 
 from fedrepro.paper import Cell
 
-KINDS = ("beats", "ties", "best", "order")
+KINDS = ("beats", "ties", "best", "order", "gain_ratio", "gain_spread")
+ACROSS_LINES = ("gain_ratio", "gain_spread")  # kinds that compare gains of one pair across lines
 
 
 @dataclass
@@ -46,11 +58,16 @@ class Verdict:
     ours: Count
     pending: int  # comparisons the paper makes that we cannot make yet (a cell not run)
     outside: int = 0  # comparisons with a cell the params file (a subset) does not run at all
+    stated: str = ""  # where the paper states a claim it prints no numbers for (then paper is 0/0)
+
+    @property
+    def paper_side(self) -> str:
+        return f"stated in {self.stated} (no numbers)" if self.stated else str(self.paper)
 
     def __str__(self) -> str:
         tail = f" ({self.pending} not run yet)" if self.pending else ""
         tail += f" ({self.outside} outside this params file)" if self.outside else ""
-        return f"{self.text}: paper {self.paper}, ours {self.ours}{tail}"
+        return f"{self.text}: paper {self.paper_side}, ours {self.ours}{tail}"
 
 
 def _captures(pattern: str, label: str) -> tuple | None:
@@ -74,7 +91,7 @@ def _select(labels: list[str], patterns) -> dict[str, tuple]:
 def _comparisons(check: dict, labels: list[str]) -> list[tuple[list[str], list[str]]]:
     """Per line, the (better, worse) label groups whose values the check compares."""
     kind = check["kind"]
-    if kind in ("beats", "ties"):
+    if kind in ("beats", "ties") + ACROSS_LINES:
         winners, losers = _select(labels, check["winner"]), _select(labels, check["loser"])
         return [([w], [l]) for w, wg in winners.items() for l, lg in losers.items()
                 if w != l and (wg == lg or not wg or not lg)]
@@ -88,6 +105,18 @@ def _comparisons(check: dict, labels: list[str]) -> list[tuple[list[str], list[s
         order = check["order"]
         return [([a], [b]) for a, b in zip(order, order[1:])]
     raise ValueError(f"check kind '{kind}' is not one of {', '.join(KINDS)}")
+
+
+def _gains_hold(check: dict, gains: list[float]) -> bool:
+    """gain_ratio: gains = [first line's, second line's]; gain_spread: one gain per line."""
+    if not all(math.isfinite(g) for g in gains):
+        return False
+    if check["kind"] == "gain_ratio":
+        low, high = check["within"]
+        if gains[1] <= 0:  # a gain against none (or a loss) is infinitely larger; no gain against none is not
+            return gains[0] > 0 and high == math.inf
+        return low <= gains[0] / gains[1] <= high
+    return max(gains) - min(gains) <= check["tolerance"]
 
 
 def _holds(check: dict, better: list[float], worse: list[float]) -> bool:
@@ -114,31 +143,42 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
     rows = list(dict.fromkeys(c.row for c in joined if c.table == table))
     columns = list(dict.fromkeys(c.column for c in joined if c.table == table))
     axis = check.get("axis", "columns")
-    if axis not in ("rows", "columns"):
-        raise ValueError(f"check axis '{axis}' must be rows or columns")
-    labels, lines = (columns, rows) if axis == "columns" else (rows, columns)
+    if axis not in ("rows", "columns", "cells"):
+        raise ValueError(f"check axis '{axis}' must be rows, columns or cells")
+    if axis == "cells":  # one line; each cell is a label "row | column"
+        labels, lines = [f"{r} | {c}" for r in rows for c in columns if (r, c) in grid], [""]
+    else:
+        labels, lines = (columns, rows) if axis == "columns" else (rows, columns)
     if "among" in check:
         labels = list(_select(labels, check["among"]))
     if "lines" in check:
         lines = list(_select(lines, check["lines"]))
 
     def cell(line: str, label: str) -> Cell:
+        if axis == "cells":
+            return grid[tuple(label.split(" | ", 1))]
         return grid[(line, label)] if axis == "columns" else grid[(label, line)]
 
+    stated = check.get("stated", "")
+    if check["kind"] in ACROSS_LINES:
+        return _evaluate_gains(check, labels, lines, cell, stated)
     paper, ours, pending, outside = Count(), Count(), 0, 0
     for line in lines:
         for better, worse in _comparisons(check, labels):
             involved = [cell(line, label) for label in better + worse]
-            published = [c for c in involved if c.value is not None]
-            if check["kind"] == "best":  # the best among what the paper printed
+            # the comparisons the paper's numbers make; a stated claim (no numbers) makes every one ours
+            published = involved if stated else [c for c in involved if c.value is not None]
+            if not stated and check["kind"] == "best":  # the best among what the paper printed
                 better = [l for l in better if cell(line, l).value is not None]
                 worse = [l for l in worse if cell(line, l).value is not None]
                 if not better or not worse:
                     continue
             elif len(published) < len(involved):
                 continue
-            paper.total += 1
-            paper.holds += _holds(check, [cell(line, l).value for l in better], [cell(line, l).value for l in worse])
+            if not stated:
+                paper.total += 1
+                paper.holds += _holds(check, [cell(line, l).value for l in better],
+                                      [cell(line, l).value for l in worse])
             if any(_ours(c, check) is None for c in published):
                 if all(c.in_scope for c in published):
                     pending += 1
@@ -148,7 +188,32 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
             ours.total += 1
             ours.holds += _holds(check, [_ours(cell(line, l), check) for l in better],
                                  [_ours(cell(line, l), check) for l in worse])
-    return Verdict(check["text"], paper, ours, pending, outside)
+    return Verdict(check["text"], paper, ours, pending, outside, stated)
+
+
+def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stated: str) -> Verdict:
+    """gain_ratio / gain_spread: one comparison per (winner, loser) pair, over the gains on ``lines``."""
+    if check["kind"] == "gain_ratio" and len(lines) != 2:
+        raise ValueError(f"check '{check['text']}': gain_ratio compares two lines, got {lines}")
+    sign = -1 if check.get("better", "higher") == "lower" else 1
+    paper, ours, pending, outside = Count(), Count(), 0, 0
+    for better, worse in _comparisons(check, labels):
+        pairs = [(cell(line, better[0]), cell(line, worse[0])) for line in lines]
+        involved = [c for pair in pairs for c in pair]
+        if not stated and all(c.value is not None for c in involved):
+            paper.total += 1
+            paper.holds += _gains_hold(check, [sign * (w.value - l.value) for w, l in pairs])
+        elif not stated:
+            continue
+        if any(_ours(c, check) is None for c in involved):
+            if all(c.in_scope for c in involved):
+                pending += 1
+            else:
+                outside += 1
+            continue
+        ours.total += 1
+        ours.holds += _gains_hold(check, [sign * (_ours(w, check) - _ours(l, check)) for w, l in pairs])
+    return Verdict(check["text"], paper, ours, pending, outside, stated)
 
 
 def evaluate_table(table_name: str, table: dict, joined: list[Cell]) -> list[Verdict]:

@@ -21,7 +21,7 @@ from fedrepro import algorithms, checkpoint, data, identity, metrics, models, pa
 from fedrepro.client import LocalSGD, client_generator, holdout_split, lr_schedule as client_lr_schedule
 from fedrepro.cohort import CohortSGD, equal_steps, random_layers
 # scoring lives below the engine, where the methods that score models use it too
-from fedrepro.evaluation import eval_mode, evaluate, proxy_indices, split_test  # noqa: F401
+from fedrepro.evaluation import eval_mode, evaluate, global_train_loss, proxy_indices, split_test  # noqa: F401
 from fedrepro.identity import cohort_size, partition_id, partition_setting, stable_hash
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
@@ -110,6 +110,7 @@ class Trainer:
         holdout = setting["client"].get("holdout", 0.0)
         trained = [holdout_split(p, holdout, setting["seed"], i)[0] if holdout else p for i, p in enumerate(self.parts)]
         self.client_index = [torch.as_tensor(p, device=self.device) for p in trained]
+        self.train_parts = [torch.as_tensor(p, device=self.device) for p in self.parts]
         self.client_sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=self.device)
         # client groups the partition defines (hybrid: balanced, imbalanced): their coherence is logged per round
         self.client_groups = partition.groups(partition_setting(setting))
@@ -259,6 +260,12 @@ class Trainer:
             row["test_acc"], row["test_loss"] = evaluate(self.model.module, self.test)
         else:
             row["test_acc"] = row["test_loss"] = float("nan")
+        every = s["evaluation"]["global_train_loss_every"]
+        if every and ((t + 1) % every == 0 or t == 0 or t + 1 == s["rounds"]):
+            # the objective every client's samples define (self.parts: a client's held-out samples count)
+            row["global_train_loss"] = global_train_loss(self.model.module, self.train, self.train_parts)
+        else:
+            row["global_train_loss"] = float("nan")
         row["seconds"] = time.perf_counter() - tic
         return row
 

@@ -4,6 +4,7 @@ hold-out, with the model in eval mode. Below the engine and the methods, which b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import torch
@@ -44,15 +45,32 @@ def eval_mode(module: torch.nn.Module):
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, test, batch_size: int = 4096) -> tuple[float, float]:
-    """Accuracy and mean loss with the model in eval mode (dropout off), its mode restored after."""
-    correct = torch.zeros((), device=test.labels.device)
-    loss = torch.zeros((), device=test.labels.device)
+def evaluate(model: torch.nn.Module, test, batch_size: int = 4096,
+             index: torch.Tensor | None = None) -> tuple[float, float]:
+    """Accuracy and mean loss with the model in eval mode (dropout off), its mode restored after;
+    over the samples at ``index`` (repeats count as often as they occur) or the whole split."""
+    device = test.labels.device
+    index = torch.arange(len(test), device=device) if index is None else index.to(device)
+    correct = torch.zeros((), device=device)
+    loss = torch.zeros((), device=device)
     with eval_mode(model):
-        for start in range(0, len(test), batch_size):
-            index = torch.arange(start, min(start + batch_size, len(test)), device=test.labels.device)
-            x, y = test.batch(index)
+        for start in range(0, len(index), batch_size):
+            x, y = test.batch(index[start:start + batch_size])
             logits = model(x)
             loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
-    return float(correct) / len(test), float(loss) / len(test)
+    return float(correct) / len(index), float(loss) / len(index)
+
+
+def unaugmented(dataset):
+    """The split as the objective sees it: no random augmentation (which would also draw from the
+    training RNG stream and change the run). Shares the tensors, copies nothing."""
+    if not dataset.augment:
+        return dataset
+    return dataclasses.replace(dataset, augment=False)
+
+
+def global_train_loss(model: torch.nn.Module, train, parts: list[torch.Tensor], batch_size: int = 4096) -> float:
+    """The global objective F(x) = sum_i (n_i / n) F_i(x): the model's mean loss over every client's
+    training samples, i.e. the size-weighted mean of the clients' mean losses (FedNova Fig. 5)."""
+    return evaluate(model, unaugmented(train), batch_size, torch.cat(parts))[1]

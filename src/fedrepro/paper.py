@@ -54,6 +54,14 @@ class Cell:
         return self.ours_mean - self.value
 
 
+def table_experiments(name: str, table: dict, experiments) -> list[str]:
+    """The experiments a table takes its runs from: those it names under ``experiments``, else those named
+    as the table or starting with its name and "_" (``ima_table1`` from ``ima_table1_fmnist``), so ablation
+    runs that happen to share a cell's settings never leak into it."""
+    named = table.get("experiments")
+    return [e for e in experiments if (e in named if named else e == name or e.startswith(name + "_"))]
+
+
 def load_results(path: str | Path = RESULTS_FILE) -> dict:
     return yaml.safe_load(Path(path).read_text())["tables"]
 
@@ -65,6 +73,7 @@ def cells(tables: dict, names: list[str] | None = None) -> list[Cell]:
             continue
         columns = table["columns"]
         for row in table["rows"]:
+            row = {"values": [None] * len(columns), **row}  # no values: the paper prints none (a figure)
             if len(row["values"]) != len(columns):
                 raise ValueError(f"{name}, row '{row['label']}': {len(row['values'])} values for {len(columns)} columns")
             column_match = row.get("column_match") or [c["match"] for c in columns]
@@ -93,6 +102,9 @@ def matches(setting: dict, match: dict) -> bool:
         if key == "plugins":
             if sorted(have if have is not _MISSING else []) != sorted(want):
                 return False
+        elif want is None:  # null: the key is unset (a method's default that runs never write)
+            if have is not _MISSING and have is not None:
+                return False
         elif have is _MISSING or (have != want and not (_is_num(have) and _is_num(want)
                                                          and math.isclose(have, want))):
             return False
@@ -118,6 +130,8 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
         return float(last.mean()) * scale
     if kind == "mean_over_rounds":
         return float(frame[metric["column"]].mean()) * scale
+    if kind == "mean_last_logged":  # a column logged every k rounds (global_train_loss): its last values
+        return float(frame[metric["column"]].dropna().tail(metric.get("rounds", 1)).mean()) * scale
     if kind == "rounds_to_target":
         hit = frame[frame["test_acc"] >= metric["target"]]
         return float(hit["round"].iloc[0]) if len(hit) else math.inf

@@ -241,16 +241,16 @@ def _nan_to_none(record: dict) -> dict:
 def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     """The papers' tables whose experiments this params file runs, cell by cell beside ours.
 
-    A table ``T`` of params/paper_results.yaml takes its runs from the experiments named ``T`` or
-    ``T_*`` (e.g. ``ima_table1`` from ``ima_table1_fmnist``), so ablation runs that happen to share
-    a cell's settings never leak into it.
+    A table ``T`` of params/paper_results.yaml takes its runs from the experiments it lists under
+    ``experiments``, or else from those named ``T`` or ``T_*`` (e.g. ``ima_table1`` from
+    ``ima_table1_fmnist``), so ablation runs that happen to share a cell's settings never leak into it.
     """
     from fedrepro import claims, paper
 
     tables = paper.load_results()
     out = []
     for name, table in tables.items():
-        experiments = [e for e in manifest["experiments"] if e == name or e.startswith(name + "_")]
+        experiments = paper.table_experiments(name, table, manifest["experiments"])
         if not experiments:
             continue
         declared = [r for e in experiments for r in manifest["experiments"][e]["runs"]]
@@ -274,7 +274,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
                     "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
                     "experiments": experiments, "tolerance": tolerance, "best_among": table.get("best_among", "rows"),
-                    "unit": "rounds" if metric == "rounds_to_target" else "%"})
+                    "unit": table.get("unit", "rounds" if metric == "rounds_to_target" else "%")})
     return out
 
 

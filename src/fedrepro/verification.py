@@ -8,8 +8,8 @@ checks that they agree.
 
 Only evidence kept under the paper's protocol counts: a folder kept from params files that include an
 ``*_official_protocol`` subset is the authors' code's protocol (docs/parity.md compares those). A run counts
-for table ``T`` when its folder's manifest declares it under an experiment named ``T`` or ``T_*`` (the
-report's rule), so ablation runs that share a cell's settings never leak into it. A cell counts one run
+for a table when its folder's manifest declares it under one of the table's experiments (paper.table_experiments,
+the report's rule), so ablation runs that share a cell's settings never leak into it. A cell counts one run
 per seed: where folders hold two runs of one seed (a run kept again after a code change gave it a new id),
 the most recently kept counts.
 """
@@ -103,8 +103,8 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
         runs: dict[str, dict] = {}
         used: set[str] = set()
         for folder, manifest in folders:
-            declared = {r["id"] for e, exp in manifest["experiments"].items()
-                        if e == name or e.startswith(name + "_") for r in exp["runs"]}
+            declared = {r["id"] for e in paper.table_experiments(name, table, manifest["experiments"])
+                        for r in manifest["experiments"][e]["runs"]}
             for run in paper.load_runs(folder / "runs", declared):
                 runs.pop(run["id"], None)  # kept again later: it counts as of its latest keep
                 runs[run["id"]] = {**run, "folder": folder.name}

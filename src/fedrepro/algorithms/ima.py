@@ -8,7 +8,9 @@ The window holds the host's outputs, never IMA's, so this is a sliding window, n
 IMA also decays the client lr faster from t_s on (`decay`, the schemes of the paper's Table 3):
   exponential  lr_0 d^t before t_s, lr_0 d^{t_s} r^{t - t_s} after (d = client.lr_decay, r = ima.lr_decay; code)
   constant     ima.constant_lr from t_s on
-  cyclic       linear from the lr at t_s down to ima.constant_lr within each cycle of ima.cycle_rounds (SWA)
+  cyclic       linear from ima.cyclic_lr_max (the paper's 1e-2; null: the lr at t_s, the code's) down to
+               ima.constant_lr within each cycle of ima.cycle_rounds (SWA's shape; the code's formula climbs
+               back above its maximum in each cycle's second half, specs/ima.md 1.3 note 1)
   epoch        the lr keeps its schedule; local epochs drop by one every ima.cycle_rounds rounds, floor 1
   none         no extra decay
 """
@@ -52,8 +54,9 @@ def lr_schedule(base, ima: dict, start: int):
         if ima["decay"] == "constant":
             return ima["constant_lr"]
         if ima["decay"] == "cyclic":
+            top = lr_start if ima["cyclic_lr_max"] is None else ima["cyclic_lr_max"]
             frac = ((t - start) % ima["cycle_rounds"] + 1) / ima["cycle_rounds"]
-            return (1 - frac) * lr_start + frac * ima["constant_lr"]
+            return (1 - frac) * top + frac * ima["constant_lr"]
         raise ValueError(f"ima.decay = {ima['decay']!r} is unknown")
 
     return schedule

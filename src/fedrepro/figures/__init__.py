@@ -62,6 +62,8 @@ KINDS = {
     "elud": ("fedaware", "elud"),
     "cosines": ("fedaware", "cosines"),
     "coherence_lud": ("fedaware", "coherence_lud"),
+    "split_dynamics": ("fedaware", "split_dynamics"),
+    "momentum_ablation": ("fedaware", "momentum_ablation"),
     "quadratic": ("fednova", "quadratic"),
     "loss_curves": ("fednova", "loss_curves"),
 }
@@ -71,8 +73,8 @@ NO_RUNS = {"quadratic"}
 EVALUATES = {"landscape", "interpolation", "client_averages"}
 COMMON_KEYS = {"kind", "experiment", "select", "reproduces", "differs", "title"}
 OPTIONS = {  # the options each kind reads, with their defaults
-    "landscape": {"rounds": [], "globals": [], "resolution": 21, "margin": 0.25},
-    "interpolation": {"between": [], "rounds": [], "points": 21, "extend": 0.25},
+    "landscape": {"rounds": [], "globals": [], "resolution": 21, "margin": 0.25, "plane": "global_and_two_clients"},
+    "interpolation": {"between": [], "rounds": [], "points": 21, "extend": 0.25, "for_each": {}},
     "locality": {},
     "client_averages": {"rounds": [-1], "cka_samples": 2000},
     "coherence": {},
@@ -81,9 +83,16 @@ OPTIONS = {  # the options each kind reads, with their defaults
     "elud": {},
     "cosines": {"rounds": [3, 60, 150]},
     "coherence_lud": {},
+    "split_dynamics": {},
+    "momentum_ablation": {},
     "quadratic": {"clients": 30, "dim": 20, "rounds": 1200, "lr": 0.05, "decay_rounds": [600, 900],
                   "decay": 5.0, "tau": 30, "tau_range": [1, 96], "tau_std": 20.0, "mu": 1.0, "seed": 0},
-    "loss_curves": {"panels": []},
+    "loss_curves": {"panels": [], "column": "global_train_loss"},
+}
+
+CHOICES = {  # options with a closed set of values
+    "loss_curves": {"column": ("global_train_loss", "train_loss")},
+    "landscape": {"plane": ("global_and_two_clients", "three_clients")},
 }
 
 
@@ -110,9 +119,15 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
         if kind not in NO_RUNS and spec.get("experiment") not in experiments:
             problems.append(f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
                             f"experiments {sorted(experiments)}")
+        if kind == "interpolation" and (not isinstance(spec.get("for_each", {}), dict)
+                                        or len(spec.get("for_each", {})) > 1):
+            problems.append(f"{where}.for_each = {spec['for_each']!r}: one key and its list of values")
         for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")
+        for key, allowed in CHOICES.get(kind, {}).items():
+            if key in spec and spec[key] not in allowed:
+                problems.append(f"{where}.{key} = {spec[key]!r}: allowed are {', '.join(allowed)}")
         out[name] = {**OPTIONS[kind], "select": {}, "reproduces": "", "differs": "", **spec}
     if problems:
         raise ConfigError("\n".join(problems))

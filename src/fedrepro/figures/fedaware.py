@@ -13,7 +13,16 @@ SHOWS = {
                "listed rounds, with the round's client coherence (mean off-diagonal cosine)",
     "coherence_lud": "Client coherence (mean pairwise cosine) against e-LUD, one point per round and run, "
                      "coloured by data split",
+    "split_dynamics": "Per data split (colour), over rounds: test accuracy (%), e-LUD (dimensionless), the norm of "
+                      "the cohort's weighted mean update ||sum_i p_i Delta_i|| (L2, before the server step) and the "
+                      "cohort's local training loss (nats); 95% band over seeds",
+    "momentum_ablation": "Accuracy (%, mean of the last 10% of rounds) and e-LUDD (mean e-LUD over the run) against "
+                         "FedAWARE's momentum alpha, for FedAWARE (min-norm weights) and FedAWARE-NA (static data-size "
+                         "weights); FedAvg with full participation as a dashed line; mean and min-max over seeds",
 }
+# split_dynamics: the panels of FedAWARE Fig. 1, (metrics.csv column, y label, scale)
+DYNAMICS = (("test_acc", "test accuracy (%)", 100.0), ("e_lud", "e-LUD", 1.0),
+            ("global_norm", "||sum_i p_i Delta_i|| (L2)", 1.0), ("train_loss", "local training loss (nats)", 1.0))
 
 
 def elud(spec, runs, context):
@@ -84,3 +93,62 @@ def coherence_lud(spec, runs, context):
     legend_outside(ax, "data split")
     fig.tight_layout()
     return fig, SHOWS["coherence_lud"] + f" ({', '.join(sorted(set(data['method'])))})"
+
+
+def split_dynamics(spec, runs, context):
+    """FedAWARE Fig. 1: one method under several data splits, four per-round quantities side by side."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    data = frame(runs, "e_lud")
+    fig, axes = plt.subplots(1, len(DYNAMICS), figsize=(4.0 * len(DYNAMICS) + 1.6, 3.4), layout="constrained")
+    for ax, (column, label, scale) in zip(axes, DYNAMICS):
+        part = data.dropna(subset=[column]).assign(**{column: lambda f, c=column, k=scale: f[c] * k})
+        style = "method" if data["method"].nunique() > 1 else None  # one method is the paper's case
+        sns.lineplot(data=part, x="round", y=column, hue="split", style=style, errorbar=("ci", 95), ax=ax,
+                     legend=ax is axes[-1])
+        ax.set_xlabel("communication round")
+        ax.set_ylabel(label)
+    legend_outside(axes[-1], "data split (and method)")
+    return fig, SHOWS["split_dynamics"] + f" ({', '.join(sorted(set(data['method'])))})"
+
+
+def momentum_ablation(spec, runs, context):
+    """FedAWARE Fig. 4: FedAWARE and FedAWARE-NA against alpha; FedAvg-Full as a reference line."""
+    import math
+
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from fedrepro import paper
+
+    records = []
+    for run in finished(runs):
+        acc = paper.run_metric({"kind": "mean_last_fraction", "fraction": 0.1, "scale": 100},
+                               run.summary, run.metrics)
+        eludd = float(run.metrics["e_lud"].mean())
+        if run.setting["algorithm"] == "fedaware":
+            static = run.setting["fedaware"].get("weights") == "static"
+            name, alpha = ("FedAWARE-NA" if static else "FedAWARE"), run.setting["fedaware"]["alpha"]
+        elif run.setting["algorithm"] == "fedavg" and not run.setting["plugins"]:
+            name, alpha = f"FedAvg (participation {run.setting['participation']:g})", math.nan
+        else:
+            continue
+        records.append({"method": name, "alpha": alpha, "accuracy": acc, "e-LUDD": eludd})
+    data = pd.DataFrame.from_records(records)
+    swept = data.dropna(subset=["alpha"]) if len(data) else data
+    if swept.empty:
+        raise MissingInput("no finished FedAWARE run (the alpha sweep) among the runs")
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.5), layout="constrained")
+    for ax, column, label in ((axes[0], "accuracy", "accuracy (%, last 10% of rounds)"),
+                              (axes[1], "e-LUDD", "e-LUDD (mean e-LUD, dimensionless)")):
+        for i, (name, part) in enumerate(swept.groupby("method", sort=True)):
+            stats = part.groupby("alpha")[column].agg(["mean", "min", "max"])
+            ax.plot(stats.index, stats["mean"], marker="o", color=f"C{i}", label=name)
+            ax.fill_between(stats.index, stats["min"], stats["max"], color=f"C{i}", alpha=0.2, lw=0)
+        for name, part in data[data["alpha"].isna()].groupby("method"):
+            ax.axhline(part[column].mean(), color="gray", ls="--", lw=1, label=name)
+        ax.set_xlabel("FedAWARE's momentum alpha")
+        ax.set_ylabel(label)
+    legend_outside(axes[1], "mean; band min-max over seeds")
+    return fig, SHOWS["momentum_ablation"]

@@ -23,7 +23,13 @@ SHOWS = {
                  "F(x) = 1/(2m) sum_i ||x - e_i||^2, for FedAvg, FedProx (mu = 1), VRLSGD and FedNova, with "
                  "the same local steps tau_i = 30 (left) and random time-varying tau_i(t) (right); the lr "
                  "decays by 5x at the listed rounds, as in the paper",
-    "loss_curves": "Training loss (cohort mean of the clients' local loss, nats) over rounds per method",
+    "loss_curves": "{what} over rounds per method",
+}
+# the loss columns loss_curves can draw: metrics.csv name -> what it is (the y label and the caption)
+LOSS_COLUMNS = {
+    "global_train_loss": "Global training loss (the global model's mean cross-entropy on all clients' training "
+                         "data, eval mode, nats: the objective sum_i n_i/n F_i)",
+    "train_loss": "Local training loss (the cohort's mean cross-entropy during its local steps, nats)",
 }
 METHODS = ("FedAvg", "FedProx", "VRLSGD", "FedNova")
 
@@ -144,29 +150,33 @@ def quadratic(spec: dict, runs, context):
 
 
 def loss_curves(spec: dict, runs, context):
-    """Training loss over rounds per method; one panel per ``panels`` entry (a partial setting)."""
+    """A loss column (``column``) over rounds per method; one panel per ``panels`` entry (a partial setting).
+    Rounds where the column was not logged (global_train_loss: every k rounds) are left out."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
 
     from fedrepro import paper
 
+    column = spec["column"]  # one of LOSS_COLUMNS (figures.CHOICES refuses others before work)
+    what = LOSS_COLUMNS[column]
     done = finished(runs)
+    if not any(column in r.metrics and r.metrics[column].notna().any() for r in done):
+        raise MissingInput(f"the runs logged no {column} (evaluation.global_train_loss_every: 0?)")
     panels = spec["panels"] or [{}]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.5, 3.4), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
-        chosen = [r for r in done if paper.matches(r.setting, panel)]
+        chosen = [r for r in done if paper.matches(r.setting, panel) and column in r.metrics]
         ax.set_title(", ".join(f"{k}={v}" for k, v in panel.items()) or "all runs", fontsize=9)
         if not chosen:
             ax.text(0.5, 0.5, "no finished run", ha="center", va="center", transform=ax.transAxes)
             continue
-        frame = pd.concat([r.metrics.assign(method=r.setting["algorithm"] + "".join("+" + q for q in r.setting["plugins"]))
-                           for r in chosen], ignore_index=True)
-        sns.lineplot(data=frame, x="round", y="train_loss", hue="method", errorbar=("ci", 95), ax=ax)
+        frame = pd.concat([r.metrics[["round", column]].dropna().assign(
+            method=r.setting["algorithm"] + "".join("+" + q for q in r.setting["plugins"])) for r in chosen],
+            ignore_index=True)
+        sns.lineplot(data=frame, x="round", y=column, hue="method", errorbar=("ci", 95), ax=ax)
         ax.set_xlabel("communication round")
-        ax.set_ylabel("training loss (nats)")
+        ax.set_ylabel(what.split(" (")[0].lower() + " (nats)")
         legend_outside(ax, "95% band over seeds")
-    if not any(len(r.metrics) for r in done):
-        raise MissingInput("the runs have no rounds in metrics.csv")
     fig.tight_layout()
-    return fig, SHOWS["loss_curves"]
+    return fig, SHOWS["loss_curves"].format(what=what)

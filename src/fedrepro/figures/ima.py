@@ -18,9 +18,9 @@ from fedrepro.figures import MissingInput, finished, legend_outside
 from fedrepro.figures.curves import over_rounds
 
 SHOWS = {
-    "landscape": "Test loss (nats) and test error (%) of the models on the plane through three models: the "
-                 "global model of a round and two client models of that round (rows per round), and three "
-                 "global models of the last rounds; markers are the models themselves",
+    "landscape": "Test loss (nats) and test error (%) of the models on the plane through three models: "
+                 "{plane} (rows per round), and three global models of the last rounds; markers are the models "
+                 "themselves",
     "interpolation": "Test loss (nats) and test error (%) along the straight line between two models "
                      "(0 and 1 are the end models; beyond them, extrapolation)",
     "locality": "Locality: mean L2 distance ||x - x_i|| between the global model and the cohort's client "
@@ -32,6 +32,11 @@ SHOWS = {
 
 
 MARKERS, MARKER_SYMBOLS = ("o", "^", "s"), ("\u25cb", "\u25b3", "\u25a1")  # circle, triangle, square
+# landscape ``plane``: which snapshots of a round span it (snapshots.npz keys) and their names
+PLANES = {"global_and_two_clients": (("global", "client_0", "client_1"), ["global", "client 1", "client 2"]),
+          "three_clients": (("client_0", "client_1", "client_2"), ["client 1", "client 2", "client 3"])}
+PLANE_TEXT = {"global_and_two_clients": "the global model of a round and two client models of that round",
+              "three_clients": "three client models of a round (the paper's Fig. 1)"}
 
 
 def plane(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor):
@@ -134,10 +139,10 @@ def landscape(spec, runs, context):
     run = finished(runs)[0]
     stored = snapshots(run)
     triples = []
+    keys, names = PLANES[spec["plane"]]
     for r in spec["rounds"]:
         r = _round(run, r)
-        triples.append((f"round {r}", ["global", "client 1", "client 2"],
-                        [_need(stored, f"round_{r}_{k}", run) for k in ("global", "client_0", "client_1")]))
+        triples.append((f"round {r}", names, [_need(stored, f"round_{r}_{k}", run) for k in keys]))
     if spec["globals"]:
         rs = [_round(run, r) for r in spec["globals"]]
         if len(rs) != 3:
@@ -161,7 +166,7 @@ def landscape(spec, runs, context):
             ax.set_title(f"{title} ({key_text}): {unit}", fontsize=9)
             ax.set_xlabel("distance along u (L2, parameter space)")
             ax.set_ylabel("distance along v (L2)")
-    return fig, (SHOWS["landscape"] + f" ({run.setting['algorithm']}, {run.setting['dataset']} {run.setting['model']}, "
+    return fig, (SHOWS["landscape"].format(plane=PLANE_TEXT[spec["plane"]]) + f" ({run.setting['algorithm']}, {run.setting['dataset']} {run.setting['model']}, "
                  f"seed {run.setting['seed']}, {spec['resolution']}x{spec['resolution']} grid)")
 
 
@@ -190,16 +195,26 @@ def interpolation(spec, runs, context):
     alphas = np.linspace(-spec["extend"], 1 + spec["extend"], spec["points"])
     lines = []
     if spec["between"]:
-        ends = []
-        for match in spec["between"]:
-            chosen = [r for r in done if paper.matches(r.setting, match)]
-            if not chosen:
-                raise MissingInput(f"no finished run matches {match}")
-            ends.append(chosen[0])
-        a, b = (_final_model(r) for r in ends)
-        names = [r.label for r in ends]
-        lines.append((f"{names[0]} (0) to {names[1]} (1)", a, b))
-        setting = ends[0].setting
+        # for_each {key: values}: one line per value, merged into both ends (IMA Fig. 7c: every method)
+        (key, values), = (spec["for_each"] or {None: [None]}).items()
+        missing = []
+        for value in values:
+            ends = []
+            for match in spec["between"]:
+                match = match if key is None else {**match, key: value}
+                chosen = [r for r in done if paper.matches(r.setting, match)]
+                if not chosen:
+                    missing.append(str(match))
+                    break
+                ends.append(chosen[0])
+            if len(ends) < 2:
+                continue
+            a, b = (_final_model(r) for r in ends)
+            names = [r.label for r in ends]
+            lines.append((f"{names[0]} (0) to {names[1]} (1)", a, b))
+            setting = ends[0].setting
+        if not lines:
+            raise MissingInput(f"no finished run matches {missing[0]}")
     else:
         run = done[0]
         stored = snapshots(run)
@@ -223,7 +238,10 @@ def interpolation(spec, runs, context):
             ax.axvline(x, color="gray", lw=0.6, ls=":")
     axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    return fig, SHOWS["interpolation"] + f" ({setting['dataset']} {setting['model']})"
+    shows = SHOWS["interpolation"] + f" ({setting['dataset']} {setting['model']})"
+    if spec["between"] and spec["for_each"] and missing:
+        shows += f"; not drawn, no finished run: {', '.join(missing)}"
+    return fig, shows
 
 
 def locality(spec, runs, context):
