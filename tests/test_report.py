@@ -431,7 +431,9 @@ def test_every_shipped_paper_table_compiles_with_latex(tmp_path):
     """Every table of params/paper_results.yaml (their labels' #, %, α, γ, ×, ±), bold cells included."""
     import subprocess
     from fedrepro import paper, tables
-    manifest = {"experiments": {name: {"runs": []} for name in paper.load_results()}}
+    results = paper.load_results()
+    names = set(results) | {e for table in results.values() for e in table.get("experiments", [])}
+    manifest = {"experiments": {name: {"runs": []} for name in names}}
     comparisons = report.paper_comparisons(manifest, tmp_path / "runs")
     assert len(comparisons) == len(paper.load_results())
     body = tables.render(comparisons, "latex")
