@@ -9,8 +9,6 @@ from fedrepro import algorithms, config
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
 from fedrepro.parts import RoundUpdates
 
-torch.set_num_threads(1)
-
 
 def updates(t, clients, deltas, sizes):
     k = len(clients)

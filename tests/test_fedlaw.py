@@ -10,8 +10,6 @@ from torch import nn
 from fedrepro.algorithms.fedlaw import LearnedAggregation, proxy_indices
 from fedrepro.parts import RoundUpdates
 
-torch.set_num_threads(1)
-
 CFG = {"variant": "fedlaw", "gamma": 1.0, "proxy_size": 20, "server_epochs": 1, "server_lr": 0.01,
        "betas": [0.5, 0.999], "lr_step_epochs": 20, "lr_step_factor": 0.5, "batch_size": 128}
 

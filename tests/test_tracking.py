@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,7 @@ def _fake_run(runs_dir: Path, name: str, status: str = "finished") -> dict:
     """A finished run's files, as the engine writes them."""
     folder = runs_dir / name
     folder.mkdir(parents=True)
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))  # the same data in every process
     frame = pd.DataFrame({"round": np.arange(1, ROUNDS + 1), **{m: rng.random(ROUNDS) for m in METRICS}})
     frame.loc[3, "test_acc"] = float("nan")  # not evaluated that round: not logged
     frame.to_csv(folder / "metrics.csv", index=False)
@@ -129,40 +130,59 @@ def test_concurrent_registration_into_one_sqlite_store(tmp_path):
     _check_store(uri, tmp_path / "runs", {f"run-{i}" for i in range(WORKERS)} | {"shared-run"})
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """An ``mlflow server`` on 127.0.0.1 (a free port), stopped by its PID after the test."""
-    port = free_port()
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+def _start_mlflow_server(tmp_path: Path, port: int, log) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
                              "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
                              "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
                             env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """The server and the workers it forked share the session we gave it: stop exactly that group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """An ``mlflow server`` on 127.0.0.1, stopped by its PID after the test. The port is free when chosen,
+    but another process may bind it before the server does: then the server exits, and it starts again
+    on another port (three tries)."""
+    log_path = tmp_path / "server.log"
+    proc = None
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                pytest.fail("mlflow server did not start:\n" + (tmp_path / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
+        for _ in range(3):
+            port = free_port()
+            with open(log_path, "w") as log:
+                proc = _start_mlflow_server(tmp_path, port, log)
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 180
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    pass
+                time.sleep(0.5)
+            else:
+                text = log_path.read_text()
+                _stop(proc)
+                if "already in use" in text or "Address in use" in text:
+                    continue
+                pytest.fail("mlflow server did not start:\n" + text[-3000:])
+            break
+        else:
+            pytest.fail("mlflow server found no free port in three tries:\n" + log_path.read_text()[-3000:])
         yield url
     finally:
-        # the server and the workers it forked share the session we gave it: stop exactly that group
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-        log.close()
+        if proc is not None:
+            _stop(proc)
 
 
 @pytest.mark.slow
@@ -325,11 +345,11 @@ def test_a_dead_server_costs_one_failed_call_and_the_run_goes_on(tmp_path, parti
 
 
 def test_track_reconciles_after_a_failed_run_and_a_dead_server(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
-                                                                monkeypatch):
+                                                                monkeypatch, down_server):
     """Issue #15: a track step that met a dead server wrote its output and was never retried."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
     runs_dir = tmp_path / "runs"
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the server is down
+    dead = down_server
     _train(runs_dir / "ok-run", partition_dir, tiny_data_root, dead, None)
     manifest = _tiny_manifest(tmp_path, ["ok-run", "crashed-run"])  # crashed-run never wrote a summary
     out = tmp_path / "tracked.json"
@@ -379,25 +399,41 @@ def test_a_killed_registration_is_repaired_not_duplicated(tmp_path, sqlite_uri):
 
 
 KILL_CREATION = textwrap.dedent("""
-    import sys
+    import glob, os, signal, sqlite3, sys
+    import sqlalchemy
+    from sqlalchemy import event
+    how, uri, pattern = sys.argv[1:4]
+
+    def half_migrated(path):
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.01) as con:
+                return any(r[0].startswith("_alembic_tmp_") for r in con.execute("SELECT name FROM sqlite_master"))
+        except sqlite3.Error:
+            return False
+
+    # after every SQL statement of the migration: once a file matching the pattern holds alembic's
+    # temporary table on disk, the process kills itself, at that statement and no later, on any machine
+    @event.listens_for(sqlalchemy.engine.Engine, "after_cursor_execute")
+    def kill_when_half_migrated(*args):
+        if any(half_migrated(p) for p in glob.glob(pattern)):
+            os.kill(os.getpid(), signal.SIGKILL)
+
     from fedrepro import tracking
     from mlflow import MlflowClient
-    uri = sys.argv[2]
-    tracking.open_store(uri) if sys.argv[1] == "ours" else MlflowClient(tracking_uri=uri).search_experiments()
+    tracking.open_store(uri) if how == "ours" else MlflowClient(tracking_uri=uri).search_experiments()
 """)
 
 
-def _kill_during_schema_creation(how: str, db: Path, watch) -> bool:
-    """Start creating the store at ``db`` and SIGKILL the process once ``watch()`` sees it midway."""
-    proc = subprocess.Popen([sys.executable, "-c", KILL_CREATION, how, f"sqlite:///{db}"], env=subprocess_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while proc.poll() is None:
-        if watch():
-            proc.kill()
-            proc.wait()
-            return True
-        time.sleep(0.005)
-    return False
+def _kill_during_schema_creation(how: str, db: Path, pattern: str) -> bool:
+    """Create the store at ``db`` in a process that SIGKILLs itself right after the first SQL statement
+    that leaves alembic's ``_alembic_tmp_`` table in a file matching ``pattern`` (a glob): a kill at a
+    fixed point of the migration, where polling from outside raced a table that lives milliseconds.
+    True if the process died so; False if the migration finished without ever reaching that point."""
+    proc = subprocess.run([sys.executable, "-c", KILL_CREATION, how, f"sqlite:///{db}", pattern],
+                          env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=600)
+    assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-2000:]
+    return proc.returncode == -signal.SIGKILL
 
 
 def _alembic_leftover(db: Path) -> bool:
@@ -418,11 +454,12 @@ def test_a_killed_schema_creation_leaves_a_usable_store(tmp_path):
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
     # what MLflow alone leaves: a half-migrated file (the state earlier versions left behind)
-    assert _kill_during_schema_creation("mlflow", db, lambda: _alembic_leftover(db)), "the kill came too late"
+    assert _kill_during_schema_creation("mlflow", db, str(db)), "MLflow's migration made no temporary table"
+    assert _alembic_leftover(db)
     # ours builds the schema in a temporary file: killed midway, the store's own path is untouched
-    tmp_files = lambda: [p for p in tmp_path.glob(".mlflow.db.*.tmp") if _alembic_leftover(p)]  # noqa: E731
     db.rename(tmp_path / "legacy.db")
-    assert _kill_during_schema_creation("ours", db, lambda: bool(tmp_files())), "the kill came too late"
+    assert _kill_during_schema_creation("ours", db, str(tmp_path / ".mlflow.db.*.tmp")), "no temporary store made"
+    assert any(_alembic_leftover(p) for p in tmp_path.glob(".mlflow.db.*.tmp"))
     assert not db.exists()
     (tmp_path / "legacy.db").rename(db)
     client = tracking.open_store(uri)  # repairs: the half-made, empty store is moved aside and made anew
