@@ -243,7 +243,12 @@ def test_a_proxy_size_other_than_the_comparisons_holdout_is_refused(name):
 
 
 def test_fixed_gamma_needs_no_holdout():
-    config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fixed_gamma", "proxy_size": 20}})
+    """fixed_gamma learns nothing on a proxy set, so the proxy_size = proxy_holdout check that refuses
+    the learned variants (the same setting otherwise) lets it through, holding nothing out."""
+    fixed = config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fixed_gamma", "proxy_size": 20}})
+    assert fixed["fedlaw"]["variant"] == "fixed_gamma" and fixed["evaluation"]["proxy_holdout"] == 0
+    with pytest.raises(config.ConfigError, match=r"fedlaw\.proxy_size = 20, evaluation\.proxy_holdout = 0"):
+        config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fedlaw", "proxy_size": 20}})
 
 
 def test_every_method_of_a_fedlaw_experiment_is_scored_on_the_same_test_samples():
