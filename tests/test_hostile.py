@@ -226,6 +226,31 @@ def test_a_plain_truncated_torch_file_is_named(tmp_path):
         checkpoint.load(path)
 
 
+class _RunsCodeWhenUnpickled:
+    """An object whose unpickling calls open(marker, "w"): any code could run there instead."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_a_checkpoint_with_a_pickled_object_is_refused_by_weights_only(tmp_path):
+    """A checkpoint whose digest is right (written by someone, not damaged) but which holds a pickled
+    object: torch.load(weights_only=True) refuses to build it, so its code never runs, and the error
+    names the file."""
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save({"x": torch.zeros(3), "payload": _RunsCodeWhenUnpickled(marker)}, path, digest=True)
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.load(path)
+    assert str(err.value).startswith(f"{path}: not a readable checkpoint (UnpicklingError: Weights only load failed")
+    assert not marker.exists(), "unpickling ran the object's code"
+    checkpoint.save({"x": torch.zeros(3)}, path, digest=True)  # the same file without the object loads
+    assert torch.equal(checkpoint.load(path)["x"], torch.zeros(3))
+
+
 def test_partial_checkpoint_writes_are_removed_on_the_next_start(tmp_path, partition_dir, tiny_data_root):
     out = tmp_path / "run"
     out.mkdir()
