@@ -466,3 +466,86 @@ def test_a_killed_schema_creation_leaves_a_usable_store(tmp_path):
     client.create_experiment("after-the-kills")
     assert client.get_experiment_by_name("after-the-kills") is not None
     assert list(tmp_path.glob("mlflow.db.broken-*")) and not list(tmp_path.glob(".mlflow.db.*.tmp"))
+
+
+# --------------------------------------------------------------------------- what the README promises
+
+
+class _StubClient:
+    """Stands in for MlflowClient where a test watches only what LiveRun sends and when."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_live_metrics_are_sent_in_batches_at_most_every_10_seconds(monkeypatch):
+    """Rounds are logged as they end, but sent together: the first at once, then one batch per 10 s of the
+    job's clock, and the rest when the run ends (a round every second costs a call every 10 s)."""
+    assert tracking.FLUSH_SECONDS == 10.0
+    sent, clock = [], [1000.0]
+    monkeypatch.setattr(tracking, "_log_metrics", lambda client, run_id, batch: sent.append(sorted({m.step for m in batch})))
+    monkeypatch.setattr(tracking.time, "monotonic", lambda: clock[0])
+    live = tracking.LiveRun("unused")
+    live.client, live.run_id = _StubClient(), "run"
+    for step, now in [(1, 1000.0), (2, 1004.0), (3, 1009.9), (4, 1010.1), (5, 1015.0)]:
+        clock[0] = now
+        live.round_done(None, {"round": step, "wall_time": now, "test_acc": 0.5, "train_loss": 1.0})
+    assert sent == [[1], [2, 3, 4]], "round 1 at once; rounds 2-4 together once 10 s had passed"
+    live.ended(None, "interrupted", None)
+    assert sent == [[1], [2, 3, 4], [5]], "what is pending goes out when the run ends"
+
+
+def test_an_exception_mid_training_marks_the_run_failed(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
+                                                        monkeypatch):
+    from mlflow import MlflowClient
+    from fedrepro import engine
+    round_ = engine.Trainer.round
+
+    def breaks_in_round_3(self, t):
+        if t == 2:
+            raise RuntimeError("a bug in round 3")
+        return round_(self, t)
+
+    monkeypatch.setattr(engine.Trainer, "round", breaks_in_round_3)
+    out = tmp_path / "runs" / "broken-run"
+    with pytest.raises(RuntimeError, match="a bug in round 3"):
+        _train(out, partition_dir, tiny_data_root, sqlite_uri, _tiny_manifest(tmp_path, ["broken-run"]))
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    (run,) = _records(client, "broken-run")
+    assert run.info.status == "FAILED" and run.data.tags["fedrepro.status"] == "failed"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "test_acc")) == [1, 2]
+
+
+def test_a_locked_store_switches_tracking_off_and_the_run_goes_on(tmp_path, sqlite_uri, partition_dir,
+                                                                  tiny_data_root, capsys):
+    """Another process holds the sqlite store's write lock for the whole run: the first call that needs
+    it fails, tracking is off for this run (said once, written to the marker), and training finishes."""
+    import sqlite3
+    db = sqlite_uri[len("sqlite:///"):]
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        out = tmp_path / "runs" / "locked-run"
+        _train(out, partition_dir, tiny_data_root, sqlite_uri, None)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished", "training went on"
+    printed = capsys.readouterr().out
+    assert printed.count("tracking off for this run") == 1 and "locked" in printed
+    marker = json.loads((out / tracking.MARKER).read_text())
+    assert marker["complete"] is False and "locked" in marker["error"]
+
+
+def test_a_run_in_two_params_files_lists_both_in_fedrepro_experiments(tmp_path, sqlite_uri):
+    from mlflow import MlflowClient
+    runs_dir = tmp_path / "runs"
+    shared = _fake_run(runs_dir, "shared")
+    first = {**_manifest([shared]), "name": "paper"}
+    second = {**_manifest([shared]), "name": "ablation",
+              "experiments": {"fig2": {"title": "fig2", "description": "", "grid": {}, "runs": [shared]}}}
+    assert tracking.track(first, runs_dir, sqlite_uri)["registered"] == 1
+    assert tracking.track(second, runs_dir, sqlite_uri)["registered"] == 0, "one record, not two"
+    (run,) = _records(MlflowClient(tracking_uri=sqlite_uri), "shared")
+    assert run.data.tags["fedrepro.experiments"] == "paper/load,ablation/fig2"
+    assert json.loads((runs_dir / "shared" / tracking.MARKER).read_text())["members"] == ["ablation/fig2", "paper/load"]
