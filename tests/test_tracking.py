@@ -549,3 +549,19 @@ def test_a_run_in_two_params_files_lists_both_in_fedrepro_experiments(tmp_path, 
     (run,) = _records(MlflowClient(tracking_uri=sqlite_uri), "shared")
     assert run.data.tags["fedrepro.experiments"] == "paper/load,ablation/fig2"
     assert json.loads((runs_dir / "shared" / tracking.MARKER).read_text())["members"] == ["ablation/fig2", "paper/load"]
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_tracking_live_false_leaves_the_training_jobs_untracked(live, tmp_path):
+    """`tracking: {live: false}`: the train rule's command carries no MLflow options (the track step
+    registers the runs afterwards); the default logs live."""
+    from conftest import snakemake_cmd
+    params = tmp_path / "p.yaml"
+    params.write_text("tracking: {live: %s}\nexperiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n"
+                      % str(live).lower())
+    proc = subprocess.run(snakemake_cmd(tmp_path, "-n", "-p", "--configfile", str(params)), capture_output=True,
+                          text=True, env=subprocess_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = [line for line in proc.stdout.splitlines() if "fedrepro train" in line]
+    assert len(train) == 1, proc.stdout[-3000:]
+    assert ("--mlflow-experiment fedrepro/p" in train[0]) is live, train[0]
