@@ -30,8 +30,6 @@ MEM=$(( $(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') * 9 / 10 ))
 STATE=$(mktemp -d /var/tmp/fedrepro-slurm.XXXXXX)
 echo "$STATE" > "$PIDFILE.state"
 # the configuration this test writes replaces any found there for the test's length only (SLURM_DOWN)
-[ -d /etc/slurm ] || touch "$PIDFILE.made-etc"
-[ -d /var/log/slurm ] || touch "$PIDFILE.made-log"
 mkdir -p /etc/slurm "$STATE/slurmctld" "$STATE/slurmd" "$STATE/etc" /var/log/slurm
 for f in slurm.conf gres.conf; do [ -e "/etc/slurm/$f" ] && cp -p "/etc/slurm/$f" "$STATE/etc/$f"; done
 echo written > "$PIDFILE.etc"
@@ -101,8 +99,9 @@ if [ -s "$PIDFILE.installed" ]; then
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $(cat "$PIDFILE.installed") >/dev/null \
     && echo "removed the packages this test installed: $(tr '\n' ' ' < "$PIDFILE.installed")"
 fi
-[ -e "$PIDFILE.made-etc" ] && rm -rf /etc/slurm
-[ -e "$PIDFILE.made-log" ] && rm -rf /var/log/slurm
+# the folders that did not exist before the test (made by the install, the daemons or SLURM_UP): the
+# purge leaves those holding files it does not own (our configuration, the daemons' logs)
+for d in $FRESH_DIRS; do rm -rf "$d"; done
 true
 """
 
@@ -132,7 +131,8 @@ def slurm(tmp_path_factory):
         pytest.skip("a Slurm controller already runs on this machine; not reconfiguring it")
     import snakemake_executor_plugin_slurm  # noqa: F401  (a pinned dependency: its absence is a failure)
     pidfile = tmp_path_factory.mktemp("slurm") / "pids"
-    env = {**os.environ, "PIDFILE": str(pidfile)}
+    fresh = [d for d in SLURM_DIRS if not Path(d).exists()]
+    env = {**os.environ, "PIDFILE": str(pidfile), "FRESH_DIRS": " ".join(fresh)}
     etc_before = _listing(Path("/etc/slurm"))
     try:
         if shutil.which("slurmctld") is None or shutil.which("munged") is None:
@@ -144,6 +144,12 @@ def slurm(tmp_path_factory):
     finally:
         down = subprocess.run(["bash", "-c", SLURM_DOWN], env=env, capture_output=True, text=True, timeout=300)
         assert _listing(Path("/etc/slurm")) == etc_before, f"/etc/slurm is not as the test found it\n{down.stderr}"
+        assert not [d for d in fresh if Path(d).exists()], f"folders the test made outlived it\n{down.stderr}"
+
+
+# folders Slurm's and munge's packages, daemons and this test create
+SLURM_DIRS = ("/etc/slurm", "/var/log/slurm", "/var/lib/slurm", "/var/spool/slurmd", "/run/slurm",
+              "/etc/munge", "/var/log/munge", "/var/lib/munge", "/run/munge")
 
 
 def _listing(folder: Path) -> dict[str, bytes] | None:
