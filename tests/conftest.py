@@ -28,6 +28,15 @@ FMNIST_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
+def pytest_configure(config):
+    """One torch thread in every test, whichever files a run collects (it was set by eight modules at
+    import, so a test's kernels depended on the selection). The suite trains tiny models, where more
+    threads cost more than they give on a small shared machine; no assertion depends on the count,
+    since every numerical test compares with a reference computed in the same process."""
+    import torch
+    torch.set_num_threads(1)
+
+
 # --------------------------------------------------------------------------- idx files
 
 
@@ -113,9 +122,20 @@ def make_partition(data_root: Path, out: Path, num_clients: int = 4, kind: str =
 
 
 def free_port() -> int:
+    """A port free a moment ago. Another process may take it before a server binds it, so a caller
+    that starts a server on it retries with another port when the bind fails (tests/test_tracking.py)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def down_server() -> str:
+    """The URL of a server that is down: every connection to its port on 127.0.0.1 is refused, for the
+    whole test. The socket is bound, so no other process can take the port, but it never listens."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def subprocess_env(tracking_uri: str | None = None, **extra) -> dict:

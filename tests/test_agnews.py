@@ -16,8 +16,6 @@ from fedrepro.data import agnews
 from fedrepro.engine import Trainer
 from fedrepro.flat import FlatModel, learnt_buffers
 
-torch.set_num_threads(1)
-
 WORDS = ["world", "sports", "business", "tech", "market", "team", "game", "stocks", "chip", "war", "talks",
          "wins", "rises", "falls", "new", "the", "a", "of", "in", "reuters", "ap", "-"]
 TOPIC = {0: "war talks world", 1: "team wins game sports", 2: "stocks rises market business", 3: "new chip tech"}

@@ -16,7 +16,6 @@ from fedrepro.algorithms import BuildContext, fedavgm, fedcm, feddyn, fedprox, s
 from fedrepro.parts import Algorithm, ClientRun, RoundUpdates
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi
 
-torch.set_num_threads(1)
 F64 = torch.float64
 
 

@@ -11,8 +11,15 @@ import torch
 from fedrepro import bench, cli, data, engine
 
 
+def _high_water_mib() -> float:
+    """This process's peak resident memory from /proc (VmHWM, in kB), another reading than the bench's."""
+    line = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024.0
+
+
 def test_quick_bench_writes_json_table_and_page(tmp_path, capsys):
     out, page = tmp_path / "bench.json", tmp_path / "bench.html"
+    high_water_before = _high_water_mib()
     cli.main(["bench", "--quick", "--rounds", "1", "--device", "cpu", "--settings", "fmnist_mlp", "cifar_cnn",
               "--data-root", str(tmp_path / "absent"), "--out", str(out), "--html", str(page)])
     printed = capsys.readouterr().out
@@ -24,7 +31,10 @@ def test_quick_bench_writes_json_table_and_page(tmp_path, capsys):
         assert all(seconds[k] > 0 for k in ("engine", "reference", "floor"))
         assert r["ratios"]["reference_over_engine"] == seconds["reference"] / seconds["engine"]
         assert r["ratios"]["engine_over_floor"] == seconds["engine"] / seconds["floor"]
-        assert r["memory"]["reference"]["peak_rss_mb"] >= r["memory"]["engine"]["peak_rss_mb"] > 0
+        # the loops share one process, so the readings are its high-water mark after each loop's first
+        # round (not a split by method, as the page says): within what /proc reports before and after, in MiB
+        readings = [r["memory"][k]["peak_rss_mb"] for k in ("before", "engine", "floor", "reference")]
+        assert high_water_before - 1 <= readings[0] and readings[-1] <= _high_water_mib() + 1, readings
         assert r["data"] == "generated"
     # the per-step costs, keyed by device and <dataset>/<model>:<batch size>
     assert set(report["step_seconds"]["cpu"]) == {"fmnist/mlp:64", "cifar10/cnn:64"}
@@ -32,6 +42,7 @@ def test_quick_bench_writes_json_table_and_page(tmp_path, capsys):
     assert "cpu" in report["engine_step_seconds"] and report["machine"]["usable_cores"] >= 1
     html = page.read_text()
     assert "Seconds per federated round" in html and "cifar_cnn" in html
+    assert "host memory is not split by method" in printed
 
 
 def test_help_lists_the_options(capsys):
@@ -68,15 +79,38 @@ def test_floor_does_the_engines_steps_with_the_engines_batch_sizes(tmp_path):
 
 
 def test_reference_loop_is_fedavg_over_the_same_cohort():
-    """One reference round with lr 0 leaves the model unchanged (state_dict averaging is a mean)."""
+    """One reference round with one full-batch step per client (batch size >= every client's data, one
+    epoch: the DataLoader's shuffle changes nothing but float summation order) equals FedAvg written
+    out here: each client of the engine's cohort takes x - lr * grad of its mean loss, and the server
+    takes the data-size weighted mean. A wrong cohort, weight or step moves the result by ~lr * |grad|."""
     setting, images, labels, parts = _small("cifar_cnn")
-    zero_lr = bench.BenchSetting(**{**setting.__dict__, "lr": 0.0})
+    parts = [p[: 20 + 9 * i] for i, p in enumerate(parts)]  # unequal sizes, so the weights matter
+    one_step = bench.BenchSetting(**{**setting.__dict__, "lr": 0.5, "epochs": 1,
+                                     "batch_size": max(len(p) for p in parts)})
     module = bench.build_module(setting)
-    loop = bench.ReferenceLoop(module, bench.ImageArray(images, labels), parts, zero_lr, torch.device("cpu"), 1)
-    before = copy.deepcopy(loop.model.state_dict())
+    dataset = bench.ImageArray(images, labels)
+    loop = bench.ReferenceLoop(module, dataset, parts, one_step, torch.device("cpu"), 1)
+    start = copy.deepcopy(loop.model)
     loop.round(1)
+    cohort = engine.sample_cohort(1, 1, setting.num_clients, setting.per_round)
+    sizes = torch.tensor([len(parts[c]) for c in cohort], dtype=torch.float64)
+    expected = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in start.state_dict().items()}
+    for c, weight in zip(cohort, sizes / sizes.sum()):
+        client = copy.deepcopy(start)
+        x, y = data.TensorDataset(images, labels, 0.0, 1.0).batch(torch.as_tensor(parts[c]))
+        client.zero_grad()
+        torch.nn.functional.cross_entropy(client(x), y).backward()
+        with torch.no_grad():
+            for p in client.parameters():
+                p -= one_step.lr * p.grad
+        for k, v in client.state_dict().items():
+            expected[k] += weight * v.double()
+    moved = False
     for key, value in loop.model.state_dict().items():
-        torch.testing.assert_close(value, before[key])
+        # float32, one step: rounding ~1e-7 relative, far below the step itself
+        torch.testing.assert_close(value.double(), expected[key], rtol=1e-5, atol=1e-6)
+        moved |= not torch.allclose(value, start.state_dict()[key], rtol=0, atol=1e-4)
+    assert moved, "the round did not move the model: the comparison would be vacuous"
 
 
 def test_image_array_matches_the_engines_scaling():

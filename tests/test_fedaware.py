@@ -12,8 +12,6 @@ from fedrepro.minnorm import min_norm_weights
 from fedrepro.parts import RoundUpdates
 from fedrepro.server import ServerSGD
 
-torch.set_num_threads(1)
-
 
 def exact_min_norm(gram: np.ndarray) -> float:
     """Exact QP by enumerating supports: on each support S the KKT system of

@@ -9,8 +9,6 @@ from fedrepro import algorithms, config
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
 from fedrepro.parts import RoundUpdates
 
-torch.set_num_threads(1)
-
 
 def updates(t, clients, deltas, sizes):
     k = len(clients)
@@ -60,8 +58,16 @@ def test_sizes_survive_a_checkpoint():
     b = ClientMomenta(3, 2, "cpu", alpha=0.5, normalize=True, warmup=False, weights="static")
     b.load_state_dict({k: v.clone() for k, v in a.state_dict().items()})
     assert torch.equal(a.direction({}), b.direction({}))
+    assert torch.equal(b.sizes, torch.tensor([10.0, 0.0, 30.0])) and b.sizes.data_ptr() != a.sizes.data_ptr()
+    # a checkpoint written before FedAWARE-NA holds no sizes: the min-norm method (which never reads them)
+    # resumes from it with its momenta and seen clients restored and the same direction
     old = ClientMomenta(3, 2, "cpu", alpha=0.5, normalize=True, warmup=False)
-    old.load_state_dict({"momenta": a.momenta.clone(), "seen": a.seen.clone()})   # pre-NA checkpoint
+    old.load_state_dict({"momenta": a.momenta.clone(), "seen": a.seen.clone()})
+    assert torch.equal(old.momenta, a.momenta) and torch.equal(old.seen, a.seen)
+    assert torch.equal(old.sizes, torch.zeros(3))
+    fresh = ClientMomenta(3, 2, "cpu", alpha=0.5, normalize=True, warmup=False)
+    fresh.update(updates(0, [0, 2], [[2.0, 0.0], [0.0, 4.0]], [10.0, 30.0]))
+    assert torch.equal(old.direction({}), fresh.direction({}))
 
 
 def test_setting_reaches_the_aggregator_and_leaves_other_hashes_alone():

@@ -10,8 +10,6 @@ from torch import nn
 from fedrepro.algorithms.fedlaw import LearnedAggregation, proxy_indices
 from fedrepro.parts import RoundUpdates
 
-torch.set_num_threads(1)
-
 CFG = {"variant": "fedlaw", "gamma": 1.0, "proxy_size": 20, "server_epochs": 1, "server_lr": 0.01,
        "betas": [0.5, 0.999], "lr_step_epochs": 20, "lr_step_factor": 0.5, "batch_size": 128}
 
@@ -64,10 +62,20 @@ def test_functional_forward_is_the_module_with_those_weights():
 
 
 @pytest.mark.parametrize("variant", ["fedlaw", "adaptive_gws", "attentive"])
-def test_one_adam_step_follows_the_finite_difference_gradient(variant):
-    """One full-batch Adam step from (theta, z) = (0, log p) moves each learned coordinate by
-    -lr * g / (|g| + eps): check that against central differences of the loss through a module."""
+def test_one_adam_step_follows_the_finite_difference_gradient(variant, monkeypatch):
+    """One full-batch Adam step from (theta, z) = (0, log p): the gradient Adam is handed equals central
+    differences of the loss through a module (its value: Adam's first step, -lr * g / (|g| + eps),
+    keeps only the sign, so a gradient off by any positive factor would pass the step check alone),
+    and the step moves each learned coordinate by that."""
     module, x, updates, px, py = problem()
+    handed = []
+    adam_step = torch.optim.Adam.step
+
+    def recording_step(self, *args, **kwargs):
+        handed.append([p.grad.detach().clone() for group in self.param_groups for p in group["params"]])
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
     agg = LearnedAggregation(module, px, py, {**CFG, "variant": variant})
     d = agg(x, updates)
     models = x - updates.deltas
@@ -80,8 +88,15 @@ def test_one_adam_step_follows_the_finite_difference_gradient(variant):
     z0 = torch.log(p)
     g_theta = (loss(h, z0) - loss(-h, z0)) / (2 * h)
     g_z = torch.tensor([(loss(0.0, z0 + h * e) - loss(0.0, z0 - h * e)) / (2 * h)
-                        for e in torch.eye(len(p), dtype=torch.float64)])
+                        for e in torch.eye(len(p), dtype=torch.float64)], dtype=torch.float64)
     learn_gamma, learn_lambda = variant != "attentive", variant != "adaptive_gws"
+    # central differences in float64 with h = 1e-6: truncation ~h^2, cancellation ~1e-16 / h, both < 1e-9
+    (grads,) = handed  # one server epoch, one full batch: one step
+    expected_grads = [*([torch.tensor(g_theta, dtype=torch.float64)] if learn_gamma else []),
+                      *([g_z] if learn_lambda else [])]
+    assert len(grads) == len(expected_grads)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-6, atol=1e-9)
     theta = -lr * g_theta / (abs(g_theta) + 1e-8) if learn_gamma else 0.0
     z = z0 - lr * g_z / (g_z.abs() + 1e-8) if learn_lambda else z0
     expected = np.exp(theta) * (torch.softmax(z, 0) @ models)

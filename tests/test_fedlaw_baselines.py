@@ -19,8 +19,6 @@ from fedrepro.algorithms.serverft import ProxyFineTune
 from fedrepro.parts import RoundUpdates
 from test_fedlaw import problem as mlp_problem
 
-torch.set_num_threads(1)
-
 CFG = {"proxy_size": 20, "server_epochs": 1, "optimizer": "sgd", "lr": None, "momentum": None,
        "weight_decay": None, "betas": [0.5, 0.999], "keep_state": True, "batch_size": 128, "swag_scale": 0.1}
 OPTIM = {"optimizer": "sgd", "lr": 0.3, "momentum": 0.9, "weight_decay": 0.01, "betas": (0.5, 0.999)}
@@ -245,7 +243,12 @@ def test_a_proxy_size_other_than_the_comparisons_holdout_is_refused(name):
 
 
 def test_fixed_gamma_needs_no_holdout():
-    config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fixed_gamma", "proxy_size": 20}})
+    """fixed_gamma learns nothing on a proxy set, so the proxy_size = proxy_holdout check that refuses
+    the learned variants (the same setting otherwise) lets it through, holding nothing out."""
+    fixed = config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fixed_gamma", "proxy_size": 20}})
+    assert fixed["fedlaw"]["variant"] == "fixed_gamma" and fixed["evaluation"]["proxy_holdout"] == 0
+    with pytest.raises(config.ConfigError, match=r"fedlaw\.proxy_size = 20, evaluation\.proxy_holdout = 0"):
+        config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fedlaw", "proxy_size": 20}})
 
 
 def test_every_method_of_a_fedlaw_experiment_is_scored_on_the_same_test_samples():

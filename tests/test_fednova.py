@@ -19,8 +19,6 @@ from fedrepro.models import build as build_model
 from fedrepro.parts import Algorithm, ClientObjective, ClientRun, GradientCorrection, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
 
-torch.set_num_threads(1)
-
 
 def setting(momentum=0.0, mu=0.0, tau_eff="auto", server_momentum=0.0, lr=1.0, vr=False):
     return {"server": {"lr": lr}, "client": {"momentum": momentum},

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import checkpoint, cli, config, figures
+from fedrepro import checkpoint, cli, config, engine, figures, partition
 from fedrepro.figures import fednova as quad
 from fedrepro.figures import ima
 
@@ -105,9 +105,12 @@ def test_the_average_of_all_kept_client_models_is_fedavgs_next_global_model(tiny
     kept client models (their stored sizes) must be that round's next global model, and m = 1 the client."""
     run = _snap_run(tiny)
     stored = ima.snapshots(run)
+    parts = partition.load(tiny["partition"])
     for r in (1, 2, 3):
         models, sizes, weighted = ima._clients_of_round(stored, r, run)
-        assert weighted and len(models) == 2 and len(set(sizes.tolist())) >= 1
+        cohort = engine.sample_cohort(run.setting["seed"], r - 1, 4, 2)
+        assert weighted and len(models) == 2
+        assert sizes.tolist() == [len(parts[c]) for c in cohort], "the kept clients' data sizes"
         fma = ima.weighted_average(models, sizes)
         nxt = stored[f"round_{r}_next"].double()
         assert float((fma - nxt).norm()) < 1e-6 * float(nxt.norm())
@@ -237,13 +240,54 @@ SPECS = {
 }
 
 
+def _plotted(fig) -> list[np.ndarray]:
+    """The finite data arrays a figure draws: line y values, scatter offsets, images and meshes."""
+    arrays = []
+    for ax in fig.axes:
+        arrays += [np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()]
+        arrays += [np.asarray(c.get_offsets(), dtype=float) for c in ax.collections if len(c.get_offsets())]
+        arrays += [np.asarray(c.get_array(), dtype=float) for c in ax.collections if c.get_array() is not None]
+        arrays += [np.asarray(im.get_array(), dtype=float) for im in ax.get_images()]
+    return [a[np.isfinite(a)] for a in arrays if np.isfinite(a).sum() >= 2]
+
+
 @pytest.mark.parametrize("kind", sorted(set(figures.KINDS) - {"fixed_gamma"}))
-def test_every_kind_draws_its_image_from_tiny_runs(tiny, kind):
+def test_every_kind_draws_its_image_from_tiny_runs(tiny, kind, monkeypatch):
+    """Each kind draws data, not a blank canvas or a notice: the figure holds finite data arrays that
+    vary, and the PNG is a real picture (its size, many non-white pixels, several colours)."""
+    from matplotlib.figure import Figure
+    from matplotlib.image import imread
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
     record = _draw(tiny, kind, {"kind": kind, "reproduces": "Fig. X", **SPECS[kind]})
     assert record["drawn"], record["reason"]
+    assert "Reproduces Fig. X" in record["caption"] and "Quick profile" in record["caption"]
+    (fig,) = saved
+    arrays = _plotted(fig)
+    assert arrays and any(np.ptp(a) > 0 for a in arrays), f"{kind}: the figure draws no varying data"
     png = tiny["work"] / "fig" / f"{kind}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "Reproduces Fig. X" in record["caption"] and "Quick profile" in record["caption"]
+    pixels = imread(png)[..., :3]
+    assert pixels.shape[0] >= 150 and pixels.shape[1] >= 200, pixels.shape
+    assert (pixels < 0.9).any(axis=2).mean() > 0.01, f"{kind}: the image is nearly blank"
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20, f"{kind}: too few colours for a plot"
+
+
+def test_the_elud_figure_draws_each_runs_e_lud(tiny, monkeypatch):
+    """The data behind a curve: every run's e-LUD series from its metrics.csv is a line of the figure
+    (one seed per method, so the line is the run's own series)."""
+    from matplotlib.figure import Figure
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
+    assert _draw(tiny, "elud_data", {"kind": "elud", "experiment": "tiny"})["drawn"]
+    lines = [np.asarray(line.get_ydata(), dtype=float) for ax in saved[0].axes for line in ax.get_lines()]
+    runs = figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny", "select": {}})
+    assert len(runs) == 4
+    for run in runs:
+        series = pd.read_csv(tiny["work"] / "runs" / run.id / "metrics.csv")["e_lud"].to_numpy()
+        assert any(len(y) == len(series) and np.allclose(y, series, rtol=1e-9) for y in lines), run.id
 
 
 def test_loss_curves_draw_the_logged_rounds_of_the_global_loss_or_the_local_one(tiny):

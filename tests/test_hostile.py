@@ -231,6 +231,31 @@ def test_a_plain_truncated_torch_file_is_named(tmp_path):
         checkpoint.load(path)
 
 
+class _RunsCodeWhenUnpickled:
+    """An object whose unpickling calls open(marker, "w"): any code could run there instead."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_a_checkpoint_with_a_pickled_object_is_refused_by_weights_only(tmp_path):
+    """A checkpoint whose digest is right (written by someone, not damaged) but which holds a pickled
+    object: torch.load(weights_only=True) refuses to build it, so its code never runs, and the error
+    names the file."""
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save({"x": torch.zeros(3), "payload": _RunsCodeWhenUnpickled(marker)}, path, digest=True)
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.load(path)
+    assert str(err.value).startswith(f"{path}: not a readable checkpoint (UnpicklingError: Weights only load failed")
+    assert not marker.exists(), "unpickling ran the object's code"
+    checkpoint.save({"x": torch.zeros(3)}, path, digest=True)  # the same file without the object loads
+    assert torch.equal(checkpoint.load(path)["x"], torch.zeros(3))
+
+
 def test_partial_checkpoint_writes_are_removed_on_the_next_start(tmp_path, partition_dir, tiny_data_root):
     out = tmp_path / "run"
     out.mkdir()
@@ -579,3 +604,76 @@ def test_one_make_run_after_a_kill_9_of_the_whole_run_finishes_the_grid(tmp_path
     locks = project / ".snakemake" / "locks"
     assert not (locks.exists() and list(locks.iterdir())), "the finished run released Snakemake's lock"
 
+
+
+ENDLESS_RUN = """title: endless run
+data:
+  root: data
+  mirrors:
+    fmnist: [/usr/share/datasets/fashion-mnist/]
+experiments:
+  endless:
+    base: {dataset: fmnist, model: mlp, num_clients: 4, participation: 0.5, rounds: 100000, eval_every: 1000,
+           batch_size: 256, device: cpu, partition: {kind: iid, seed: 1}}
+    grid: {seed: [1]}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shell_exec", [True, False], ids=["exec", "without-exec"])
+def test_killing_snakemake_alone_makes_its_training_job_checkpoint_and_stop(shell_exec, tmp_path):
+    """SIGKILL to the Snakemake process only (not its process group, as a crash or an OOM kill would
+    do): the train rule's `exec` makes `fedrepro train` Snakemake's own child, so the parent-death signal
+    reaches it, and it saves a checkpoint at the end of its round and exits. Without `exec` its parent is
+    the job's shell, which outlives Snakemake, and the job trains on: the second case shows the first
+    depends on that word."""
+    from conftest import BIN, have_debian_fmnist
+    if not have_debian_fmnist():
+        pytest.skip("real Fashion-MNIST is not installed")
+    project = _project_copy(tmp_path)
+    (project / "k.yaml").write_text(ENDLESS_RUN)
+    rule = project / "workflow" / "rules" / "train.smk"
+    if not shell_exec:
+        text = rule.read_text()
+        assert '"exec fedrepro train' in text
+        rule.write_text(text.replace('"exec fedrepro train', '"fedrepro train'))
+    env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", PYTHONPATH=str(project / "src"))
+    cmd = [str(BIN / "snakemake"), "--snakefile", str(project / "Snakefile"), "--directory", str(project),
+           "--configfile", str(project / "k.yaml"), "--workflow-profile", str(project / "workflow/profiles/ci"),
+           "--cores", "1"]
+    snakemake = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                 start_new_session=True)
+    logs = project / "logs" / "train"
+    try:
+        deadline = time.monotonic() + 300
+        # the job is in its round loop once its first periodic checkpoint (round 10) is written; a SIGTERM
+        # before that (loading data) ends it at once, with nothing to save
+        while not list((project / "results" / "runs").glob("*/checkpoint.pt")):
+            assert snakemake.poll() is None, "Snakemake ended before its training job trained"
+            assert time.monotonic() < deadline, "no checkpoint within 5 minutes"
+            time.sleep(0.2)
+        trainers = _trainers_in(project)
+        assert len(trainers) == 1
+        os.kill(snakemake.pid, signal.SIGKILL)  # Snakemake alone: its jobs stay in the process group
+        snakemake.wait()
+        (log,) = logs.glob("*.log")
+        if shell_exec:
+            deadline = time.monotonic() + 60
+            while _trainers_in(project):
+                assert time.monotonic() < deadline, "the training job outlived Snakemake"
+                time.sleep(0.2)
+            stopped = [line for line in log.read_text().splitlines() if "checkpoint saved" in line]
+            assert stopped and "SIGTERM after round" in stopped[-1], log.read_text()[-2000:]
+            done = int(stopped[-1].split("SIGTERM after round ")[1].split(";")[0])
+            (ckpt,) = (project / "results" / "runs").glob("*/checkpoint.pt")
+            assert done >= 10 and checkpoint.load(ckpt)["next_round"] == done
+        else:
+            time.sleep(15)  # the exec case stops within a round; here the job is still training
+            assert _trainers_in(project) == trainers, "without exec the job should have outlived Snakemake"
+            assert "SIGTERM" not in log.read_text()
+    finally:
+        for pid in _trainers_in(project):
+            os.kill(int(pid), signal.SIGKILL)
+        if snakemake.poll() is None:
+            snakemake.kill()
+            snakemake.wait()

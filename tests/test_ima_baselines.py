@@ -18,8 +18,6 @@ from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
 
-torch.set_num_threads(1)
-
 
 def zero_linear(n_in: int, n_out: int) -> FlatModel:
     module = nn.Linear(n_in, n_out)

@@ -141,12 +141,15 @@ def test_run_minutes_is_steps_times_cost_times_margin():
     ([30], 240, 1, 8),
     ([100], 240, 4, 8),           # 2 layers fit, the third would not
     ([240], 240, 2, 2),
+    ([70, 50], 240, 3, 9),        # 3 layers of 70 min = 210 <= 240 < 280
 ])
 def test_group_size_keeps_the_submission_within_walltime(minutes, walltime, per_gpu, size):
     assert plan.group_size(minutes, walltime, per_gpu) == size
-    # what Snakemake asks for a full group: ceil(n / per_gpu) layers of the longest run
-    assert math.ceil(size / per_gpu) * max(minutes) <= walltime < math.ceil((size + 1) / per_gpu) * max(minutes) \
-        or size % per_gpu == 0
+    # what Snakemake asks for a group of n: ceil(n / per_gpu) layers of the longest run. The group fits,
+    # its layers are full (a smaller group would waste GPU slots) and one more run, a new layer, would not fit
+    asked = lambda n: math.ceil(n / per_gpu) * max(minutes)  # noqa: E731
+    assert size % per_gpu == 0
+    assert asked(size) <= walltime < asked(size + 1)
 
 
 def test_group_size_names_a_run_longer_than_the_walltime():

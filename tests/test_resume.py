@@ -22,9 +22,11 @@ BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 
 
 # Methods with server or client state that a checkpoint must carry; the extra settings make
 # their state matter within 6 rounds. A method not (yet) in the registry is skipped.
+_PROXY = {"proxy_size": 20, "server_epochs": 2, "optimizer": "adam", "lr": 0.001}  # Adam: moments to keep
+_PERMUTATION = {"cohort": {"warmup": "permutation"}}  # every client seen by round 2: the AWARE step runs
 METHODS = {
     "fedavg": {},
-    "fedaware": {},
+    "fedaware": _PERMUTATION,
     "fedavg+ima": {"ima": {"start_round": 2, "window": 2}},
     "scaffold": {},
     "feddyn": {},
@@ -32,7 +34,12 @@ METHODS = {
     "fednova": {},
     "fedlaw": {"fedlaw": {"proxy_size": 20}, "evaluation": {"proxy_holdout": 20}},
     "fedavgm": {},
-    "fedavg+aware": {},
+    "fedavg+aware": _PERMUTATION,
+    "fedyogi": {},
+    # the proxy methods' server optimiser (Adam moments, kept across rounds by default)
+    "feddf": {"feddf": _PROXY, "evaluation": {"proxy_holdout": 20}},
+    "fedbe": {"fedbe": _PROXY, "evaluation": {"proxy_holdout": 20}},
+    "serverft": {"serverft": _PROXY, "evaluation": {"proxy_holdout": 20}},
     "fedasam": {},
     "fedgma": {"fedgma": {"lr": 0.1}},
     "fedfa": {"model": "cnn"},  # anchors (server state) and calibration from round 2 of 6
@@ -44,7 +51,13 @@ VARIANTS = {
     # and a hold-out drawn from the seed
     "keep_momentum": ("fedavg", {"client": {"lr": 0.05, "momentum": 0.9, "keep_momentum": True}}),
     "holdout": ("fedavg", {"client": {"lr": 0.05, "holdout": 0.3}}),
+    # FedNova's a_i with local momentum (its paper's Table 1 "with momentum" rows)
+    "fednova_momentum": ("fednova", {"client": {"lr": 0.05, "momentum": 0.9}}),
 }
+# The cases whose method keeps state across rounds in its checkpointed parts: resumed with that state
+# dropped, the run must come out different, or the exact-resume test above could not see it missing.
+STATEFUL = ["fedaware", "fedavg+ima", "scaffold", "feddyn", "fedadam", "fedyogi", "fedavgm", "fedavg+aware",
+            "fedfa", "feddf", "fedbe", "serverft", "fednova_vr"]
 CASES = [("fedavg", 1), ("fedavg", 4)] + [(m, 3) for m in METHODS if m != "fedavg"] + [(m, 3) for m in VARIANTS]
 
 
@@ -109,6 +122,36 @@ def test_stop_and_resume_equals_uninterrupted(method, stop, tmp_path, tmp_path_f
     assert summary["resumed"] is True and summary["status"] == "finished" and summary["rounds_done"] == 6
     assert not (out / "checkpoint.pt").exists()
     _assert_same_run(ref, out)
+
+
+@pytest.mark.parametrize("method", STATEFUL)
+def test_a_resume_without_the_methods_state_differs(method, tmp_path, tmp_path_factory, partition_dir,
+                                                    tiny_data_root, monkeypatch):
+    """The exact-resume test above can fail: the same stop and resume with the method's state left out of
+    the restore (its parts start afresh at round 3) gives another model."""
+    from fedrepro import parts
+    ref = _uninterrupted(method, tmp_path_factory, partition_dir, tiny_data_root)
+    out = tmp_path / "run"
+    args = _train_args(_setting(method), out, partition_dir, tiny_data_root, "--checkpoint-every", "2")
+    cli.main(args + ["--stop-after", "3"])
+    assert any(_has_values(v) for v in checkpoint.load(out / "checkpoint.pt")["algorithm"].values()), \
+        "the checkpoint holds no state of the method"
+    monkeypatch.setattr(parts.Algorithm, "load_state_dict", lambda self, state: None)
+    cli.main(args)
+    assert json.loads((out / "summary.json").read_text())["resumed"] is True
+    xa, xb = checkpoint.load(ref / "model.pt")["x"], checkpoint.load(out / "model.pt")["x"]
+    assert not torch.equal(xa, xb), f"{method}: dropping its state changed nothing"
+
+
+def _has_values(state) -> bool:
+    """Whether a part's state dict holds any non-zero number (a tensor, a list, nested dicts)."""
+    if isinstance(state, dict):
+        return any(_has_values(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return any(_has_values(v) for v in state)
+    if isinstance(state, torch.Tensor):
+        return bool(state.numel()) and bool(state.ne(0).any())
+    return isinstance(state, (int, float)) and not isinstance(state, bool) and state != 0
 
 
 def test_checkpoint_of_another_setting_is_not_used(tmp_path, partition_dir, tiny_data_root):

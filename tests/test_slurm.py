@@ -2,8 +2,9 @@
 
 Recipe: ../shared/specs/slurm_local.md, mode A (no accounting database: job status through
 squeue) with one fake GPU (gres File=/dev/null) so the train rule's gpu=1 is accepted. The test
-installs the packages when it may (root and apt-get), starts the daemons, records their PIDs,
-runs the tiny workflow with the project's slurm profile, and stops exactly those PIDs.
+installs the packages when it may (root and apt-get; offline it skips, saying why), starts the
+daemons, records their PIDs, runs the tiny workflow with the project's slurm profile, stops exactly
+those PIDs, purges exactly the packages it installed and leaves /etc/slurm as it found it.
 """
 from __future__ import annotations
 
@@ -22,18 +23,16 @@ SLURM_UP = r"""
 set -euo pipefail
 pidof_file() { for i in $(seq 100); do [ -s "$1" ] && break; sleep 0.2; done; cat "$1"; }
 export DEBIAN_FRONTEND=noninteractive
-if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
-  touch "$PIDFILE.installed"  # SLURM_DOWN removes what this test installed
-fi
 NODE=$(hostname -s)
 CPUS=$(nproc)
 MEM=$(( $(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') * 9 / 10 ))
 # a private state folder: the queue holds only this test's jobs, never those of an earlier attempt
 STATE=$(mktemp -d /var/tmp/fedrepro-slurm.XXXXXX)
 echo "$STATE" > "$PIDFILE.state"
-mkdir -p /etc/slurm "$STATE/slurmctld" "$STATE/slurmd" /var/log/slurm
+# the configuration this test writes replaces any found there for the test's length only (SLURM_DOWN)
+mkdir -p /etc/slurm "$STATE/slurmctld" "$STATE/slurmd" "$STATE/etc" /var/log/slurm
+for f in slurm.conf gres.conf; do [ -e "/etc/slurm/$f" ] && cp -p "/etc/slurm/$f" "$STATE/etc/$f"; done
+echo written > "$PIDFILE.etc"
 chmod 755 "$STATE"
 chown slurm:slurm "$STATE/slurmctld" /var/log/slurm || true
 echo "NodeName=$NODE Name=gpu File=/dev/null" > /etc/slurm/gres.conf
@@ -84,14 +83,33 @@ tac "$PIDFILE" | while read -r name pid; do
   for i in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
 done
 rm -f /run/slurmctld.pid /run/slurmd.pid
-[ -s "$PIDFILE.state" ] && rm -rf "$(cat "$PIDFILE.state")"
+STATE=$(cat "$PIDFILE.state" 2>/dev/null || true)
+# the configuration files: those found before the test come back, those the test wrote go
+if [ -e "$PIDFILE.etc" ]; then
+  for f in slurm.conf gres.conf; do
+    if [ -n "$STATE" ] && [ -e "$STATE/etc/$f" ]; then cp -p "$STATE/etc/$f" "/etc/slurm/$f"; else rm -f "/etc/slurm/$f"; fi
+  done
+fi
+[ -n "$STATE" ] && rm -rf "$STATE"
 # Snakemake's Slurm executor plugin runs `scontrol show config` at every start of snakemake wherever
 # Slurm's client tools are installed; with no controller that waits 10 s (its timeout) per call, so
-# every later test that runs snakemake would pay it. Leave the machine as this test found it.
-if [ -e "$PIDFILE.installed" ]; then
-  DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq slurm-wlm slurmctld slurmd slurm-client >/dev/null \
-    && echo "removed the Slurm packages this test installed"
+# every later test that runs snakemake would pay it. Leave the machine as this test found it: purge
+# exactly the packages the install added (listed by dpkg before and after), then the folders it made.
+if [ -s "$PIDFILE.installed" ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $(cat "$PIDFILE.installed") >/dev/null \
+    && echo "removed the packages this test installed: $(tr '\n' ' ' < "$PIDFILE.installed")"
 fi
+# the folders that did not exist before the test (made by the install, the daemons or SLURM_UP): the
+# purge leaves those holding files it does not own (our configuration, the daemons' logs)
+for d in $FRESH_DIRS; do rm -rf "$d"; done
+true
+"""
+
+INSTALL = r"""
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
 """
 
 
@@ -113,15 +131,53 @@ def slurm(tmp_path_factory):
         pytest.skip("a Slurm controller already runs on this machine; not reconfiguring it")
     import snakemake_executor_plugin_slurm  # noqa: F401  (a pinned dependency: its absence is a failure)
     pidfile = tmp_path_factory.mktemp("slurm") / "pids"
-    env = {**os.environ, "PIDFILE": str(pidfile)}
-    up = subprocess.run(["bash", "-c", SLURM_UP], env=env, capture_output=True, text=True, timeout=600)
+    fresh = [d for d in SLURM_DIRS if not Path(d).exists()]
+    env = {**os.environ, "PIDFILE": str(pidfile), "FRESH_DIRS": " ".join(fresh)}
+    etc_before = _listing(Path("/etc/slurm"))
     try:
+        if shutil.which("slurmctld") is None or shutil.which("munged") is None:
+            _install(pidfile)
+        up = subprocess.run(["bash", "-c", SLURM_UP], env=env, capture_output=True, text=True, timeout=600)
         if up.returncode != 0:
             pytest.fail(f"could not start Slurm:\n{up.stdout[-2000:]}\n{up.stderr[-3000:]}")
         yield pidfile
     finally:
-        if pidfile.exists():
-            subprocess.run(["bash", "-c", SLURM_DOWN], env=env, capture_output=True, text=True, timeout=120)
+        down = subprocess.run(["bash", "-c", SLURM_DOWN], env=env, capture_output=True, text=True, timeout=300)
+        assert _listing(Path("/etc/slurm")) == etc_before, f"/etc/slurm is not as the test found it\n{down.stderr}"
+        assert not [d for d in fresh if Path(d).exists()], f"folders the test made outlived it\n{down.stderr}"
+
+
+# folders Slurm's and munge's packages, daemons and this test create
+SLURM_DIRS = ("/etc/slurm", "/var/log/slurm", "/var/lib/slurm", "/var/spool/slurmd", "/run/slurm",
+              "/etc/munge", "/var/log/munge", "/var/lib/munge", "/run/munge")
+
+
+def _listing(folder: Path) -> dict[str, bytes] | None:
+    """Every file under ``folder`` with its content; None when the folder does not exist."""
+    if not folder.is_dir():
+        return None
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _packages() -> set[str]:
+    out = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Status} ${Package}\n"], capture_output=True,
+                         text=True, timeout=60).stdout
+    return {line.split()[1] for line in out.splitlines() if line.startswith("installed ")}
+
+
+def _install(pidfile: Path) -> None:
+    """apt-get install slurm-wlm and munge, recording the packages it added for SLURM_DOWN to purge. A
+    machine without a Debian mirror (offline) cannot run this test: it is skipped, saying so."""
+    before = _packages()
+    try:
+        proc = subprocess.run(["bash", "-c", INSTALL], capture_output=True, text=True, timeout=900)
+    finally:
+        pidfile.with_name(pidfile.name + ".installed").write_text("".join(f"{p}\n" for p in
+                                                                          sorted(_packages() - before)))
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        pytest.skip(f"Slurm is not installed and apt-get could not install slurm-wlm and munge "
+                    f"(offline, or no Debian mirror?): {reason}")
 
 
 TINY = {

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,7 @@ def _fake_run(runs_dir: Path, name: str, status: str = "finished") -> dict:
     """A finished run's files, as the engine writes them."""
     folder = runs_dir / name
     folder.mkdir(parents=True)
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))  # the same data in every process
     frame = pd.DataFrame({"round": np.arange(1, ROUNDS + 1), **{m: rng.random(ROUNDS) for m in METRICS}})
     frame.loc[3, "test_acc"] = float("nan")  # not evaluated that round: not logged
     frame.to_csv(folder / "metrics.csv", index=False)
@@ -129,40 +130,59 @@ def test_concurrent_registration_into_one_sqlite_store(tmp_path):
     _check_store(uri, tmp_path / "runs", {f"run-{i}" for i in range(WORKERS)} | {"shared-run"})
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """An ``mlflow server`` on 127.0.0.1 (a free port), stopped by its PID after the test."""
-    port = free_port()
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+def _start_mlflow_server(tmp_path: Path, port: int, log) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
                              "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
                              "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
                             env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """The server and the workers it forked share the session we gave it: stop exactly that group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """An ``mlflow server`` on 127.0.0.1, stopped by its PID after the test. The port is free when chosen,
+    but another process may bind it before the server does: then the server exits, and it starts again
+    on another port (three tries)."""
+    log_path = tmp_path / "server.log"
+    proc = None
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                pytest.fail("mlflow server did not start:\n" + (tmp_path / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
+        for _ in range(3):
+            port = free_port()
+            with open(log_path, "w") as log:
+                proc = _start_mlflow_server(tmp_path, port, log)
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 180
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    pass
+                time.sleep(0.5)
+            else:
+                text = log_path.read_text()
+                _stop(proc)
+                if "already in use" in text or "Address in use" in text:
+                    continue
+                pytest.fail("mlflow server did not start:\n" + text[-3000:])
+            break
+        else:
+            pytest.fail("mlflow server found no free port in three tries:\n" + log_path.read_text()[-3000:])
         yield url
     finally:
-        # the server and the workers it forked share the session we gave it: stop exactly that group
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-        log.close()
+        if proc is not None:
+            _stop(proc)
 
 
 @pytest.mark.slow
@@ -325,11 +345,11 @@ def test_a_dead_server_costs_one_failed_call_and_the_run_goes_on(tmp_path, parti
 
 
 def test_track_reconciles_after_a_failed_run_and_a_dead_server(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
-                                                                monkeypatch):
+                                                                monkeypatch, down_server):
     """Issue #15: a track step that met a dead server wrote its output and was never retried."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
     runs_dir = tmp_path / "runs"
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the server is down
+    dead = down_server
     _train(runs_dir / "ok-run", partition_dir, tiny_data_root, dead, None)
     manifest = _tiny_manifest(tmp_path, ["ok-run", "crashed-run"])  # crashed-run never wrote a summary
     out = tmp_path / "tracked.json"
@@ -379,25 +399,41 @@ def test_a_killed_registration_is_repaired_not_duplicated(tmp_path, sqlite_uri):
 
 
 KILL_CREATION = textwrap.dedent("""
-    import sys
+    import glob, os, signal, sqlite3, sys
+    import sqlalchemy
+    from sqlalchemy import event
+    how, uri, pattern = sys.argv[1:4]
+
+    def half_migrated(path):
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.01) as con:
+                return any(r[0].startswith("_alembic_tmp_") for r in con.execute("SELECT name FROM sqlite_master"))
+        except sqlite3.Error:
+            return False
+
+    # after every SQL statement of the migration: once a file matching the pattern holds alembic's
+    # temporary table on disk, the process kills itself, at that statement and no later, on any machine
+    @event.listens_for(sqlalchemy.engine.Engine, "after_cursor_execute")
+    def kill_when_half_migrated(*args):
+        if any(half_migrated(p) for p in glob.glob(pattern)):
+            os.kill(os.getpid(), signal.SIGKILL)
+
     from fedrepro import tracking
     from mlflow import MlflowClient
-    uri = sys.argv[2]
-    tracking.open_store(uri) if sys.argv[1] == "ours" else MlflowClient(tracking_uri=uri).search_experiments()
+    tracking.open_store(uri) if how == "ours" else MlflowClient(tracking_uri=uri).search_experiments()
 """)
 
 
-def _kill_during_schema_creation(how: str, db: Path, watch) -> bool:
-    """Start creating the store at ``db`` and SIGKILL the process once ``watch()`` sees it midway."""
-    proc = subprocess.Popen([sys.executable, "-c", KILL_CREATION, how, f"sqlite:///{db}"], env=subprocess_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while proc.poll() is None:
-        if watch():
-            proc.kill()
-            proc.wait()
-            return True
-        time.sleep(0.005)
-    return False
+def _kill_during_schema_creation(how: str, db: Path, pattern: str) -> bool:
+    """Create the store at ``db`` in a process that SIGKILLs itself right after the first SQL statement
+    that leaves alembic's ``_alembic_tmp_`` table in a file matching ``pattern`` (a glob): a kill at a
+    fixed point of the migration, where polling from outside raced a table that lives milliseconds.
+    True if the process died so; False if the migration finished without ever reaching that point."""
+    proc = subprocess.run([sys.executable, "-c", KILL_CREATION, how, f"sqlite:///{db}", pattern],
+                          env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=600)
+    assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-2000:]
+    return proc.returncode == -signal.SIGKILL
 
 
 def _alembic_leftover(db: Path) -> bool:
@@ -418,11 +454,12 @@ def test_a_killed_schema_creation_leaves_a_usable_store(tmp_path):
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
     # what MLflow alone leaves: a half-migrated file (the state earlier versions left behind)
-    assert _kill_during_schema_creation("mlflow", db, lambda: _alembic_leftover(db)), "the kill came too late"
+    assert _kill_during_schema_creation("mlflow", db, str(db)), "MLflow's migration made no temporary table"
+    assert _alembic_leftover(db)
     # ours builds the schema in a temporary file: killed midway, the store's own path is untouched
-    tmp_files = lambda: [p for p in tmp_path.glob(".mlflow.db.*.tmp") if _alembic_leftover(p)]  # noqa: E731
     db.rename(tmp_path / "legacy.db")
-    assert _kill_during_schema_creation("ours", db, lambda: bool(tmp_files())), "the kill came too late"
+    assert _kill_during_schema_creation("ours", db, str(tmp_path / ".mlflow.db.*.tmp")), "no temporary store made"
+    assert any(_alembic_leftover(p) for p in tmp_path.glob(".mlflow.db.*.tmp"))
     assert not db.exists()
     (tmp_path / "legacy.db").rename(db)
     client = tracking.open_store(uri)  # repairs: the half-made, empty store is moved aside and made anew
@@ -487,3 +524,102 @@ def test_a_run_shows_its_partition_and_dataset_as_inputs_and_its_params_file_as_
     (late,) = _records(client, "late")
     assert _inputs(late)["partition"][:2] == ("p", info["content_hash"])
     assert late.data.tags["mlflow.source.name"] == "fedrepro train · params/load.yaml"
+
+
+# --------------------------------------------------------------------------- what the README promises
+
+
+class _StubClient:
+    """Stands in for MlflowClient where a test watches only what LiveRun sends and when."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_live_metrics_are_sent_in_batches_at_most_every_10_seconds(monkeypatch):
+    """Rounds are logged as they end, but sent together: the first at once, then one batch per 10 s of the
+    job's clock, and the rest when the run ends (a round every second costs a call every 10 s)."""
+    assert tracking.FLUSH_SECONDS == 10.0
+    sent, clock = [], [1000.0]
+    monkeypatch.setattr(tracking, "_log_metrics", lambda client, run_id, batch: sent.append(sorted({m.step for m in batch})))
+    monkeypatch.setattr(tracking.time, "monotonic", lambda: clock[0])
+    live = tracking.LiveRun("unused")
+    live.client, live.run_id = _StubClient(), "run"
+    for step, now in [(1, 1000.0), (2, 1004.0), (3, 1009.9), (4, 1010.1), (5, 1015.0)]:
+        clock[0] = now
+        live.round_done(None, {"round": step, "wall_time": now, "test_acc": 0.5, "train_loss": 1.0})
+    assert sent == [[1], [2, 3, 4]], "round 1 at once; rounds 2-4 together once 10 s had passed"
+    live.ended(None, "interrupted", None)
+    assert sent == [[1], [2, 3, 4], [5]], "what is pending goes out when the run ends"
+
+
+def test_an_exception_mid_training_marks_the_run_failed(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
+                                                        monkeypatch):
+    from mlflow import MlflowClient
+    from fedrepro import engine
+    round_ = engine.Trainer.round
+
+    def breaks_in_round_3(self, t):
+        if t == 2:
+            raise RuntimeError("a bug in round 3")
+        return round_(self, t)
+
+    monkeypatch.setattr(engine.Trainer, "round", breaks_in_round_3)
+    out = tmp_path / "runs" / "broken-run"
+    with pytest.raises(RuntimeError, match="a bug in round 3"):
+        _train(out, partition_dir, tiny_data_root, sqlite_uri, _tiny_manifest(tmp_path, ["broken-run"]))
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    (run,) = _records(client, "broken-run")
+    assert run.info.status == "FAILED" and run.data.tags["fedrepro.status"] == "failed"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "test_acc")) == [1, 2]
+
+
+def test_a_locked_store_switches_tracking_off_and_the_run_goes_on(tmp_path, sqlite_uri, partition_dir,
+                                                                  tiny_data_root, capsys):
+    """Another process holds the sqlite store's write lock for the whole run: the first call that needs
+    it fails, tracking is off for this run (said once, written to the marker), and training finishes."""
+    import sqlite3
+    db = sqlite_uri[len("sqlite:///"):]
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        out = tmp_path / "runs" / "locked-run"
+        _train(out, partition_dir, tiny_data_root, sqlite_uri, None)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished", "training went on"
+    printed = capsys.readouterr().out
+    assert printed.count("tracking off for this run") == 1 and "locked" in printed
+    marker = json.loads((out / tracking.MARKER).read_text())
+    assert marker["complete"] is False and "locked" in marker["error"]
+
+
+def test_a_run_in_two_params_files_lists_both_in_fedrepro_experiments(tmp_path, sqlite_uri):
+    from mlflow import MlflowClient
+    runs_dir = tmp_path / "runs"
+    shared = _fake_run(runs_dir, "shared")
+    first = {**_manifest([shared]), "name": "paper"}
+    second = {**_manifest([shared]), "name": "ablation",
+              "experiments": {"fig2": {"title": "fig2", "description": "", "grid": {}, "runs": [shared]}}}
+    assert tracking.track(first, runs_dir, sqlite_uri)["registered"] == 1
+    assert tracking.track(second, runs_dir, sqlite_uri)["registered"] == 0, "one record, not two"
+    (run,) = _records(MlflowClient(tracking_uri=sqlite_uri), "shared")
+    assert run.data.tags["fedrepro.experiments"] == "paper/load,ablation/fig2"
+    assert json.loads((runs_dir / "shared" / tracking.MARKER).read_text())["members"] == ["ablation/fig2", "paper/load"]
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_tracking_live_false_leaves_the_training_jobs_untracked(live, tmp_path):
+    """`tracking: {live: false}`: the train rule's command carries no MLflow options (the track step
+    registers the runs afterwards); the default logs live."""
+    from conftest import snakemake_cmd
+    params = tmp_path / "p.yaml"
+    params.write_text("tracking: {live: %s}\nexperiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n"
+                      % str(live).lower())
+    proc = subprocess.run(snakemake_cmd(tmp_path, "-n", "-p", "--configfile", str(params)), capture_output=True,
+                          text=True, env=subprocess_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = [line for line in proc.stdout.splitlines() if "fedrepro train" in line]
+    assert len(train) == 1, proc.stdout[-3000:]
+    assert ("--mlflow-experiment fedrepro/p" in train[0]) is live, train[0]

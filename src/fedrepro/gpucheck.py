@@ -29,7 +29,12 @@ _HOLDOUT = {"evaluation": {"proxy_holdout": 20}}  # the comparison's hold-out th
 METHOD_EXTRAS = {"fedlaw": {"fedlaw": {"proxy_size": 20}, **_HOLDOUT}, "fedfa": {"model": "cnn"},
                  "feddf": {"feddf": _PROXY, **_HOLDOUT}, "fedbe": {"fedbe": _PROXY, **_HOLDOUT},
                  "serverft": {"serverft": _PROXY, **_HOLDOUT},
-                 "fedavg+ima": {"ima": {"start_round": 2, "window": 2}}}
+                 "fedavg+ima": {"ima": {"start_round": 2, "window": 2}},
+                 # FedAWARE's code walks a permutation of the clients first: 4 clients, 2 a round, so every
+                 # client is seen by round 2 and the warm-up ends (with random cohorts 3 rounds may never
+                 # reach the AWARE step)
+                 "fedaware": {"cohort": {"warmup": "permutation"}},
+                 "fedavg+aware": {"cohort": {"warmup": "permutation"}}}
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
         "batch_size": 50, "eval_every": 1, "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1}}
 
@@ -82,10 +87,26 @@ def check_method(method: str, device: str, rounds: int = 3) -> float:
     algorithm, *plugins = method.split("+")
     setting = {**BASE, "rounds": rounds, "algorithm": algorithm, "plugins": plugins, **METHOD_EXTRAS.get(method, {})}
     with tempfile.TemporaryDirectory() as run_dir:
-        summary = _trainer(setting, run_dir, device).run(checkpoint_every=0, progress=False)
+        trainer = _trainer(setting, run_dir, device)
+        summary = trainer.run(checkpoint_every=0, progress=False)
     assert summary["status"] == "finished", f"{method} on {device}: {summary['status']}"
     assert np.isfinite(summary["final_acc"]), f"{method} on {device}: final accuracy {summary['final_acc']}"
+    check_aware_steps(method, trainer.rows, f"{method} on {device}")
     return summary["final_acc"]
+
+
+def check_aware_steps(method: str, rows: list[dict], what: str) -> None:
+    """FedAWARE's min-norm step and the +aware projection ran, not only their warm-up: the momenta are
+    ready from the round in which every client has been seen (rounds 0 and 1 under the permutation
+    warm-up of 4 clients, 2 a round), and from then on every round takes the AWARE step."""
+    algorithm, *plugins = method.split("+")
+    if algorithm == "fedaware":
+        assert [r["aware_warmup"] for r in rows][1:] == [0] * (len(rows) - 1), f"{what}: never left the warm-up"
+        assert all(np.isfinite(r["min_norm_sq"]) and r["support"] >= 1 for r in rows[1:]), f"{what}: no min-norm solve"
+    if "aware" in plugins:
+        assert [r["aware_projected"] for r in rows][1:] == [1] * (len(rows) - 1), f"{what}: never projected"
+        assert all(np.isfinite(r["aware_scale"]) and np.isfinite(r["aware_min_norm_sq"]) for r in rows[1:]), \
+            f"{what}: no min-norm solve or projection scale"
 
 
 def check_cohort_matches_sequential(device: str) -> float:
