@@ -70,8 +70,10 @@ def cells(tables: dict, names: list[str] | None = None) -> list[Cell]:
             column_match = row.get("column_match") or [c["match"] for c in columns]
             for col, col_match, value in zip(columns, column_match, row["values"]):
                 mean, std = (value.get("mean"), value.get("std")) if isinstance(value, dict) else (value, None)
+                # a row's metric (FedLAW Table 2's learned gamma row) wins over its column's and the table's
+                metric = row.get("metric") or col.get("metric", table["metric"])
                 out.append(Cell(name, table["paper"], row["label"], col["label"], {**row["match"], **col_match},
-                                col.get("metric", table["metric"]), mean, std))
+                                metric, mean, std))
     return out
 
 
@@ -118,6 +120,10 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
         return float(last.mean()) * scale
     if kind == "mean_over_rounds":
         return float(frame[metric["column"]].mean()) * scale
+    if kind == "mean_round_range":  # FedLAW's section 4 indicators: the mean over rounds 90-110 (App. D.5)
+        inside = frame[(frame["round"] >= metric["first"]) & (frame["round"] <= metric["last"])][metric["column"]]
+        inside = inside.dropna()
+        return float(inside.mean()) * scale if len(inside) else None
     if kind == "rounds_to_target":
         hit = frame[frame["test_acc"] >= metric["target"]]
         return float(hit["round"].iloc[0]) if len(hit) else math.inf
@@ -166,14 +172,15 @@ def table_frame(joined: list[Cell], table: str, tolerance: float = 1.0):
     """One paper table as rows x columns of 'paper ± std | ours ± std (n) | Δ', for the report page.
 
     ``within`` is True where |Δ| <= ``allowed`` (allowed_gap: points of accuracy, or rounds for IMA
-    Table 2), None where a side is missing."""
+    Table 2; a metric's own ``tolerance`` where its unit is another, e.g. FedLAW's learned gamma), None
+    where a side is missing."""
     import pandas as pd
 
     records = []
     for c in joined:
         if c.table != table:
             continue
-        allowed = allowed_gap(tolerance, c.std, c.ours_std)
+        allowed = allowed_gap(c.metric.get("tolerance", tolerance), c.std, c.ours_std)
         records.append({"row": c.row, "column": c.column, "paper": c.value, "paper_std": c.std,
                         "ours": c.ours_mean, "ours_std": c.ours_std, "seeds": len(c.ours), "delta": c.delta,
                         "diverged": len(c.diverged), "in_scope": c.in_scope, "allowed": allowed,
