@@ -13,6 +13,7 @@ import torch
 from conftest import make_partition
 from fedrepro import checkpoint, cli, config, figures
 from fedrepro.figures import fednova as quad
+from fedrepro.figures import fedlaw as fedlaw_figures
 from fedrepro.figures import ima
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
@@ -25,6 +26,9 @@ PARAMS = {
         "tiny": {"base": BASE, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedlaw", "fedaware"]}},
         "tiny_snap": {"base": {**BASE, "snapshots": SNAP}, "grid": {"algorithm": ["fedavg"]}},
         "tiny_diverge": {"base": {**BASE, "client": {"lr": 1.0e6}}, "grid": {"algorithm": ["fedavg"]}},
+        # FedLAW section 4: FedAvg against adaptive GWS at two local-epoch counts (Figs. 2, 3, 10, 11)
+        "tiny_gws": {"base": {**BASE, "fedlaw": {"variant": "adaptive_gws", "proxy_size": 20, "server_epochs": 2}},
+                     "grid": {"algorithm": ["fedavg", "fedlaw"], "local_epochs": [1, 2]}},
     },
 }
 TINY_OPTIONS = {"ima": {"window": 2, "start_round": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2}}
@@ -227,6 +231,10 @@ SPECS = {
     "coherence_lud": {"experiment": "tiny"},
     "quadratic": {"rounds": 50, "decay_rounds": [20], "clients": 5, "dim": 3},
     "loss_curves": {"experiment": "tiny"},
+    "gws_sweep": {"experiment": "tiny_gws", "axis": "local_epochs"},
+    "gws_norms": {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}},
+    "gws_ratio": {"experiment": "tiny_gws"},
+    "model_norm": {"experiment": "tiny_gws", "select": {"local_epochs": 2}},
 }
 
 
@@ -242,6 +250,49 @@ def test_every_kind_draws_its_image_from_tiny_runs(tiny, kind):
 def test_fixed_gamma_without_such_runs_says_so(tiny):
     record = _draw(tiny, "gamma", {"kind": "fixed_gamma", "experiment": "tiny"})
     assert not record["drawn"] and "fixed fedlaw.gamma" in record["reason"]
+
+
+def test_adaptive_gws_logs_the_two_terms_of_eq_4_and_the_model_norm(tiny):
+    """gws_norm = |1 - gamma| ||x|| and global_grad_norm = gamma ||sum_i lambda_i Delta_i|| (eta_g = 1) add up,
+    as vectors, to the server step x - x_new (Eq. 4); the last round's model_norm is the saved model's norm."""
+    runs = figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_gws", "select": {}})
+    gws = [r for r in runs if r.setting["algorithm"] == "fedlaw"]
+    assert len(gws) == 2
+    for run in runs:
+        saved = checkpoint.load(run.folder.model)["x"]
+        assert run.metrics["model_norm"].iloc[-1] == pytest.approx(float(saved.norm()), rel=1e-5)
+    for run in gws:
+        m = run.metrics
+        assert (m["gamma"] != 1.0).any(), "adaptive GWS learns gamma"
+        # triangle inequality of the two terms: |a - b| <= ||step|| <= a + b
+        a, b = m["gws_norm"], m["global_grad_norm"]
+        # ||(1 - gamma_t) x_t||, x_t the model the previous round's step left (its model_norm)
+        expected = ((1 - m["gamma"]).abs() * m["model_norm"].shift(1)).to_numpy()[1:]
+        assert (a >= 0).all() and a.to_numpy()[1:] == pytest.approx(expected, rel=1e-4)
+        assert ((m["step_norm"] <= a + b + 1e-4) & (m["step_norm"] >= (a - b).abs() - 1e-4)).all()
+        assert m["global_grad_norm"].to_numpy() == pytest.approx((m["gamma"] * m["global_norm"]).to_numpy(), rel=1e-4)
+
+
+def test_gws_figures_pair_fedavg_with_adaptive_gws_by_setting(tiny):
+    record = _draw(tiny, "sweep", {"kind": "gws_sweep", "experiment": "tiny_gws", "axis": "local_epochs"})
+    assert record["drawn"] and "gain of adaptive GWS over FedAvg" in record["caption"]
+    pairs = fedlaw_figures._gws_pairs(figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
+                                                          {"experiment": "tiny_gws", "select": {}}), "local_epochs")
+    assert sorted(pairs["x"]) == [1, 1, 2, 2] and set(pairs["method"]) == {"fedavg", "gws"}
+    # one value of the axis is no line: the figure says so instead of drawing points
+    record = _draw(tiny, "one", {"kind": "gws_sweep", "experiment": "tiny_gws", "axis": "alpha"})
+    assert not record["drawn"] and "two values of alpha" in record["reason"]
+    record = _draw(tiny, "none", {"kind": "gws_ratio", "experiment": "tiny"})
+    assert not record["drawn"] and "adaptive_gws" in record["reason"]
+    with pytest.raises(config.ConfigError, match=r"figures.f.axis = 'rounds': allowed are local_epochs, alpha"):
+        figures.check({"f": {"kind": "gws_sweep", "experiment": "tiny", "axis": "rounds"}}, {"tiny": {}})
+
+
+def test_middle_rounds_are_90_to_110_or_the_middle_tenth_of_a_short_run():
+    long = pd.DataFrame({"round": range(1, 201), "v": range(1, 201)})
+    assert list(fedlaw_figures.middle_rounds(long, "v")) == list(range(90, 111))
+    short = pd.DataFrame({"round": range(1, 21), "v": range(1, 21)})
+    assert list(fedlaw_figures.middle_rounds(short, "v")) == [9, 10, 11]
 
 
 def test_a_run_without_snapshots_gets_a_clear_message_not_a_crash(tiny):

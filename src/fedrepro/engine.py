@@ -235,6 +235,7 @@ class Trainer:
                "e_lud": float(metrics.e_lud(updates.deltas)),
                "global_norm": float(updates.weighted_mean().norm()),
                "step_norm": float((x_new - x).norm()),
+               "model_norm": float(x_new.norm()),  # ||w_g|| after the server step (FedLAW Fig. 10, left)
                "pseudo_grad_norm": updates.info.get("pseudo_grad_norm", float("nan")),
                "coherence": float(metrics.coherence(updates.deltas)),
                "update_norm_mean": float(updates.deltas.norm(dim=1).mean()),

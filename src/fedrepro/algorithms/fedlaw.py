@@ -63,7 +63,7 @@ class LearnedAggregation(Aggregator):
         updates.info.update({
             "gamma": gamma, "weights": lam,
             "lambda_coherence": float(metrics.coherence(updates.deltas, lam)),
-            "gws_norm": float((1 - gamma) * x.norm()),                # ||(1 - gamma) x||
+            "gws_norm": float(abs(1 - gamma) * x.norm()),             # ||(1 - gamma) x||, a norm: gamma > 1 grows x
             "global_grad_norm": float(gamma * self.server_lr * (lam @ updates.deltas).norm())})
         return x - x_new
 

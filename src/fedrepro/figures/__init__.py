@@ -58,6 +58,10 @@ KINDS = {
     "coherence": ("fedlaw", "coherence"),
     "fedlaw_weights": ("fedlaw", "weights"),
     "fixed_gamma": ("fedlaw", "fixed_gamma"),
+    "gws_sweep": ("fedlaw", "gws_sweep"),
+    "gws_norms": ("fedlaw", "gws_norms"),
+    "gws_ratio": ("fedlaw", "gws_ratio"),
+    "model_norm": ("fedlaw", "model_norm"),
     "elud": ("fedaware", "elud"),
     "cosines": ("fedaware", "cosines"),
     "coherence_lud": ("fedaware", "coherence_lud"),
@@ -77,6 +81,10 @@ OPTIONS = {  # the options each kind reads, with their defaults
     "coherence": {},
     "fedlaw_weights": {},
     "fixed_gamma": {"axis": "alpha"},
+    "gws_sweep": {"axis": "local_epochs"},
+    "gws_norms": {},
+    "gws_ratio": {},
+    "model_norm": {},
     "elud": {},
     "cosines": {"rounds": [3, 60, 150]},
     "coherence_lud": {},
@@ -109,6 +117,8 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
         if kind not in NO_RUNS and spec.get("experiment") not in experiments:
             problems.append(f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
                             f"experiments {sorted(experiments)}")
+        if kind == "gws_sweep" and spec.get("axis", "local_epochs") not in ("local_epochs", "alpha"):
+            problems.append(f"{where}.axis = {spec['axis']!r}: allowed are local_epochs, alpha")
         for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")

@@ -5,7 +5,9 @@ from fedrepro.figures import MissingInput, finished
 
 
 def method(run) -> str:
-    return run.setting["algorithm"] + "".join("+" + p for p in run.setting["plugins"])
+    name = run.setting["algorithm"] + "".join("+" + p for p in run.setting["plugins"])
+    variant = run.setting.get("fedlaw", {}).get("variant", "fedlaw") if run.setting["algorithm"] == "fedlaw" else "fedlaw"
+    return name if variant == "fedlaw" else f"{name} ({variant})"  # FedLAW's learners differ by variant
 
 
 def split(run) -> str:

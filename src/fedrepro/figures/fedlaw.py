@@ -1,4 +1,5 @@
-"""FedLAW figures: client coherence and its critical point, the learned gamma and lambda, fixed gamma."""
+"""FedLAW figures: client coherence and its critical point, the learned gamma and lambda, fixed gamma,
+and section 4's adaptive global weight shrinking (GWS) against FedAvg (Figs. 2, 3, 9, 10 left, 11)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,149 @@ SHOWS = {
                       "learned client weights lambda, max and min over the cohort (right), over rounds",
     "fixed_gamma": "Final test accuracy (%, mean of the last 10 rounds) against a fixed global shrinking "
                    "factor gamma, one line per heterogeneity/local-epoch setting; the star marks the best gamma",
+    "gws_sweep": "Left: the gain of adaptive GWS over FedAvg, final test accuracy (%, mean of the last 10 rounds, "
+                 "seed mean) of adaptive GWS minus FedAvg's at the same setting. Right: the learned gamma (solid, "
+                 "left axis) and the norm of the global gradient ||gamma eta_g g_g|| (dashed, right axis), each the "
+                 "mean over the middle rounds (90-110 of 200, App. D.5; the middle tenth of a shorter run)",
+    "gws_norms": "Adaptive GWS over rounds (seed mean). Left: the norm of the global gradient ||gamma eta_g g_g|| "
+                 "and of the GWS pseudo-gradient ||(1 - gamma) w_g||. Right: the learned gamma (left axis) and their "
+                 "ratio r = ||gamma eta_g g_g|| / ||(1 - gamma) w_g|| (right axis)",
+    "gws_ratio": "Histogram of r = ||gamma eta_g g_g|| / ||(1 - gamma) w_g||, one value per adaptive-GWS run (its "
+                 "mean over the middle rounds, 90-110 of 200), over every run of the experiment",
+    "model_norm": "The norm of the global model's parameters ||w_g|| after each round's server step, per method "
+                  "(95% band over seeds)",
 }
+
+
+def middle_rounds(frame, column: str):
+    """The values of ``column`` in the middle stage of a run: rounds 90-110 (App. D.5) when the run has
+    them, else its middle tenth (a short run of a test)."""
+    rounds = frame["round"]
+    last = int(rounds.max())
+    first, stop = (90, 110) if last >= 110 else (int(0.45 * last), max(int(0.45 * last), int(0.55 * last + 0.5)))
+    return frame.loc[(rounds >= first) & (rounds <= stop), column].dropna()
+
+
+def _gws_pairs(runs, axis: str):
+    """Per (line, axis value): FedAvg's and adaptive GWS's seed-mean final accuracy and GWS's middle-stage
+    gamma, global-gradient norm and r. ``axis``: local_epochs or alpha (the partition's)."""
+    import pandas as pd
+
+    rows = []
+    for r in finished(runs):
+        law = r.setting["algorithm"] == "fedlaw" and r.setting.get("fedlaw", {}).get("variant") == "adaptive_gws"
+        if r.setting["algorithm"] != "fedavg" and not law:
+            continue
+        value = r.setting["local_epochs"] if axis == "local_epochs" else r.setting["partition"].get(axis)
+        line = f"alpha={r.setting['partition'].get('alpha')}" if axis == "local_epochs" else f"E={r.setting['local_epochs']}"
+        row = {"line": line, "x": value, "method": "gws" if law else "fedavg", "seed": r.setting["seed"],
+               "acc": r.metrics["test_acc"].dropna().tail(10).mean() * 100}
+        if law:
+            for column in ("gamma", "global_grad_norm", "gws_norm"):
+                row[column] = middle_rounds(r.metrics, column).mean() if column in r.metrics else float("nan")
+        rows.append(row)
+    if not rows:
+        raise MissingInput("no finished FedAvg or adaptive GWS run (fedlaw.variant: adaptive_gws)")
+    return pd.DataFrame(rows)
+
+
+def gws_sweep(spec, runs, context):
+    """FedLAW Fig. 2 (axis local_epochs) and Fig. 9 (axis alpha): a line needs two points of the axis."""
+    import matplotlib.pyplot as plt
+
+    axis = spec["axis"]
+    data = _gws_pairs(runs, axis)
+    if "gamma" not in data:
+        raise MissingInput("no finished adaptive GWS run (fedlaw.variant: adaptive_gws) to compare with FedAvg")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 3.6))
+    twin = right.twinx()
+    drawn = 0
+    for line, part in data[data["x"].notna()].groupby("line", sort=True):  # an iid partition has no alpha
+        mean = part.groupby(["x", "method"])[["acc", "gamma", "global_grad_norm"]].mean().unstack("method")
+        if "gws" not in mean["acc"] or "fedavg" not in mean["acc"]:
+            continue
+        gain = (mean["acc"]["gws"] - mean["acc"]["fedavg"]).dropna()
+        if len(gain) < 2:
+            continue
+        color = f"C{drawn}"
+        left.plot(gain.index, gain.to_numpy(), marker="o", color=color, label=line)
+        right.plot(mean.index, mean["gamma"]["gws"], marker="o", color=color, label=f"{line}: gamma")
+        twin.plot(mean.index, mean["global_grad_norm"]["gws"], marker="s", ls="--", color=color,
+                  label=f"{line}: ||gamma eta_g g_g||")
+        drawn += 1
+    if not drawn:
+        raise MissingInput(f"no setting has both FedAvg and adaptive GWS at two values of {axis}")
+    for ax in (left, right):
+        ax.set_xlabel("local epochs E" if axis == "local_epochs" else "Dirichlet alpha")
+        if axis == "alpha":
+            ax.set_xscale("log")
+    left.axhline(0.0, color="gray", lw=0.8, ls=":")
+    left.set_ylabel("accuracy gain over FedAvg (points)")
+    right.set_ylabel("learned gamma (middle rounds)")
+    twin.set_ylabel("||gamma eta_g g_g|| (L2, middle rounds)")
+    left.legend(fontsize=8, title="seed mean", title_fontsize=8)
+    handles = right.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    right.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left", bbox_to_anchor=(1.18, 1.0),
+                 frameon=False)
+    fig.tight_layout()
+    return fig, SHOWS["gws_sweep"]
+
+
+def gws_norms(spec, runs, context):
+    """FedLAW Fig. 3: the two terms of Eq. 4 over rounds, and gamma with their ratio r."""
+    import matplotlib.pyplot as plt
+
+    data = frame(runs, "gws_norm")
+    if "global_grad_norm" not in data:
+        raise MissingInput("metrics.csv has no global_grad_norm")
+    mean = data.groupby("round")[["gws_norm", "global_grad_norm", "gamma"]].mean()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+    left.plot(mean.index, mean["global_grad_norm"], label="global gradient ||gamma eta_g g_g||")
+    left.plot(mean.index, mean["gws_norm"], label="GWS pseudo-gradient ||(1 - gamma) w_g||")
+    left.set_ylabel("norm (L2 of the flat parameters)")
+    left.legend(fontsize=8)
+    right.plot(mean.index, mean["gamma"], color="C2", label="gamma")
+    right.set_ylabel("learned gamma")
+    twin = right.twinx()
+    ratio = mean["global_grad_norm"] / mean["gws_norm"]
+    twin.plot(mean.index, ratio, color="C3", ls="--", label="r")
+    twin.set_ylabel("r = ||gamma eta_g g_g|| / ||(1 - gamma) w_g||")
+    handles = right.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    twin.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="best")  # above the twin's line
+    for ax in (left, right):
+        ax.set_xlabel("communication round")
+    fig.tight_layout()
+    middle = ratio[(ratio.index >= 90) & (ratio.index <= 110)] if ratio.index.max() >= 110 else ratio
+    return fig, SHOWS["gws_norms"] + f"; r over the middle rounds: {middle.mean():.3g} (the paper: about 19)"
+
+
+def gws_ratio(spec, runs, context):
+    """FedLAW Fig. 11: r pooled over the runs of Figs. 2 and 9."""
+    import matplotlib.pyplot as plt
+
+    values = []
+    for r in finished(runs):
+        if r.setting.get("fedlaw", {}).get("variant") != "adaptive_gws" or "gws_norm" not in r.metrics:
+            continue
+        ratio = r.metrics["global_grad_norm"] / r.metrics["gws_norm"]
+        values.append(float(middle_rounds(r.metrics.assign(r=ratio), "r").mean()))
+    values = [v for v in values if np.isfinite(v)]
+    if not values:
+        raise MissingInput("no finished adaptive GWS run (fedlaw.variant: adaptive_gws) logs gws_norm")
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.hist(values, bins=max(3, min(20, len(values) // 2)), color="C0", alpha=0.8)
+    ax.axvline(np.mean(values), color="C3", ls="--", label=f"mean {np.mean(values):.3g} (paper: about 20.5)")
+    ax.set_xlabel("r (middle rounds)")
+    ax.set_ylabel("runs")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, SHOWS["gws_ratio"] + f" ({len(values)} runs, mean {np.mean(values):.3g}, std {np.std(values):.3g})"
+
+
+def model_norm(spec, runs, context):
+    """FedLAW Fig. 10 (left): the parameter norm of FedAvg and adaptive GWS over rounds."""
+    fig, _ = over_rounds(runs, "model_norm", "||w_g|| (L2 of the flat parameters)")
+    return fig, SHOWS["model_norm"]
 
 
 def critical_point(rounds, coherence, window: int = 5) -> float:
