@@ -367,6 +367,49 @@ def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_t
     assert record["drawn"] and "part the balanced clients 0-1 from the imbalanced ones" in record["caption"]
 
 
+def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates_as_fedavg(tiny_data_root, tmp_path):
+    """Fig. 5 middle and right: lambda_client_<id> is the round's lambda by client id; with learn_rounds 2
+    rounds 1-2 learn lambda and round 3 uses the data sizes n_i / sum_j n_j of its cohort, gamma 1."""
+    from fedrepro import partition
+    work = tmp_path
+    (work / "data").mkdir()
+    (work / "data" / "fmnist").symlink_to(tiny_data_root)
+    hybrid = {"kind": "hybrid", "alpha_balanced": 10.0, "alpha": 0.1, "min_size": 1, "balance": False, "seed": 1}
+    law = {"variant": "attentive", "proxy_size": 20, "server_epochs": 3, "server_lr": 0.5, "log_client_weights": True}
+    params = {"title": "early", "experiments": {"e": {
+        "base": {**BASE, "participation": 1.0, "partition": hybrid, "algorithm": "fedlaw", "fedlaw": law},
+        "grid": {"fedlaw.learn_rounds": [0, 2]}}}}
+    runs = config.expand(params)
+    parts = make_partition(tiny_data_root, work / "partition", num_clients=4, **hybrid)
+    sizes = np.array([len(p) for p in partition.load(parts)], dtype=float)
+    for run in runs:
+        _train(run.setting, work / "runs" / run.id, parts, tiny_data_root)
+    manifest = config.manifest(params, runs, "early")
+    done = {r.setting["fedlaw"]["learn_rounds"]: r for r in
+            figures.select_runs(manifest, work / "runs", {"experiment": "e", "select": {}})}
+    columns = [f"lambda_client_{i}" for i in range(4)]
+    for run in done.values():
+        m = run.metrics
+        assert m[columns].sum(axis=1).to_numpy() == pytest.approx(np.ones(3), abs=1e-5)
+        assert m["weights_max"].to_numpy() == pytest.approx(m[columns].max(axis=1).to_numpy(), abs=1e-6)
+    stopped, always = done[2].metrics, done[0].metrics
+    assert stopped.loc[2, columns].to_numpy(dtype=float) == pytest.approx(sizes / sizes.sum(), abs=1e-6)
+    assert stopped.loc[2, "gamma"] == 1.0
+    assert always.loc[2, columns].to_numpy(dtype=float) != pytest.approx(sizes / sizes.sum(), abs=1e-3)
+    # the first two rounds are the same run until the stop
+    assert stopped.loc[:1, columns].to_numpy() == pytest.approx(always.loc[:1, columns].to_numpy(), abs=1e-6)
+    from fedrepro.figures.curves import method
+    assert method(done[2]) == "fedlaw (attentive, learned until round 2)" and method(done[0]) == "fedlaw (attentive)"
+    captions = {}
+    for name, kind in (("w", "client_weights"), ("a", "accuracy")):
+        spec = figures.check({name: {"kind": kind, "experiment": "e"}}, manifest["experiments"])[name]
+        record = figures.draw(name, spec, manifest, work / "runs", work / "fig" / f"{name}.png",
+                              figures.Context(work / "data", "cpu"))
+        assert record["drawn"], record["reason"]
+        captions[kind] = record["caption"]
+    assert "parts the balanced clients (above) from the imbalanced ones" in captions["client_weights"]
+
+
 # --------------------------------------------------------------------------- the workflow
 
 

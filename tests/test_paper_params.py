@@ -44,7 +44,7 @@ EXPECTED = {
         "fedlaw_table10_global_lr": 36,    # 2 methods x 2 alphas x 3 global lrs x 3 seeds
         "fedlaw_gws_sweeps": 72,           # 2 methods x 12 (E, alpha) points x 3 seeds
         "fedlaw_fig6_gws_coherence": 2,    # figures: FedAvg and adaptive GWS on the hybrid partition, 1 seed
-        "fedlaw_fig5_hybrid": 2,           # figures: FedAvg and FedLAW on the hybrid partition, 1 seed
+        "fedlaw_fig5_hybrid": 3,           # figures: FedAvg, attentive LAW and its early stop on the hybrid partition, 1 seed
     },
     "fedaware": {
         "fedaware_table2_cifar10": 42,     # 8 raw + 6 xAWARE, 3 seeds

@@ -247,7 +247,9 @@ class Trainer:
         for key, value in updates.info.items():
             if key == "pseudo_grad_norm":
                 continue
-            if isinstance(value, torch.Tensor) and value.numel() > 1:
+            if isinstance(value, dict):  # per client: one column per client id (FedLAW's lambda_client)
+                row.update({f"{key}_{k}": float(v) for k, v in value.items()})
+            elif isinstance(value, torch.Tensor) and value.numel() > 1:
                 row[f"{key}_max"] = float(value.max())
                 row[f"{key}_min"] = float(value.min())
             else:

@@ -24,6 +24,9 @@ SHOWS = {
                  "ratio r = ||gamma eta_g g_g|| / ||(1 - gamma) w_g|| (right axis)",
     "gws_ratio": "Histogram of r = ||gamma eta_g g_g|| / ||(1 - gamma) w_g||, one value per adaptive-GWS run (its "
                  "mean over the middle rounds, 90-110 of 200), over every run of the experiment",
+    "client_weights": "The learned aggregation weight lambda of every client over rounds (colour; blank where the "
+                      "client was not sampled), one run",
+    "accuracy": "Test accuracy (%) over rounds per method (95% band over seeds)",
     "model_norm": "The norm of the global model's parameters ||w_g|| after each round's server step, per method "
                   "(95% band over seeds)",
 }
@@ -264,3 +267,38 @@ def fixed_gamma(spec, runs, context):
     legend_outside(ax)
     fig.tight_layout()
     return fig, SHOWS["fixed_gamma"]
+
+
+
+def client_weights(spec, runs, context):
+    """FedLAW Fig. 5 (right): lambda per client over rounds, from the lambda_client_<id> columns."""
+    import matplotlib.pyplot as plt
+
+    run = next((r for r in finished(runs) if any(c.startswith("lambda_client_") for c in r.metrics)), None)
+    if run is None:
+        raise MissingInput("no finished run logs lambda_client_<id> (set fedlaw.log_client_weights: true)")
+    columns = sorted((c for c in run.metrics if c.startswith("lambda_client_")), key=lambda c: int(c.rsplit("_", 1)[1]))
+    grid = run.metrics[columns].to_numpy().T  # (clients, rounds)
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
+                      extent=(0.5, len(run.metrics) + 0.5, len(columns) - 0.5, -0.5))
+    fig.colorbar(image, ax=ax, label="lambda_i")
+    ax.set_yticks(range(len(columns)), [c.rsplit("_", 1)[1] for c in columns], fontsize=7)
+    ax.set_ylabel("client")
+    ax.set_xlabel("communication round")
+    shows = SHOWS["client_weights"] + f" ({method(run)}, {split(run)}, seed {run.setting['seed']})"
+    part = run.setting["partition"]
+    if part["kind"] == "hybrid":  # the balanced clients are the first half
+        ax.axhline(len(columns) / 2 - 0.5, color="white", lw=1.0, ls="--")
+        shows += "; the dashed line parts the balanced clients (above) from the imbalanced ones"
+    fig.tight_layout()
+    return fig, shows
+
+
+def accuracy(spec, runs, context):
+    """FedLAW Fig. 5 (middle) and Fig. 7 (right): accuracy curves of the figure's methods."""
+    from dataclasses import replace
+
+    done = [replace(r, metrics=r.metrics.assign(test_acc_pct=r.metrics["test_acc"] * 100)) for r in finished(runs)]
+    fig, _ = over_rounds(done, "test_acc_pct", "test accuracy %")
+    return fig, SHOWS["accuracy"]
