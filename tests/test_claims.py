@@ -118,6 +118,7 @@ EXPECTED_ON_PAPER = {
     ("fedlaw_table10", "adaptive GWS beats FedAvg"): (6, 6),
     ("fedlaw_table10", "a larger η_g gives a smaller γ"): (4, 4),
     ("fedlaw_table5", "FedLAW and FedLAW (SWA) beat FedAvg"): (10, 10),
+    ("fedlaw_table4", "FedLAW is best in the column"): (4, 4),
     ("fedaware_table2", "FedAWARE has the best raw accuracy (CIFAR-10, AGNews)"): (2, 2),
     ("fedaware_table2", "×AWARE raises e-LUDD"): (18, 18),
     ("fedaware_table2", "×AWARE raises accuracy"): (17, 18),

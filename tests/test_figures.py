@@ -29,6 +29,9 @@ PARAMS = {
         # FedLAW section 4: FedAvg against adaptive GWS at two local-epoch counts (Figs. 2, 3, 10, 11)
         "tiny_gws": {"base": {**BASE, "fedlaw": {"variant": "adaptive_gws", "proxy_size": 20, "server_epochs": 2}},
                      "grid": {"algorithm": ["fedavg", "fedlaw"], "local_epochs": [1, 2]}},
+        "tiny_law": {"base": {**BASE, "algorithm": "fedlaw", "fedlaw": {"variant": "attentive", "proxy_size": 20,
+                                                                         "server_epochs": 2, "log_client_weights": True}},
+                     "grid": {"seed": [1]}},
     },
 }
 TINY_OPTIONS = {"ima": {"window": 2, "start_round": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2}}
@@ -235,6 +238,9 @@ SPECS = {
     "gws_norms": {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}},
     "gws_ratio": {"experiment": "tiny_gws"},
     "model_norm": {"experiment": "tiny_gws", "select": {"local_epochs": 2}},
+    "sweep_accuracy": {"experiment": "tiny_gws", "axis": "local_epochs"},
+    "client_weights": {"experiment": "tiny_law"},
+    "accuracy": {"experiment": "tiny_gws"},
 }
 
 

@@ -27,6 +27,8 @@ SHOWS = {
     "client_weights": "The learned aggregation weight lambda of every client over rounds (colour; blank where the "
                       "client was not sampled), one run",
     "accuracy": "Test accuracy (%) over rounds per method (95% band over seeds)",
+    "sweep_accuracy": "Final test accuracy (%, mean of the last 10 rounds) against a setting, one line per method; "
+                      "the band is the range over the runs of a point (its seeds)",
     "model_norm": "The norm of the global model's parameters ||w_g|| after each round's server step, per method "
                   "(95% band over seeds)",
 }
@@ -302,3 +304,35 @@ def accuracy(spec, runs, context):
     done = [replace(r, metrics=r.metrics.assign(test_acc_pct=r.metrics["test_acc"] * 100)) for r in finished(runs)]
     fig, _ = over_rounds(done, "test_acc_pct", "test accuracy %")
     return fig, SHOWS["accuracy"]
+
+
+
+def _dotted(setting: dict, key: str):
+    value = setting
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def sweep_accuracy(spec, runs, context):
+    """FedLAW Fig. 8: final accuracy against one setting (a dotted key), per method."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    rows = [{"method": method(r), "x": _dotted(r.setting, spec["axis"]), "seed": r.setting["seed"],
+             "acc": r.metrics["test_acc"].dropna().tail(10).mean() * 100} for r in finished(runs)]
+    data = pd.DataFrame(rows).dropna(subset=["x"])
+    if data["x"].nunique() < 2:
+        raise MissingInput(f"the finished runs have fewer than two values of {spec['axis']}")
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for i, (name, part) in enumerate(data.groupby("method", sort=False)):
+        stats = part.groupby("x")["acc"].agg(["mean", "min", "max"])
+        ax.plot(stats.index, stats["mean"], marker="o", color=f"C{i}", label=name)
+        ax.fill_between(stats.index, stats["min"], stats["max"], color=f"C{i}", alpha=0.15, lw=0)
+    if data["x"].min() > 0 and data["x"].max() / data["x"].min() >= 20:
+        ax.set_xscale("log")
+    ax.set_xlabel(spec["axis"])
+    ax.set_ylabel("final test accuracy % (last 10 rounds)")
+    legend_outside(ax)
+    fig.tight_layout()
+    return fig, SHOWS["sweep_accuracy"] + f" ({spec['axis']})"
