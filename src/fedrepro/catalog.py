@@ -64,8 +64,9 @@ MODELS = {
 }
 
 PARTITION_KEYS = {
-    "iid": ["kind", "seed"],
-    "dirichlet": ["kind", "seed", "alpha", "min_size", "balance"],
+    # long_tail_rho (FedLAW Table 7): kept only where it is not 1 (config.prune), so other partitions keep their ids
+    "iid": ["kind", "seed", "long_tail_rho"],
+    "dirichlet": ["kind", "seed", "alpha", "min_size", "balance", "long_tail_rho"],
     # FedLAW's hybrid: the first half of the clients from Dir(alpha_balanced), the rest from Dir(alpha)
     "hybrid": ["kind", "seed", "alpha", "alpha_balanced", "min_size", "balance"],
     "shards": ["kind", "seed", "classes_per_client", "distinct"],
@@ -82,3 +83,6 @@ def ima_start_round(setting: dict) -> int:
     """ima.start_round (0-indexed), or 0.75 R, the paper's t_s, when it is left unset."""
     start = setting["ima"]["start_round"]
     return int(0.75 * setting["rounds"]) if start is None else start
+
+# partition kinds that can keep a long-tailed subset of the training set before splitting it
+LONG_TAIL_KINDS = ("iid", "dirichlet")

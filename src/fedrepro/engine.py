@@ -85,6 +85,23 @@ class Preempted(Exception):
     """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was saved."""
 
 
+def swap_labels(train, parts: list[np.ndarray], corruption: dict, num_clients: int):
+    """A copy of ``train`` whose samples of the first round(fraction x num_clients) clients have the classes
+    ``swap`` = (a, b) exchanged (a becomes b, b becomes a); the partition is disjoint, so no other client
+    is touched. The test set keeps its true labels."""
+    import copy
+
+    corrupted = round(corruption["fraction"] * num_clients)
+    index = torch.as_tensor(np.concatenate([parts[i] for i in range(corrupted)]), device=train.labels.device)
+    a, b = corruption["swap"]
+    labels = train.labels.clone()
+    picked = labels[index]
+    labels[index] = torch.where(picked == a, b, torch.where(picked == b, a, picked))
+    out = copy.copy(train)
+    out.labels = labels
+    return out
+
+
 class Trainer:
     def __init__(self, setting: dict, run_dir: str | Path, partition_dir: str | Path | None, data_root: str | Path | None,
                  *, datasets: tuple[data.TensorDataset, data.TensorDataset] | None = None,
@@ -109,6 +126,8 @@ class Trainer:
         holdout = setting["client"].get("holdout", 0.0)
         trained = [holdout_split(p, holdout, setting["seed"], i)[0] if holdout else p for i, p in enumerate(self.parts)]
         self.client_index = [torch.as_tensor(p, device=self.device) for p in trained]
+        if setting.get("corruption"):  # FedLAW Table 8: the first clients' labels with two classes swapped
+            self.train = swap_labels(self.train, self.parts, setting["corruption"], setting["num_clients"])
         self.client_sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=self.device)
         # client groups the partition defines (hybrid: balanced, imbalanced): their coherence is logged per round
         self.client_groups = partition.groups(partition_setting(setting))
