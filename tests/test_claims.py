@@ -120,6 +120,7 @@ EXPECTED_ON_PAPER = {
     ("fedlaw_table5", "FedLAW and FedLAW (SWA) beat FedAvg"): (10, 10),
     ("fedlaw_table4", "FedLAW is best in the column"): (4, 4),
     ("fedlaw_table7", "FedLAW is best in the column"): (2, 2),
+    ("fedlaw_table6", "FedLAW is best in the column"): (5, 6),
     ("fedlaw_table8", "FedLAW and FedLAW (SWA) beat FedAvg and Server-FT"): (12, 12),
     ("fedlaw_table8", "FedDF beats FedLAW"): (3, 3),
     ("fedaware_table2", "FedAWARE has the best raw accuracy (CIFAR-10, AGNews)"): (2, 2),

@@ -44,6 +44,7 @@ EXPECTED = {
         "fedlaw_table10_global_lr": 36,    # 2 methods x 2 alphas x 3 global lrs x 3 seeds
         "fedlaw_gws_sweeps": 72,           # 2 methods x 12 (E, alpha) points x 3 seeds
         "fedlaw_table4_clients": 48,       # 2 n x 2 alphas x 4 methods x 3 seeds
+        "fedlaw_table6_long_tail_proxy": 48,  # 2 alphas x 8 (method, proxy) pairs x 3 seeds (FedAvg: no BS)
         "fedlaw_table7_long_tail_clients": 18,  # 2 alphas x 3 methods x 3 seeds
         "fedlaw_table8_corrupted": 45,     # 3 corruption levels x 5 methods x 3 seeds
         "fedlaw_fig8_participation": 60,   # 5 ratios x 4 methods x 3 seeds
@@ -80,6 +81,7 @@ TABLE_SHAPES = {
     "fedlaw_table5": (5, 3, 0),
     "fedlaw_table4": (4, 4, 0),
     "fedlaw_table7": (3, 2, 0),
+    "fedlaw_table6": (3, 6, 0),
     "fedlaw_table8": (5, 3, 0),
     "fedaware_table2": (8, 12, 15),  # FedDyn: 3 of 4 per dataset; FedAWARE: 2 of 4 per dataset
     "fednova_table1": (8, 2, 1),     # FedAvg with momentum + VR: "Not Defined"
@@ -285,7 +287,7 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
     # FedAvg and adaptive GWS runs share their settings but for the algorithm)
     runs = config.expand(config.load_params(ROOT / "params" / "fedlaw.yaml"))
     tables = {n: t for n, t in paper.load_results().items() if t["paper"] == "fedlaw"}
-    assert {"fedlaw_table2", "fedlaw_table10", "fedlaw_table5", "fedlaw_table4", "fedlaw_table7", "fedlaw_table8"} <= set(tables)
+    assert {"fedlaw_table2", "fedlaw_table10", "fedlaw_table5", "fedlaw_table4", "fedlaw_table7", "fedlaw_table8", "fedlaw_table6"} <= set(tables)
     for name in tables:
         mine = [r for r in runs if r.experiment == name or r.experiment.startswith(name + "_")]
         for cell in paper.cells(tables, [name]):

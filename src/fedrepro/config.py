@@ -335,6 +335,10 @@ def check_data_transforms(setting: dict, where: str) -> None:
     if part.get("long_tail_rho", 1) != 1 and part["kind"] not in registry.LONG_TAIL_KINDS:
         problems.append(f"partition.long_tail_rho = {part['long_tail_rho']} applies to partition kinds "
                         f"{', '.join(registry.LONG_TAIL_KINDS)}, not {part['kind']}")
+    evaluation = setting["evaluation"]
+    if evaluation.get("proxy_long_tail_rho", 1) != 1 and not evaluation["proxy_holdout"]:
+        problems.append(f"evaluation.proxy_long_tail_rho = {evaluation['proxy_long_tail_rho']} shapes the proxy "
+                        f"hold-out, but evaluation.proxy_holdout is 0 (no proxy set)")
     corruption = setting.get("corruption", {})
     if corruption.get("fraction"):
         classes = registry.DATASETS[setting["dataset"]]["num_classes"]

@@ -135,7 +135,8 @@ class Trainer:
         module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained"),
                                setting.get("batchnorm", "running_stats")) if module is None else module)
         self.model = FlatModel(module, self.device)
-        self.test, self.proxy = split_test(self.test, setting["evaluation"]["proxy_holdout"], setting["seed"])
+        self.test, self.proxy = split_test(self.test, setting["evaluation"]["proxy_holdout"], setting["seed"],
+                                           setting["evaluation"].get("proxy_long_tail_rho", 1.0))
         self.algorithm = algorithms.build(setting, num_clients=setting["num_clients"], dim=self.model.numel,
                                           device=self.device, client_sizes=self.client_sizes,
                                           module=self.model.module, proxy=self.proxy)

@@ -93,7 +93,8 @@ class LearnedAggregation(Aggregator):
         """One pass over the proxy set: an optimiser step on CE(f(b; gamma sum_i lambda_i w_i)) per batch."""
         n = len(self.proxy_y)
         total = torch.zeros((), device=self.proxy_y.device)
-        for index in epoch_batches(n, self.cfg["batch_size"], generator, self.proxy_y.device):
+        balance = self.proxy_y if self.cfg.get("balanced_sampling") else None
+        for index in epoch_batches(n, self.cfg["batch_size"], generator, self.proxy_y.device, balance):
             w = theta.exp() * (torch.softmax(z, 0) @ models)
             loss = F.cross_entropy(self.forward(w, self.proxy_x[index]), self.proxy_y[index])
             opt.zero_grad()
