@@ -121,6 +121,8 @@ EXPECTED_ON_PAPER = {
     ("fedlaw_table4", "FedLAW is best in the column"): (4, 4),
     ("fedlaw_table7", "FedLAW is best in the column"): (2, 2),
     ("fedlaw_table6", "FedLAW is best in the column"): (5, 6),
+    ("fedlaw_table11", "HD correlates most at E = 1"): (1, 1),
+    ("fedlaw_table11", "DS correlates most at E = 5"): (1, 1),
     ("fedlaw_table8", "FedLAW and FedLAW (SWA) beat FedAvg and Server-FT"): (12, 12),
     ("fedlaw_table8", "FedDF beats FedLAW"): (3, 3),
     ("fedaware_table2", "FedAWARE has the best raw accuracy (CIFAR-10, AGNews)"): (2, 2),

@@ -29,8 +29,9 @@ PARAMS = {
         # FedLAW section 4: FedAvg against adaptive GWS at two local-epoch counts (Figs. 2, 3, 10, 11)
         "tiny_gws": {"base": {**BASE, "fedlaw": {"variant": "adaptive_gws", "proxy_size": 20, "server_epochs": 2}},
                      "grid": {"algorithm": ["fedavg", "fedlaw"], "local_epochs": [1, 2]}},
-        "tiny_law": {"base": {**BASE, "algorithm": "fedlaw", "fedlaw": {"variant": "attentive", "proxy_size": 20,
-                                                                         "server_epochs": 2, "log_client_weights": True}},
+        "tiny_law": {"base": {**BASE, "algorithm": "fedlaw", "log_cohort_classes": True,
+                              "fedlaw": {"variant": "attentive", "proxy_size": 20, "server_epochs": 2,
+                                         "log_client_weights": True}},
                      "grid": {"seed": [1]}},
     },
 }
@@ -241,6 +242,7 @@ SPECS = {
     "sweep_accuracy": {"experiment": "tiny_gws", "axis": "local_epochs"},
     "client_weights": {"experiment": "tiny_law"},
     "accuracy": {"experiment": "tiny_gws"},
+    "cohort_classes": {"experiment": "tiny_law"},
 }
 
 
@@ -277,6 +279,24 @@ def test_adaptive_gws_logs_the_two_terms_of_eq_4_and_the_model_norm(tiny):
         assert (a >= 0).all() and a.to_numpy()[1:] == pytest.approx(expected, rel=1e-4)
         assert ((m["step_norm"] <= a + b + 1e-4) & (m["step_norm"] >= (a - b).abs() - 1e-4)).all()
         assert m["global_grad_norm"].to_numpy() == pytest.approx((m["gamma"] * m["global_norm"]).to_numpy(), rel=1e-4)
+
+
+def test_the_cohorts_class_distribution_is_the_lambda_weighted_mean_of_its_clients(tiny):
+    """Def. 5.2: D_cohort = sum_i lambda_i D_i over the round's cohort (lambda_client_<id>, nan when not
+    sampled), D_i each client's class shares from summary.json's counts; the TV distance is to the data-size
+    weighted distribution of all clients."""
+    [run] = figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_law", "select": {}})
+    counts = np.asarray(run.summary["client_class_counts"], dtype=float)
+    shares = counts / counts.sum(1, keepdims=True)
+    overall = counts.sum(0) / counts.sum()
+    m = run.metrics
+    # a client never sampled has no column
+    lam = m.reindex(columns=[f"lambda_client_{i}" for i in range(len(counts))]).fillna(0.0).to_numpy()
+    assert (lam > 0).sum(1).tolist() == [2, 2, 2]  # participation 0.5 of 4 clients
+    cohort = lam @ shares
+    logged = m[[f"cohort_class_{c}" for c in range(counts.shape[1])]].to_numpy()
+    assert logged == pytest.approx(cohort, abs=1e-5)
+    assert m["cohort_class_tv"].to_numpy() == pytest.approx(0.5 * np.abs(cohort - overall).sum(1), abs=1e-5)
 
 
 def test_gws_figures_pair_fedavg_with_adaptive_gws_by_setting(tiny):

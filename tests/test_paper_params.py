@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -45,6 +46,8 @@ EXPECTED = {
         "fedlaw_gws_sweeps": 72,           # 2 methods x 12 (E, alpha) points x 3 seeds
         "fedlaw_table4_clients": 48,       # 2 n x 2 alphas x 4 methods x 3 seeds
         "fedlaw_table6_long_tail_proxy": 48,  # 2 alphas x 8 (method, proxy) pairs x 3 seeds (FedAvg: no BS)
+        "fedlaw_table11_weight_correlation": 6,  # E = 1, 5 x 3 seeds (attentive LAW)
+        "fedlaw_fig7_cohort_classes": 2,   # figures: FedAvg and attentive LAW, 1 seed
         "fedlaw_table7_long_tail_clients": 18,  # 2 alphas x 3 methods x 3 seeds
         "fedlaw_table8_corrupted": 45,     # 3 corruption levels x 5 methods x 3 seeds
         "fedlaw_fig8_participation": 60,   # 5 ratios x 4 methods x 3 seeds
@@ -82,6 +85,7 @@ TABLE_SHAPES = {
     "fedlaw_table4": (4, 4, 0),
     "fedlaw_table7": (3, 2, 0),
     "fedlaw_table6": (3, 6, 0),
+    "fedlaw_table11": (3, 3, 0),
     "fedlaw_table8": (5, 3, 0),
     "fedaware_table2": (8, 12, 15),  # FedDyn: 3 of 4 per dataset; FedAWARE: 2 of 4 per dataset
     "fednova_table1": (8, 2, 1),     # FedAvg with momentum + VR: "Not Defined"
@@ -247,6 +251,23 @@ def test_metric_kinds():
     assert paper.run_metric(window, done, frame.head(50)) is None
 
 
+def test_table11_correlates_accumulated_weights_with_size_and_heterogeneity_by_hand():
+    # three clients of two classes: shares (.9, .1), (.6, .4), (.15, .85); the variance over the two classes is
+    # ((a - b) / 2)^2 = .16, .01, .1225, so HD = 6.25, 100, 8.1633; sizes 10, 20, 20
+    counts = [[9, 1], [12, 8], [3, 17]]
+    factors = paper.client_factors(counts)
+    assert factors["hd"] == pytest.approx([6.25, 100.0, 1 / 0.1225])
+    frame = pd.DataFrame({"round": [1, 2], "lambda_client_0": [0.5, float("nan")], "lambda_client_1": [0.3, 0.6],
+                          "lambda_client_2": [0.2, 0.4]})  # client 0 not sampled in round 2
+    accumulated = np.array([0.5, 0.9, 0.6])
+    summary = {"status": "finished", "client_class_counts": counts}
+    for factor, values in (("ds", [10, 20, 20]), ("hd", [6.25, 100, 1 / 0.1225]),
+                           ("ds_hd", [62.5, 2000, 20 / 0.1225])):
+        expected = np.corrcoef(accumulated, values)[0, 1]
+        assert paper.run_metric({"kind": "weight_correlation", "factor": factor}, summary, frame) == pytest.approx(expected)
+    assert paper.run_metric({"kind": "weight_correlation", "factor": "ds"}, {"status": "finished"}, frame) is None
+
+
 def test_a_rows_metric_and_tolerance_win_over_the_tables():
     table = {"paper": "fedlaw", "metric": {"kind": "mean_last_rounds", "rounds": 10, "scale": 100},
              "columns": [{"label": "c", "match": {}}],
@@ -287,12 +308,14 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
     # FedAvg and adaptive GWS runs share their settings but for the algorithm)
     runs = config.expand(config.load_params(ROOT / "params" / "fedlaw.yaml"))
     tables = {n: t for n, t in paper.load_results().items() if t["paper"] == "fedlaw"}
-    assert {"fedlaw_table2", "fedlaw_table10", "fedlaw_table5", "fedlaw_table4", "fedlaw_table7", "fedlaw_table8", "fedlaw_table6"} <= set(tables)
+    assert {"fedlaw_table2", "fedlaw_table10", "fedlaw_table5", "fedlaw_table4", "fedlaw_table7", "fedlaw_table8", "fedlaw_table6",
+            "fedlaw_table11"} <= set(tables)
     for name in tables:
         mine = [r for r in runs if r.experiment == name or r.experiment.startswith(name + "_")]
         for cell in paper.cells(tables, [name]):
             found = [r for r in mine if paper.matches(r.setting, cell.match)]
-            assert sorted(r.setting["seed"] for r in found) == [8, 9, 10], (name, cell.row, cell.column)
+            per_seed = 2 if cell.column == "E=1 & E=5" else 1  # Table 11's pooled column: both E's runs
+            assert sorted(r.setting["seed"] for r in found) == sorted([8, 9, 10] * per_seed), (name, cell.row, cell.column)
 
 
 def test_fedams_server_lr_on_cifar10_follows_fedawares_scripts():

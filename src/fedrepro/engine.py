@@ -129,6 +129,15 @@ class Trainer:
         if setting.get("corruption"):  # FedLAW Table 8: the first clients' labels with two classes swapped
             self.train = swap_labels(self.train, self.parts, setting["corruption"], setting["num_clients"])
         self.client_sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=self.device)
+        # FedLAW Fig. 7 / Table 11: each client's class distribution (rows) and the data-size weighted global one
+        self.class_counts = None
+        if setting.get("log_cohort_classes"):
+            labels = self.train.labels.cpu().numpy()
+            counts = partition.class_counts(labels, self.parts, int(labels.max()) + 1)
+            self.class_counts = counts
+            self.class_share = torch.as_tensor(counts / counts.sum(1, keepdims=True).clip(min=1), device=self.device,
+                                               dtype=torch.float32)
+            self.global_share = self.class_share.T @ (self.client_sizes / self.client_sizes.sum())
         # client groups the partition defines (hybrid: balanced, imbalanced): their coherence is logged per round
         self.client_groups = partition.groups(partition_setting(setting))
         torch.manual_seed(setting["seed"])
@@ -264,6 +273,12 @@ class Trainer:
         for name, members in self.client_groups.items():
             inside = torch.as_tensor(np.isin(cohort, members), device=updates.deltas.device)
             row[f"coherence_{name}"] = float(metrics.coherence(updates.deltas[inside]))  # nan below 2 clients
+        if self.class_counts is not None:
+            weights = updates.info.get("weights", updates.weights)
+            weights = weights if isinstance(weights, torch.Tensor) and weights.numel() == len(cohort) else updates.weights
+            cohort_share = self.class_share[updates.clients].T @ weights.to(self.class_share.dtype)
+            row.update({f"cohort_class_{c}": float(v) for c, v in enumerate(cohort_share)})
+            row["cohort_class_tv"] = float(0.5 * (cohort_share - self.global_share).abs().sum())
         for key, value in updates.info.items():
             if key == "pseudo_grad_norm":
                 continue
@@ -398,6 +413,8 @@ class Trainer:
             "rounds_done": len(frame), "runtime_s": self.elapsed, "resumed": resumed,
             **run_provenance(self.device),
         }
+        if self.class_counts is not None:  # Table 11: client sizes and heterogeneity from these
+            summary["client_class_counts"] = self.class_counts.tolist()
         self.paths.write_summary(summary)
         self.paths.checkpoint.unlink(missing_ok=True)
         return summary

@@ -124,10 +124,37 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
         inside = frame[(frame["round"] >= metric["first"]) & (frame["round"] <= metric["last"])][metric["column"]]
         inside = inside.dropna()
         return float(inside.mean()) * scale if len(inside) else None
+    if kind == "weight_correlation":
+        return weight_correlation(summary, frame, metric["factor"])
     if kind == "rounds_to_target":
         hit = frame[frame["test_acc"] >= metric["target"]]
         return float(hit["round"].iloc[0]) if len(hit) else math.inf
     raise ValueError(f"unknown metric kind '{kind}'")
+
+
+def client_factors(class_counts) -> dict:
+    """FedLAW Table 11's client properties: dataset size (DS), heterogeneity degree HD = 1 / the variance
+    of the client's class distribution (over classes), and DS x HD."""
+    import numpy as np
+
+    counts = np.asarray(class_counts, dtype=float)
+    sizes = counts.sum(1)
+    # a perfectly uniform client has variance 0: its HD is the largest finite one rather than inf
+    hd = 1.0 / (counts / sizes[:, None].clip(min=1)).var(1).clip(min=1e-12)
+    return {"ds": sizes, "hd": hd, "ds_hd": sizes * hd}
+
+
+def weight_correlation(summary: dict, frame, factor: str) -> float | None:
+    """Pearson correlation over the clients of the run's accumulated aggregation weights (the sum over rounds
+    of lambda_client_<id>, 0 in rounds the client was not sampled) with one of ``client_factors``."""
+    import numpy as np
+
+    counts = summary.get("client_class_counts")
+    columns = [f"lambda_client_{i}" for i in range(len(counts or []))]
+    if not counts or not any(c in frame for c in columns):
+        return None  # the run logged no weights (fedlaw.log_client_weights off)
+    accumulated = frame.reindex(columns=columns).fillna(0.0).sum().to_numpy()  # never sampled: no column, 0
+    return float(np.corrcoef(accumulated, client_factors(counts)[factor])[0, 1])
 
 
 def load_runs(runs_dir: str | Path, ids: set[str] | None = None) -> list[dict]:

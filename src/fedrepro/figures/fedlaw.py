@@ -27,6 +27,10 @@ SHOWS = {
     "client_weights": "The learned aggregation weight lambda of every client over rounds (colour; blank where the "
                       "client was not sampled), one run",
     "accuracy": "Test accuracy (%) over rounds per method (95% band over seeds)",
+    "cohort_classes": "Left: the class distribution of the round's cohort weighted by the aggregation weights "
+                      "(Def. 5.2's D_cohort = sum_i lambda_i D_i), mean over rounds and seeds, per method; the black "
+                      "marks are the data-size weighted distribution of all clients. Right: its total-variation "
+                      "distance to that global distribution over rounds",
     "sweep_accuracy": "Final test accuracy (%, mean of the last 10 rounds) against a setting, one line per method; "
                       "the band is the range over the runs of a point (its seeds)",
     "model_norm": "The norm of the global model's parameters ||w_g|| after each round's server step, per method "
@@ -336,3 +340,45 @@ def sweep_accuracy(spec, runs, context):
     legend_outside(ax)
     fig.tight_layout()
     return fig, SHOWS["sweep_accuracy"] + f" ({spec['axis']})"
+
+
+
+def cohort_classes(spec, runs, context):
+    """FedLAW Fig. 7 (left): the lambda-weighted class histogram of the cohort."""
+    import matplotlib.pyplot as plt
+
+    data = frame(runs, "cohort_class_tv")
+    columns = sorted((c for c in data if c.startswith("cohort_class_") and c != "cohort_class_tv"),
+                     key=lambda c: int(c.rsplit("_", 1)[1]))
+    methods = list(dict.fromkeys(data["method"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6))
+    width = 0.8 / len(methods)
+    for i, name in enumerate(methods):
+        part = data[data["method"] == name]
+        left.bar([c + i * width for c in range(len(columns))], part[columns].mean().to_numpy(), width,
+                 color=f"C{i}", label=name)
+        tv = part.groupby("round")["cohort_class_tv"].mean()
+        right.plot(tv.index, tv.to_numpy(), color=f"C{i}", label=name)
+    global_share = _global_classes(runs, len(columns))
+    if global_share is not None:
+        left.scatter([c + (len(methods) - 1) * width / 2 for c in range(len(columns))], global_share, marker="_",
+                     s=200, color="black", label="all clients", zorder=3)
+    left.set_xticks([c + (len(methods) - 1) * width / 2 for c in range(len(columns))], range(len(columns)))
+    left.set_xlabel("class")
+    left.set_ylabel("share of the weighted cohort")
+    right.set_xlabel("communication round")
+    right.set_ylabel("TV distance to all clients' distribution")
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, SHOWS["cohort_classes"]
+
+
+def _global_classes(runs, classes: int):
+    """The data-size weighted class distribution of all clients, from a run's client class counts."""
+    for r in runs:
+        counts = r.summary.get("client_class_counts")
+        if counts:
+            total = np.asarray(counts, dtype=float).sum(0)
+            return total[:classes] / total.sum()
+    return None
