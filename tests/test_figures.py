@@ -27,7 +27,8 @@ PARAMS = {
         "tiny_snap": {"base": {**BASE, "snapshots": SNAP}, "grid": {"algorithm": ["fedavg"]}},
         "tiny_diverge": {"base": {**BASE, "client": {"lr": 1.0e6}}, "grid": {"algorithm": ["fedavg"]}},
         # FedLAW section 4: FedAvg against adaptive GWS at two local-epoch counts (Figs. 2, 3, 10, 11)
-        "tiny_gws": {"base": {**BASE, "fedlaw": {"variant": "adaptive_gws", "proxy_size": 20, "server_epochs": 2}},
+        "tiny_gws": {"base": {**BASE, "fedlaw": {"variant": "adaptive_gws", "proxy_size": 20, "server_epochs": 2},
+                              "hessian": {"every": 3, "samples": 50, "k": 3, "steps": 6}},
                      "grid": {"algorithm": ["fedavg", "fedlaw"], "local_epochs": [1, 2]}},
         "tiny_law": {"base": {**BASE, "algorithm": "fedlaw", "log_cohort_classes": True,
                               "fedlaw": {"variant": "attentive", "proxy_size": 20, "server_epochs": 2,
@@ -239,6 +240,7 @@ SPECS = {
     "gws_norms": {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}},
     "gws_ratio": {"experiment": "tiny_gws"},
     "model_norm": {"experiment": "tiny_gws", "select": {"local_epochs": 2}},
+    "sharpness": {"experiment": "tiny_gws", "select": {"local_epochs": 2}},
     "sweep_accuracy": {"experiment": "tiny_gws", "axis": "local_epochs"},
     "client_weights": {"experiment": "tiny_law"},
     "accuracy": {"experiment": "tiny_gws"},
@@ -279,6 +281,29 @@ def test_adaptive_gws_logs_the_two_terms_of_eq_4_and_the_model_norm(tiny):
         assert (a >= 0).all() and a.to_numpy()[1:] == pytest.approx(expected, rel=1e-4)
         assert ((m["step_norm"] <= a + b + 1e-4) & (m["step_norm"] >= (a - b).abs() - 1e-4)).all()
         assert m["global_grad_norm"].to_numpy() == pytest.approx((m["gamma"] * m["global_norm"]).to_numpy(), rel=1e-4)
+
+
+def test_the_logged_hessian_eigenvalues_are_those_of_the_rounds_global_model(tiny, tiny_data_root):
+    """Rounds 1 and 3 (every 3) log the Lanczos estimate; round 3's model is the saved one: recomputing on the
+    same 50 training samples (the run's seed) gives the logged values, and top1 / top3 is the ratio."""
+    import torch.nn.functional as F
+
+    from fedrepro import data, hessian, models
+    from fedrepro.algorithms.proxy import FunctionalModel
+    run = figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
+                              {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}})[0]
+    m = run.metrics
+    assert m["hessian_top1"].notna().tolist() == [True, False, True]
+    assert (m["hessian_top1"].dropna() >= m["hessian_topk"].dropna()).all()
+    assert m["hessian_ratio"].dropna().to_numpy() == pytest.approx((m["hessian_top1"] / m["hessian_topk"]).dropna().to_numpy())
+    train = data.load("fmnist", tiny_data_root, train=True)
+    index = torch.randperm(len(train), generator=torch.Generator().manual_seed(run.setting["seed"]))[:50]
+    x, y = train.batch(index)
+    module = models.build("mlp", "fmnist").eval()
+    net, w = FunctionalModel(module), checkpoint.load(run.folder.model)["x"]
+    values, _ = hessian.top_eigen(lambda v: F.cross_entropy(net(v, x), y), w, 3, 6, run.setting["seed"])
+    assert m["hessian_top1"].iloc[-1] == pytest.approx(float(values[0]), rel=1e-4)
+    assert m["hessian_topk"].iloc[-1] == pytest.approx(float(values[-1]), rel=1e-4)
 
 
 def test_the_cohorts_class_distribution_is_the_lambda_weighted_mean_of_its_clients(tiny):

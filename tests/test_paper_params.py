@@ -52,6 +52,7 @@ EXPECTED = {
         "fedlaw_table8_corrupted": 45,     # 3 corruption levels x 5 methods x 3 seeds
         "fedlaw_fig8_participation": 60,   # 5 ratios x 4 methods x 3 seeds
         "fedlaw_fig8_proxy_size": 72,      # 6 proxy sizes x 4 methods x 3 seeds
+        "fedlaw_fig10_sharpness": 6,       # FedAvg and adaptive GWS with Hessian estimates, 3 seeds
         "fedlaw_fig6_gws_coherence": 2,    # figures: FedAvg and adaptive GWS on the hybrid partition, 1 seed
         "fedlaw_fig5_hybrid": 3,           # figures: FedAvg, attentive LAW and its early stop on the hybrid partition, 1 seed
     },

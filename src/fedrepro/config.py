@@ -201,6 +201,8 @@ def prune(setting: dict) -> dict:
     out["partition"] = {k: part[k] for k in registry.PARTITION_KEYS[part["kind"]] if k in part}
     if out["partition"].get("long_tail_rho") == 1:
         del out["partition"]["long_tail_rho"]  # the whole training set: the partition's identity is unchanged
+    if not out.get("hessian", {}).get("every"):
+        out.pop("hessian", None)  # off: the run's identity is unchanged
     if not out.get("log_cohort_classes"):
         out.pop("log_cohort_classes", None)  # off: the run's identity is unchanged
     if not out.get("corruption", {}).get("fraction"):

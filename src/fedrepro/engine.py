@@ -289,6 +289,9 @@ class Trainer:
                 row[f"{key}_min"] = float(value.min())
             else:
                 row[key] = float(value)
+        every = s.get("hessian", {}).get("every", 0)
+        if every and (t == 0 or (t + 1) % every == 0):
+            row.update(self.hessian_row())
         if (t + 1) % 10 == 0 or t == 0 or t + 1 in self.cosine_rounds:
             self.cosines[f"round_{t + 1}"] = metrics.cosine_matrix(updates.deltas).cpu().numpy()
         last = s["rounds"] - t <= LAST_ROUNDS
@@ -298,6 +301,24 @@ class Trainer:
             row["test_acc"] = row["test_loss"] = float("nan")
         row["seconds"] = time.perf_counter() - tic
         return row
+
+    def hessian_row(self) -> dict:
+        """FedLAW Fig. 10: the top Hessian eigenvalues of the training loss at the current global model."""
+        import torch.nn.functional as F
+
+        from fedrepro import hessian
+        from fedrepro.algorithms.proxy import FunctionalModel
+        from fedrepro.evaluation import eval_mode
+        cfg = self.setting["hessian"]
+        g = torch.Generator().manual_seed(self.setting["seed"])
+        index = torch.randperm(len(self.train), generator=g)[:cfg["samples"]].to(self.device)
+        x, y = self.train.batch(index)
+        net = FunctionalModel(self.model.module)
+        with eval_mode(self.model.module):
+            values, _ = hessian.top_eigen(lambda w: F.cross_entropy(net(w, x), y), self.model.flat, cfg["k"],
+                                          cfg["steps"], self.setting["seed"])
+        top, last = float(values[0]), float(values[-1])
+        return {"hessian_top1": top, "hessian_topk": last, "hessian_ratio": top / last if last else float("nan")}
 
     # ------------------------------------------------------------------ checkpoints
 

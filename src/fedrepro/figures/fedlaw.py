@@ -33,6 +33,9 @@ SHOWS = {
                       "distance to that global distribution over rounds",
     "sweep_accuracy": "Final test accuracy (%, mean of the last 10 rounds) against a setting, one line per method; "
                       "the band is the range over the runs of a point (its seeds)",
+    "sharpness": "Per method over rounds (95% band over seeds): the norm of the global model's parameters ||w_g||, "
+                 "the largest eigenvalue of the training loss's Hessian at w_g and its ratio to the 5th largest "
+                 "(Lanczos on Hessian-vector products, setting hessian)",
     "model_norm": "The norm of the global model's parameters ||w_g|| after each round's server step, per method "
                   "(95% band over seeds)",
 }
@@ -382,3 +385,23 @@ def _global_classes(runs, classes: int):
             total = np.asarray(counts, dtype=float).sum(0)
             return total[:classes] / total.sum()
     return None
+
+
+
+def sharpness(spec, runs, context):
+    """FedLAW Fig. 10: ||w_g||, the top Hessian eigenvalue and the top-1/top-k ratio over rounds."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    panels = [("model_norm", "||w_g|| (L2)"), ("hessian_top1", "top Hessian eigenvalue"),
+              ("hessian_ratio", "top-1 / top-5 eigenvalue")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), layout="constrained")
+    for ax, (column, label) in zip(axes, panels):
+        data = frame(runs, column)  # MissingInput names the column (hessian.every off: no eigenvalues)
+        data = data[data[column].notna()]
+        sns.lineplot(data=data, x="round", y=column, hue="method", errorbar=("ci", 95), ax=ax, marker="o" if
+                     column != "model_norm" else None, legend=ax is axes[-1])
+        ax.set_xlabel("communication round")
+        ax.set_ylabel(label)
+    methods_legend(axes[-1])
+    return fig, SHOWS["sharpness"]
