@@ -179,3 +179,42 @@ def test_the_global_train_loss_of_augmented_data_neither_augments_nor_draws_from
     assert torch.equal(before, torch.get_rng_state())
     plain = ImageDataset(images, train.labels)
     assert value == pytest.approx(engine.evaluate(model, plain)[1], rel=1e-6)
+
+
+# --------------------------------------------------------------------------- FedLAW Table 6: long-tailed proxy, balanced sampling
+
+
+def test_a_long_tailed_proxy_keeps_its_size_and_the_exponential_profile():
+    from fedrepro.evaluation import proxy_class_counts, proxy_indices, split_test
+    assert list(proxy_class_counts(100, 10)) == [10] * 10
+    counts = proxy_class_counts(100, 10, 10.0)
+    share = 100 * 10.0 ** (-np.arange(10) / 9)
+    share = share / share.sum() * 100
+    assert counts.sum() == 100 and np.all(np.abs(counts - share) < 1) and np.all(np.diff(counts) <= 0)
+    assert counts[0] >= 9 * counts[-1]  # rho 10 between the first and the last class, up to rounding
+    labels = torch.as_tensor(np.repeat(np.arange(10), 50))
+    index = proxy_indices(labels, 100, seed=3, rho=10.0)
+    assert list(np.bincount(labels[index].numpy(), minlength=10)) == list(counts)
+    test = data.base.TensorDataset(torch.zeros(500, 1, 2, 2, dtype=torch.uint8), labels, 0.0, 1.0)
+    rest, proxy = split_test(test, 100, 3, 10.0)
+    assert len(proxy) == 100 and len(rest) == 400 and torch.equal(proxy.labels, labels[index])
+
+
+def test_balanced_sampling_draws_every_class_equally_often():
+    from fedrepro.algorithms.proxy import epoch_batches
+    labels = torch.as_tensor([0] * 90 + [1] * 10)
+    g = torch.Generator().manual_seed(0)
+    drawn = torch.cat([torch.cat(epoch_batches(100, 32, g, "cpu", labels)) for _ in range(200)])
+    assert len(drawn) == 20000
+    share = float((labels[drawn] == 1).double().mean())
+    # 20,000 draws of a fair coin: the share is within 5 standard deviations (0.0177) of 1/2
+    assert abs(share - 0.5) < 0.018
+    plain = torch.cat(epoch_batches(100, 32, torch.Generator().manual_seed(0), "cpu"))
+    assert sorted(plain.tolist()) == list(range(100)), "without it, one epoch is a permutation"
+
+
+def test_a_long_tailed_proxy_without_a_proxy_is_refused():
+    from fedrepro.config import ConfigError
+    with pytest.raises(ConfigError, match=r"evaluation.proxy_long_tail_rho = 10 shapes the proxy hold-out, but "
+                                          r"evaluation.proxy_holdout is 0"):
+        resolve({"dataset": "cifar10", "model": "simplecnn", "evaluation": {"proxy_long_tail_rho": 10}})

@@ -13,6 +13,7 @@ import torch
 from conftest import make_partition
 from fedrepro import checkpoint, cli, config, engine, figures, partition
 from fedrepro.figures import fednova as quad
+from fedrepro.figures import fedlaw as fedlaw_figures
 from fedrepro.figures import ima
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
@@ -30,6 +31,14 @@ PARAMS = {
             {"algorithm": "fedaware", "fedaware": {"alpha": 0.3, "weights": "static"}},
             {"algorithm": "fedaware", "fedaware": {"alpha": 0.7, "weights": "static"}},
             {"algorithm": "fedavg", "participation": 1.0}]}},
+        # FedLAW section 4: FedAvg against adaptive GWS at two local-epoch counts (Figs. 2, 3, 10, 11)
+        "tiny_gws": {"base": {**BASE, "fedlaw": {"variant": "adaptive_gws", "proxy_size": 20, "server_epochs": 2},
+                              "hessian": {"every": 3, "samples": 50, "k": 3, "steps": 6}},
+                     "grid": {"algorithm": ["fedavg", "fedlaw"], "local_epochs": [1, 2]}},
+        "tiny_law": {"base": {**BASE, "algorithm": "fedlaw", "log_cohort_classes": True,
+                              "fedlaw": {"variant": "attentive", "proxy_size": 20, "server_epochs": 2,
+                                         "log_client_weights": True}},
+                     "grid": {"seed": [1]}},
     },
 }
 TINY_OPTIONS = {"ima": {"window": 2, "start_round": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2}}
@@ -237,6 +246,15 @@ SPECS = {
     "loss_curves": {"experiment": "tiny"},
     "split_dynamics": {"experiment": "tiny"},
     "momentum_ablation": {"experiment": "tiny_alpha"},
+    "gws_sweep": {"experiment": "tiny_gws", "axis": "local_epochs"},
+    "gws_norms": {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}},
+    "gws_ratio": {"experiment": "tiny_gws"},
+    "model_norm": {"experiment": "tiny_gws", "select": {"local_epochs": 2}},
+    "sharpness": {"experiment": "tiny_gws", "select": {"local_epochs": 2}},
+    "sweep_accuracy": {"experiment": "tiny_gws", "axis": "local_epochs"},
+    "client_weights": {"experiment": "tiny_law"},
+    "accuracy": {"experiment": "tiny_gws"},
+    "cohort_classes": {"experiment": "tiny_law"},
 }
 
 
@@ -304,6 +322,90 @@ def test_loss_curves_draw_the_logged_rounds_of_the_global_loss_or_the_local_one(
 def test_fixed_gamma_without_such_runs_says_so(tiny):
     record = _draw(tiny, "gamma", {"kind": "fixed_gamma", "experiment": "tiny"})
     assert not record["drawn"] and "fixed fedlaw.gamma" in record["reason"]
+
+
+def test_adaptive_gws_logs_the_two_terms_of_eq_4_and_the_model_norm(tiny):
+    """gws_norm = |1 - gamma| ||x|| and global_grad_norm = gamma ||sum_i lambda_i Delta_i|| (eta_g = 1) add up,
+    as vectors, to the server step x - x_new (Eq. 4); the last round's model_norm is the saved model's norm."""
+    runs = figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_gws", "select": {}})
+    gws = [r for r in runs if r.setting["algorithm"] == "fedlaw"]
+    assert len(gws) == 2
+    for run in runs:
+        saved = checkpoint.load(run.folder.model)["x"]
+        assert run.metrics["model_norm"].iloc[-1] == pytest.approx(float(saved.norm()), rel=1e-5)
+    for run in gws:
+        m = run.metrics
+        assert (m["gamma"] != 1.0).any(), "adaptive GWS learns gamma"
+        # triangle inequality of the two terms: |a - b| <= ||step|| <= a + b
+        a, b = m["gws_norm"], m["global_grad_norm"]
+        # ||(1 - gamma_t) x_t||, x_t the model the previous round's step left (its model_norm)
+        expected = ((1 - m["gamma"]).abs() * m["model_norm"].shift(1)).to_numpy()[1:]
+        assert (a >= 0).all() and a.to_numpy()[1:] == pytest.approx(expected, rel=1e-4)
+        assert ((m["step_norm"] <= a + b + 1e-4) & (m["step_norm"] >= (a - b).abs() - 1e-4)).all()
+        assert m["global_grad_norm"].to_numpy() == pytest.approx((m["gamma"] * m["global_norm"]).to_numpy(), rel=1e-4)
+
+
+def test_the_logged_hessian_eigenvalues_are_those_of_the_rounds_global_model(tiny, tiny_data_root):
+    """Rounds 1 and 3 (every 3) log the Lanczos estimate; round 3's model is the saved one: recomputing on the
+    same 50 training samples (the run's seed) gives the logged values, and top1 / top3 is the ratio."""
+    import torch.nn.functional as F
+
+    from fedrepro import data, hessian, models
+    from fedrepro.algorithms.proxy import FunctionalModel
+    run = figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
+                              {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}})[0]
+    m = run.metrics
+    assert m["hessian_top1"].notna().tolist() == [True, False, True]
+    assert (m["hessian_top1"].dropna() >= m["hessian_topk"].dropna()).all()
+    assert m["hessian_ratio"].dropna().to_numpy() == pytest.approx((m["hessian_top1"] / m["hessian_topk"]).dropna().to_numpy())
+    train = data.load("fmnist", tiny_data_root, train=True)
+    index = torch.randperm(len(train), generator=torch.Generator().manual_seed(run.setting["seed"]))[:50]
+    x, y = train.batch(index)
+    module = models.build("mlp", "fmnist").eval()
+    net, w = FunctionalModel(module), checkpoint.load(run.folder.model)["x"]
+    values, _ = hessian.top_eigen(lambda v: F.cross_entropy(net(v, x), y), w, 3, 6, run.setting["seed"])
+    assert m["hessian_top1"].iloc[-1] == pytest.approx(float(values[0]), rel=1e-4)
+    assert m["hessian_topk"].iloc[-1] == pytest.approx(float(values[-1]), rel=1e-4)
+
+
+def test_the_cohorts_class_distribution_is_the_lambda_weighted_mean_of_its_clients(tiny):
+    """Def. 5.2: D_cohort = sum_i lambda_i D_i over the round's cohort (lambda_client_<id>, nan when not
+    sampled), D_i each client's class shares from summary.json's counts; the TV distance is to the data-size
+    weighted distribution of all clients."""
+    [run] = figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_law", "select": {}})
+    counts = np.asarray(run.summary["client_class_counts"], dtype=float)
+    shares = counts / counts.sum(1, keepdims=True)
+    overall = counts.sum(0) / counts.sum()
+    m = run.metrics
+    # a client never sampled has no column
+    lam = m.reindex(columns=[f"lambda_client_{i}" for i in range(len(counts))]).fillna(0.0).to_numpy()
+    assert (lam > 0).sum(1).tolist() == [2, 2, 2]  # participation 0.5 of 4 clients
+    cohort = lam @ shares
+    logged = m[[f"cohort_class_{c}" for c in range(counts.shape[1])]].to_numpy()
+    assert logged == pytest.approx(cohort, abs=1e-5)
+    assert m["cohort_class_tv"].to_numpy() == pytest.approx(0.5 * np.abs(cohort - overall).sum(1), abs=1e-5)
+
+
+def test_gws_figures_pair_fedavg_with_adaptive_gws_by_setting(tiny):
+    record = _draw(tiny, "sweep", {"kind": "gws_sweep", "experiment": "tiny_gws", "axis": "local_epochs"})
+    assert record["drawn"] and "gain of adaptive GWS over FedAvg" in record["caption"]
+    pairs = fedlaw_figures._gws_pairs(figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
+                                                          {"experiment": "tiny_gws", "select": {}}), "local_epochs")
+    assert sorted(pairs["x"]) == [1, 1, 2, 2] and set(pairs["method"]) == {"fedavg", "gws"}
+    # one value of the axis is no line: the figure says so instead of drawing points
+    record = _draw(tiny, "one", {"kind": "gws_sweep", "experiment": "tiny_gws", "axis": "alpha"})
+    assert not record["drawn"] and "two values of alpha" in record["reason"]
+    record = _draw(tiny, "none", {"kind": "gws_ratio", "experiment": "tiny"})
+    assert not record["drawn"] and "adaptive_gws" in record["reason"]
+    with pytest.raises(config.ConfigError, match=r"figures.f.axis = 'rounds': allowed are local_epochs, alpha"):
+        figures.check({"f": {"kind": "gws_sweep", "experiment": "tiny", "axis": "rounds"}}, {"tiny": {}})
+
+
+def test_middle_rounds_are_90_to_110_or_the_middle_tenth_of_a_short_run():
+    long = pd.DataFrame({"round": range(1, 201), "v": range(1, 201)})
+    assert list(fedlaw_figures.middle_rounds(long, "v")) == list(range(90, 111))
+    short = pd.DataFrame({"round": range(1, 21), "v": range(1, 21)})
+    assert list(fedlaw_figures.middle_rounds(short, "v")) == [9, 10, 11]
 
 
 def test_a_run_without_snapshots_gets_a_clear_message_not_a_crash(tiny):
@@ -378,6 +480,49 @@ def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_t
     spec = figures.check({"m": {"kind": "cosines", "experiment": "hyb", "rounds": [1]}}, manifest["experiments"])["m"]
     record = figures.draw("m", spec, manifest, work / "runs", work / "fig" / "m.png", figures.Context(work / "data", "cpu"))
     assert record["drawn"] and "part the balanced clients 0-1 from the imbalanced ones" in record["caption"]
+
+
+def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates_as_fedavg(tiny_data_root, tmp_path):
+    """Fig. 5 middle and right: lambda_client_<id> is the round's lambda by client id; with learn_rounds 2
+    rounds 1-2 learn lambda and round 3 uses the data sizes n_i / sum_j n_j of its cohort, gamma 1."""
+    from fedrepro import partition
+    work = tmp_path
+    (work / "data").mkdir()
+    (work / "data" / "fmnist").symlink_to(tiny_data_root)
+    hybrid = {"kind": "hybrid", "alpha_balanced": 10.0, "alpha": 0.1, "min_size": 1, "balance": False, "seed": 1}
+    law = {"variant": "attentive", "proxy_size": 20, "server_epochs": 3, "server_lr": 0.5, "log_client_weights": True}
+    params = {"title": "early", "experiments": {"e": {
+        "base": {**BASE, "participation": 1.0, "partition": hybrid, "algorithm": "fedlaw", "fedlaw": law},
+        "grid": {"fedlaw.learn_rounds": [0, 2]}}}}
+    runs = config.expand(params)
+    parts = make_partition(tiny_data_root, work / "partition", num_clients=4, **hybrid)
+    sizes = np.array([len(p) for p in partition.load(parts)], dtype=float)
+    for run in runs:
+        _train(run.setting, work / "runs" / run.id, parts, tiny_data_root)
+    manifest = config.manifest(params, runs, "early")
+    done = {r.setting["fedlaw"]["learn_rounds"]: r for r in
+            figures.select_runs(manifest, work / "runs", {"experiment": "e", "select": {}})}
+    columns = [f"lambda_client_{i}" for i in range(4)]
+    for run in done.values():
+        m = run.metrics
+        assert m[columns].sum(axis=1).to_numpy() == pytest.approx(np.ones(3), abs=1e-5)
+        assert m["weights_max"].to_numpy() == pytest.approx(m[columns].max(axis=1).to_numpy(), abs=1e-6)
+    stopped, always = done[2].metrics, done[0].metrics
+    assert stopped.loc[2, columns].to_numpy(dtype=float) == pytest.approx(sizes / sizes.sum(), abs=1e-6)
+    assert stopped.loc[2, "gamma"] == 1.0
+    assert always.loc[2, columns].to_numpy(dtype=float) != pytest.approx(sizes / sizes.sum(), abs=1e-3)
+    # the first two rounds are the same run until the stop
+    assert stopped.loc[:1, columns].to_numpy() == pytest.approx(always.loc[:1, columns].to_numpy(), abs=1e-6)
+    from fedrepro.figures.curves import method
+    assert method(done[2]) == "fedlaw (attentive, learned until round 2)" and method(done[0]) == "fedlaw (attentive)"
+    captions = {}
+    for name, kind in (("w", "client_weights"), ("a", "accuracy")):
+        spec = figures.check({name: {"kind": kind, "experiment": "e"}}, manifest["experiments"])[name]
+        record = figures.draw(name, spec, manifest, work / "runs", work / "fig" / f"{name}.png",
+                              figures.Context(work / "data", "cpu"))
+        assert record["drawn"], record["reason"]
+        captions[kind] = record["caption"]
+    assert "parts the balanced clients (above) from the imbalanced ones" in captions["client_weights"]
 
 
 # --------------------------------------------------------------------------- the workflow

@@ -14,7 +14,8 @@ from fedrepro.models.resnet import ResNet18GN
 BUILT_HERE = {name: spec for name, spec in registry.MODELS.items() if not spec.get("pretrained")}
 CASES = [(name, dataset) for name, spec in BUILT_HERE.items() for dataset in spec["datasets"]]
 # Heavy models on 2 shared cores: one dataset each is enough for forward/backward.
-SKIP_SECOND = {"resnet18_gn32", "resnet18_gn2", "vgg11", "vgg11_gn2", "resnet56"}
+SKIP_SECOND = {"resnet18_gn32", "resnet18_gn2", "vgg11", "vgg11_gn2", "resnet56", "resnet110", "wrn56_4",
+               "densenet121"}
 CASES = [c for i, c in enumerate(CASES) if not (c[0] in SKIP_SECOND and c[1] == "cifar100")]
 
 
@@ -108,3 +109,61 @@ def test_fedlaw_alexnet_maps_a_cifar_image_to_256_features_and_resnet8_has_one_b
     assert len(resnet8.layers) == 3
     convs = [m for m in resnet8.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)]
     assert len(convs) + 1 == 8   # 7 weighted 3x3 convs + the classifier: depth 8
+
+
+def _cifar_resnet(depth: int, width: int = 1, classes: int = 10) -> int:
+    """He et al.'s CIFAR ResNet-(6n+2) with 1x1 conv + BN shortcuts where the shape changes, widths 16k/32k/64k."""
+    n, c = (depth - 2) // 6, 16 * width
+    bn = lambda ch: 2 * ch  # noqa: E731
+    total = _conv(3, c, 3, False) + bn(c)
+    in_planes = c
+    for planes in (c, 2 * c, 4 * c):
+        for _ in range(n):
+            total += _conv(in_planes, planes, 3, False) + bn(planes) + _conv(planes, planes, 3, False) + bn(planes)
+            if in_planes != planes:
+                total += _conv(in_planes, planes, 1, False) + bn(planes)
+            in_planes = planes
+    return total + 4 * c * classes + classes
+
+
+def _densenet_bc(blocks=(6, 12, 24, 16), growth: int = 32, classes: int = 10) -> int:
+    """DenseNet-BC: per layer BN + 1x1 conv to 4g + BN + 3x3 conv to g; transitions BN + 1x1 conv halving."""
+    channels = 2 * growth
+    total = _conv(3, channels, 3, False)
+    for i, layers in enumerate(blocks):
+        for _ in range(layers):
+            total += 2 * channels + _conv(channels, 4 * growth, 1, False) + 2 * 4 * growth + _conv(4 * growth, growth, 3, False)
+            channels += growth
+        if i < len(blocks) - 1:
+            total += 2 * channels + _conv(channels, channels // 2, 1, False)
+            channels //= 2
+    return total + 2 * channels + channels * classes + classes
+
+
+def test_fedlaw_table5_models_parameter_counts_by_hand():
+    # He et al. 2016 (Table 6) give 0.27M (ResNet-20), 0.85M (56), 1.7M (110) for their option-A shortcuts;
+    # the 1x1 conv shortcuts of Li et al. add a few thousand parameters
+    assert _cifar_resnet(8) == registry.MODELS["resnet8"]["params"]["cifar10"]  # the formula agrees with ResNet-8's
+    for name, depth, width, paper in (("resnet20", 20, 1, 0.27e6), ("resnet56", 56, 1, 0.85e6),
+                                      ("resnet110", 110, 1, 1.7e6), ("wrn56_4", 56, 4, None)):
+        count = _cifar_resnet(depth, width)
+        assert models.num_parameters(models.build(name, "cifar10")) == count, name
+        assert paper is None or abs(count - paper) / paper < 0.03, name
+        assert registry.MODELS[name].get("params", {}).get("cifar10", count) == count
+    # DenseNet-BC-121 for CIFAR-10 (Li et al. 2018 / kuangliu's pytorch-cifar): about 6.96 M
+    assert _densenet_bc() == 6956298 == registry.MODELS["densenet121"]["params"]["cifar10"]
+    assert models.num_parameters(models.build("densenet121", "cifar10")) == _densenet_bc()
+    assert models.num_parameters(models.build("densenet121", "cifar100")) == _densenet_bc(classes=100)
+
+
+def test_fedlaw_table5_models_shapes_and_batch_statistics():
+    wrn = models.build("wrn56_4", "cifar10")
+    assert wrn.stem[0].out_channels == 64 and wrn.fc.in_features == 256 and len(wrn.layers) == 27
+    dense = models.build("densenet121", "cifar10")
+    assert dense.features.conv0.kernel_size == (3, 3) and dense.features.conv0.stride == (1, 1)
+    assert dense.features(torch.zeros(1, 3, 32, 32)).shape == (1, 1024, 4, 4)  # 32 -> 16 -> 8 -> 4: no stem pool
+    batch = models.build("densenet121", "cifar10", batchnorm="batch_stats")
+    assert not list(batch.buffers()) and models.num_parameters(batch) == models.num_parameters(dense)
+    batch.eval()
+    x = torch.randn(3, 3, 32, 32)
+    assert torch.isfinite(batch(x)).all()  # eval mode normalises with the batch's own statistics

@@ -62,6 +62,8 @@ def test_the_subset_switches_its_keys_on_every_run_and_changes_nothing_else(pape
             expected = dict(keys)
             if section == "client" and "keep_momentum" in keys:  # nothing to keep without momentum (FedProx)
                 expected["keep_momentum"] = run.setting["client"]["momentum"] > 0
+            if run.experiment == "fedlaw_fig8_proxy_size" and section == "evaluation":  # the size it sweeps
+                expected["proxy_holdout"] = run.setting["evaluation"]["proxy_holdout"]
             assert {k: run.setting[section][k] for k in keys} == expected, run.id
     kept = {(r.experiment, config.stable_hash(_without(r.setting, switched))) for r in _runs(paper, False)
             if _left_out(paper, r) is None}

@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -39,8 +40,21 @@ EXPECTED = {
         "fedlaw_table3_cifar100": 96,
         "fedlaw_table1_fixed_gamma": 108,  # 3 models x 2 alphas x 6 gammas x 3 seeds
         "fedlaw_table9_alpha": 216,        # 3 models x 4 alphas x 6 gammas x 3 seeds
-        "fedlaw_table5_arch": 18,          # 2 models x 3 methods x 3 seeds
-        "fedlaw_fig5_hybrid": 2,           # figures: FedAvg and FedLAW on the hybrid partition, 1 seed
+        "fedlaw_table5_arch": 45,          # 5 models x 3 methods x 3 seeds
+        "fedlaw_table2_weight_decay": 60,  # 2 methods x 2 alphas x 5 weight decays x 3 seeds
+        "fedlaw_table10_global_lr": 36,    # 2 methods x 2 alphas x 3 global lrs x 3 seeds
+        "fedlaw_gws_sweeps": 72,           # 2 methods x 12 (E, alpha) points x 3 seeds
+        "fedlaw_table4_clients": 48,       # 2 n x 2 alphas x 4 methods x 3 seeds
+        "fedlaw_table6_long_tail_proxy": 48,  # 2 alphas x 8 (method, proxy) pairs x 3 seeds (FedAvg: no BS)
+        "fedlaw_table11_weight_correlation": 6,  # E = 1, 5 x 3 seeds (attentive LAW)
+        "fedlaw_fig7_cohort_classes": 2,   # figures: FedAvg and attentive LAW, 1 seed
+        "fedlaw_table7_long_tail_clients": 18,  # 2 alphas x 3 methods x 3 seeds
+        "fedlaw_table8_corrupted": 45,     # 3 corruption levels x 5 methods x 3 seeds
+        "fedlaw_fig8_participation": 60,   # 5 ratios x 4 methods x 3 seeds
+        "fedlaw_fig8_proxy_size": 72,      # 6 proxy sizes x 4 methods x 3 seeds
+        "fedlaw_fig10_sharpness": 6,       # FedAvg and adaptive GWS with Hessian estimates, 3 seeds
+        "fedlaw_fig6_gws_coherence": 2,    # figures: FedAvg and adaptive GWS on the hybrid partition, 1 seed
+        "fedlaw_fig5_hybrid": 3,           # figures: FedAvg, attentive LAW and its early stop on the hybrid partition, 1 seed
     },
     "fedaware": {
         "fedaware_table2_cifar10": 42,     # 8 raw + 6 xAWARE, 3 seeds
@@ -67,6 +81,14 @@ TABLE_SHAPES = {
     "fedlaw_table3": (8, 12, 0),
     "fedlaw_table1": (6, 6, 0),
     "fedlaw_table9": (12, 6, 0),
+    "fedlaw_table2": (6, 5, 0),     # {IID, NonIID} x {FedAvg, adaptive GWS, its gamma} x 5 weight decays
+    "fedlaw_table10": (6, 3, 0),    # the same rows x 3 global lrs (transposed)
+    "fedlaw_table5": (5, 3, 0),
+    "fedlaw_table4": (4, 4, 0),
+    "fedlaw_table7": (3, 2, 0),
+    "fedlaw_table6": (3, 6, 0),
+    "fedlaw_table11": (3, 3, 0),
+    "fedlaw_table8": (5, 3, 0),
     "fedaware_table2": (8, 12, 15),  # FedDyn: 3 of 4 per dataset; FedAWARE: 2 of 4 per dataset
     "fednova_table1": (8, 2, 1),     # FedAvg with momentum + VR: "Not Defined"
     "fednova_prose": (2, 1, 0),
@@ -162,6 +184,8 @@ def test_paper_results_cover_every_cell_of_their_tables():
 @pytest.mark.parametrize("table,spec,header,rows,skip_first_columns", [
     ("ima_table3", "ima.md", "| IMA w/ decay |", 8, 1),
     ("fedlaw_table3", "fedlaw.md", "| method | FMNIST α=100 MLP", 8, 1),
+    ("fedlaw_table2", "fedlaw.md", "| local wd | 0 | 5e-5", 6, 1),
+    ("fedlaw_table5", "fedlaw.md", "| model | FedAvg | FedLAW |", 5, 1),
     ("ima_table2", "ima.md", "| (+IMA) t_s |", 6, 1),
 ])
 def test_values_equal_the_spec_transcription(table, spec, header, rows, skip_first_columns):
@@ -234,6 +258,41 @@ def test_metric_kinds():
     assert paper.run_metric({"kind": "rounds_to_target", "target": 0.6161}, done, frame) == 63
     assert paper.run_metric({"kind": "rounds_to_target", "target": 2.0}, done, frame) == math.inf
     assert paper.run_metric({"kind": "mean_last_rounds", "rounds": 10}, {"status": "diverged"}, frame) is None
+    # rounds 90..110 of a run whose column is the round number: their mean is 100; none of them in 1..50
+    frame["gamma"] = frame["round"].astype(float)
+    window = {"kind": "mean_round_range", "column": "gamma", "first": 90, "last": 110}
+    assert paper.run_metric(window, done, frame) == pytest.approx(95.0)  # the run has rounds 90..100
+    assert paper.run_metric(window, done, frame.head(50)) is None
+
+
+def test_table11_correlates_accumulated_weights_with_size_and_heterogeneity_by_hand():
+    # three clients of two classes: shares (.9, .1), (.6, .4), (.15, .85); the variance over the two classes is
+    # ((a - b) / 2)^2 = .16, .01, .1225, so HD = 6.25, 100, 8.1633; sizes 10, 20, 20
+    counts = [[9, 1], [12, 8], [3, 17]]
+    factors = paper.client_factors(counts)
+    assert factors["hd"] == pytest.approx([6.25, 100.0, 1 / 0.1225])
+    frame = pd.DataFrame({"round": [1, 2], "lambda_client_0": [0.5, float("nan")], "lambda_client_1": [0.3, 0.6],
+                          "lambda_client_2": [0.2, 0.4]})  # client 0 not sampled in round 2
+    accumulated = np.array([0.5, 0.9, 0.6])
+    summary = {"status": "finished", "client_class_counts": counts}
+    for factor, values in (("ds", [10, 20, 20]), ("hd", [6.25, 100, 1 / 0.1225]),
+                           ("ds_hd", [62.5, 2000, 20 / 0.1225])):
+        expected = np.corrcoef(accumulated, values)[0, 1]
+        assert paper.run_metric({"kind": "weight_correlation", "factor": factor}, summary, frame) == pytest.approx(expected)
+    assert paper.run_metric({"kind": "weight_correlation", "factor": "ds"}, {"status": "finished"}, frame) is None
+
+
+def test_a_rows_metric_and_tolerance_win_over_the_tables():
+    table = {"paper": "fedlaw", "metric": {"kind": "mean_last_rounds", "rounds": 10, "scale": 100},
+             "columns": [{"label": "c", "match": {}}],
+             "rows": [{"label": "acc", "match": {}, "values": [50.0]},
+                      {"label": "gamma", "match": {}, "values": [0.95],
+                       "metric": {"kind": "mean_round_range", "column": "gamma", "first": 1, "last": 2, "tolerance": 0.01}}]}
+    acc, gamma = paper.cells({"t": table})
+    assert acc.metric["kind"] == "mean_last_rounds" and gamma.metric["kind"] == "mean_round_range"
+    gamma.ours, acc.ours = [0.97], [50.5]
+    frame = paper.table_frame([acc, gamma], "t")
+    assert list(frame["within"]) == [True, False]  # 0.5 points of accuracy; 0.02 of gamma is beyond 0.01
 
 
 def test_plugins_and_numbers_match_exactly():
@@ -257,11 +316,20 @@ def test_fednova_step_decay_of_the_client_lr():
     assert Trainer.client_lr(plain, 2) == pytest.approx(0.025)
 
 
-def test_fedlaw_fixed_gamma_tables_join_every_cell_to_three_seeds():
-    # Tables 1 and 9 name SimpleCNN, AlexNet and ResNet8; each cell must find its 3 seeds.
+def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
+    # a table T takes the runs of the experiments T and T_* (report.paper_comparisons); each cell must find
+    # exactly the paper's 3 seeds there (Tables 1, 9: SimpleCNN, AlexNet, ResNet8; Tables 2, 10: a row's
+    # FedAvg and adaptive GWS runs share their settings but for the algorithm)
     runs = config.expand(config.load_params(ROOT / "params" / "fedlaw.yaml"))
-    for cell in paper.cells(paper.load_results(), ["fedlaw_table1", "fedlaw_table9"]):
-        assert len([r for r in runs if paper.matches(r.setting, cell.match)]) == 3, (cell.row, cell.column)
+    tables = {n: t for n, t in paper.load_results().items() if t["paper"] == "fedlaw"}
+    assert {"fedlaw_table2", "fedlaw_table10", "fedlaw_table5", "fedlaw_table4", "fedlaw_table7", "fedlaw_table8", "fedlaw_table6",
+            "fedlaw_table11"} <= set(tables)
+    for name in tables:
+        mine = [r for r in runs if r.experiment == name or r.experiment.startswith(name + "_")]
+        for cell in paper.cells(tables, [name]):
+            found = [r for r in mine if paper.matches(r.setting, cell.match)]
+            per_seed = 2 if cell.column == "E=1 & E=5" else 1  # Table 11's pooled column: both E's runs
+            assert sorted(r.setting["seed"] for r in found) == sorted([8, 9, 10] * per_seed), (name, cell.row, cell.column)
 
 
 def test_fedams_server_lr_on_cifar10_follows_fedawares_scripts():

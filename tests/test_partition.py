@@ -175,3 +175,90 @@ def test_an_unreachable_min_size_fails_within_seconds_naming_the_setting(monkeyp
     message = str(err.value)
     assert message.startswith("partition.min_size = 2999: ") and "lower partition.min_size or raise" in message
     assert "\n" not in message
+
+
+# --------------------------------------------------------------------------- FedLAW's robustness data (Tables 7, 8)
+
+
+def test_long_tail_counts_follow_the_exponential_profile():
+    # rho 10 over 10 classes of 100: 100 * 10^(-c/9), floored; class 0 keeps all, class 9 a tenth
+    expected = [int(np.floor(100 * 10 ** (-c / 9) + 1e-9)) for c in range(10)]
+    assert list(partition.long_tail_counts(np.full(10, 100), 10.0)) == expected
+    assert expected[0] == 100 and expected[-1] == 10 and expected[5] == 27
+
+
+@pytest.mark.parametrize("kind", [{"kind": "iid"}, {"kind": "dirichlet", "alpha": 1.0, "min_size": 5, "balance": False}])
+def test_long_tailed_clients_share_exactly_the_long_tailed_subset(kind):
+    labels = _labels()
+    setting = {**kind, "num_clients": 10, "seed": 3, "long_tail_rho": 5.0}
+    parts = partition.make(labels, setting)
+    union = np.concatenate(parts)
+    assert len(np.unique(union)) == len(union)  # disjoint
+    held = np.bincount(labels[union], minlength=10)
+    assert list(held) == list(partition.long_tail_counts(np.bincount(labels, minlength=10), 5.0))
+    assert held[0] == np.bincount(labels)[0] and held[9] < held[0] / 2
+    assert all(np.all(np.diff(p) > 0) for p in parts)  # sorted training-set indices
+    assert [list(p) for p in partition.make(labels, setting)] == [list(p) for p in parts]  # the seed decides
+
+
+def test_long_tail_and_corruption_are_refused_where_they_cannot_apply_and_vanish_when_off():
+    from fedrepro import config
+    base = {"dataset": "cifar10", "model": "simplecnn", "num_clients": 20, "rounds": 2}
+    hybrid = {"kind": "hybrid", "alpha": 0.1, "alpha_balanced": 10, "long_tail_rho": 5}
+    with pytest.raises(config.ConfigError, match=r"partition.long_tail_rho = 5 applies to partition kinds iid, dirichlet, not hybrid"):
+        config.resolve({**base, "partition": hybrid})
+    with pytest.raises(config.ConfigError, match=r"corruption.swap = \[3, 3\]: two different classes of cifar10, 0..9"):
+        config.resolve({**base, "corruption": {"fraction": 0.5, "swap": [3, 3]}})
+    with pytest.raises(config.ConfigError, match=r"corruption.swap = \[0, 10\]"):
+        config.resolve({**base, "corruption": {"fraction": 0.5, "swap": [0, 10]}})
+    with pytest.raises(config.ConfigError, match=r"corruption.fraction = 0.01 of 20 clients corrupts none"):
+        config.resolve({**base, "corruption": {"fraction": 0.01}})
+    plain = config.resolve(base)
+    assert config.resolve({**base, "partition": {"long_tail_rho": 1}, "corruption": {"fraction": 0.0}}) == plain
+    on = config.resolve({**base, "partition": {"long_tail_rho": 5}, "corruption": {"fraction": 0.25}})
+    assert on["partition"]["long_tail_rho"] == 5 and on["corruption"] == {"fraction": 0.25, "swap": [0, 1]}
+
+
+def test_label_swap_exchanges_two_classes_in_the_first_clients_only():
+    import torch
+
+    from fedrepro.data.base import TensorDataset
+    from fedrepro.engine import swap_labels
+    labels = _labels(600)
+    parts = partition.make(labels, {"kind": "iid", "num_clients": 4, "seed": 1})
+    train = TensorDataset(torch.zeros(600, 1, 2, 2, dtype=torch.uint8), torch.as_tensor(labels), 0.0, 1.0)
+    out = swap_labels(train, parts, {"fraction": 0.5, "swap": [2, 7]}, 4)
+    assert torch.equal(train.labels, torch.as_tensor(labels)), "the original is not modified"
+    new = out.labels.numpy()
+    for i, part in enumerate(parts):
+        before, after = np.bincount(labels[part], minlength=10), np.bincount(new[part], minlength=10)
+        if i < 2:  # round(0.5 * 4) = 2 corrupted clients: classes 2 and 7 trade their counts
+            assert after[2] == before[7] and after[7] == before[2]
+            assert np.all(new[part][labels[part] == 2] == 7) and np.all(new[part][labels[part] == 7] == 2)
+            keep = ~np.isin(labels[part], [2, 7])
+            assert np.array_equal(new[part][keep], labels[part][keep])
+        else:
+            assert np.array_equal(new[part], labels[part])
+
+
+def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root, tmp_path):
+    """The partition the workflow makes from the run's setting carries the long tail, and training with a
+    corruption section runs end to end (the engine swaps the labels of the first clients)."""
+    import json
+
+    from conftest import make_partition
+    from fedrepro import cli, config, identity
+    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4, "rounds": 2, "batch_size": 32,
+                              "device": "cpu", "partition": {"kind": "iid", "seed": 1, "long_tail_rho": 4},
+                              "corruption": {"fraction": 0.5, "swap": [0, 1]}})
+    part = identity.partition_setting(setting)
+    assert "-lt4-" in identity.partition_id(setting)
+    parts_dir = make_partition(tiny_data_root, tmp_path / "part", num_clients=4,
+                               **{k: v for k, v in part.items() if k not in ("dataset", "num_clients")})
+    counts = pd.read_csv(parts_dir / "counts.csv", index_col=0).sum().to_numpy()
+    from fedrepro import data
+    full = np.bincount(data.train_labels("fmnist", tiny_data_root), minlength=10)
+    assert list(counts) == list(partition.long_tail_counts(full, 4.0))
+    cli.main(["train", "--setting", json.dumps(setting), "--partition", str(parts_dir), "--data-root", str(tiny_data_root),
+              "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"])
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"

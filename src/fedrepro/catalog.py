@@ -44,6 +44,13 @@ MODELS = {
                  "doc": "FedLAW's CIFAR ResNet-20 (16/32/64); BatchNorm (running or batch statistics: setting batchnorm)"},
     "resnet56": {"datasets": ["cifar10", "cifar100"], "batchnorm": True,
                  "doc": "FedLAW's CIFAR ResNet-56 (16/32/64); BatchNorm (running or batch statistics: setting batchnorm)"},
+    # FedLAW Table 5: Li et al. 2018's models (models/resnet.py); the counts by hand in tests/test_models.py
+    "resnet110": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 1730714}, "batchnorm": True,
+                  "doc": "FedLAW's CIFAR ResNet-110 (16/32/64, 18 blocks a stage); BatchNorm (setting batchnorm)"},
+    "wrn56_4": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 13628234}, "batchnorm": True,
+                "doc": "FedLAW's WRN-56-4: the CIFAR ResNet-56 with 4x the widths (64/128/256); BatchNorm (setting batchnorm)"},
+    "densenet121": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 6956298}, "batchnorm": True,
+                    "doc": "FedLAW's CIFAR DenseNet-BC-121 (growth 32, 3x3 stem of 64, no stem pooling); BatchNorm (setting batchnorm)"},
     "logreg": {"datasets": ["synthetic_1_1", "synthetic_0_0"], "doc": "multinomial logistic regression 60-10 (FedNova)"},
     # FedLAW Tables 1, 9: the paper and its code leave both undefined; ours (models/resnet.py, alexnet.py) with counts by hand
     "resnet8": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 78042}, "batchnorm": True,
@@ -57,8 +64,9 @@ MODELS = {
 }
 
 PARTITION_KEYS = {
-    "iid": ["kind", "seed"],
-    "dirichlet": ["kind", "seed", "alpha", "min_size", "balance"],
+    # long_tail_rho (FedLAW Table 7): kept only where it is not 1 (config.prune), so other partitions keep their ids
+    "iid": ["kind", "seed", "long_tail_rho"],
+    "dirichlet": ["kind", "seed", "alpha", "min_size", "balance", "long_tail_rho"],
     # FedLAW's hybrid: the first half of the clients from Dir(alpha_balanced), the rest from Dir(alpha)
     "hybrid": ["kind", "seed", "alpha", "alpha_balanced", "min_size", "balance"],
     "shards": ["kind", "seed", "classes_per_client", "distinct"],
@@ -75,3 +83,6 @@ def ima_start_round(setting: dict) -> int:
     """ima.start_round (0-indexed), or 0.75 R, the paper's t_s, when it is left unset."""
     start = setting["ima"]["start_round"]
     return int(0.75 * setting["rounds"]) if start is None else start
+
+# partition kinds that can keep a long-tailed subset of the training set before splitting it
+LONG_TAIL_KINDS = ("iid", "dirichlet")

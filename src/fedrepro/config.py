@@ -200,6 +200,14 @@ def prune(setting: dict) -> dict:
     out = {k: v for k, v in setting.items() if k not in registry.OPTIONAL_SECTIONS or k in used}
     part = out["partition"]
     out["partition"] = {k: part[k] for k in registry.PARTITION_KEYS[part["kind"]] if k in part}
+    if out["partition"].get("long_tail_rho") == 1:
+        del out["partition"]["long_tail_rho"]  # the whole training set: the partition's identity is unchanged
+    if not out.get("hessian", {}).get("every"):
+        out.pop("hessian", None)  # off: the run's identity is unchanged
+    if not out.get("log_cohort_classes"):
+        out.pop("log_cohort_classes", None)  # off: the run's identity is unchanged
+    if not out.get("corruption", {}).get("fraction"):
+        out.pop("corruption", None)  # no corrupted client: the run's identity is unchanged
     if not registry.DATASETS[out["dataset"]].get("preprocess"):
         out.pop("preprocess", None)  # only CIFAR has per-paper transforms
     if not registry.MODELS[out["model"]].get("pretrained"):
@@ -332,6 +340,28 @@ def _refuse_unread_pretrained(raw: dict, setting: dict, where: str) -> None:
         raise ConfigError(f"{where}: pretrained = {_short(json.dumps(raw['pretrained'], sort_keys=True))} is given for "
                           f"model '{setting['model']}', which loads no weights; only {', '.join(readers)} read it: "
                           f"remove the pretrained key or choose such a model")
+def check_data_transforms(setting: dict, where: str) -> None:
+    """Long-tailed client data and label swaps, refused where they cannot apply (before pruning drops them)."""
+    problems = []
+    part = setting["partition"]
+    if part.get("long_tail_rho", 1) != 1 and part["kind"] not in registry.LONG_TAIL_KINDS:
+        problems.append(f"partition.long_tail_rho = {part['long_tail_rho']} applies to partition kinds "
+                        f"{', '.join(registry.LONG_TAIL_KINDS)}, not {part['kind']}")
+    evaluation = setting["evaluation"]
+    if evaluation.get("proxy_long_tail_rho", 1) != 1 and not evaluation["proxy_holdout"]:
+        problems.append(f"evaluation.proxy_long_tail_rho = {evaluation['proxy_long_tail_rho']} shapes the proxy "
+                        f"hold-out, but evaluation.proxy_holdout is 0 (no proxy set)")
+    corruption = setting.get("corruption", {})
+    if corruption.get("fraction"):
+        classes = registry.DATASETS[setting["dataset"]]["num_classes"]
+        a, b = corruption["swap"]
+        if a == b or max(a, b) >= classes:
+            problems.append(f"corruption.swap = {[a, b]}: two different classes of {setting['dataset']}, 0..{classes - 1}")
+        if round(corruption["fraction"] * setting["num_clients"]) < 1:
+            problems.append(f"corruption.fraction = {corruption['fraction']} of {setting['num_clients']} clients "
+                            f"corrupts none; raise it or drop the section")
+    if problems:
+        raise ConfigError("\n".join(f"{where}: {p}" for p in problems))
 
 
 def resolve(raw: dict, where: str = "setting") -> dict:
@@ -339,6 +369,7 @@ def resolve(raw: dict, where: str = "setting") -> dict:
     setting = split_algorithm(copy.deepcopy(raw))
     validate(setting, "setting.schema.yaml", where)
     _refuse_unread_pretrained(raw, setting, where)  # before prune drops the section
+    check_data_transforms(setting, where)
     setting = prune(setting)
     check_compatible(setting, where)
     return setting

@@ -86,6 +86,23 @@ class Preempted(FedreproError):
     """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was saved."""
 
 
+def swap_labels(train, parts: list[np.ndarray], corruption: dict, num_clients: int):
+    """A copy of ``train`` whose samples of the first round(fraction x num_clients) clients have the classes
+    ``swap`` = (a, b) exchanged (a becomes b, b becomes a); the partition is disjoint, so no other client
+    is touched. The test set keeps its true labels."""
+    import copy
+
+    corrupted = round(corruption["fraction"] * num_clients)
+    index = torch.as_tensor(np.concatenate([parts[i] for i in range(corrupted)]), device=train.labels.device)
+    a, b = corruption["swap"]
+    labels = train.labels.clone()
+    picked = labels[index]
+    labels[index] = torch.where(picked == a, b, torch.where(picked == b, a, picked))
+    out = copy.copy(train)
+    out.labels = labels
+    return out
+
+
 class Trainer:
     def __init__(self, setting: dict, run_dir: str | Path, partition_dir: str | Path | None, data_root: str | Path | None,
                  *, datasets: tuple[data.TensorDataset, data.TensorDataset] | None = None,
@@ -111,14 +128,26 @@ class Trainer:
         trained = [holdout_split(p, holdout, setting["seed"], i)[0] if holdout else p for i, p in enumerate(self.parts)]
         self.client_index = [torch.as_tensor(p, device=self.device) for p in trained]
         self.train_parts = [torch.as_tensor(p, device=self.device) for p in self.parts]
+        if setting.get("corruption"):  # FedLAW Table 8: the first clients' labels with two classes swapped
+            self.train = swap_labels(self.train, self.parts, setting["corruption"], setting["num_clients"])
         self.client_sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=self.device)
+        # FedLAW Fig. 7 / Table 11: each client's class distribution (rows) and the data-size weighted global one
+        self.class_counts = None
+        if setting.get("log_cohort_classes"):
+            labels = self.train.labels.cpu().numpy()
+            counts = partition.class_counts(labels, self.parts, int(labels.max()) + 1)
+            self.class_counts = counts
+            self.class_share = torch.as_tensor(counts / counts.sum(1, keepdims=True).clip(min=1), device=self.device,
+                                               dtype=torch.float32)
+            self.global_share = self.class_share.T @ (self.client_sizes / self.client_sizes.sum())
         # client groups the partition defines (hybrid: balanced, imbalanced): their coherence is logged per round
         self.client_groups = partition.groups(partition_setting(setting))
         torch.manual_seed(setting["seed"])
         module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained"),
                                setting.get("batchnorm", "running_stats")) if module is None else module)
         self.model = FlatModel(module, self.device)
-        self.test, self.proxy = split_test(self.test, setting["evaluation"]["proxy_holdout"], setting["seed"])
+        self.test, self.proxy = split_test(self.test, setting["evaluation"]["proxy_holdout"], setting["seed"],
+                                           setting["evaluation"].get("proxy_long_tail_rho", 1.0))
         self.algorithm = algorithms.build(setting, num_clients=setting["num_clients"], dim=self.model.numel,
                                           device=self.device, client_sizes=self.client_sizes,
                                           module=self.model.module, proxy=self.proxy)
@@ -237,6 +266,7 @@ class Trainer:
                "e_lud": float(metrics.e_lud(updates.deltas)),
                "global_norm": float(updates.weighted_mean().norm()),
                "step_norm": float((x_new - x).norm()),
+               "model_norm": float(x_new.norm()),  # ||w_g|| after the server step (FedLAW Fig. 10, left)
                "pseudo_grad_norm": updates.info.get("pseudo_grad_norm", float("nan")),
                "coherence": float(metrics.coherence(updates.deltas)),
                "update_norm_mean": float(updates.deltas.norm(dim=1).mean()),
@@ -245,14 +275,25 @@ class Trainer:
         for name, members in self.client_groups.items():
             inside = torch.as_tensor(np.isin(cohort, members), device=updates.deltas.device)
             row[f"coherence_{name}"] = float(metrics.coherence(updates.deltas[inside]))  # nan below 2 clients
+        if self.class_counts is not None:
+            weights = updates.info.get("weights", updates.weights)
+            weights = weights if isinstance(weights, torch.Tensor) and weights.numel() == len(cohort) else updates.weights
+            cohort_share = self.class_share[updates.clients].T @ weights.to(self.class_share.dtype)
+            row.update({f"cohort_class_{c}": float(v) for c, v in enumerate(cohort_share)})
+            row["cohort_class_tv"] = float(0.5 * (cohort_share - self.global_share).abs().sum())
         for key, value in updates.info.items():
             if key == "pseudo_grad_norm":
                 continue
-            if isinstance(value, torch.Tensor) and value.numel() > 1:
+            if isinstance(value, dict):  # per client: one column per client id (FedLAW's lambda_client)
+                row.update({f"{key}_{k}": float(v) for k, v in value.items()})
+            elif isinstance(value, torch.Tensor) and value.numel() > 1:
                 row[f"{key}_max"] = float(value.max())
                 row[f"{key}_min"] = float(value.min())
             else:
                 row[key] = float(value)
+        every = s.get("hessian", {}).get("every", 0)
+        if every and (t == 0 or (t + 1) % every == 0):
+            row.update(self.hessian_row())
         if (t + 1) % 10 == 0 or t == 0 or t + 1 in self.cosine_rounds:
             self.cosines[f"round_{t + 1}"] = metrics.cosine_matrix(updates.deltas).cpu().numpy()
         last = s["rounds"] - t <= LAST_ROUNDS
@@ -268,6 +309,24 @@ class Trainer:
             row["global_train_loss"] = float("nan")
         row["seconds"] = time.perf_counter() - tic
         return row
+
+    def hessian_row(self) -> dict:
+        """FedLAW Fig. 10: the top Hessian eigenvalues of the training loss at the current global model."""
+        import torch.nn.functional as F
+
+        from fedrepro import hessian
+        from fedrepro.algorithms.proxy import FunctionalModel
+        from fedrepro.evaluation import eval_mode
+        cfg = self.setting["hessian"]
+        g = torch.Generator().manual_seed(self.setting["seed"])
+        index = torch.randperm(len(self.train), generator=g)[:cfg["samples"]].to(self.device)
+        x, y = self.train.batch(index)
+        net = FunctionalModel(self.model.module)
+        with eval_mode(self.model.module):
+            values, _ = hessian.top_eigen(lambda w: F.cross_entropy(net(w, x), y), self.model.flat, cfg["k"],
+                                          cfg["steps"], self.setting["seed"])
+        top, last = float(values[0]), float(values[-1])
+        return {"hessian_top1": top, "hessian_topk": last, "hessian_ratio": top / last if last else float("nan")}
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -383,6 +442,8 @@ class Trainer:
             "rounds_done": len(frame), "runtime_s": self.elapsed, "resumed": resumed,
             **run_provenance(self.device),
         }
+        if self.class_counts is not None:  # Table 11: client sizes and heterogeneity from these
+            summary["client_class_counts"] = self.class_counts.tolist()
         self.paths.write_summary(summary)
         self.paths.checkpoint.unlink(missing_ok=True)
         return summary

@@ -12,22 +12,39 @@ import torch
 from fedrepro import streams
 
 
-def proxy_indices(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    """size / C test samples of each of the C classes, drawn by the run's seed: the server's proxy set,
-    held out of the evaluation of every run of a comparison (``evaluation.proxy_holdout``)."""
+def proxy_class_counts(size: int, classes: int, rho: float = 1.0) -> np.ndarray:
+    """Samples per class of a proxy set of ``size``: size / C each, or with ``rho`` > 1 long-tailed (FedLAW
+    Table 6): class c in proportion to rho^(-c/(C-1)), the total kept at ``size`` by largest remainders.
+    (FedLAW's code takes floor(size/C rho^(-c/(C-1))), a smaller set as well as a skewed one; keeping the size
+    compares the class skew alone with the balanced proxy.)"""
+    if rho == 1:
+        return np.full(classes, size // classes)
+    share = size * rho ** (-np.arange(classes) / max(classes - 1, 1))
+    share = share / share.sum() * size
+    counts = np.floor(share).astype(int)
+    counts[np.argsort(-(share - counts), kind="stable")[:size - counts.sum()]] += 1
+    return counts
+
+
+def proxy_indices(labels: torch.Tensor, size: int, seed: int, rho: float = 1.0) -> torch.Tensor:
+    """proxy_class_counts test samples of each class (size / C each unless long-tailed), drawn by the run's
+    seed: the server's proxy set, held out of the evaluation of every run of a comparison
+    (``evaluation.proxy_holdout``)."""
     labels = labels.cpu().numpy()
     classes = np.unique(labels)
     rng = streams.rng("proxy", seed)
-    picked = [rng.choice(np.flatnonzero(labels == c), size // len(classes), replace=False) for c in classes]
+    counts = proxy_class_counts(size, len(classes), rho)
+    picked = [rng.choice(np.flatnonzero(labels == c), k, replace=False) for c, k in zip(classes, counts)]
     return torch.from_numpy(np.sort(np.concatenate(picked)))
 
 
-def split_test(test, holdout: int, seed: int):
-    """(evaluation set, proxy set or None): the test set minus the class-balanced hold-out, and the hold-out.
-    The split belongs to the comparison, so every method of it is scored on the same samples."""
+def split_test(test, holdout: int, seed: int, rho: float = 1.0):
+    """(evaluation set, proxy set or None): the test set minus the class-balanced (or, ``rho`` > 1,
+    long-tailed) hold-out, and the hold-out. The split belongs to the comparison, so every method of it is
+    scored on the same samples."""
     if not holdout:
         return test, None
-    index = proxy_indices(test.labels, holdout, seed).to(test.labels.device)
+    index = proxy_indices(test.labels, holdout, seed, rho).to(test.labels.device)
     keep = torch.ones(len(test), dtype=torch.bool, device=test.labels.device)
     keep[index] = False
     return test.subset(keep.nonzero().squeeze(1)), test.subset(index)

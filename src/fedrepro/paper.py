@@ -79,8 +79,10 @@ def cells(tables: dict, names: list[str] | None = None) -> list[Cell]:
             column_match = row.get("column_match") or [c["match"] for c in columns]
             for col, col_match, value in zip(columns, column_match, row["values"]):
                 mean, std = (value.get("mean"), value.get("std")) if isinstance(value, dict) else (value, None)
+                # a row's metric (FedLAW Table 2's learned gamma row) wins over its column's and the table's
+                metric = row.get("metric") or col.get("metric", table["metric"])
                 out.append(Cell(name, table["paper"], row["label"], col["label"], {**row["match"], **col_match},
-                                col.get("metric", table["metric"]), mean, std))
+                                metric, mean, std))
     return out
 
 
@@ -132,10 +134,41 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
         return float(frame[metric["column"]].mean()) * scale
     if kind == "mean_last_logged":  # a column logged every k rounds (global_train_loss): its last values
         return float(frame[metric["column"]].dropna().tail(metric.get("rounds", 1)).mean()) * scale
+    if kind == "mean_round_range":  # FedLAW's section 4 indicators: the mean over rounds 90-110 (App. D.5)
+        inside = frame[(frame["round"] >= metric["first"]) & (frame["round"] <= metric["last"])][metric["column"]]
+        inside = inside.dropna()
+        return float(inside.mean()) * scale if len(inside) else None
+    if kind == "weight_correlation":
+        return weight_correlation(summary, frame, metric["factor"])
     if kind == "rounds_to_target":
         hit = frame[frame["test_acc"] >= metric["target"]]
         return float(hit["round"].iloc[0]) if len(hit) else math.inf
     raise ValueError(f"unknown metric kind '{kind}'")
+
+
+def client_factors(class_counts) -> dict:
+    """FedLAW Table 11's client properties: dataset size (DS), heterogeneity degree HD = 1 / the variance
+    of the client's class distribution (over classes), and DS x HD."""
+    import numpy as np
+
+    counts = np.asarray(class_counts, dtype=float)
+    sizes = counts.sum(1)
+    # a perfectly uniform client has variance 0: its HD is the largest finite one rather than inf
+    hd = 1.0 / (counts / sizes[:, None].clip(min=1)).var(1).clip(min=1e-12)
+    return {"ds": sizes, "hd": hd, "ds_hd": sizes * hd}
+
+
+def weight_correlation(summary: dict, frame, factor: str) -> float | None:
+    """Pearson correlation over the clients of the run's accumulated aggregation weights (the sum over rounds
+    of lambda_client_<id>, 0 in rounds the client was not sampled) with one of ``client_factors``."""
+    import numpy as np
+
+    counts = summary.get("client_class_counts")
+    columns = [f"lambda_client_{i}" for i in range(len(counts or []))]
+    if not counts or not any(c in frame for c in columns):
+        return None  # the run logged no weights (fedlaw.log_client_weights off)
+    accumulated = frame.reindex(columns=columns).fillna(0.0).sum().to_numpy()  # never sampled: no column, 0
+    return float(np.corrcoef(accumulated, client_factors(counts)[factor])[0, 1])
 
 
 def load_runs(runs_dir: str | Path, ids: set[str] | None = None) -> list[dict]:
@@ -189,14 +222,15 @@ def table_frame(joined: list[Cell], table: str, tolerance: float = MIN_GAP):
     """One paper table as rows x columns of 'paper ± std | ours ± std (n) | Δ', for the report page.
 
     ``within`` is True where |Δ| <= ``allowed`` (allowed_gap: points of accuracy, or rounds for IMA
-    Table 2), None where a side is missing."""
+    Table 2; a metric's own ``tolerance`` where its unit is another, e.g. FedLAW's learned gamma), None
+    where a side is missing."""
     import pandas as pd
 
     records = []
     for c in joined:
         if c.table != table:
             continue
-        allowed = allowed_gap(tolerance, c.std, c.ours_std)
+        allowed = allowed_gap(c.metric.get("tolerance", tolerance), c.std, c.ours_std)
         records.append({"row": c.row, "column": c.column, "paper": c.value, "paper_std": c.std,
                         "ours": c.ours_mean, "ours_std": c.ours_std, "seeds": len(c.ours), "delta": c.delta,
                         "diverged": len(c.diverged), "in_scope": c.in_scope, "allowed": allowed,

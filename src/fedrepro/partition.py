@@ -1,6 +1,6 @@
 """Splitting a training set over clients: IID, Dirichlet over labels, FedLAW's hybrid Dirichlet
 (balanced and imbalanced client groups), label-sorted shards, and CIFAR-100's Pachinko allocation
-over coarse and fine labels.
+over coarse and fine labels; IID and Dirichlet optionally over a long-tailed subset (FedLAW Table 7).
 
 Every partitioner takes the labels and a local ``numpy.random.Generator`` (never the global
 RNG) and returns one sorted index array per client.
@@ -240,6 +240,8 @@ def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) ->
             raise PartitionError("partition kind 'natural' needs the dataset's client of each sample")
         return natural(groups, n)
     rng = np.random.default_rng(setting["seed"])
+    if setting.get("long_tail_rho", 1) != 1:
+        return long_tailed(labels, setting, rng)
     if kind == "iid":
         return iid(labels, n, rng)
     if kind == "dirichlet":
@@ -254,6 +256,27 @@ def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) ->
         return pachinko(labels, CIFAR100_COARSE[labels], n, rng, setting["alpha"], setting["beta"],
                         setting.get("samples_per_client"))
     raise PartitionError(f"unknown partition kind '{kind}'")
+
+
+# --------------------------------------------------------------------------- long-tailed client data (FedLAW Table 7)
+
+
+def long_tail_counts(class_sizes: np.ndarray, rho: float) -> np.ndarray:
+    """Class c of C keeps floor(N_c rho^(-c/(C-1))) samples: class 0 all of them, the last a rho-th
+    (FedLAW's code's long-tailed CIFAR; Cao et al. 2019's exponential profile)."""
+    c = len(class_sizes)
+    keep = class_sizes * rho ** (-np.arange(c) / max(c - 1, 1))
+    return np.floor(keep + 1e-9).astype(int)
+
+
+def long_tailed(labels: np.ndarray, setting: dict, rng: np.random.Generator) -> list[np.ndarray]:
+    """Keep a long-tailed subset of the training set (drawn by the partition seed), then split only it
+    with the setting's kind; the indices returned are the training set's."""
+    classes = int(labels.max()) + 1
+    keep = long_tail_counts(np.bincount(labels, minlength=classes), setting["long_tail_rho"])
+    kept = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:keep[c]] for c in range(classes)]))
+    inner = {k: v for k, v in setting.items() if k != "long_tail_rho"}
+    return [kept[part] for part in make(labels[kept], inner)]
 
 
 def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:

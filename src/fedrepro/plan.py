@@ -39,6 +39,8 @@ ROUGH_STEP_SECONDS = {
     "mlp": 4e-4, "lenet5": 6e-4, "cnn": 7e-4, "logreg": 2e-4, "cnn_fedaware": 7e-4, "simplecnn": 7e-4,
     "resnet20": 4e-3, "resnet56": 1e-2, "resnet18_gn32": 1.2e-2, "resnet18_gn2": 1.2e-2,
     "vgg11": 4e-3, "vgg11_gn2": 6e-3, "alexnet": 2e-3, "resnet8": 2e-3, "pythia70m": 3e-2,
+    # FedLAW Table 5, guessed from the FLOPs relative to ResNet-56 (not measured)
+    "resnet110": 2e-2, "wrn56_4": 6e-2, "densenet121": 8e-2,
 }
 ROUGH_BATCH = 64
 

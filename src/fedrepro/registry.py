@@ -27,7 +27,8 @@ import yaml
 
 from fedrepro import conditions
 # Facts training code reads too live in catalog.py, so that editing a fragment changes no other run
-from fedrepro.catalog import DATASETS, FEATURE_CLASSIFIER_MODELS, MODELS, PARTITION_KEYS, ima_start_round  # noqa: F401
+from fedrepro.catalog import (DATASETS, FEATURE_CLASSIFIER_MODELS, LONG_TAIL_KINDS, MODELS,  # noqa: F401
+                             PARTITION_KEYS, ima_start_round)
 from fedrepro.errors import FedreproError
 
 FRAGMENTS = Path(__file__).resolve().parent / "algorithms"

@@ -12,6 +12,8 @@ sign convention x <- x - d holds. Variants (`fedlaw.variant`):
   adaptive_gws  gamma learned, lambda = data sizes                (Eq. 5)
   attentive     lambda learned, gamma = fedlaw.gamma (1)          (Eq. 7)
   fixed_gamma   gamma = fedlaw.gamma, lambda = data sizes; no proxy set (Table 1's global weight shrinking)
+  (any)         fedlaw.learn_rounds = N > 0 learns only in rounds 1..N, then aggregates as FedAvg (gamma 1,
+                data-size lambda): Fig. 5's early-stopped attentive LAW
   swa           FedLAW (SWA), section 6.1: two stages of server_epochs // 2, lambda with stochastic weight
                 averaging of z, then gamma with lambda fixed (the code's order; fedlaw.swa_order: gamma_first
                 is the paper's)
@@ -54,7 +56,11 @@ class LearnedAggregation(Aggregator):
         theta = torch.tensor(0.0 if self.learn_gamma else float(np.log(self.cfg["gamma"])), device=x.device,
                              dtype=x.dtype)
         z = torch.log(updates.weights)
-        if self.cfg["variant"] == "swa" and self.cfg["server_epochs"] > 0:
+        # early stopping (Fig. 5, middle): from round learn_rounds + 1 on, gamma = 1 and data-size lambda (FedAvg)
+        stopped = 0 < self.cfg.get("learn_rounds", 0) <= updates.round
+        if stopped:
+            theta = torch.zeros_like(theta)
+        elif self.cfg["variant"] == "swa" and self.cfg["server_epochs"] > 0:
             theta, z = self.fit_swa(z, models, updates)
         elif (self.learn_gamma or self.learn_lambda) and self.cfg["server_epochs"] > 0:
             theta, z = self.fit(theta, z, models, updates)
@@ -63,8 +69,10 @@ class LearnedAggregation(Aggregator):
         updates.info.update({
             "gamma": gamma, "weights": lam,
             "lambda_coherence": float(metrics.coherence(updates.deltas, lam)),
-            "gws_norm": float((1 - gamma) * x.norm()),                # ||(1 - gamma) x||
+            "gws_norm": float(abs(1 - gamma) * x.norm()),             # ||(1 - gamma) x||, a norm: gamma > 1 grows x
             "global_grad_norm": float(gamma * self.server_lr * (lam @ updates.deltas).norm())})
+        if self.cfg.get("log_client_weights", False):  # Fig. 5 (right): lambda of each client of the cohort, by client id
+            updates.info["lambda_client"] = dict(zip(updates.clients.tolist(), lam.tolist()))
         return x - x_new
 
     def fit(self, theta, z, models, updates):
@@ -85,7 +93,8 @@ class LearnedAggregation(Aggregator):
         """One pass over the proxy set: an optimiser step on CE(f(b; gamma sum_i lambda_i w_i)) per batch."""
         n = len(self.proxy_y)
         total = torch.zeros((), device=self.proxy_y.device)
-        for index in epoch_batches(n, self.cfg["batch_size"], generator, self.proxy_y.device):
+        balance = self.proxy_y if self.cfg.get("balanced_sampling") else None
+        for index in epoch_batches(n, self.cfg["batch_size"], generator, self.proxy_y.device, balance):
             w = theta.exp() * (torch.softmax(z, 0) @ models)
             loss = F.cross_entropy(self.forward(w, self.proxy_x[index]), self.proxy_y[index])
             opt.zero_grad()

@@ -25,9 +25,19 @@ def round_generator(seed: int, round_: int, stream: str = "proxy") -> torch.Gene
     return streams.generator(stream, seed, round_)
 
 
-def epoch_batches(n: int, batch_size: int, generator: torch.Generator, device) -> list[torch.Tensor]:
-    """One pass over the proxy set in shuffled batches (the last one may be smaller)."""
-    order = torch.randperm(n, generator=generator).to(device)
+def epoch_batches(n: int, batch_size: int, generator: torch.Generator, device,
+                  balance_labels: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One pass over the proxy set in shuffled batches (the last one may be smaller). With
+    ``balance_labels`` (balanced sampling, FedLAW Table 6's "BS"): n draws with replacement, each sample
+    with probability 1 / (C n_class), so every class is drawn equally often in expectation (a class-balanced
+    sampler, as torch's WeightedRandomSampler with inverse class-frequency weights)."""
+    if balance_labels is None:
+        order = torch.randperm(n, generator=generator)
+    else:
+        labels = balance_labels.cpu()
+        weights = 1.0 / torch.bincount(labels)[labels].double()
+        order = torch.multinomial(weights, n, replacement=True, generator=generator)
+    order = order.to(device)
     return [order[start:start + batch_size] for start in range(0, n, batch_size)]
 
 
@@ -129,7 +139,8 @@ class ProxyTraining(Aggregator):
         n = len(self.proxy_x)
         for _ in range(self.cfg["server_epochs"]):
             total = torch.zeros((), device=w.device, dtype=w.dtype)
-            for index in epoch_batches(n, self.cfg["batch_size"], generator, w.device):
+            balance = self.proxy_y if self.cfg.get("balanced_sampling") else None
+            for index in epoch_batches(n, self.cfg["batch_size"], generator, w.device, balance):
                 loss = self.loss(w, index)
                 opt.zero_grad()
                 loss.backward()

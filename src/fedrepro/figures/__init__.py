@@ -59,6 +59,15 @@ KINDS = {
     "coherence": ("fedlaw", "coherence"),
     "fedlaw_weights": ("fedlaw", "weights"),
     "fixed_gamma": ("fedlaw", "fixed_gamma"),
+    "gws_sweep": ("fedlaw", "gws_sweep"),
+    "gws_norms": ("fedlaw", "gws_norms"),
+    "gws_ratio": ("fedlaw", "gws_ratio"),
+    "model_norm": ("fedlaw", "model_norm"),
+    "client_weights": ("fedlaw", "client_weights"),
+    "accuracy": ("fedlaw", "accuracy"),
+    "sweep_accuracy": ("fedlaw", "sweep_accuracy"),
+    "cohort_classes": ("fedlaw", "cohort_classes"),
+    "sharpness": ("fedlaw", "sharpness"),
     "elud": ("fedaware", "elud"),
     "cosines": ("fedaware", "cosines"),
     "coherence_lud": ("fedaware", "coherence_lud"),
@@ -80,6 +89,15 @@ OPTIONS = {  # the options each kind reads, with their defaults
     "coherence": {},
     "fedlaw_weights": {},
     "fixed_gamma": {"axis": "alpha"},
+    "gws_sweep": {"axis": "local_epochs"},
+    "gws_norms": {},
+    "gws_ratio": {},
+    "model_norm": {},
+    "client_weights": {},
+    "accuracy": {},
+    "sweep_accuracy": {"axis": "participation"},
+    "cohort_classes": {},
+    "sharpness": {},
     "elud": {},
     "cosines": {"rounds": [3, 60, 150]},
     "coherence_lud": {},
@@ -122,6 +140,8 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
         if kind == "interpolation" and (not isinstance(spec.get("for_each", {}), dict)
                                         or len(spec.get("for_each", {})) > 1):
             problems.append(f"{where}.for_each = {spec['for_each']!r}: one key and its list of values")
+        if kind == "gws_sweep" and spec.get("axis", "local_epochs") not in ("local_epochs", "alpha"):
+            problems.append(f"{where}.axis = {spec['axis']!r}: allowed are local_epochs, alpha")
         for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")

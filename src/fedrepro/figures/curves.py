@@ -5,7 +5,13 @@ from fedrepro.figures import MissingInput, finished
 
 
 def method(run) -> str:
-    return run.setting["algorithm"] + "".join("+" + p for p in run.setting["plugins"])
+    name = run.setting["algorithm"] + "".join("+" + p for p in run.setting["plugins"])
+    if run.setting["algorithm"] != "fedlaw":
+        return name
+    law = run.setting.get("fedlaw", {})  # FedLAW's learners differ by variant, and by an early stop
+    tags = [law["variant"]] if law.get("variant", "fedlaw") != "fedlaw" else []
+    tags += [f"learned until round {law['learn_rounds']}"] if law.get("learn_rounds") else []
+    return f"{name} ({', '.join(tags)})" if tags else name
 
 
 def split(run) -> str:

@@ -12,7 +12,7 @@ from torch import nn
 from fedrepro.models.alexnet import CifarAlexNet
 from fedrepro.models.cnn import CifarCNN, LeNet5, TwoConvCNN
 from fedrepro.models.mlp import MLP, LogisticRegression
-from fedrepro.models.resnet import CifarResNet, ResNet18GN
+from fedrepro.models.resnet import CifarResNet, ResNet18GN, densenet121_cifar
 from fedrepro.models.vgg import VGG11, VGG11GN
 
 def _pythia70m(shape, k, pretrained):
@@ -35,6 +35,10 @@ BUILDERS = {
     "vgg11_gn2": lambda shape, k: VGG11GN(shape[0], k, groups=2),
     "resnet20": lambda shape, k, running_stats: CifarResNet(20, shape[0], k, running_stats),
     "resnet56": lambda shape, k, running_stats: CifarResNet(56, shape[0], k, running_stats),
+    # FedLAW Table 5 (Li et al. 2018's models, models/resnet.py)
+    "resnet110": lambda shape, k, running_stats: CifarResNet(110, shape[0], k, running_stats),
+    "wrn56_4": lambda shape, k, running_stats: CifarResNet(56, shape[0], k, running_stats, width=4),
+    "densenet121": lambda shape, k, running_stats: densenet121_cifar(shape[0], k, running_stats),
     # FedLAW Tables 1, 9: not defined by the paper or its code (our choices, see the classes' docs)
     "resnet8": lambda shape, k, running_stats: CifarResNet(8, shape[0], k, running_stats),
     "alexnet": lambda shape, k: CifarAlexNet(shape[0], k),

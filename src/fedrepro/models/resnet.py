@@ -1,5 +1,10 @@
 """The ResNets of the papers: CIFAR ResNet-18 with GroupNorm (FedAWARE, IMA) and FedLAW's CIFAR
-ResNet-8/20/56 with BatchNorm.
+ResNet-8/20/56/110, WRN-56-4 and DenseNet-121 with BatchNorm.
+
+FedLAW (4.3) "followed the model architectures used in (Li et al., 2018)", i.e. the models of
+"Visualizing the Loss Landscape of Neural Nets" (github.com/tomgoldstein/loss-landscape,
+cifar10/models/resnet.py and densenet.py): He et al.'s CIFAR ResNet-(6n+2) with 1x1 conv + BN (option B)
+shortcuts, its k-times wider WRN-56-k, and the CIFAR DenseNet-BC-121 of kuangliu/pytorch-cifar.
 
 Sources (the project's notes on the papers): FedAWARE 4.2, IMA 4.2 (Table 4), FedLAW 4.3.
 
@@ -78,21 +83,50 @@ class CifarResNet(nn.Module):
     global average pool, Linear(64, classes). BatchNorm with running statistics, or on batch statistics
     only when ``running_stats`` is False (module doc)."""
 
-    def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10, running_stats: bool = True):
+    def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10, running_stats: bool = True,
+                 width: int = 1):
         super().__init__()
         if (depth - 2) % 6:
             raise ValueError(f"CIFAR ResNet depth must be 6n+2, got {depth}")
         n = (depth - 2) // 6
         bn = "bn" if running_stats else "bn_batch"
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), _norm(bn, 16, 0), nn.ReLU())
-        layers, in_planes = [], 16
-        for planes, stride in ((16, 1), (32, 2), (64, 2)):
+        # width k: Li et al. 2018's wide variant (WRN-56-4: k = 4), every width of the stem and the stages
+        # times k, the blocks the same BasicBlocks (their code's WResNet_cifar; not Zagoruyko's pre-activation WRN)
+        c = 16 * width
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, c, 3, 1, 1, bias=False), _norm(bn, c, 0), nn.ReLU())
+        layers, in_planes = [], c
+        for planes, stride in ((c, 1), (2 * c, 2), (4 * c, 2)):
             for i in range(n):
                 layers.append(BasicBlock(in_planes, planes, stride if i == 0 else 1, bn, 0))
                 in_planes = planes
         self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(64, num_classes)
+        self.fc = nn.Linear(4 * c, num_classes)
 
     def forward(self, x):
         out = self.layers(self.stem(x))
         return self.fc(nn.functional.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+# --------------------------------------------------------------------------- DenseNet-121 (CIFAR stem)
+
+
+def densenet121_cifar(in_channels: int = 3, num_classes: int = 10, running_stats: bool = True) -> nn.Module:
+    """DenseNet-BC-121 for 32x32 images as Li et al. 2018 define it: torchvision's DenseNet (blocks
+    [6, 12, 24, 16], growth 32, bottleneck 4 x growth, transitions halving the channels, a final
+    BatchNorm + ReLU + global average pool + Linear(1024, classes)) with the CIFAR stem, one 3x3 conv
+    of 2 x growth = 64 channels, stride 1, and no BatchNorm, ReLU or max-pool after it (ImageNet's stem:
+    7x7 stride 2, BN, ReLU, max-pool). The four stages then see 32, 16, 8, 4 pixels, and the global pool
+    is the 4x4 average pool of Li et al. Initialisation is torchvision's (Kaiming-normal convs, BN 1/0,
+    zero Linear bias), theirs PyTorch's default: a difference of initial values only."""
+    from torchvision.models import DenseNet
+
+    model = DenseNet(growth_rate=32, block_config=(6, 12, 24, 16), num_init_features=64, bn_size=4,
+                     num_classes=num_classes)
+    model.features.conv0 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
+    for name in ("norm0", "relu0", "pool0"):
+        setattr(model.features, name, nn.Identity())
+    if not running_stats:  # normalise with each batch's statistics (module doc)
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.track_running_stats, m.running_mean, m.running_var, m.num_batches_tracked = False, None, None, None
+    return model
