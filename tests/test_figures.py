@@ -26,7 +26,9 @@ PARAMS = {
         "tiny": {"base": BASE, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedlaw", "fedaware"]}},
         "tiny_snap": {"base": {**BASE, "snapshots": SNAP}, "grid": {"algorithm": ["fedavg"]}},
         "tiny_diverge": {"base": {**BASE, "client": {"lr": 1.0e6}}, "grid": {"algorithm": ["fedavg"]}},
-        "tiny_alpha": {"base": BASE, "grid": {"setting": [  # FedAWARE Fig. 4's sweep, two alphas
+        # FedAWARE Fig. 4's sweep, two alphas; the permutation warm-up sees every client by round 2, so the
+        # momenta (and alpha) act from round 3 on
+        "tiny_alpha": {"base": {**BASE, "rounds": 4, "cohort": {"warmup": "permutation"}}, "grid": {"setting": [
             {"algorithm": "fedaware", "fedaware": {"alpha": 0.3}}, {"algorithm": "fedaware", "fedaware": {"alpha": 0.7}},
             {"algorithm": "fedaware", "fedaware": {"alpha": 0.3, "weights": "static"}},
             {"algorithm": "fedaware", "fedaware": {"alpha": 0.7, "weights": "static"}},
