@@ -196,6 +196,32 @@ def cmd_manifest(args) -> None:
     print(f"manifest: {out}")
 
 
+def cmd_tune(args) -> None:
+    from fedrepro import tuning
+    manifest = json.loads(Path(args.manifest).read_text())
+    if args.action == "select":
+        try:
+            choice = tuning.select(manifest, args.tuning, args.runs_dir)
+        except tuning.TuningError as err:
+            raise SystemExit(f"fedrepro tune select: {args.tuning}: {err}")
+        result = choice
+        print(f"tuning {args.tuning}: {choice['chosen_label']} ({choice['criterion']} "
+              f"{choice['candidates'][choice['chosen_index']]['value']:.4f})")
+    else:
+        choices = {}
+        for path in args.choices:
+            choice = json.loads(Path(path).read_text())
+            choices[choice["tuning"]] = choice
+        missing = sorted(set(manifest.get("tunings", {})) - set(choices))
+        if missing:
+            raise SystemExit(f"fedrepro tune manifest: no choice for {', '.join(missing)}")
+        result = tuning.tuned_manifest(manifest, choices)
+        print(f"tuned manifest: {sum('tuned' in r for e in result['experiments'].values() for r in e['runs'])} "
+              f"final runs of {len(choices)} tuning(s)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, sort_keys=True))
+
+
 def cmd_report(args) -> None:
     from fedrepro import config, report
     manifest = args.manifest
@@ -349,6 +375,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-name", action="store_true",
                    help="refuse when --out is not the content-addressed name (the workflow's own check)")
     p.set_defaults(func=cmd_manifest)
+
+    p = sub.add_parser("tune", help="the tuning stage: pick a tuning's value from its runs (select), or write the "
+                       "manifest with the final runs the choices give (manifest)")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser("select", help="rank a tuning's candidates by its criterion on the validation split")
+    a.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
+    a.add_argument("--tuning", required=True, help="the tuning's id (a key of the manifest's tunings)")
+    a.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    a.add_argument("--out", required=True, help="the choice record (JSON): per candidate its values, and the winner")
+    a.set_defaults(func=cmd_tune)
+    a = actions.add_parser("manifest", help="the manifest with every tuned experiment's final runs")
+    a.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
+    a.add_argument("--choices", nargs="*", default=[], type=_existing("file"), help="the choice records")
+    a.add_argument("--out", required=True, help="the tuned manifest")
+    a.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("report", help="build the self-contained HTML report (also of a partial grid)")
     source = p.add_mutually_exclusive_group(required=True)
