@@ -166,25 +166,29 @@ def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE
     return table
 
 
-def _final_runs(tunings: dict, runs_dir: str | Path) -> list[config.Run]:
-    """The final runs of the tunings (fedrepro.tuning): those of a tuning that chose already (its choice in
-    results/tuning/ beside the runs folder), else with the tune grid's first candidate, for the cost
-    (not done: its id is not known before the choice)."""
+def _final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[config.Run], set[str]]:
+    """The final runs of the tunings (fedrepro.tuning), and the ids of those whose tuning has not chosen yet:
+    with the chosen value where the choice is there (results/tuning/ beside the runs folder), else with the tune
+    grid's first candidate, which stands in for the cost and for which runs are shared (not done: the run
+    is not known before the choice)."""
     from fedrepro import tuning
 
-    runs = []
+    runs, waiting = [], set()
     for tid, entry in tunings.items():
         path = Path(runs_dir).parent / "tuning" / f"{tid}.json"
         chosen = json.loads(path.read_text()) if path.is_file() else {"chosen": entry["selection"]["candidates"][0]["point"]}
-        runs.extend(run if path.is_file() else config.Run("", run.experiment, run.setting, run.variant)
-                    for run, _ in tuning.final_runs({tid: entry}, {tid: chosen}))
-    return runs
+        for run, _ in tuning.final_runs({tid: entry}, {tid: chosen}):
+            runs.append(run)
+            if not path.is_file():
+                waiting.add(run.id)
+    return runs, waiting
 
 
 def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs") -> dict:
     tunings: dict = {}
     runs = config.expand(params, tunings)
-    runs += _final_runs(tunings, runs_dir)
+    finals, waiting = _final_runs(tunings, runs_dir)
+    runs += finals
     costs, source = load_step_costs(bench)
     seen: set[str] = set()
     rows = defaultdict(lambda: {"runs": 0, "tuning": 0, "shared": 0, "done": 0, "steps": 0.0, "seconds": 0.0,
@@ -193,17 +197,11 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
         row = rows[run.experiment]
         row["runs"] += 1
         row["tuning"] += bool(run.tuning)  # the tuning stage's runs, counted in runs too
-        if not run.id:  # a final run waiting for its tuning's choice
-            seen.add(f"final-{len(seen)}")
-            row["steps"] += local_steps(run.setting)
-            sec = step_seconds(costs, run.setting)
-            row["seconds"] += 0.0 if sec is None else local_steps(run.setting) * sec
-            continue
         if run.id in seen:  # the same run listed by two experiments is trained once
             row["shared"] += 1
             continue
         seen.add(run.id)
-        if RunDir(Path(runs_dir) / run.id).finished():
+        if run.id not in waiting and RunDir(Path(runs_dir) / run.id).finished():
             row["done"] += 1
             continue
         steps = local_steps(run.setting)

@@ -86,9 +86,8 @@ def _lookup(setting: dict, dotted: str):
 
 def blocks(name: str, experiment: dict) -> list[Block]:
     """The experiment's tune blocks, checked beyond their schema: criterion, the keys of ``when``, the plug-ins
-    of ``without``. A block is one mapping or a list of them."""
+    of ``without``."""
     raw = experiment.get("tune") or []
-    raw = [raw] if isinstance(raw, dict) else raw
     known = set(registry.setting_schema()["properties"])
     out = []
     for i, block in enumerate(raw):
