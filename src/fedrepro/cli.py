@@ -207,6 +207,14 @@ def cmd_tune(args) -> None:
         result = choice
         print(f"tuning {args.tuning}: {choice['chosen_label']} ({choice['criterion']} "
               f"{choice['candidates'][choice['chosen_index']]['value']:.4f})")
+    elif args.action == "final":
+        from fedrepro.rundir import RunDir
+        final = [r["id"] for exp in manifest["experiments"].values() for r in exp["runs"] if "tuned" in r]
+        missing = [r for r in final if not RunDir(Path(args.runs_dir) / r).finished()]
+        if missing:
+            raise SystemExit(f"fedrepro tune final: final runs without a summary: {', '.join(missing)}")
+        result = manifest
+        print(f"{len(final)} final runs of the tuned experiments, all finished")
     else:
         choices = {}
         for path in args.choices:
@@ -389,6 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
     a.add_argument("--choices", nargs="*", default=[], type=_existing("file"), help="the choice records")
     a.add_argument("--out", required=True, help="the tuned manifest")
+    a.set_defaults(func=cmd_tune)
+    a = actions.add_parser("final", help="the tuned manifest again, once every final run it lists has finished")
+    a.add_argument("--manifest", required=True, type=_existing("file"), help="the tuned manifest")
+    a.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    a.add_argument("--out", required=True, help="the manifest the report, tracking and collect steps read")
     a.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("report", help="build the self-contained HTML report (also of a partial grid)")

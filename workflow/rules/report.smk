@@ -18,7 +18,8 @@ rule manifest:
         "--command {params.command:q} --out {output:q} --check-name > {log:q} 2>&1"
 
 
-# REPORT_MANIFEST (tune.smk) is MANIFEST_PATH, or where the params file tunes, the manifest with the final runs.
+# REPORT_MANIFEST (tune.smk) is MANIFEST_PATH, or where the params file tunes, the manifest with the final
+# runs, written once they are trained and tracked.
 
 # MLflow: each training job logs its own run live; these steps reconcile MLflow with the files
 # afterwards. One job per run, so that a failed run blocks only its own: the others are tracked
@@ -29,7 +30,7 @@ localrules: track_run
 
 rule track_run:
     input:
-        manifest=ancient(REPORT_MANIFEST),
+        manifest=ancient(run_manifest_of),  # tune.smk
         summary=ancient("results/runs/{run}/summary.json"),
     output:
         f"results/tracking/{CONFIG_NAME}/{{run}}.json",
@@ -49,7 +50,7 @@ rule track_run:
 rule track:
     input:
         manifest=ancient(REPORT_MANIFEST),
-        runs=ancient(lambda w: expand(f"results/tracking/{CONFIG_NAME}/{{run}}.json", run=tracked_runs(w))),
+        runs=ancient(expand(f"results/tracking/{CONFIG_NAME}/{{run}}.json", run=OWN_RUNS)),  # tune.smk
     output:
         f"results/tracking/{CONFIG_NAME}.json",
     params:
@@ -75,7 +76,7 @@ rule report:
     input:
         manifest=ancient(REPORT_MANIFEST),
         # run and partition paths are content hashes: a new or changed run is a new path (input trigger)
-        summaries=ancient(lambda w: expand("results/runs/{run}/summary.json", run=reported_runs(w))),
+        summaries=ancient(expand("results/runs/{run}/summary.json", run=RUNS)),
         partitions=ancient(expand("results/partitions/{partition}/heatmap.png", partition=PARTITIONS)),
         paper_figures=expand(f"{FIGURES_DIR}/{{figure}}.png", figure=FIGURES),  # figures.smk
     output:
@@ -126,7 +127,7 @@ rule index:
 rule collect:
     input:
         manifest=ancient(REPORT_MANIFEST),
-        summaries=ancient(lambda w: expand("results/runs/{run}/summary.json", run=tracked_runs(w))),
+        summaries=ancient(expand("results/runs/{run}/summary.json", run=OWN_RUNS)),  # tune.smk
     output:
         # one file per experiment and variant: a row of `dvc metrics show`, a plot of `dvc plots show`
         metrics=directory(f"results/metrics/{CONFIG_NAME}"),

@@ -5,11 +5,16 @@
 # `snakemake -n` shows the tuning work, and Snakemake adds the final runs once the choices exist.
 from fedrepro import tuning as ftuning
 
-# The manifest the report, tracking and collect steps read: with the final runs where the file tunes.
-REPORT_MANIFEST = ftuning.tuned_manifest_path(MANIFEST_PATH) if TUNINGS else MANIFEST_PATH
-# Final runs are found by the training rule's run_setting once the tuned manifest is there.
-RUNS = ftuning.RunTable(RUNS, REPORT_MANIFEST)
+# The checkpoint's manifest: the final runs the choices give. Snakemake examines a job that depends on a
+# checkpoint only once the checkpoint has run, and replaces such jobs after it; so one job depends on it,
+# `tuned_runs`, which waits for the final runs and writes the manifest the report, tracking and collect
+# steps read (REPORT_MANIFEST: both paths carry the manifest's hash, so a changed grid is new work).
+TUNED_MANIFEST = ftuning.tuned_manifest_path(MANIFEST_PATH)
+REPORT_MANIFEST = MANIFEST_PATH[: -len(".json")] + ".final.json" if TUNINGS else MANIFEST_PATH
+# Final runs are found by the training rule's run_setting once the checkpoint's manifest is there.
+RUNS = ftuning.RunTable(RUNS, TUNED_MANIFEST)
 TUNING_RUNS = {run_id for run_id, run in RUNS.items() if run.tuning}
+OWN_RUNS = [run_id for run_id in RUNS if run_id not in TUNING_RUNS]  # tuning runs belong to no experiment
 
 
 def final_runs(wildcards=None):
@@ -20,14 +25,9 @@ def final_runs(wildcards=None):
     return RUNS.final_ids()
 
 
-def reported_runs(wildcards):
-    """Every run the report reads: the file's own, the tuning runs (its tuning curves) and the final runs."""
-    return [*RUNS, *final_runs()]
-
-
-def tracked_runs(wildcards):
-    """The runs of the experiments: the file's own and the final runs (tuning runs belong to no experiment)."""
-    return [run_id for run_id in RUNS if run_id not in TUNING_RUNS] + final_runs()
+def run_manifest_of(wildcards):
+    """The manifest that lists a run: the params file's for its own runs, the checkpoint's for a final run."""
+    return MANIFEST_PATH if wildcards.run in OWN_RUNS else TUNED_MANIFEST
 
 
 def tuning_run_summaries(wildcards):
@@ -66,7 +66,7 @@ if TUNINGS:
             # content-addressed (their tunings' runs and criterion): ancient, as the runs' summaries are
             choices=ancient(expand("results/tuning/{tuning}.json", tuning=TUNINGS)),
         output:
-            REPORT_MANIFEST,
+            TUNED_MANIFEST,
         log:
             f"logs/tune/{CONFIG_NAME}.manifest.log",
         benchmark:
@@ -74,3 +74,21 @@ if TUNINGS:
         shell:
             "fedrepro tune manifest --manifest {input.manifest:q} --choices {input.choices:q} --out {output:q} "
             "> {log:q} 2>&1"
+
+    localrules: tuned_runs
+
+    # Once the final runs are trained and tracked: the manifest with them, for the steps after.
+    rule tuned_runs:
+        input:
+            manifest=ancient(TUNED_MANIFEST),
+            # not ancient: Snakemake 9 loses the steps after this one when an ancient input awaits the checkpoint
+            summaries=lambda w: expand("results/runs/{run}/summary.json", run=final_runs()),
+            tracking=lambda w: expand(f"results/tracking/{CONFIG_NAME}/{{run}}.json", run=final_runs()),
+        output:
+            REPORT_MANIFEST,
+        log:
+            f"logs/tune/{CONFIG_NAME}.final.log",
+        benchmark:
+            f"benchmarks/tuned_runs/{CONFIG_NAME}.tsv"
+        shell:
+            "fedrepro tune final --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1"
