@@ -289,7 +289,7 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
     assert sorted(s["setting"]["client"]["lr"] for s in tuning_runs.values()) == [0.05, 1.0e+6]
     assert sorted(s["status"] for s in tuning_runs.values()) == ["diverged", "finished"]
     assert final["setting"]["client"]["lr"] == 0.05 and final["setting"]["seed"] == 1  # the choice reached it
-    (choice_file,) = (work / "results" / "tuning").glob("*.json")
+    (choice_file,) = (work / "results" / "tuning").glob("tune-*.json")
     assert json.loads(choice_file.read_text())["chosen"] == {"client": {"lr": 0.05}}
     page = (work / target).read_text()
     assert "Tuning: fedavg: client.lr" in page and "<b>client.lr=0.05</b> (chosen)" in page
@@ -306,6 +306,9 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
     added = set(second) - set(first)
     assert len(added) == 1 and second[added.pop()][0]["setting"]["client"]["lr"] == 2.0e+6
     assert all(second[rid][1] == mtime for rid, (_, mtime) in first.items())  # left alone, the final run too
-    assert len(list((work / "results" / "tuning").glob("*.json"))) == 2
-    assert math.isclose(json.loads(max((work / "results" / "tuning").glob("*.json"),
+    assert len(list((work / "results" / "tuning").glob("tune-*.json"))) == 2
+    assert math.isclose(json.loads(max((work / "results" / "tuning").glob("tune-*.json"),
                                        key=lambda p: p.stat().st_mtime).read_text())["chosen"]["client"]["lr"], 0.05)
+    assert "client.lr=2000000.0" in (work / target).read_text()  # the report followed in the same invocation
+    proc = _snakemake(work, params_file, "-n", target)
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
