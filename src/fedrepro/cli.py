@@ -76,6 +76,8 @@ EXAMPLES = {
     "plan": "fedrepro plan --configfile params/ima.yaml --only 'ima_table1_*'",
     "track": "fedrepro track --manifest results/manifests/default.json --out results/tracking/default.json",
     "manifest": "fedrepro manifest --configfile params/default.yaml",
+    "tune": "fedrepro tune select --manifest results/manifests/ima-0123456789.json "
+            "--tuning tune-fedprox-fmnist-dir0.1-cnn-fedprox.mu-0123456789 --out results/tuning/choice.json",
     "report": "fedrepro report --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml "
               "--out reports/fedlaw_subset.html",
     "index": "fedrepro index --out reports/index.html",
