@@ -238,8 +238,12 @@ def cmd_report(args) -> None:
     if manifest is None:  # straight from the params files: a partial grid, while runs are missing
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         manifest = Path(args.out).with_suffix(".manifest.json")
-        manifest.write_text(json.dumps(config.run_manifest(config.load_params_files(args.configfile), args.configfile,
-                                                           "fedrepro report --configfile " + " ".join(args.configfile))))
+        from fedrepro import tuning
+        content = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+                                      "fedrepro report --configfile " + " ".join(args.configfile))
+        if content.get("tunings"):  # the final runs of the tunings that chose already; the others are missing
+            content = tuning.tuned_manifest(content, tuning.choices_on_disk(content, Path(args.runs_dir).parent / "tuning"))
+        manifest.write_text(json.dumps(content))
     out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures, args.paper_figures)
     print(f"report: {Path(out).resolve()}")
 

@@ -212,7 +212,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     ``T_*`` (e.g. ``ima_table1`` from ``ima_table1_fmnist``), so ablation runs that happen to share
     a cell's settings never leak into it.
     """
-    from fedrepro import claims, paper
+    from fedrepro import claims, paper, tuning
 
     tables = paper.load_results()
     out = []
@@ -222,8 +222,10 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
             continue
         declared = [r for e in experiments for r in manifest["experiments"][e]["runs"]]
         joined = paper.join({name: table}, paper.load_runs(runs_dir, {r["id"] for r in declared}))
+        # a tuned experiment's final runs are in its scope before their tuning chose (fedrepro.tuning)
+        scope = [r["setting"] for r in declared] + tuning.waiting_settings(manifest, experiments)
         for cell in joined:
-            cell.in_scope = any(paper.matches(r["setting"], cell.match) for r in declared)
+            cell.in_scope = any(paper.matches(setting, cell.match) for setting in scope)
         metric = table["metric"]["kind"]
         tolerance = table.get("tolerance", 20.0 if metric == "rounds_to_target" else 1.0)
         frame = paper.table_frame(joined, name, tolerance)

@@ -243,6 +243,19 @@ def final_runs(tunings: dict, choices: dict[str, dict]) -> list[tuple[Run, str]]
     return out
 
 
+def waiting_settings(manifest: dict, experiments: list[str]) -> list[dict]:
+    """The settings of these experiments' final runs whose tuning has not chosen yet, with the tune grid's first
+    candidate standing in for the choice: what they will be, but for the tuned values."""
+    out = []
+    for entry in manifest.get("tunings", {}).values():
+        if entry.get("choice"):
+            continue
+        first = entry["selection"]["candidates"][0]["point"]
+        out += [resolve(deep_merge(p["raw"], first), p["experiment"]) for p in entry["pending"]
+                if p["experiment"] in experiments]
+    return out
+
+
 def tuned_manifest(manifest: dict, choices: dict[str, dict]) -> dict:
     """The manifest with each tuned experiment's final runs, as the report, tracking and collect steps read
     it, and each tuning's choice (the tuning curve)."""
@@ -254,11 +267,24 @@ def tuned_manifest(manifest: dict, choices: dict[str, dict]) -> dict:
              "tuned": {"tuning": tid, "chosen": choices[tid]["chosen"], "label": choices[tid]["chosen_label"]}})
     for tid, entry in out.get("tunings", {}).items():
         entry["choice"] = choices.get(tid)
+        if tid in choices:
+            continue
+        # not chosen yet (a report of a partial grid): listed as missing, with the first candidate standing in
+        for i, (run, _) in enumerate(final_runs({tid: entry}, {tid: {"chosen": entry["selection"]["candidates"][0]["point"]}})):
+            out["experiments"][run.experiment]["runs"].append(
+                {"id": f"{tid}.waiting{i}", "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
+                 "partition": run.partition, "setting": run.setting, "waiting": tid})
     return out
 
 
-def choice_path(tuning: str, folder: str = "results/tuning") -> str:
-    return f"{folder}/{tuning}.json"
+def choices_on_disk(manifest: dict, folder: str | Path = "results/tuning") -> dict[str, dict]:
+    """The choices the tune rule wrote for this manifest's tunings."""
+    found = {}
+    for tid in manifest.get("tunings", {}):
+        path = Path(folder) / f"{tid}.json"
+        if path.is_file():
+            found[tid] = json.loads(path.read_text())
+    return found
 
 
 def tuned_manifest_path(manifest_path: str) -> str:
