@@ -37,7 +37,8 @@ try:
         fconfig.read_yaml(path)
     fconfig.check_name(CONFIG_NAME, "params file name")
     fconfig.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
-    RUNS = fconfig.unique_runs(fconfig.expand(config))
+    TUNINGS = {}  # the tuning stage's tunings (workflow/rules/tune.smk), filled by expand
+    RUNS = fconfig.unique_runs(fconfig.expand(config, TUNINGS))
     DATA_ROOT = fconfig.data_root(config)
 except FedreproError as err:  # a params file (or a fragment of the registry) that cannot run
     raise WorkflowError(f"invalid params file:\n{err}")
@@ -65,6 +66,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/partition.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/tune.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/bench.smk"

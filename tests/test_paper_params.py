@@ -116,22 +116,34 @@ def _missing_algorithms(params: dict) -> set[str]:
     return names
 
 
+def experiment_runs(params: dict) -> collections.Counter:
+    """Runs per experiment: its own and the final runs of its tunings (the tuning runs are the tuning stage's)."""
+    tunings: dict = {}
+    runs = config.expand(params, tunings)
+    counts = collections.Counter(r.experiment for r in runs if not r.tuning)
+    counts.update(pending["experiment"] for entry in tunings.values() for pending in entry["pending"])
+    return counts
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_params_file_validates_and_expands_to_the_papers_grid(name):
     params = config.load_params(ROOT / "params" / f"{name}.yaml")
     assert not _missing_algorithms(params), "every method a params file names is implemented"
+    assert dict(experiment_runs(params)) == EXPECTED[name]
     runs = config.expand(params)
-    assert dict(collections.Counter(r.experiment for r in runs)) == EXPECTED[name]
     assert all(r.setting["dataset"] in registry.DATASETS for r in runs)
 
 
 def test_the_readme_states_each_params_files_run_count():
-    """The README's table of params files gives the number of distinct runs each one trains."""
+    """The README's table of params files gives the number of distinct runs each one trains (the tuning stage's
+    runs included: as `fedrepro plan` counts them)."""
+    from fedrepro import plan
+
     table = dict(re.findall(r"^\| `params/(\w+)\.yaml` \|.*\| (\d+) \|$", (ROOT / "README.md").read_text(), re.M))
     assert set(table) == set(EXPECTED) | {"default"}, table
     for name, stated in table.items():
-        runs = config.unique_runs(config.expand(config.load_params(ROOT / "params" / f"{name}.yaml")))
-        assert int(stated) == len(runs), f"README says params/{name}.yaml has {stated} runs; it has {len(runs)}"
+        runs = plan.plan(config.load_params(ROOT / "params" / f"{name}.yaml"), runs_dir=ROOT / "no-such-folder")["unique_runs"]
+        assert int(stated) == runs, f"README says params/{name}.yaml has {stated} runs; it has {runs}"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -139,10 +151,10 @@ def test_only_selects_one_experiment_without_editing_the_file(name):
     params = config.load_params(ROOT / "params" / f"{name}.yaml")
     first = next(iter(EXPECTED[name]))
     params["only"] = first
-    runs = config.expand(params)
-    assert {r.experiment for r in runs} == {first} and len(runs) == EXPECTED[name][first]
+    counts = experiment_runs(params)
+    assert dict(counts) == {first: EXPECTED[name][first]}
     params["only"] = f"{name}_*"
-    assert len(config.expand(params)) == sum(EXPECTED[name].values())
+    assert sum(experiment_runs(params).values()) == sum(EXPECTED[name].values())
     params["only"] = "no_such_experiment"
     with pytest.raises(config.ConfigError, match="matches no experiment"):
         config.expand(params)
@@ -332,12 +344,17 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
             assert sorted(r.setting["seed"] for r in found) == sorted([8, 9, 10] * per_seed), (name, cell.row, cell.column)
 
 
-def test_fedams_server_lr_on_cifar10_follows_fedawares_scripts():
-    """run_cifar10_dirichlet.sh runs FedAMS with eta_g 0.01, run_projection_cifar10.sh FedAMS ×AWARE with 0.005."""
-    runs = config.expand(config.load_params(ROOT / "params" / "fedaware.yaml"))
+def test_fedams_server_lr_on_cifar10_is_tuned_and_its_aware_runs_follow_fedawares_scripts():
+    """FedAMS's eta_g and eps are tuned over B.1's grids; run_projection_cifar10.sh runs FedAMS ×AWARE with 0.005."""
+    tunings: dict = {}
+    runs = config.expand(config.load_params(ROOT / "params" / "fedaware.yaml"), tunings)
     lrs = {("+".join([r.setting["algorithm"], *r.setting["plugins"]])): r.setting["server"]["lr"]
-           for r in runs if r.experiment == "fedaware_table2_cifar10" and r.setting["algorithm"] == "fedams"}
-    assert lrs == {"fedams": 0.01, "fedams+aware": 0.005}
+           for r in runs if r.experiment == "fedaware_table2_cifar10" and r.setting["algorithm"] == "fedams"
+           and not r.tuning}
+    assert lrs == {"fedams+aware": 0.005}
+    tuned = {(r.setting["server"]["lr"], r.setting["fedams"]["eps"]) for r in runs
+             if r.experiment == "fedaware_table2_cifar10" and r.tuning and r.setting["algorithm"] == "fedams"}
+    assert tuned == {(lr, eps) for lr in (1.0, 0.1, 0.01, 0.001, 0.0001) for eps in (1e-8, 1e-4, 1e-3, 1e-2, 1e-1)}
 
 
 def test_fednova_fig5_logs_the_global_objective_every_round_and_other_runs_every_20():

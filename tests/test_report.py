@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedrepro import config, report
+from fedrepro import config, report, tuning
 from fedrepro.config import ROOT
 
 
@@ -28,8 +28,11 @@ def fabricate(run: config.Run, runs_dir, final_acc: float, rounds: int = 12, sta
 def ima_fmnist_runs():
     params = config.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_table1_fmnist"
-    runs = config.expand(params)
-    return params, runs
+    tunings: dict = {}
+    runs = config.expand(params, tunings)
+    # the experiment's runs once its tunings chose (FedProx's and FedFA's values; which one does not matter here)
+    choices = {tid: {"chosen": entry["selection"]["candidates"][1]["point"]} for tid, entry in tunings.items()}
+    return params, [r for r in runs if not r.tuning] + [r for r, _ in tuning.final_runs(tunings, choices)]
 
 
 def shards_run(runs, algorithm, plugins, seed):

@@ -77,6 +77,8 @@ EXAMPLES = {
     "plan": "fedrepro plan --configfile params/ima.yaml --only 'ima_table1_*'",
     "track": "fedrepro track --manifest results/manifests/default.json --out results/tracking/default.json",
     "manifest": "fedrepro manifest --configfile params/default.yaml",
+    "tune": "fedrepro tune select --manifest results/manifests/ima-0123456789.json "
+            "--tuning tune-fedprox-fmnist-dir0.1-cnn-fedprox.mu-0123456789 --out results/tuning/choice.json",
     "report": "fedrepro report --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml "
               "--out reports/fedlaw_subset.html",
     "index": "fedrepro index --out reports/index.html",
@@ -200,14 +202,52 @@ def cmd_manifest(args) -> None:
     print(f"manifest: {out}")
 
 
+def cmd_tune(args) -> None:
+    from fedrepro import tuning
+    manifest = json.loads(Path(args.manifest).read_text())
+    if args.action == "select":
+        try:
+            choice = tuning.select(manifest, args.tuning, args.runs_dir)
+        except tuning.TuningError as err:
+            raise SystemExit(f"fedrepro tune select: {args.tuning}: {err}")
+        result = choice
+        print(f"tuning {args.tuning}: {choice['chosen_label']} ({choice['criterion']} "
+              f"{choice['candidates'][choice['chosen_index']]['value']:.4f})")
+    elif args.action == "final":
+        from fedrepro.rundir import RunDir
+        final = [r["id"] for exp in manifest["experiments"].values() for r in exp["runs"] if "tuned" in r]
+        missing = [r for r in final if not RunDir(Path(args.runs_dir) / r).finished()]
+        if missing:
+            raise SystemExit(f"fedrepro tune final: final runs without a summary: {', '.join(missing)}")
+        result = manifest
+        print(f"{len(final)} final runs of the tuned experiments, all finished")
+    else:
+        choices = {}
+        for path in args.choices:
+            choice = json.loads(Path(path).read_text())
+            choices[choice["tuning"]] = choice
+        missing = sorted(set(manifest.get("tunings", {})) - set(choices))
+        if missing:
+            raise SystemExit(f"fedrepro tune manifest: no choice for {', '.join(missing)}")
+        result = tuning.tuned_manifest(manifest, choices)
+        print(f"tuned manifest: {sum('tuned' in r for e in result['experiments'].values() for r in e['runs'])} "
+              f"final runs of {len(choices)} tuning(s)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, sort_keys=True))
+
+
 def cmd_report(args) -> None:
     from fedrepro import config, report
     manifest = args.manifest
     if manifest is None:  # straight from the params files: a partial grid, while runs are missing
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         manifest = Path(args.out).with_suffix(".manifest.json")
-        manifest.write_text(json.dumps(config.run_manifest(config.load_params_files(args.configfile), args.configfile,
-                                                           "fedrepro report --configfile " + " ".join(args.configfile))))
+        from fedrepro import tuning
+        content = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+                                      "fedrepro report --configfile " + " ".join(args.configfile))
+        if content.get("tunings"):  # the final runs of the tunings that chose already; the others are missing
+            content = tuning.tuned_manifest(content, tuning.choices_on_disk(content, Path(args.runs_dir).parent / "tuning"))
+        manifest.write_text(json.dumps(content))
     out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures, args.paper_figures)
     print(f"report: {Path(out).resolve()}")
 
@@ -382,6 +422,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-name", action="store_true",
                    help="refuse when --out is not the content-addressed name (the workflow's own check)")
     p.set_defaults(func=cmd_manifest)
+
+    p = sub.add_parser("tune", help="the tuning stage: pick a tuning's value from its runs (select), or write the "
+                       "manifest with the final runs the choices give (manifest)")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser("select", help="rank a tuning's candidates by its criterion on the validation split")
+    a.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
+    a.add_argument("--tuning", required=True, help="the tuning's id (a key of the manifest's tunings)")
+    a.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    a.add_argument("--out", required=True, help="the choice record (JSON): per candidate its values, and the winner")
+    a.set_defaults(func=cmd_tune)
+    a = actions.add_parser("manifest", help="the manifest with every tuned experiment's final runs")
+    a.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
+    a.add_argument("--choices", nargs="*", default=[], type=_existing("file"), help="the choice records")
+    a.add_argument("--out", required=True, help="the tuned manifest")
+    a.set_defaults(func=cmd_tune)
+    a = actions.add_parser("final", help="the tuned manifest again, once every final run it lists has finished")
+    a.add_argument("--manifest", required=True, type=_existing("file"), help="the tuned manifest")
+    a.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    a.add_argument("--out", required=True, help="the manifest the report, tracking and collect steps read")
+    a.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("report", help="build the self-contained HTML report (also of a partial grid)")
     source = p.add_mutually_exclusive_group(required=True)

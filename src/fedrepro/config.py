@@ -218,6 +218,9 @@ def prune(setting: dict) -> dict:
         # nothing to keep: a protocol that keeps momentum buffers applies to the methods that have them
         # (FedLAW's code runs FedProx without momentum), and the run is the one without the key
         out["client"] = {**out["client"], "keep_momentum": False}
+    if not out["evaluation"].get("validation"):
+        # scored on the test set, as every run before the tuning stage: the run's identity is unchanged
+        out["evaluation"] = {k: v for k, v in out["evaluation"].items() if k != "validation"}
     if not any(out.get("snapshots", {}).get(k) for k in ("rounds", "cosine_rounds")):
         out.pop("snapshots", None)  # figures: no snapshots asked, so the run's identity is unchanged
     return out
@@ -280,6 +283,10 @@ def check_compatible(setting: dict, where: str) -> None:
     if holdout % spec["num_classes"] or holdout >= spec["test_size"]:
         problems.append(f"evaluation.proxy_holdout = {holdout} must be a multiple of the {spec['num_classes']} classes "
                         f"of {setting['dataset']} (the hold-out is class-balanced) and smaller than its test set")
+    if setting["evaluation"].get("validation") and holdout:
+        problems.append(f"evaluation.validation = {setting['evaluation']['validation']} with evaluation.proxy_holdout = "
+                        f"{holdout}: a tuning run scores a validation split of the training data, and the proxy "
+                        f"methods' hold-out of the test set is not carved from it; tune without a proxy method")
     client = setting["client"]
     if "lr_milestone_factor" in client and not client.get("lr_milestones"):
         problems.append(f"client.lr_milestone_factor = {client['lr_milestone_factor']} is given without "
@@ -312,6 +319,7 @@ class Run:
     experiment: str
     setting: dict
     variant: dict = field(default_factory=dict)  # the grid values other than the seed
+    tuning: str = ""  # the tuning (fedrepro.tuning) whose candidate this run is; "" for an experiment's own run
 
     @property
     def partition(self) -> str:
@@ -421,8 +429,14 @@ def data_root(params: dict) -> str:
     return root
 
 
-def expand(params: dict) -> list[Run]:
-    """All runs of a params file (already schema-validated), in file order, without duplicates."""
+def expand(params: dict, tunings: dict | None = None) -> list[Run]:
+    """All runs of a params file (already schema-validated), in file order, without duplicates.
+
+    A grid point that a tune block claims (fedrepro.tuning) gives its tuning runs here, and its final run
+    waits for the choice: it is recorded in ``tunings`` (tuning id -> manifest entry) when a dict is given."""
+    from fedrepro import tuning as ftuning  # it builds on this module
+
+    tunings = {} if tunings is None else tunings
     runs: list[Run] = []
     errors: dict[str, list[dict]] = {}  # one message, the grid points it holds for
     data_root(params)
@@ -436,9 +450,17 @@ def expand(params: dict) -> list[Run]:
                 errors.setdefault(f"experiments.{name}.grid.{axis}: value(s) {', '.join(repeated)} listed more than "
                                   f"once; each grid value must be distinct (a repeat would count one run twice)", [])
         seen: dict[str, dict] = {}  # run id -> the grid point that gave it
+        try:
+            blocks, claimed, tuning_ids = ftuning.blocks(name, exp), set(), set()
+        except ConfigError as err:
+            errors.setdefault(str(err), [])
+            continue
         for point in grid_points(exp.get("grid", {})):
             try:
-                setting = resolve(deep_merge(exp.get("base", {}), point), f"experiments.{name}")
+                raw = deep_merge(exp.get("base", {}), point)
+                setting = resolve(raw, f"experiments.{name}")
+                block = ftuning.claim(blocks, setting)
+                staged = ftuning.stage(block, raw, point, name) if block else None
             except ConfigError as err:
                 for line in str(err).splitlines():
                     errors.setdefault(line, []).append(point)
@@ -449,10 +471,23 @@ def expand(params: dict) -> list[Run]:
                                   f"{json.dumps(point, sort_keys=True)} are the same run; each must be distinct", [])
                 continue
             seen[rid] = point
+            if staged:
+                tid, entry, tuning_runs, pending = staged
+                claimed.add(block.where)
+                entry = tunings.setdefault(tid, entry)
+                entry["experiments"] = sorted({*entry["experiments"], name})
+                entry["pending"].append(pending)
+                runs.extend(r for r in tuning_runs if (r.id, name) not in tuning_ids)
+                tuning_ids.update((r.id, name) for r in tuning_runs)
+                continue
             variant = _variant_label(point)
             if "algorithm" in variant:
                 variant["algorithm"] = "+".join([setting["algorithm"], *setting["plugins"]])
             runs.append(Run(rid, name, setting, variant))
+        for block in blocks:
+            if block.where not in claimed and not any(block.where in line for line in errors):
+                errors.setdefault(f"{block.where}: when = {json.dumps(block.when, sort_keys=True)} matches no grid point "
+                                  f"of the experiment", [])
     if errors:
         raise ConfigError("\n".join(
             f"{line}  [{len(points)} grid point(s), e.g. {json.dumps(points[0], sort_keys=True)}]" if points else line
@@ -588,8 +623,9 @@ def unique_runs(runs: list[Run]) -> dict[str, Run]:
     return {run.id: run for run in runs}
 
 
-def manifest(params: dict, runs: list[Run], name: str) -> dict:
-    """What the report and the tracking step need to know about a params file's runs."""
+def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = None) -> dict:
+    """What the report and the tracking step need to know about a params file's runs. The tuning runs are
+    listed by their tunings (fedrepro.tuning), not as runs of the experiment they serve."""
     experiments: dict[str, dict] = {}
     for exp_name, exp in selected_experiments(params).items():
         experiments[exp_name] = {"title": exp.get("title", exp_name), "description": exp.get("description", ""),
@@ -597,11 +633,16 @@ def manifest(params: dict, runs: list[Run], name: str) -> dict:
         if exp.get("switches"):  # only when set: every other manifest keeps its content hash
             experiments[exp_name]["switches"] = True
     for run in runs:
+        if run.tuning:
+            continue
         experiments[run.experiment]["runs"].append(
             {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
              "partition": run.partition, "setting": run.setting})
-    return {"name": name, "title": params.get("title", name), "quick": params.get("quick", False),
-            "tracking": params.get("tracking", {}), "experiments": experiments}
+    out = {"name": name, "title": params.get("title", name), "quick": params.get("quick", False),
+           "tracking": params.get("tracking", {}), "experiments": experiments}
+    if tunings:  # only then: the manifests of params files without tuning are unchanged
+        out["tunings"] = tunings
+    return out
 
 
 def run_manifest(params: dict, configfiles: list[str | Path], command: str, name: str | None = None) -> dict:
@@ -609,7 +650,9 @@ def run_manifest(params: dict, configfiles: list[str | Path], command: str, name
     report and tracking of a partial grid, evidence): the runs, the files it came from and the command."""
     configfiles = [str(p) for p in configfiles]
     name = name or Path(configfiles[-1]).stem
-    return {**manifest(params, expand(params), name), "configfiles": configfiles, "command": command}
+    tunings: dict = {}
+    runs = expand(params, tunings)
+    return {**manifest(params, runs, name, tunings), "configfiles": configfiles, "command": command}
 
 
 def manifest_path(manifest: dict, folder: str = "results/manifests") -> str:

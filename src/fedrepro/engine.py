@@ -21,7 +21,8 @@ from fedrepro import algorithms, checkpoint, data, identity, metrics, models, pa
 from fedrepro.client import LocalSGD, client_generator, holdout_split, lr_schedule as client_lr_schedule
 from fedrepro.cohort import CohortSGD, equal_steps, random_layers
 # scoring lives below the engine, where the methods that score models use it too
-from fedrepro.evaluation import eval_mode, evaluate, global_train_loss, proxy_indices, split_test  # noqa: F401
+from fedrepro.evaluation import (eval_mode, evaluate, global_train_loss, proxy_indices, split_test,  # noqa: F401
+                                 validation_set, validation_split)
 from fedrepro.identity import cohort_size, partition_id, partition_setting, stable_hash
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
@@ -122,6 +123,12 @@ class Trainer:
         if len(self.parts) != setting["num_clients"]:
             raise partition.PartitionError(f"partition {partition_dir} has {len(self.parts)} clients, the setting "
                                            f"asks for num_clients = {setting['num_clients']}; rerun its partition step")
+        # evaluation.validation (tuning runs): the clients train on the rest, and every evaluation scores the
+        # pooled validation samples instead of the test set (evaluation.validation_split)
+        validation = setting["evaluation"].get("validation", 0.0)
+        if validation:
+            self.parts, held = validation_split(self.parts, validation, setting["seed"])
+            self.test = validation_set(self.train, held)
         # client.holdout: each client trains on the rest and the held-out samples serve nothing (FedLAW's
         # code only logs an accuracy on them); the aggregation weights keep the full n_i, as that code does
         holdout = setting["client"].get("holdout", 0.0)
@@ -439,6 +446,8 @@ class Trainer:
             "best_acc": float(acc.max()) if len(acc) else float("nan"),
             "final_loss": float(frame["test_loss"].dropna().tail(LAST_ROUNDS).mean()) if len(acc) else float("nan"),
             "e_ludd": float(frame["e_lud"].mean()),
+            # which samples the accuracies (metrics.csv's test_acc/test_loss included) are of
+            "scored_on": "validation" if self.setting["evaluation"].get("validation") else "test",
             "rounds_done": len(frame), "runtime_s": self.elapsed, "resumed": resumed,
             **run_provenance(self.device),
         }

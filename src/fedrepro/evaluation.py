@@ -1,5 +1,7 @@
 """What every run of a comparison is scored on, and how: the test set minus the comparison's proxy
-hold-out, with the model in eval mode. Below the engine and the methods, which both use it.
+hold-out, with the model in eval mode; or, for the tuning stage (fedrepro.tuning), a validation split
+carved from the clients' training data, so that choosing a hyperparameter never looks at the test set.
+Below the engine and the methods, which both use it.
 """
 from __future__ import annotations
 
@@ -48,6 +50,29 @@ def split_test(test, holdout: int, seed: int, rho: float = 1.0):
     keep = torch.ones(len(test), dtype=torch.bool, device=test.labels.device)
     keep[index] = False
     return test.subset(keep.nonzero().squeeze(1)), test.subset(index)
+
+
+def validation_split(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """(each client's trained samples, the pooled validation samples): every client keeps floor(fraction * n_i)
+    of its training samples apart (at most n_i - 1, so it still trains), drawn by (seed, client); the union of
+    the kept-apart samples is the validation set. Carved per client, it follows the clients' label skew: the
+    validation set has the federation's label mix, as the test set of these papers has the global one. The
+    run's seed draws it, so every candidate of a tuning grid is scored on the same samples at each seed."""
+    trained, held = [], []
+    for client, part in enumerate(parts):
+        part = np.asarray(part)
+        order = part[streams.rng("validation", seed, client).permutation(len(part))]
+        k = min(int(fraction * len(part)), max(len(part) - 1, 0))
+        trained.append(np.sort(order[k:]))
+        held.append(order[:k])
+    return trained, np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+
+
+def validation_set(train, held: np.ndarray):
+    """The validation samples of the training split, scored as a test set is: without the training
+    split's random augmentation (a dataset that augments is a dataclass with that flag)."""
+    valid = train.subset(torch.as_tensor(held, device=train.labels.device))
+    return dataclasses.replace(valid, augment=False) if valid.augment else valid
 
 
 @contextlib.contextmanager

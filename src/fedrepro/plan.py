@@ -174,19 +174,42 @@ def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE
     return table
 
 
+def _final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[config.Run], set[str]]:
+    """The final runs of the tunings (fedrepro.tuning), and the ids of those whose tuning has not chosen yet:
+    with the chosen value where the choice is there (results/tuning/ beside the runs folder), else with the tune
+    grid's first candidate, which stands in for the cost and for which runs are shared (not done: the run
+    is not known before the choice)."""
+    from fedrepro import tuning
+
+    runs, waiting = [], set()
+    for tid, entry in tunings.items():
+        path = Path(runs_dir).parent / "tuning" / f"{tid}.json"
+        chosen = json.loads(path.read_text()) if path.is_file() else {"chosen": entry["selection"]["candidates"][0]["point"]}
+        for run, _ in tuning.final_runs({tid: entry}, {tid: chosen}):
+            runs.append(run)
+            if not path.is_file():
+                waiting.add(run.id)
+    return runs, waiting
+
+
 def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs") -> dict:
-    runs = config.expand(params)
+    tunings: dict = {}
+    runs = config.expand(params, tunings)
+    finals, waiting = _final_runs(tunings, runs_dir)
+    runs += finals
     costs, source = load_step_costs(bench)
     seen: set[str] = set()
-    rows = defaultdict(lambda: {"runs": 0, "shared": 0, "done": 0, "steps": 0.0, "seconds": 0.0, "unknown": set()})
+    rows = defaultdict(lambda: {"runs": 0, "tuning": 0, "shared": 0, "done": 0, "steps": 0.0, "seconds": 0.0,
+                                "unknown": set()})
     for run in runs:
         row = rows[run.experiment]
         row["runs"] += 1
+        row["tuning"] += bool(run.tuning)  # the tuning stage's runs, counted in runs too
         if run.id in seen:  # the same run listed by two experiments is trained once
             row["shared"] += 1
             continue
         seen.add(run.id)
-        if RunDir(Path(runs_dir) / run.id).finished():
+        if run.id not in waiting and RunDir(Path(runs_dir) / run.id).finished():
             row["done"] += 1
             continue
         steps = local_steps(run.setting)
@@ -197,17 +220,20 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
         else:
             row["seconds"] += steps * sec
     experiments = {name: {**row, "unknown": sorted(row["unknown"])} for name, row in rows.items()}
-    total = {k: sum(r[k] for r in experiments.values()) for k in ("runs", "shared", "done", "steps", "seconds")}
+    total = {k: sum(r[k] for r in experiments.values()) for k in ("runs", "tuning", "shared", "done", "steps", "seconds")}
     return {"source": source, "experiments": experiments, "total": total, "unique_runs": len(seen)}
 
 
 def format_plan(result: dict) -> str:
-    lines = [f"{'experiment':40s} {'runs':>6s} {'shared':>6s} {'done':>5s} {'local steps':>13s} {'hours':>10s}"]
+    lines = [f"{'experiment':40s} {'runs':>6s} {'tuning':>6s} {'shared':>6s} {'done':>5s} {'local steps':>13s} "
+             f"{'hours':>10s}"]
     for name, row in list(result["experiments"].items()) + [("TOTAL", result["total"])]:
         hours = row["seconds"] / 3600
         note = f"  (no step cost for: {', '.join(row['unknown'])})" if row.get("unknown") else ""
-        lines.append(f"{name:40s} {row['runs']:6d} {row['shared']:6d} {row['done']:5d} {row['steps']:13.3g} "
-                     f"{hours:10.1f}{note}")
+        lines.append(f"{name:40s} {row['runs']:6d} {row.get('tuning', 0):6d} {row['shared']:6d} {row['done']:5d} "
+                     f"{row['steps']:13.3g} {hours:10.1f}{note}")
+    lines.append("tuning: of the runs, those of the tuning stage (a validation split; the final runs they tune are "
+                 "counted with the chosen value, or the tune grid's first before the choice)")
     lines.append(f"{result['unique_runs']} distinct runs; step cost: {result['source']}. Not counted: evaluation, "
                  "server-side optimisation (proxy-set epochs of FedLAW/FedDF/FedBE/Server-FT, FedAWARE min-norm).")
     cluster = result.get("cluster")

@@ -245,7 +245,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     ``experiments``, or else from those named ``T`` or ``T_*`` (e.g. ``ima_table1`` from
     ``ima_table1_fmnist``), so ablation runs that happen to share a cell's settings never leak into it.
     """
-    from fedrepro import claims, paper
+    from fedrepro import claims, paper, tuning
 
     tables = paper.load_results()
     out = []
@@ -255,8 +255,10 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
             continue
         declared = [r for e in experiments for r in manifest["experiments"][e]["runs"]]
         joined = paper.join({name: table}, paper.load_runs(runs_dir, {r["id"] for r in declared}))
+        # a tuned experiment's final runs are in its scope before their tuning chose (fedrepro.tuning)
+        scope = [r["setting"] for r in declared] + tuning.waiting_settings(manifest, experiments)
         for cell in joined:
-            cell.in_scope = any(paper.matches(r["setting"], cell.match) for r in declared)
+            cell.in_scope = any(paper.matches(setting, cell.match) for setting in scope)
         metric = table["metric"]["kind"]
         tolerance = paper.tolerance(table)
         frame = paper.table_frame(joined, name, tolerance)
@@ -342,6 +344,60 @@ def ablation_figure(runs: pd.DataFrame) -> str | None:
         title = band_text(seeds) + (f"\nall lines: {SEP.join(common)}" if common else "")
         ax.legend(fontsize=7, title=title, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
+    return _png(fig)
+
+
+def tuning_sections(manifest: dict, experiment: str) -> list[dict]:
+    """The tunings (fedrepro.tuning) whose final runs are this experiment's: per candidate the criterion on
+    the validation split (the tuning curve), and the chosen value; a tuning not chosen yet says so."""
+    out = []
+    for tid, entry in manifest.get("tunings", {}).items():
+        if experiment not in entry["experiments"]:
+            continue
+        choice = entry.get("choice")
+        candidates = choice["candidates"] if choice else entry["selection"]["candidates"]
+        text = lambda v: "—" if v is None else f"{v:.4f}"
+        rows = [{"label": c["label"], "value": text(c.get("value")), "per_seed": [text(v) for v in c.get("values", [])],
+                 "statuses": c.get("statuses", []), "chosen": bool(choice) and i == choice["chosen_index"]}
+                for i, c in enumerate(candidates)]
+        out.append({"id": tid, "label": entry["label"], "criterion": entry["criterion"], "seeds": entry["seeds"],
+                    "validation": entry["validation"], "without": entry["without"],
+                    "chosen": choice["chosen_label"] if choice else None, "rows": rows,
+                    "png": tuning_figure(entry, choice) if choice else None})
+    return out
+
+
+def tuning_figure(entry: dict, choice: dict) -> str | None:
+    """The criterion per candidate: against the value where one numeric axis is tuned (a log axis where the
+    values span more than a decade), else per candidate label; diverged candidates are marked at the bottom."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cands = choice["candidates"]
+    axes = list(entry["grid"])
+    numeric = len(axes) == 1 and axes[0] != "setting" and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in entry["grid"][axes[0]])
+    xs = [float(v) for v in entry["grid"][axes[0]]] if numeric else list(range(len(cands)))
+    fig, ax = plt.subplots(figsize=(4.2, 2.8))
+    ok = [(x, c["value"]) for x, c in zip(xs, cands) if c["value"] is not None]
+    if ok:
+        ax.plot(*zip(*sorted(ok)), "o-", color="tab:blue")
+        low = min(v for _, v in ok)
+        bad = [x for x, c in zip(xs, cands) if c["value"] is None]
+        ax.plot(bad, [low] * len(bad), "x", color="tab:red", label="diverged") if bad else None
+        best = cands[choice["chosen_index"]]
+        ax.plot([xs[choice["chosen_index"]]], [best["value"]], "*", ms=14, color="tab:orange", label="chosen")
+        ax.legend(fontsize=7)
+    if numeric:
+        positive = [x for x in xs if x > 0]
+        if positive and len(positive) == len(xs) and max(positive) / min(positive) > 20:
+            ax.set_xscale("log")
+        ax.set_xlabel(axes[0])
+    else:
+        ax.set_xticks(xs, [c["label"] for c in cands], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(choice["criterion"].replace("_", " "), fontsize=8)
+    ax.set_title(entry["label"], fontsize=8)
     return _png(fig)
 
 
@@ -431,6 +487,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
             "curves": curves_figure(exp_curve, same_as), "ablation": ablation_figure(exp_runs) if len(exp_runs) else None,
             "coinciding": [coincide_note(a, b, variants) for a, b in pairs],
             "partitions": partitions,
+            "tunings": tuning_sections(manifest, exp_name),
             "missing": [r for r in exp_runs.to_dict("records") if r["status"] == "missing"],
             "diverged": [r["run"] for r in exp_runs.to_dict("records") if r["status"] == "diverged"],
             "runtime_total": float(done["runtime_s"].sum()) if "runtime_s" in done else 0.0,

@@ -16,6 +16,7 @@ SALTS = {
     "warmup": 0xC0407,    # FedAWARE's exploration permutation of all clients: (seed)
     "batches": 0xC11E,    # a client's shuffling in a round: (seed, round, client)
     "holdout": 0x401D,    # a client's trained / held-out split (client.holdout): (seed, client)
+    "validation": 0x7A11D,  # a client's validation samples (evaluation.validation): (seed, client)
     "proxy": 0xFED1A,     # the proxy hold-out of the test set (seed) and the server's proxy batches (seed, round)
     "epochs": 0xE90C,     # +random_epochs' local epochs: (seed, round, client)
     "swag": 0xFEDBE,      # FedBE's SWAG-Gaussian sample: (seed, round)

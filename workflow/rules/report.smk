@@ -18,6 +18,9 @@ rule manifest:
         "--command {params.command:q} --out {output:q} --check-name > {log:q} 2>&1"
 
 
+# REPORT_MANIFEST (tune.smk) is MANIFEST_PATH, or where the params file tunes, the manifest with the final
+# runs, written once they are trained and tracked.
+
 # MLflow: each training job logs its own run live; these steps reconcile MLflow with the files
 # afterwards. One job per run, so that a failed run blocks only its own: the others are tracked
 # (a run the training job logged completely costs no store call). A job whose store is unreachable
@@ -27,7 +30,7 @@ localrules: track_run
 
 rule track_run:
     input:
-        manifest=ancient(MANIFEST_PATH),
+        manifest=ancient(run_manifest_of),  # tune.smk
         summary=ancient("results/runs/{run}/summary.json"),
     output:
         f"results/tracking/{CONFIG_NAME}/{{run}}.json",
@@ -46,8 +49,8 @@ rule track_run:
 # Closes the parent run of each experiment once all its runs are tracked.
 rule track:
     input:
-        manifest=ancient(MANIFEST_PATH),
-        runs=ancient(expand(f"results/tracking/{CONFIG_NAME}/{{run}}.json", run=RUNS)),
+        manifest=ancient(REPORT_MANIFEST),
+        runs=ancient(expand(f"results/tracking/{CONFIG_NAME}/{{run}}.json", run=OWN_RUNS)),  # tune.smk
     output:
         f"results/tracking/{CONFIG_NAME}.json",
     params:
@@ -71,7 +74,7 @@ if len(CONFIG_FILES) == 1 and Path(workflow.basedir, CONFIG_FILE).resolve() not 
 
 rule report:
     input:
-        manifest=ancient(MANIFEST_PATH),
+        manifest=ancient(REPORT_MANIFEST),
         # run and partition paths are content hashes: a new or changed run is a new path (input trigger)
         summaries=ancient(expand("results/runs/{run}/summary.json", run=RUNS)),
         partitions=ancient(expand("results/partitions/{partition}/heatmap.png", partition=PARTITIONS)),
@@ -106,7 +109,7 @@ rule report:
 # output is a per-params-file record that it was written after this file's report.
 rule index:
     input:
-        manifest=ancient(MANIFEST_PATH),
+        manifest=ancient(REPORT_MANIFEST),
         # ancient: the index only has to follow them, and files restored by `dvc pull` carry new mtimes
         page=ancient(f"reports/{CONFIG_NAME}.html"),
         tracking=ancient(f"results/tracking/{CONFIG_NAME}.json"),
@@ -125,8 +128,8 @@ rule index:
 
 rule collect:
     input:
-        manifest=ancient(MANIFEST_PATH),
-        summaries=ancient(expand("results/runs/{run}/summary.json", run=RUNS)),
+        manifest=ancient(REPORT_MANIFEST),
+        summaries=ancient(expand("results/runs/{run}/summary.json", run=OWN_RUNS)),  # tune.smk
     output:
         # one file per experiment and variant: a row of `dvc metrics show`, a plot of `dvc plots show`
         metrics=directory(f"results/metrics/{CONFIG_NAME}"),
