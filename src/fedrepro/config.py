@@ -505,10 +505,14 @@ def manifest(params: dict, runs: list[Run], name: str) -> dict:
     for exp_name, exp in selected_experiments(params).items():
         experiments[exp_name] = {"title": exp.get("title", exp_name), "description": exp.get("description", ""),
                                  "grid": exp.get("grid", {}), "runs": []}
+    from fedrepro import forks
+    shared = forks.of_params(params, list(unique_runs(runs).values()))
     for run in runs:
-        experiments[run.experiment]["runs"].append(
-            {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
-             "partition": run.partition, "setting": run.setting})
+        entry = {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
+                 "partition": run.partition, "setting": run.setting}
+        if run.id in shared:  # its first rounds are another run's (fedrepro.forks)
+            entry["fork"] = {"parent": shared[run.id].parent, "round": shared[run.id].round}
+        experiments[run.experiment]["runs"].append(entry)
     return {"name": name, "title": params.get("title", name), "quick": params.get("quick", False),
             "tracking": params.get("tracking", {}), "experiments": experiments}
 
