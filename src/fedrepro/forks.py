@@ -90,6 +90,12 @@ def kept(forks: dict[str, Fork]) -> dict[str, tuple[list[int], int]]:
     return {parent: (sorted(r), history[parent]) for parent, r in rounds.items()}
 
 
+def sharing(params: dict) -> bool:
+    """``share_prefixes``, true unless turned off (``--config share_prefixes=false`` arrives as a string)."""
+    value = params.get("share_prefixes", True)
+    return value if isinstance(value, bool) else value.lower() == "true"
+
+
 def of_params(params: dict, runs) -> dict[str, Fork]:
     """The forks of an invocation's runs, none when its params turn sharing off."""
-    return assign(runs) if params.get("share_prefixes", True) else {}
+    return assign(runs) if sharing(params) else {}
