@@ -190,3 +190,28 @@ def test_sharing_can_be_turned_off_and_the_manifest_names_each_fork():
     assert entries[1]["fork"]["parent"] == entries[0]["id"]
     off = config.manifest({**params, "share_prefixes": False}, runs, "t")["experiments"]["e"]["runs"]
     assert not any("fork" in e for e in off)
+
+
+def test_a_model_with_dropout_forks_exactly(tmp_path, partition_dir, tiny_data_root):
+    """Dropout draws from the global torch stream: the fork state carries its position."""
+    from fedrepro import data, partition
+    from fedrepro.identity import partition_setting
+
+    parent, child = _settings("fedavg")
+    datasets = tuple(data.load("fmnist", tiny_data_root, train=split) for split in (True, False))
+    parts = partition.load(partition_dir, partition_setting(parent))
+
+    def trainer(setting, out):
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), torch.nn.ReLU(),
+                                     torch.nn.Dropout(0.5), torch.nn.Linear(32, 10))
+        return engine.Trainer(setting, tmp_path / out, None, None, datasets=datasets, parts=parts, module=module)
+
+    trainer(child, "alone").run(checkpoint_every=0, progress=False)
+    host = trainer(parent, "host")
+    host.keep_forks, host.history_length = {START: tmp_path / "host" / "fork.pt"}, WINDOW - 1
+    host.run(checkpoint_every=0, progress=False)
+    torch.manual_seed(123)  # the child's process starts with another stream position
+    trainer(child, "forked").run(checkpoint_every=0, progress=False, fork_from=tmp_path / "host" / "fork.pt",
+                                 accepts=lambda p, r: forks.shares_prefix(child, p, r))
+    assert_same_run(tmp_path / "alone", tmp_path / "forked")
