@@ -32,6 +32,22 @@ def finished_summary(run_id):
     return run.read_summary() if run.finished() else None
 
 
+def recorded_parents():
+    """Settings of the parents that finished runs of this invocation forked from, where the parent is in no
+    params file of it (a subset): the fork rule names their files, so Snakemake must know them."""
+    parents = {}
+    for run in RUNS.values():
+        fork = (finished_summary(run.id) or {}).get("forked_from")
+        if fork and fork["run"] not in RUNS:
+            for setting, _, _ in fforks.prefix_parents(run.setting):
+                if fconfig.run_id(setting) == fork["run"]:
+                    parents[fork["run"]] = setting
+    return parents
+
+
+PARENT_SETTINGS = recorded_parents()
+
+
 def fork_input(wildcards):
     """The parent's fork state this run starts from, or nothing."""
     summary = finished_summary(wildcards.run)
