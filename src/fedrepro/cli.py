@@ -82,6 +82,9 @@ EXAMPLES = {
                  "\"num_clients\": 20, \"seed\": 1}' --data-root data/fmnist --out results/partitions/p1",
     "train": "fedrepro train --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
              "--partition results/partitions/p1 --data-root data/fmnist --out results/runs/r1",
+    "fork": "fedrepro fork --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
+            "--run-dir results/runs/r1 --round 3 --history 2 --partition results/partitions/p1 --data-root data/fmnist "
+            "--out results/runs/r1/fork/3.pt",
     "expand": "fedrepro expand --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml",
     "plan": "fedrepro plan --configfile params/ima.yaml --only 'ima_table1_*'",
     "track": "fedrepro track --manifest results/manifests/default.json --out results/tracking/default.json",
