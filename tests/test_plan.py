@@ -51,6 +51,29 @@ def test_plan_counts_shared_and_finished_runs_once(tmp_path):
     assert result["unique_runs"] == 3 and result["source"].startswith("measured on unknown device")
 
 
+def test_plan_counts_the_rounds_a_forked_run_trains_itself_and_both_ways(tmp_path):
+    """FedAvg, FedAvg+IMA from 0.75 R (= 15 of 20) and from round 8, FedProx+IMA with no FedProx run: the IMA
+    runs with a host sibling train 5 and 12 rounds; without sharing every run trains 20."""
+    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 20,
+            "local_epochs": 1, "batch_size": 100}
+    points = [{"algorithm": "fedavg"}, {"algorithm": "fedavg+ima"},
+              {"algorithm": "fedavg+ima", "ima": {"start_round": 8}}, {"algorithm": "fedprox+ima"}]
+    params = config.validate({"experiments": {"e": {"base": base, "grid": {"setting": points}}}},
+                             "params.schema.yaml", "test")
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"step_seconds": {"mlp": 0.5}}))
+    result = plan.plan(params, bench, tmp_path)
+    total, per_round = result["total"], 5 * 1 * 60 * 0.5  # cohort x epochs x steps per epoch x seconds
+    assert (total["rounds"], total["rounds_unshared"]) == (20 + 5 + 12 + 20, 4 * 20)
+    assert total["seconds"] == pytest.approx(57 * per_round) and total["seconds_unshared"] == pytest.approx(80 * per_round)
+    assert result["forked_runs"] == 2
+    assert "rounds: 57 (80 without shared prefixes, 29% saved; 2 runs start from another run's state)" \
+        in plan.format_plan(result)
+    off = plan.plan({**params, "share_prefixes": "false"}, bench, tmp_path)
+    assert off["total"]["rounds"] == off["total"]["rounds_unshared"] == 80 and off["forked_runs"] == 0
+    assert "share_prefixes: false" in plan.format_plan(off)
+
+
 def test_without_a_benchmark_the_estimate_says_it_is_a_guess(tmp_path):
     params = config.validate(_params(), "params.schema.yaml", "test")
     result = plan.plan(params, tmp_path / "absent.json", tmp_path)

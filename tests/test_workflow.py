@@ -312,3 +312,106 @@ def test_both_spellings_of_the_default_params_file_see_the_same_state(tmp_path):
             "the directive's file is the working directory's params/default.yaml, as Snakemake reads it"
         proc, out = snakemake("-n", "manifest", *second)
         assert proc.returncode == 0 and "Nothing to be done" in out, (first, out[-3000:])
+
+
+# --------------------------------------------------------------------------- grids as trees
+
+FORKS_CONFIG = ROOT / ".test" / "config" / "forks.yaml"
+CI_PROFILE = ("--workflow-profile", str(ROOT / "workflow/profiles/ci"))
+JOB = re.compile(r"^(?:local)?rule (\w+):\n((?:    .*\n)+)", flags=re.MULTILINE)
+
+
+def _jobs(output: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, {input, output, ...}) of each job a dry run prints."""
+    return [(rule, dict(line.strip().split(": ", 1) for line in body.splitlines() if ": " in line))
+            for rule, body in JOB.findall(output + "\n")]
+
+
+def _train_targets(runs) -> list[str]:
+    return [f"results/runs/{run_id}/summary.json" for run_id in runs]
+
+
+def _without_timings(path: Path) -> str:
+    return pd.read_csv(path).drop(columns=["seconds", "wall_time"]).to_csv(index=False)
+
+
+@pytest.fixture(scope="module")
+def forked_grid(tmp_path_factory):
+    """.test/config/forks.yaml trained twice through Snakemake: sharing prefixes, and with share_prefixes=false."""
+    if not have_debian_fmnist():
+        pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST} (make setup installs dataset-fashion-mnist)")
+    from fedrepro import forks
+    runs = config.unique_runs(config.expand(config.load_params(FORKS_CONFIG)))
+    shared = forks.assign(list(runs.values()))
+    grids = {}
+    for name, extra in (("shared", ()), ("unshared", ("--config", "share_prefixes=false"))):
+        work = tmp_path_factory.mktemp(name)
+        # --config takes every word after it: the targets come first
+        args = ("--configfile", str(FORKS_CONFIG), *CI_PROFILE, *_train_targets(runs), *extra)
+        dry = _snakemake(work, "-n", "-p", *args)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        done = _snakemake(work, "--cores", "2", *args)
+        assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
+        grids[name] = {"work": work, "dry": dry.stdout + dry.stderr, "args": args}
+    return {"runs": runs, "forks": shared, **grids}
+
+
+@pytest.mark.slow
+def test_forks_each_child_trains_after_its_parents_fork_state(forked_grid):
+    shared = forked_grid["forks"]
+    assert len(shared) == 2 and len({f.parent for f in shared.values()}) == 1
+    jobs = _jobs(forked_grid["shared"]["dry"])
+    trains = {j["output"].split(",")[0].split("/")[2]: j for rule, j in jobs if rule == "train"}
+    made = {j["output"]: j for rule, j in jobs if rule == "fork"}
+    assert len(made) == 2
+    for child, fork in shared.items():
+        state = f"results/runs/{fork.parent}/fork/{fork.round}.pt"
+        assert state in trains[child]["input"].split(", "), trains[child]
+        assert made[state]["input"] == f"results/runs/{fork.parent}/summary.json"
+        assert "--keep-forks 2,3 --fork-history 1" in forked_grid["shared"]["dry"]
+    unshared = _jobs(forked_grid["unshared"]["dry"])
+    assert not any(rule == "fork" for rule, _ in unshared) and "--fork-from" not in forked_grid["unshared"]["dry"]
+
+
+@pytest.mark.slow
+def test_forks_sharing_or_not_gives_the_same_numbers_and_removes_the_states(forked_grid):
+    a, b = forked_grid["shared"]["work"], forked_grid["unshared"]["work"]
+    for run_id in forked_grid["runs"]:
+        ra, rb = a / "results" / "runs" / run_id, b / "results" / "runs" / run_id
+        assert _without_timings(ra / "metrics.csv") == _without_timings(rb / "metrics.csv"), run_id
+        assert (ra / "model.pt").read_bytes() == (rb / "model.pt").read_bytes(), run_id
+        sa, sb = (json.loads((r / "summary.json").read_text()) for r in (ra, rb))
+        fork = forked_grid["forks"].get(run_id)
+        assert sa["forked_from"] == (None if fork is None else {"run": fork.parent, "round": fork.round})
+        assert sb["forked_from"] is None
+        assert not list(ra.glob("fork/*.pt")), "fork states are temporary: removed once their children are done"
+    logs = sorted((a / "logs" / "fork").iterdir())
+    assert len(logs) == 2 and all("kept by the run" in log.read_text() for log in logs)
+
+
+@pytest.mark.slow
+def test_forks_reruns_follow_the_tree(forked_grid):
+    """Turning sharing off reruns nothing; a child's post-fork setting reruns that child alone (its fork
+    state, used and removed, is trained again by the fork step, not by its parent's job); a shared setting
+    reruns parent and children."""
+    work, args = forked_grid["shared"]["work"], forked_grid["shared"]["args"]
+    runs = forked_grid["runs"]
+    for toggle in ((), ("--config", "share_prefixes=false")):
+        proc = _snakemake(work, "-n", *args, *toggle)
+        assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    params = config.read_yaml(FORKS_CONFIG)
+    for edit, expected in ((lambda p: p["experiments"]["tiny_forks"]["grid"]["setting"][2]["ima"].update(lr_decay=0.7),
+                            {"train": 1, "fork": 1}),
+                           (lambda p: p["experiments"]["tiny_forks"]["base"]["client"].update(lr=0.04),
+                            {"train": 4, "fork": 2})):
+        changed = json.loads(json.dumps(params))
+        edit(changed)
+        folder = work / f"changed{expected['train']}"
+        folder.mkdir()
+        path = write_yaml(folder / "forks.yaml", changed)
+        targets = _train_targets(config.unique_runs(config.expand(config.load_params(path))))
+        proc = _snakemake(work, "-n", "--configfile", str(path), *CI_PROFILE, *targets)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        counts = dict(collections.Counter(rule for rule, _ in _jobs(proc.stdout + proc.stderr)))
+        assert counts == expected, proc.stdout[-3000:]
+        assert len(set(targets) - set(_train_targets(runs))) == expected["train"]

@@ -50,6 +50,16 @@ def _number(kind, minimum, strict: bool = False):
     return parse
 
 
+def _rounds(text: str) -> list[int]:
+    try:
+        rounds = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated round numbers, e.g. 150,200") from None
+    if any(r < 1 for r in rounds):
+        raise argparse.ArgumentTypeError(f"{text!r}: rounds must be >= 1")
+    return rounds
+
+
 def _folder_name(text: str) -> str:
     if not text or "/" in text or text.startswith("."):
         raise argparse.ArgumentTypeError(f"'{text}' must be a plain folder name (no '/', not starting with '.')")
@@ -73,6 +83,9 @@ EXAMPLES = {
                  "\"num_clients\": 20, \"seed\": 1}' --data-root data/fmnist --out results/partitions/p1",
     "train": "fedrepro train --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
              "--partition results/partitions/p1 --data-root data/fmnist --out results/runs/r1",
+    "fork": "fedrepro fork --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
+            "--run-dir results/runs/r1 --round 3 --history 2 --partition results/partitions/p1 --data-root data/fmnist "
+            "--out results/runs/r1/fork/3.pt",
     "expand": "fedrepro expand --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml",
     "plan": "fedrepro plan --configfile params/ima.yaml --only 'ima_table1_*'",
     "track": "fedrepro track --manifest results/manifests/default.json --out results/tracking/default.json",
@@ -136,9 +149,25 @@ def cmd_train(args) -> None:
         from fedrepro import tracking
         observer = tracking.live_run(args.out, args.tracking_uri, args.mlflow_experiment, args.mlflow_manifest,
                                      args.partition)
+    from fedrepro import forks
     summary = engine.train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
-                           progress=not args.no_progress, stop_after=args.stop_after, observer=observer)
+                           progress=not args.no_progress, stop_after=args.stop_after, observer=observer,
+                           keep_forks=args.keep_forks, history=args.fork_history, fork_from=args.fork_from,
+                           accepts=lambda parent, rounds: forks.shares_prefix(setting, parent, rounds))
     print(json.dumps({k: summary.get(k) for k in ("run", "status", "final_acc", "best_acc", "runtime_s")}))
+
+
+def cmd_fork(args) -> None:
+    import torch
+    from fedrepro import engine
+    from fedrepro.config import resolve
+    engine.die_with_parent()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    how = engine.fork_state(resolve(args.setting), args.run_dir, args.round, args.history, args.out, args.partition,
+                            args.data_root)
+    print(f"fork state of {Path(args.run_dir).name} after {args.round} rounds: {args.out} "
+          f"({'kept by the run' if how == 'kept' else 'its first rounds trained again'})")
 
 
 def cmd_expand(args) -> None:
@@ -371,11 +400,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the setting's device")
     p.add_argument("--stop-after", type=_number(int, 1), help="checkpoint and stop after this many rounds (for tests)")
     p.add_argument("--no-progress", action="store_true", help="no per-round progress line")
+    p.add_argument("--keep-forks", type=_rounds, default=[], help="comma-separated rounds after which to keep this "
+                   "run's state for runs that fork from it (fork/kept-<round>.pt)")
+    p.add_argument("--fork-history", type=_number(int, 0), default=0, help="last global models each kept state "
+                   "holds (the children's parts need them: IMA's window)")
+    p.add_argument("--fork-from", help="a parent run's fork state to start from (when this run has no checkpoint)")
     p.add_argument("--mlflow-experiment", help="log the run live into this MLflow experiment (default: no tracking)")
     p.add_argument("--mlflow-manifest", help="the params file's manifest: the run is nested under the parent run of "
                    "the first experiment that holds it (not part of the run's identity)")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("fork", help="the state of a run after some rounds, for the runs that fork from it "
+                       "(the one it kept while training, else its first rounds trained again)")
+    p.add_argument("--setting", required=True, type=_json_arg, help="the parent run's setting as JSON (or a JSON file)")
+    p.add_argument("--run-dir", required=True, help="the parent run's folder")
+    p.add_argument("--round", required=True, type=_number(int, 1), help="rounds the children share")
+    p.add_argument("--history", type=_number(int, 0), default=0, help="last global models the state holds")
+    p.add_argument("--partition", required=True, type=_existing("folder"), help="partition folder")
+    p.add_argument("--data-root", required=True, type=_existing("folder"), help="the dataset's folder")
+    p.add_argument("--out", required=True, help="the fork state file")
+    p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
+    p.set_defaults(func=cmd_fork)
 
     p = sub.add_parser("expand", help="list the runs a params file declares (validates it)")
     p.add_argument("--configfile", required=True, nargs="+", type=_existing("file"),

@@ -632,12 +632,16 @@ def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = No
                                  "grid": exp.get("grid", {}), "runs": []}
         if exp.get("switches"):  # only when set: every other manifest keeps its content hash
             experiments[exp_name]["switches"] = True
+    from fedrepro import forks
+    shared = forks.of_params(params, [r for r in unique_runs(runs).values() if not r.tuning])
     for run in runs:
         if run.tuning:
             continue
-        experiments[run.experiment]["runs"].append(
-            {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
-             "partition": run.partition, "setting": run.setting})
+        entry = {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
+                 "partition": run.partition, "setting": run.setting}
+        if run.id in shared:  # its first rounds are another run's (fedrepro.forks)
+            entry["fork"] = {"parent": shared[run.id].parent, "round": shared[run.id].round}
+        experiments[run.experiment]["runs"].append(entry)
     out = {"name": name, "title": params.get("title", name), "quick": params.get("quick", False),
            "tracking": params.get("tracking", {}), "experiments": experiments}
     if tunings:  # only then: the manifests of params files without tuning are unchanged

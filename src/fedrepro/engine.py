@@ -5,6 +5,11 @@
         Delta_i <- x - LocalTrain_i(x)                           # client objective of the method
         x       <- algorithm.server_step(x, updates)             # aggregator, optimizer, post-step hooks
         log metrics; checkpoint every k rounds
+
+A run may be a parent of runs that share its first rounds (docs/forks.md, fedrepro.forks): at each round
+such a child forks from, it keeps its complete state (a checkpoint plus the last models its children's
+parts need) in ``fork/kept-<round>.pt``, and trains on. A child starts from that state through the path a
+checkpoint resume takes, and ends with the numbers it would have had trained from round 0.
 """
 from __future__ import annotations
 
@@ -81,6 +86,10 @@ def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str 
         others = np.setdiff1d(np.arange(num_clients), chunk)
         return np.sort(np.concatenate([chunk, rng.choice(others, size=k - len(chunk), replace=False)]))
     return np.sort(rng.choice(num_clients, size=k, replace=False))
+
+
+class ForkError(FedreproError):
+    """A fork state that cannot serve this run; the message names the file."""
 
 
 class Preempted(FedreproError):
@@ -179,6 +188,13 @@ class Trainer:
         self.start_round = 0
         self.elapsed = 0.0
         self._stop = False
+        # forks: the rounds at which this run keeps its state for children (round -> file), the number
+        # of last global models the children's parts need (IMA's window), and where this run forked from
+        self.keep_forks: dict[int, Path] = {}
+        self.history_length = 0
+        self.history: list[torch.Tensor] = []
+        self.forked_from: dict | None = None
+        self.ended_diverged = False
 
     # ------------------------------------------------------------------ round
 
@@ -338,15 +354,42 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def state(self, next_round: int) -> dict:
-        return {"next_round": next_round, "x": self.model.flat, "buffers": self.model.buffers,
-                "algorithm": self.algorithm.state_dict(),
-                "rows": self.rows, "elapsed": self.elapsed, "setting_hash": stable_hash(self.setting),
-                "cosines": {k: torch.from_numpy(v) for k, v in self.cosines.items()},
-                "client_momentum": self.client_momentum,
-                "snapshots": {k: torch.from_numpy(v) for k, v in self.snapshots.items()}}
+        state = {"next_round": next_round, "x": self.model.flat, "buffers": self.model.buffers,
+                 "algorithm": self.algorithm.state_dict(),
+                 "rows": self.rows, "elapsed": self.elapsed, "setting_hash": stable_hash(self.setting),
+                 "cosines": {k: torch.from_numpy(v) for k, v in self.cosines.items()},
+                 "client_momentum": self.client_momentum,
+                 "snapshots": {k: torch.from_numpy(v) for k, v in self.snapshots.items()},
+                 # the global torch streams: dropout and on-device augmentation draw from them
+                 "torch_rng": torch.get_rng_state(),
+                 "history": list(self.history), "forked_from": self.forked_from}
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
 
     def save_checkpoint(self, next_round: int) -> None:
         checkpoint.save(self.state(next_round), self.paths.checkpoint, digest=True)
+
+    def restore(self, state: dict) -> None:
+        """Continue from a saved state: a checkpoint of this run or a parent's fork state."""
+        self.model.flat.copy_(state["x"])
+        if "buffers" in state:  # checkpoints written before the engine carried buffers hold none
+            self.model.buffers.copy_(state["buffers"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        if self.client_momentum is not None:
+            self.client_momentum.copy_(state["client_momentum"])
+        self.rows = list(state["rows"])
+        self.elapsed = float(state["elapsed"])
+        self.cosines = {k: v.numpy() for k, v in state["cosines"].items()}
+        self.snapshots = {k: v.numpy() for k, v in state.get("snapshots", {}).items()}
+        if "torch_rng" in state:
+            torch.set_rng_state(state["torch_rng"].cpu())
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
+        self.history = [h.clone() for h in state.get("history", [])][-self.history_length:] \
+            if self.history_length else []
+        self.forked_from = state.get("forked_from")
+        self.start_round = int(state["next_round"])
 
     def try_resume(self) -> bool:
         checkpoint.remove_partial(self.paths.root)  # writes a kill interrupted
@@ -360,33 +403,69 @@ class Trainer:
             return False
         if state["setting_hash"] != stable_hash(self.setting):
             return False
-        self.model.flat.copy_(state["x"])
-        if "buffers" in state:  # checkpoints written before the engine carried buffers hold none
-            self.model.buffers.copy_(state["buffers"])
-        self.algorithm.load_state_dict(state["algorithm"])
-        if self.client_momentum is not None:
-            self.client_momentum.copy_(state["client_momentum"])
-        self.rows = list(state["rows"])
-        self.elapsed = float(state["elapsed"])
-        self.cosines = {k: v.numpy() for k, v in state["cosines"].items()}
-        self.snapshots = {k: v.numpy() for k, v in state.get("snapshots", {}).items()}
-        self.start_round = int(state["next_round"])
+        self.restore(state)
         return True
+
+    # ------------------------------------------------------------------ forks
+
+    def fork_state(self, next_round: int, diverged: bool = False) -> dict:
+        """What a child needs to start at ``next_round`` as if it had trained rounds 0..next_round-1 itself:
+        this run's complete state, its setting (the child checks it shares the prefix) and its last models."""
+        return {**self.state(next_round), "fork": {"run": self.paths.id, "round": next_round,
+                                                   "setting": self.setting, "diverged": diverged}}
+
+    def keep_fork_states(self, done: int, diverged: bool) -> None:
+        """Write the fork state of every kept round reached; a run that diverged before a kept round writes
+        its state at the divergence there, since a child would diverge in the same round."""
+        for round_, path in self.keep_forks.items():
+            if round_ == done or (diverged and round_ > done):
+                if len(self.history) < min(self.history_length, done):
+                    # resumed from a checkpoint written without the models a child needs: keep nothing,
+                    # the fork step trains the prefix again (fedrepro fork)
+                    print(f"warning: round {round_}: {len(self.history)} of the {self.history_length} last models "
+                          f"a child needs are kept; no fork state written", file=sys.stderr)
+                    continue
+                checkpoint.save(self.fork_state(done, diverged), path, digest=True)
+
+    def start_from_fork(self, path: str | Path, accepts) -> None:
+        """Start from a parent's fork state; ``accepts(parent_setting, round)`` says whether this run shares
+        the parent's rounds 0..round-1 (fedrepro.forks decides that from the setting's declarations)."""
+        try:
+            state = checkpoint.load(path, self.device)
+        except checkpoint.CheckpointError as err:
+            raise ForkError(str(err)) from None
+        fork = state.get("fork")
+        if not fork or int(state["next_round"]) != fork["round"]:
+            raise ForkError(f"{path}: not a fork state")
+        if stable_hash(fork["setting"]) != state["setting_hash"] or not accepts(fork["setting"], fork["round"]):
+            raise ForkError(f"{path}: run {fork['run']} does not share its first {fork['round']} rounds with this run")
+        self.restore(state)
+        for part in self.algorithm.parts().values():
+            part.start_from_fork(state.get("history", []))
+        self.forked_from = {"run": fork["run"], "round": fork["round"]}
+        self.ended_diverged = bool(fork.get("diverged"))
 
     # ------------------------------------------------------------------ run
 
     def run(self, checkpoint_every: int = 10, progress: bool = True, stop_after: int | None = None,
-            observer=None) -> dict:
-        """``observer`` (tracking.LiveRun) hears of the start, each round and the end; it must never raise."""
+            observer=None, fork_from: str | Path | None = None, accepts=None) -> dict:
+        """``observer`` (tracking.LiveRun) hears of the start, each round and the end; it must never raise.
+        ``fork_from``: a parent's fork state to start from when there is no checkpoint of this run."""
         from tqdm import tqdm
 
         resumed = self.try_resume()
+        if not resumed and fork_from is not None:
+            self.start_from_fork(fork_from, accepts)
         observer = observer or _Silent()
-        print(device_line(self.device, self.start_round if resumed else None), file=sys.stderr, flush=True)
-        observer.started(self, resumed)
+        print(device_line(self.device, self.start_round if resumed or self.forked_from else None), file=sys.stderr,
+              flush=True)
+        observer.started(self, resumed or self.forked_from is not None)  # the shared rounds are logged too
         previous = signal.signal(signal.SIGTERM, self._on_sigterm) if _main_thread() else None
         status = "finished"
-        rounds = range(self.start_round, self.setting["rounds"])
+        last = self.start_round if self.ended_diverged else self.setting["rounds"]
+        if self.ended_diverged:  # the parent diverged before the fork round: so does this run, in that round
+            status = "diverged"
+        rounds = range(self.start_round, last)
         bar = tqdm(rounds, desc=self.paths.root.name[:40], disable=not progress, mininterval=2.0,
                    initial=self.start_round, total=self.setting["rounds"])
         try:
@@ -396,12 +475,17 @@ class Trainer:
                 self.rows.append(row)
                 observer.round_done(self, row)
                 self.elapsed += row["seconds"]
+                done = t + 1
+                if self.history_length:
+                    self.history = [*self.history[-(self.history_length - 1):], self.model.flat.clone()] \
+                        if self.history_length > 1 else [self.model.flat.clone()]
                 if diverged(row, self.model.flat):
                     status = "diverged"
+                    self.keep_fork_states(done, diverged=True)
                     break
+                self.keep_fork_states(done, diverged=False)
                 if not math.isnan(row["test_acc"]):
                     bar.set_postfix(acc=f"{row['test_acc']:.4f}", loss=f"{row['train_loss']:.3f}")
-                done = t + 1
                 if self._stop:
                     self.save_checkpoint(done)
                     raise Preempted(f"SIGTERM after round {done}; checkpoint saved")
@@ -449,6 +533,9 @@ class Trainer:
             # which samples the accuracies (metrics.csv's test_acc/test_loss included) are of
             "scored_on": "validation" if self.setting["evaluation"].get("validation") else "test",
             "rounds_done": len(frame), "runtime_s": self.elapsed, "resumed": resumed,
+            # rounds 0..round-1 were trained by that run (its fork state), not again by this one
+            "forked_from": self.forked_from,
+            "kept_forks": {"rounds": sorted(self.keep_forks), "history": self.history_length},
             **run_provenance(self.device),
         }
         if self.class_counts is not None:  # Table 11: client sizes and heterogeneity from these
@@ -508,6 +595,43 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def fork_state(setting: dict, run_dir, round_: int, history: int, out, partition_dir, data_root) -> str:
+    """The state of run ``run_dir`` after ``round_`` rounds, with its last ``history`` models, at ``out``: the
+    one the run kept while it trained (moved, not copied), else that prefix trained again, which gives the
+    same bytes (a run that finished before a child asked for this round, or a kept state already used)."""
+    import os
+    import shutil
+
+    paths, out = RunDir(Path(run_dir)), Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = paths.kept_fork(round_)
+    if kept.exists():
+        try:
+            state = checkpoint.load(kept)
+            usable = (state.get("fork", {}).get("round") == round_ and state["setting_hash"] == stable_hash(setting)
+                      and len(state.get("history", [])) >= min(history, round_))
+        except checkpoint.CheckpointError as err:
+            print(f"warning: {err}; training the prefix again", file=sys.stderr)
+            usable = False
+        if usable:
+            os.replace(kept, out)
+            return "kept"
+    scratch = out.parent / f".prefix-{round_}"
+    trainer = Trainer(setting, scratch / paths.id, partition_dir, data_root)  # the fork state names the run
+    trainer.keep_forks, trainer.history_length = {round_: out}, history
+    trainer.run(checkpoint_every=10, progress=False, stop_after=round_)
+    shutil.rmtree(scratch, ignore_errors=True)
+    if not out.exists():
+        raise ForkError(f"{out}: training {paths.id}'s first {round_} rounds wrote no fork state")
+    return "trained"
+
+
 def train(setting: dict, run_dir, partition_dir, data_root, checkpoint_every: int = 10, progress: bool = True,
-          stop_after: int | None = None, observer=None) -> dict:
-    return Trainer(setting, run_dir, partition_dir, data_root).run(checkpoint_every, progress, stop_after, observer)
+          stop_after: int | None = None, observer=None, keep_forks: list[int] = (), history: int = 0,
+          fork_from: str | Path | None = None, accepts=None) -> dict:
+    """``keep_forks``: rounds at which to keep a fork state for children (with the last ``history`` models);
+    ``fork_from``: a parent's fork state to start from (``accepts`` checks the parent's setting)."""
+    trainer = Trainer(setting, run_dir, partition_dir, data_root)
+    trainer.keep_forks = {int(r): trainer.paths.kept_fork(int(r)) for r in keep_forks}
+    trainer.history_length = history
+    return trainer.run(checkpoint_every, progress, stop_after, observer, fork_from, accepts)

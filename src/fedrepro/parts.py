@@ -37,6 +37,11 @@ class Part:
         for name in self.subparts:
             getattr(self, name).load_state_dict(state.get(name, {}))
 
+    def start_from_fork(self, history: list[torch.Tensor]) -> None:
+        """The run starts from a parent's fork state, which holds the parent's parts' state and its last
+        global models (oldest first). A part the parent lacks (a plug-in that acts from the fork round on)
+        takes from them what it would have kept itself before that round; the others need nothing."""
+
 
 def _restored(current, saved):
     """The saved value, copied: into the current tensor in place when shapes agree (other parts may

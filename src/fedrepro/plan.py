@@ -10,7 +10,8 @@ every (dataset, model, batch size) the params file uses on this machine's device
 the dataset's shape, and keeps them in ``results/bench/step_costs.json`` (the benchmark's
 ``bench.json`` serves too, for the settings it measures). Without a measurement a rough built-in
 table is used and the plan says so. Server-side work (the proxy-set epochs of FedLAW, FedDF, FedBE and
-Server-FT, FedAWARE's min-norm solve) and evaluation are not counted.
+Server-FT, FedAWARE's min-norm solve) and evaluation are not counted. A run that starts from another run's
+state (fedrepro.forks) counts only the rounds it trains itself; the plan gives both counts.
 """
 from __future__ import annotations
 
@@ -192,15 +193,25 @@ def _final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[config.Run], 
     return runs, waiting
 
 
+SUMMED = ("runs", "tuning", "shared", "done", "rounds", "rounds_unshared", "steps", "steps_unshared", "seconds",
+          "seconds_unshared")
+
+
 def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs") -> dict:
+    """Runs, rounds, local steps and seconds left to train per experiment; ``*_unshared`` as if every run
+    trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once. The
+    final runs of a tuning (fedrepro.tuning) are counted with the chosen value, or the tune grid's first
+    candidate before the choice; they train from round 0 (their pairs are known only after the choice)."""
+    from fedrepro import forks
+
     tunings: dict = {}
     runs = config.expand(params, tunings)
+    shared = forks.of_params(params, list(config.unique_runs(runs).values()))
     finals, waiting = _final_runs(tunings, runs_dir)
     runs += finals
     costs, source = load_step_costs(bench)
     seen: set[str] = set()
-    rows = defaultdict(lambda: {"runs": 0, "tuning": 0, "shared": 0, "done": 0, "steps": 0.0, "seconds": 0.0,
-                                "unknown": set()})
+    rows = defaultdict(lambda: {**dict.fromkeys(SUMMED, 0), "unknown": set()})
     for run in runs:
         row = rows[run.experiment]
         row["runs"] += 1
@@ -212,30 +223,51 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
         if run.id not in waiting and RunDir(Path(runs_dir) / run.id).finished():
             row["done"] += 1
             continue
+        rounds = run.setting["rounds"]
+        trained = rounds - (shared[run.id].round if run.id in shared else 0)  # a child trains from its fork
         steps = local_steps(run.setting)
-        row["steps"] += steps
+        row["rounds"] += trained
+        row["rounds_unshared"] += rounds
+        row["steps"] += steps * trained / rounds
+        row["steps_unshared"] += steps
         sec = step_seconds(costs, run.setting)
         if sec is None:
             row["unknown"].add(run.setting["model"])
         else:
-            row["seconds"] += steps * sec
+            row["seconds"] += steps * sec * trained / rounds
+            row["seconds_unshared"] += steps * sec
     experiments = {name: {**row, "unknown": sorted(row["unknown"])} for name, row in rows.items()}
-    total = {k: sum(r[k] for r in experiments.values()) for k in ("runs", "tuning", "shared", "done", "steps", "seconds")}
-    return {"source": source, "experiments": experiments, "total": total, "unique_runs": len(seen)}
+    total = {k: sum(r[k] for r in experiments.values()) for k in SUMMED}
+    return {"source": source, "experiments": experiments, "total": total, "unique_runs": len(seen),
+            "forked_runs": sum(1 for run_id in shared if run_id in seen), "share_prefixes": forks.sharing(params)}
+
+
+def sharing_line(total: dict, forked_runs: int) -> str:
+    """``rounds: 247,250 (436,400 without shared prefixes, 43% saved)`` and the compute both ways."""
+    saved = 1 - total["rounds"] / total["rounds_unshared"] if total["rounds_unshared"] else 0.0
+    hours, unshared = total["seconds"] / 3600, total["seconds_unshared"] / 3600
+    return (f"rounds: {total['rounds']:,} ({total['rounds_unshared']:,} without shared prefixes, {saved:.0%} saved; "
+            f"{forked_runs:,} runs start from another run's state); compute: {hours:,.1f} h "
+            f"({unshared:,.1f} h without shared prefixes)")
 
 
 def format_plan(result: dict) -> str:
-    lines = [f"{'experiment':40s} {'runs':>6s} {'tuning':>6s} {'shared':>6s} {'done':>5s} {'local steps':>13s} "
-             f"{'hours':>10s}"]
+    # rounds and hours to train; "unshared": each run from round 0 (share_prefixes: false)
+    lines = [f"{'experiment':40s} {'runs':>6s} {'tuning':>6s} {'shared':>6s} {'done':>5s} {'rounds':>9s} "
+             f"{'unshared':>9s} {'local steps':>13s} {'hours':>10s}"]
     for name, row in list(result["experiments"].items()) + [("TOTAL", result["total"])]:
         hours = row["seconds"] / 3600
         note = f"  (no step cost for: {', '.join(row['unknown'])})" if row.get("unknown") else ""
         lines.append(f"{name:40s} {row['runs']:6d} {row.get('tuning', 0):6d} {row['shared']:6d} {row['done']:5d} "
-                     f"{row['steps']:13.3g} {hours:10.1f}{note}")
+                     f"{row['rounds']:9d} {row['rounds_unshared']:9d} {row['steps']:13.3g} {hours:10.1f}{note}")
     lines.append("tuning: of the runs, those of the tuning stage (a validation split; the final runs they tune are "
                  "counted with the chosen value, or the tune grid's first before the choice)")
     lines.append(f"{result['unique_runs']} distinct runs; step cost: {result['source']}. Not counted: evaluation, "
                  "server-side optimisation (proxy-set epochs of FedLAW/FedDF/FedBE/Server-FT, FedAWARE min-norm).")
+    if result.get("share_prefixes", True):
+        lines.append(sharing_line(result["total"], result.get("forked_runs", 0)))
+    else:
+        lines.append(f"rounds: {result['total']['rounds']:,} (share_prefixes: false: every run from round 0)")
     cluster = result.get("cluster")
     if cluster:
         minutes = cluster["run_minutes"].values()

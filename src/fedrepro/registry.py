@@ -11,6 +11,9 @@ A method is two files side by side: ``algorithms/<name>.py`` (its math, a ``buil
       - {check: "<section>.mu * client.lr < 1", because: "..."}
     refuses:                   # plug-ins: algorithms it cannot be combined with, and why
       <algorithm>: "..."
+    fork:                      # plug-ins that act only from some round on (fedrepro.forks)
+      acts_from: "<expression: the first round it changes anything>"
+      needs_models: "<expression: the host's last global models it needs at that round>"
 
 Nothing else names a method: the schema of a setting is ``schemas/setting.schema.yaml`` plus these
 sections, and the sections a run does not read are pruned from it so that they do not enter its hash.
@@ -56,6 +59,13 @@ def _fragments(stamps: tuple) -> dict[str, dict]:
             raise FragmentError(f"{path}: no {Path(name).stem}.py beside it")
         for condition in fragment.get("requires", []):
             conditions.parse(condition["check"])  # a malformed condition fails here, not in a grid
+        fork = fragment.get("fork")
+        if fork is not None:
+            if kind != "plugin" or not isinstance(fork, dict) or set(fork) - {"acts_from", "needs_models"} \
+                    or "acts_from" not in fork:
+                raise FragmentError(f"{path}: fork: a plug-in's acts_from (and needs_models) expressions only")
+            for expression in fork.values():
+                conditions.parse(str(expression))
         fragments[Path(name).stem] = fragment
     return fragments
 
@@ -66,7 +76,7 @@ def fragments() -> dict[str, dict]:
 
 def _entries(kind: str) -> dict[str, dict]:
     return {name: {"sections": sorted(f.get("schema", {})), "requires": f.get("requires", []),
-                   "refuses": f.get("refuses", {})}
+                   "refuses": f.get("refuses", {}), "fork": f.get("fork")}
             for name, f in fragments().items() if f["kind"] == kind}
 
 

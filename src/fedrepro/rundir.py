@@ -8,6 +8,9 @@ and of reading them back, and of the run's state.
     cosines.npz     client-update cosine matrices (figures)
     snapshots.npz   models of the rounds the setting lists (figures)
     mlflow.json     which MLflow store holds the run, and whether its record is complete
+    fork/kept-<t>.pt   the run's state after t rounds, kept while it trains for a run that forks from it there
+    fork/<t>.pt        that state as the workflow's output (the fork rule moves it there); a temporary
+                       output, removed once every run that forks from it is done
 
 A run is ``done`` (a summary, finished), ``diverged`` (a summary, its loss became NaN/inf),
 ``interrupted`` (a checkpoint and no summary: it resumes where it stopped) or ``missing``.
@@ -81,6 +84,12 @@ class RunDir:
     @property
     def mlflow(self) -> Path:
         return self.root / MLFLOW
+
+    def kept_fork(self, round_: int) -> Path:
+        return self.root / "fork" / f"kept-{round_}.pt"
+
+    def fork(self, round_: int) -> Path:
+        return self.root / "fork" / f"{round_}.pt"
 
     def artifacts(self) -> list[Path]:
         """The files of a finished run its MLflow record carries, those that exist."""

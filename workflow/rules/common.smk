@@ -5,11 +5,12 @@ FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"
 
 
 def run_setting(wildcards):
-    return RUNS[wildcards.run].setting
+    # a parent that only finished runs of this invocation forked from (train.smk) is known by its setting
+    return RUNS[wildcards.run].setting if wildcards.run in RUNS else PARENT_SETTINGS[wildcards.run]
 
 
 def run_partition(wildcards):
-    return RUNS[wildcards.run].partition
+    return fconfig.partition_id(run_setting(wildcards))
 
 
 # figures.smk

@@ -13,6 +13,72 @@ from fedrepro import plan as fplan
 
 STEP_COSTS, _ = fplan.load_step_costs()
 
+# Grids as trees (fedrepro.forks): a run whose first rounds another run of this invocation trains (an +ima
+# run, its host's run up to t_s) starts from that run's state there. The parent keeps it while it trains,
+# the fork rule makes it a temporary output, removed once every child is done.
+from fedrepro import forks as fforks
+from fedrepro.records import read_json
+from fedrepro.rundir import RunDir
+
+FORKS = fforks.of_params(config, list(RUNS.values()))
+KEPT = fforks.kept(FORKS)
+
+
+def finished_summary(run_id):
+    """A finished run's summary, else None: what its job was given is kept there, so that a run done in
+    another invocation (another params file, sharing off, a subset) keeps the inputs and params Snakemake
+    recorded for it and does not rerun."""
+    run = RunDir(f"results/runs/{run_id}")
+    return run.read_summary() if run.finished() else None
+
+
+def recorded_parents():
+    """Settings of the parents that finished runs of this invocation forked from, where the parent is in no
+    params file of it (a subset): the fork rule names their files, so Snakemake must know them."""
+    parents = {}
+    for run in RUNS.values():
+        fork = (finished_summary(run.id) or {}).get("forked_from")
+        if fork and fork["run"] not in RUNS:
+            for setting, _, _ in fforks.prefix_parents(run.setting):
+                if fconfig.run_id(setting) == fork["run"]:
+                    parents[fork["run"]] = setting
+    return parents
+
+
+PARENT_SETTINGS = recorded_parents()
+
+
+def fork_input(wildcards):
+    """The parent's fork state this run starts from, or nothing."""
+    summary = finished_summary(wildcards.run)
+    if summary is not None:
+        fork = summary.get("forked_from")
+        return [] if not fork else f"results/runs/{fork['run']}/fork/{fork['round']}.pt"
+    fork = FORKS.get(wildcards.run)
+    return [] if fork is None else f"results/runs/{fork.parent}/fork/{fork.round}.pt"
+
+
+def fork_args(wildcards, input):
+    """``--keep-forks`` for a parent (the rounds its children start at), ``--fork-from`` for a child."""
+    summary = finished_summary(wildcards.run)
+    if summary is not None:
+        kept = summary.get("kept_forks") or {"rounds": [], "history": 0}
+        rounds, history = kept["rounds"], kept["history"]
+    else:
+        rounds, history = KEPT.get(wildcards.run, ([], 0))
+    args = ["--keep-forks", ",".join(map(str, rounds)), "--fork-history", str(history)] if rounds else []
+    return shlex.join(args + (["--fork-from", input.fork] if input.fork else []))
+
+
+def fork_history(wildcards):
+    """The last models the children starting at this round need (IMA's window); at least what a finished
+    parent kept there, so that its children, done in another invocation, see the params they were made with."""
+    round_ = int(wildcards.round)
+    needs = [f.history for f in FORKS.values() if f.parent == wildcards.run and f.round == round_]
+    summary = finished_summary(wildcards.run)
+    kept = (summary or {}).get("kept_forks") or {"rounds": [], "history": 0}
+    return max([*needs, kept["history"] if round_ in kept["rounds"] else 0])
+
 
 rule train:
     # The run's path carries a hash of its setting and of the code it depends on (editing one method
@@ -21,6 +87,7 @@ rule train:
     input:
         partition=ancient(lambda w: f"results/partitions/{run_partition(w)}/clients.npz"),
         data=ancient(lambda w: f"{DATA_ROOT}/{run_setting(w)['dataset']}/download.json"),
+        fork=ancient(fork_input),
     output:
         summary="results/runs/{run}/summary.json",
         metrics="results/runs/{run}/metrics.csv",
@@ -30,6 +97,7 @@ rule train:
         data_root=lambda w: f"{DATA_ROOT}/{run_setting(w)['dataset']}",
         partition_dir=lambda w: f"results/partitions/{run_partition(w)}",
         out=lambda w: f"results/runs/{w.run}",
+        forks=fork_args,
     threads: 1
     resources:
         # "1" as a string: a Slurm group of runs sharing one GPU asks for one, not one per run. A device: cpu
@@ -48,4 +116,38 @@ rule train:
     # (checkpoint first, as on SIGTERM) when Snakemake is killed (engine.die_with_parent)
     shell:
         "exec {FEDREPRO} train --setting {params.setting:q} --partition {params.partition_dir:q} "
-        "--data-root {params.data_root:q} --out {params.out:q} --threads {threads} {TRACK_LIVE} > {log:q} 2>&1"
+        "--data-root {params.data_root:q} --out {params.out:q} --threads {threads} {params.forks} {TRACK_LIVE} > {log:q} 2>&1"
+
+
+rule fork:
+    # A parent's state after {round} rounds, for the runs that start there. Its training job kept it
+    # (fork/kept-<round>.pt) and this step moves it here; a parent that finished before a child asked for
+    # this round (or whose kept state a removed child used) has its first rounds trained again, into the
+    # same bytes. Temporary: removed once every child is done, so a grid costs at most one state per
+    # (parent, round) in flight; a later child of a finished parent trains the prefix again, which costs
+    # no more than training it from round 0.
+    input:
+        summary=ancient("results/runs/{run}/summary.json"),
+    output:
+        temp("results/runs/{run}/fork/{round}.pt"),
+    wildcard_constraints:
+        round=r"\d+",
+    params:
+        setting=lambda w: json.dumps(run_setting(w), sort_keys=True),
+        data_root=lambda w: f"{DATA_ROOT}/{run_setting(w)['dataset']}",
+        partition_dir=lambda w: f"results/partitions/{run_partition(w)}",
+        history=fork_history,
+    threads: 1
+    resources:
+        gpu=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
+        gpu_slot=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
+        mem_mb=lambda w, attempt: 4000 * attempt,
+        runtime=lambda w, attempt: fplan.run_minutes(run_setting(w), STEP_COSTS) * attempt,
+    log:
+        "logs/fork/{run}-{round}.log",
+    benchmark:
+        "benchmarks/fork/{run}-{round}.tsv"
+    shell:
+        "exec {FEDREPRO} fork --setting {params.setting:q} --run-dir results/runs/{wildcards.run} "
+        "--round {wildcards.round} --history {params.history} --partition {params.partition_dir:q} "
+        "--data-root {params.data_root:q} --out {output:q} --threads {threads} > {log:q} 2>&1"

@@ -34,12 +34,21 @@ class WindowAverage(PostStep):
         self.models = self.models[-(self.window - 1):] if self.window > 1 else []
         self.models.append(x.clone())
         if updates.round < self.start:
-            updates.info["ima_active"] = 0
+            # nothing logged either: before t_s a run is its host's, row for row (its FMA sibling's rounds
+            # serve as its own, fedrepro.forks)
             return x
         averaged = torch.stack(self.models).mean(0)
         updates.info["ima_active"] = 1
         updates.info["ima_shift"] = float((averaged - x).norm())
         return averaged
+
+    def start_from_fork(self, history: list[torch.Tensor]) -> None:
+        """Forked from the host run at t_s: the host's last P-1 models are those this window would hold."""
+        needed = self.window - 1
+        if len(history) < needed:
+            raise ValueError(f"+ima with window {self.window} needs the host's last {needed} models at the fork "
+                             f"round; the fork state holds {len(history)}")
+        self.models = [h.clone() for h in history[len(history) - needed:]] if needed else []
 
 
 def lr_schedule(base, ima: dict, start: int):

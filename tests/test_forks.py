@@ -1,0 +1,217 @@
+"""Grids as trees: a run that forks from another run's state at the round its setting first acts
+differently (an +ima run from its host's run at t_s) ends with the metrics and the model it has trained
+from round 0, byte for byte on CPU; the pairs are derived from the plug-ins' declarations."""
+from __future__ import annotations
+
+import copy
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import make_partition
+from fedrepro import catalog, checkpoint, cli, config, engine, forks
+
+START, WINDOW, ROUNDS = 3, 3, 6
+BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": ROUNDS,
+        "batch_size": 50, "device": "cpu", "eval_every": 2,
+        # a decaying lr: the child's schedule before t_s must be its host's
+        "client": {"lr": 0.05, "lr_decay": 0.9, "momentum": 0.5},
+        "partition": {"kind": "iid", "seed": 1}}
+IMA = {"ima": {"start_round": START, "window": WINDOW, "lr_decay": 0.8}}
+# hosts with server state (FedAdam's moments, SCAFFOLD's control variates) and client terms (FedProx)
+HOSTS = ["fedavg", "fedprox", "scaffold", "fedadam"]
+TIMINGS = ["seconds", "wall_time"]  # when a round ran, not what it computed
+
+
+@pytest.fixture(scope="module")
+def partition_dir(tiny_data_root, tmp_path_factory):
+    return make_partition(tiny_data_root, tmp_path_factory.mktemp("part"), num_clients=4)
+
+
+def _settings(host: str) -> tuple[dict, dict]:
+    parent = config.resolve({**copy.deepcopy(BASE), "algorithm": host})
+    child = config.resolve({**copy.deepcopy(BASE), **IMA, "algorithm": f"{host}+ima"})
+    return parent, child
+
+
+def _train(setting, out, partition_dir, data_root, *extra) -> dict:
+    cli.main(["train", "--setting", json.dumps(setting), "--partition", str(partition_dir), "--data-root",
+              str(data_root), "--out", str(out), "--no-progress", "--threads", "1", "--checkpoint-every", "2", *extra])
+    return json.loads((out / "summary.json").read_text())
+
+
+def _csv_without_timings(run: Path) -> str:
+    """metrics.csv as written, less the columns that say when a round ran: compared as text."""
+    frame = pd.read_csv(run / "metrics.csv")
+    assert list(frame.columns[-2:]) == TIMINGS or set(TIMINGS) <= set(frame.columns)
+    return frame.drop(columns=TIMINGS).to_csv(index=False)
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    assert _csv_without_timings(a) == _csv_without_timings(b), "the metrics differ"
+    ma, mb = checkpoint.load(a / "model.pt"), checkpoint.load(b / "model.pt")
+    assert torch.equal(ma["x"], mb["x"]) and torch.equal(ma["buffers"], mb["buffers"]), "the final models differ"
+    for name in ("cosines.npz",):
+        assert (a / name).exists() == (b / name).exists()
+        if (a / name).exists():
+            import numpy as np
+            za, zb = np.load(a / name), np.load(b / name)
+            assert sorted(za) == sorted(zb) and all(np.array_equal(za[k], zb[k]) for k in za)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_forked_ima_run_equals_the_run_trained_from_round_0(host, tmp_path, partition_dir, tiny_data_root):
+    parent, child = _settings(host)
+    alone = tmp_path / "alone"
+    assert _train(child, alone, partition_dir, tiny_data_root)["forked_from"] is None
+    # the parent keeps its state at t_s (inside the checkpoint interval 2..4) with the window's P-1 models
+    host_run = tmp_path / "host"
+    summary = _train(parent, host_run, partition_dir, tiny_data_root, "--keep-forks", str(START),
+                     "--fork-history", str(WINDOW - 1))
+    assert summary["rounds_done"] == ROUNDS and summary["kept_forks"] == {"rounds": [START], "history": WINDOW - 1}
+    kept = host_run / "fork" / f"kept-{START}.pt"
+    state = checkpoint.load(kept)
+    assert state["next_round"] == START and len(state["rows"]) == START and len(state["history"]) == WINDOW - 1
+    forked = tmp_path / "forked"
+    summary = _train(child, forked, partition_dir, tiny_data_root, "--fork-from", str(kept))
+    assert summary["forked_from"] == {"run": "host", "round": START} and summary["rounds_done"] == ROUNDS
+    assert_same_run(alone, forked)
+    assert pd.read_csv(forked / "metrics.csv")["ima_active"].notna().sum() == ROUNDS - START
+
+
+def test_keeping_fork_states_changes_nothing_of_the_parent(tmp_path, partition_dir, tiny_data_root):
+    parent, _ = _settings("fedavg")
+    _train(parent, tmp_path / "plain", partition_dir, tiny_data_root)
+    _train(parent, tmp_path / "keeps", partition_dir, tiny_data_root, "--keep-forks", "2,4", "--fork-history", "2")
+    assert_same_run(tmp_path / "plain", tmp_path / "keeps")
+    assert sorted(p.name for p in (tmp_path / "keeps" / "fork").iterdir()) == ["kept-2.pt", "kept-4.pt"]
+
+
+def test_fork_from_a_parent_resumed_after_a_stop_and_a_child_stopped_after_its_fork(tmp_path, partition_dir,
+                                                                                      tiny_data_root):
+    """The parent is stopped after round 2 (its checkpoint must carry the window's last models), resumed;
+    the child is stopped after round 4, one round past its fork, and resumed from its own checkpoint."""
+    parent, child = _settings("scaffold")
+    alone = tmp_path / "alone"
+    _train(child, alone, partition_dir, tiny_data_root)
+    host_run = tmp_path / "host"
+    keep = ["--keep-forks", str(START), "--fork-history", str(WINDOW - 1)]
+    cli.main(["train", "--setting", json.dumps(parent), "--partition", str(partition_dir), "--data-root",
+              str(tiny_data_root), "--out", str(host_run), "--no-progress", "--checkpoint-every", "2",
+              "--stop-after", "2", *keep])
+    assert not (host_run / "fork").exists() and len(checkpoint.load(host_run / "checkpoint.pt")["history"]) == 2
+    assert _train(parent, host_run, partition_dir, tiny_data_root, *keep)["resumed"] is True
+    kept = host_run / "fork" / f"kept-{START}.pt"
+    forked = tmp_path / "forked"
+    fork = ["--fork-from", str(kept)]
+    cli.main(["train", "--setting", json.dumps(child), "--partition", str(partition_dir), "--data-root",
+              str(tiny_data_root), "--out", str(forked), "--no-progress", "--checkpoint-every", "2",
+              "--stop-after", "4", *fork])
+    summary = _train(child, forked, partition_dir, tiny_data_root, *fork)
+    assert summary["resumed"] is True and summary["forked_from"] == {"run": "host", "round": START}
+    assert_same_run(alone, forked)
+
+
+def test_the_fork_step_trains_the_prefix_again_when_nothing_was_kept(tmp_path, partition_dir, tiny_data_root):
+    """A parent that finished before a child asked for its round: the fork step trains its first rounds
+    again, into the same state; a kept state is moved, not copied."""
+    parent, child = _settings("fedadam")
+    host_run = tmp_path / "host"
+    _train(parent, host_run, partition_dir, tiny_data_root, "--keep-forks", str(START), "--fork-history", "2")
+    trained = tmp_path / "trained.pt"
+    engine.fork_state(parent, tmp_path / "other" / "host", START, 2, trained, partition_dir, tiny_data_root)
+    moved = tmp_path / "moved.pt"
+    assert engine.fork_state(parent, host_run, START, 2, moved, partition_dir, tiny_data_root) == "kept"
+    assert not (host_run / "fork" / f"kept-{START}.pt").exists()
+    a, b = checkpoint.load(trained), checkpoint.load(moved)
+    for key in ("x", "torch_rng"):
+        assert torch.equal(a[key], b[key])
+    assert all(torch.equal(p, q) for p, q in zip(a["history"], b["history"])) and len(a["history"]) == 2
+    assert [{k: v for k, v in r.items() if k not in TIMINGS} for r in a["rows"]] == \
+        [{k: v for k, v in r.items() if k not in TIMINGS} for r in b["rows"]]
+    assert not any(p.name.startswith(".prefix") for p in trained.parent.iterdir())
+
+
+def test_a_fork_state_of_another_run_is_refused(tmp_path, partition_dir, tiny_data_root):
+    parent, child = _settings("fedavg")
+    other = config.resolve({**copy.deepcopy(BASE), "algorithm": "fedavg", "client": {"lr": 0.01}})
+    _train(other, tmp_path / "other", partition_dir, tiny_data_root, "--keep-forks", str(START),
+           "--fork-history", "2")
+    with pytest.raises(engine.ForkError, match="does not share its first 3 rounds"):
+        _train(child, tmp_path / "child", partition_dir, tiny_data_root, "--fork-from",
+               str(tmp_path / "other" / "fork" / f"kept-{START}.pt"))
+    # a fork state from a later round than the child's t_s is refused too
+    _train(parent, tmp_path / "late", partition_dir, tiny_data_root, "--keep-forks", "4", "--fork-history", "2")
+    with pytest.raises(engine.ForkError, match="does not share its first 4 rounds"):
+        _train(child, tmp_path / "child2", partition_dir, tiny_data_root, "--fork-from",
+               str(tmp_path / "late" / "fork" / "kept-4.pt"))
+
+
+# ----------------------------------------------------------------------------- the pairs, from the declarations
+
+
+def _runs(points: list[dict]) -> list[config.Run]:
+    params = {"experiments": {"e": {"base": {**BASE, "rounds": 20}, "grid": {"setting": points}}}}
+    return config.expand(config.validate(params, "params.schema.yaml", "test"))
+
+
+def test_ima_runs_fork_from_their_host_at_t_s_and_others_do_not():
+    runs = _runs([{"algorithm": "fedavg"}, {"algorithm": "fedavg+ima"},
+                  {"algorithm": "fedavg+ima", "ima": {"start_round": 8, "window": 4}},
+                  {"algorithm": "fedadam+ima"},  # no fedadam run in the grid: trained from round 0
+                  {"algorithm": "fedprox"}])
+    by = {("+".join([r.setting["algorithm"], *r.setting["plugins"]]), r.setting.get("ima", {}).get("start_round")): r
+          for r in runs}
+    shared = forks.assign(runs)
+    host = by[("fedavg", None)].id
+    assert shared == {by[("fedavg+ima", None)].id: forks.Fork(host, 15, 4),  # int(0.75 * 20), window 5
+                      by[("fedavg+ima", 8)].id: forks.Fork(host, 8, 3)}
+    assert forks.kept(shared) == {host: ([8, 15], 4)}
+
+
+def test_acts_from_is_the_round_the_plug_in_resolves():
+    for start, rounds in [(None, 20), (None, 7), (3, 20), (1, 5)]:
+        setting = config.resolve({**BASE, "algorithm": "fedavg+ima", "rounds": rounds,
+                                  "ima": {"start_round": start, "window": 1}})
+        assert forks.late_plugins(setting)["ima"] == (catalog.ima_start_round(setting), 0)
+
+
+def test_sharing_can_be_turned_off_and_the_manifest_names_each_fork():
+    params = {"experiments": {"e": {"base": {**BASE, "rounds": 20},
+                                    "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}
+    params = config.validate(params, "params.schema.yaml", "test")
+    runs = config.expand(params)
+    entries = config.manifest(params, runs, "t")["experiments"]["e"]["runs"]
+    assert [e.get("fork", {}).get("round") for e in entries] == [None, 15]
+    assert entries[1]["fork"]["parent"] == entries[0]["id"]
+    off = config.manifest({**params, "share_prefixes": False}, runs, "t")["experiments"]["e"]["runs"]
+    assert not any("fork" in e for e in off)
+
+
+def test_a_model_with_dropout_forks_exactly(tmp_path, partition_dir, tiny_data_root):
+    """Dropout draws from the global torch stream: the fork state carries its position."""
+    from fedrepro import data, partition
+    from fedrepro.identity import partition_setting
+
+    parent, child = _settings("fedavg")
+    datasets = tuple(data.load("fmnist", tiny_data_root, train=split) for split in (True, False))
+    parts = partition.load(partition_dir, partition_setting(parent))
+
+    def trainer(setting, out):
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), torch.nn.ReLU(),
+                                     torch.nn.Dropout(0.5), torch.nn.Linear(32, 10))
+        return engine.Trainer(setting, tmp_path / out, None, None, datasets=datasets, parts=parts, module=module)
+
+    trainer(child, "alone").run(checkpoint_every=0, progress=False)
+    host = trainer(parent, "host")
+    host.keep_forks, host.history_length = {START: tmp_path / "host" / "fork.pt"}, WINDOW - 1
+    host.run(checkpoint_every=0, progress=False)
+    torch.manual_seed(123)  # the child's process starts with another stream position
+    trainer(child, "forked").run(checkpoint_every=0, progress=False, fork_from=tmp_path / "host" / "fork.pt",
+                                 accepts=lambda p, r: forks.shares_prefix(child, p, r))
+    assert_same_run(tmp_path / "alone", tmp_path / "forked")
