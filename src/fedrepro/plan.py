@@ -201,14 +201,14 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
     """Runs, rounds, local steps and seconds left to train per experiment; ``*_unshared`` as if every run
     trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once. The
     final runs of a tuning (fedrepro.tuning) are counted with the chosen value, or the tune grid's first
-    candidate before the choice; they train from round 0 (their pairs are known only after the choice)."""
+    candidate before the choice, and share prefixes among themselves as the workflow has them do."""
     from fedrepro import forks
 
     tunings: dict = {}
     runs = config.expand(params, tunings)
-    shared = forks.of_params(params, list(config.unique_runs(runs).values()))
     finals, waiting = _final_runs(tunings, runs_dir)
     runs += finals
+    shared = forks.of_params(params, list(config.unique_runs(runs).values()))
     costs, source = load_step_costs(bench)
     seen: set[str] = set()
     rows = defaultdict(lambda: {**dict.fromkeys(SUMMED, 0), "unknown": set()})

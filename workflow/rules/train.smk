@@ -20,8 +20,19 @@ from fedrepro import forks as fforks
 from fedrepro.records import read_json
 from fedrepro.rundir import RunDir
 
-FORKS = fforks.of_params(config, list(RUNS.values()))
-KEPT = fforks.kept(FORKS)
+_FORKS_CACHE = {}
+
+
+def current_forks():
+    """(forks, kept) of every run known now: the params files' runs, and once the tuning checkpoint has
+    chosen (workflow/rules/tune.smk), the final runs it gives, so that a tuned +ima run forks from its
+    tuned host too. Computed once per set of final runs."""
+    finals = tuple(RUNS.final_ids()) if hasattr(RUNS, "final_ids") else ()
+    if finals not in _FORKS_CACHE:
+        runs = {**RUNS, **{run_id: RUNS[run_id] for run_id in finals}}
+        forks = fforks.of_params(config, list(runs.values()))
+        _FORKS_CACHE[finals] = (forks, fforks.kept(forks))
+    return _FORKS_CACHE[finals]
 
 
 def finished_summary(run_id):
@@ -54,7 +65,7 @@ def fork_input(wildcards):
     if summary is not None:
         fork = summary.get("forked_from")
         return [] if not fork else f"results/runs/{fork['run']}/fork/{fork['round']}.pt"
-    fork = FORKS.get(wildcards.run)
+    fork = current_forks()[0].get(wildcards.run)
     return [] if fork is None else f"results/runs/{fork.parent}/fork/{fork.round}.pt"
 
 
@@ -65,7 +76,7 @@ def fork_args(wildcards, input):
         kept = summary.get("kept_forks") or {"rounds": [], "history": 0}
         rounds, history = kept["rounds"], kept["history"]
     else:
-        rounds, history = KEPT.get(wildcards.run, ([], 0))
+        rounds, history = current_forks()[1].get(wildcards.run, ([], 0))
     args = ["--keep-forks", ",".join(map(str, rounds)), "--fork-history", str(history)] if rounds else []
     return shlex.join(args + (["--fork-from", input.fork] if input.fork else []))
 
@@ -74,7 +85,7 @@ def fork_history(wildcards):
     """The last models the children starting at this round need (IMA's window); at least what a finished
     parent kept there, so that its children, done in another invocation, see the params they were made with."""
     round_ = int(wildcards.round)
-    needs = [f.history for f in FORKS.values() if f.parent == wildcards.run and f.round == round_]
+    needs = [f.history for f in current_forks()[0].values() if f.parent == wildcards.run and f.round == round_]
     summary = finished_summary(wildcards.run)
     kept = (summary or {}).get("kept_forks") or {"rounds": [], "history": 0}
     return max([*needs, kept["history"] if round_ in kept["rounds"] else 0])
