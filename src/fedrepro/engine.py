@@ -67,18 +67,36 @@ def pick_device(name: str, environ=None) -> torch.device:
 
 
 
-def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
-    """The k clients of a round, from (seed, round) alone: the same for every method of a comparison, and
-    on resume. ``warmup: permutation`` (FedAWARE's code): rounds 0 .. ceil(N/k) - 1 walk one permutation of
-    all N clients, seeded by the run's seed, k at a time, so each client is visited once; a last partial
-    chunk is topped up with clients drawn from the others. Afterwards, uniform without replacement."""
+def cohort_draw(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
+    """The k clients of a round in the order they were drawn, from (seed, round) alone: the same for every
+    method of a comparison, and on resume. ``warmup: permutation`` (FedAWARE's code): rounds 0 .. ceil(N/k) - 1
+    walk one permutation of all N clients, seeded by the run's seed, k at a time, so each client is visited
+    once; a last partial chunk is topped up with clients drawn from the others. Afterwards, uniform without
+    replacement (the draw's order is uniformly random, as numpy's ``choice`` without replacement gives)."""
     rng = streams.rng("cohort", seed, round_)
     if warmup == "permutation" and round_ < math.ceil(num_clients / k):
         order = streams.rng("warmup", seed).permutation(num_clients)
         chunk = order[round_ * k:(round_ + 1) * k]
         others = np.setdiff1d(np.arange(num_clients), chunk)
-        return np.sort(np.concatenate([chunk, rng.choice(others, size=k - len(chunk), replace=False)]))
-    return np.sort(rng.choice(num_clients, size=k, replace=False))
+        return np.concatenate([chunk, rng.choice(others, size=k - len(chunk), replace=False)])
+    return rng.choice(num_clients, size=k, replace=False)
+
+
+def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
+    """The round's clients in ascending id order, the order in which they train (as FedLab's trainers do)."""
+    return np.sort(cohort_draw(seed, round_, num_clients, k, warmup))
+
+
+def code_pairing(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
+    """``cohort.assignment: code``: the ids FedAWARE's code credits the round's uploads to, the j-th upload
+    (clients train in ascending id order) to the j-th id of the sampler's draw (``sampler.last_sampled``,
+    unsorted). Its FeedbackSampler's exploration returns the not-yet-visited ids from a Python set, which
+    iterates small ints in ascending order, so exploration rounds 1 .. ceil(N/k) - 1 are credited right; its
+    round 0 (the head of a shuffled list) and every uniform round after (numpy's ``choice`` order) are not."""
+    draw = cohort_draw(seed, round_, num_clients, k, warmup)
+    if warmup == "permutation" and 1 <= round_ < math.ceil(num_clients / k):
+        return np.sort(draw)
+    return draw
 
 
 class Preempted(Exception):
@@ -227,6 +245,12 @@ class Trainer:
                 self.snapshots[f"round_{t + 1}_client_{j}"] = (x - updates.deltas[j]).cpu().numpy()
             # their data sizes, so a figure can average any m of them as the server would (IMA Fig. 4)
             self.snapshots[f"round_{t + 1}_sizes"] = updates.sizes[:kept].double().cpu().numpy()
+        if s["cohort"].get("assignment", "per_client") == "code":
+            # after the snapshots and the BatchNorm average, which the code pairs right: only the server's
+            # bookkeeping (momenta, data-size weights, per-client state) credits upload j to credited[j]
+            credited = torch.as_tensor(code_pairing(s["seed"], t, s["num_clients"], self.k, s["cohort"]["warmup"]),
+                                       device=self.device)
+            updates.clients, updates.sizes = credited, self.client_sizes[credited]
         x_new = self.algorithm.server_step(x, updates)
         if t + 1 in self.snapshot_rounds:
             self.snapshots[f"round_{t + 1}_next"] = x_new.cpu().numpy()
