@@ -18,10 +18,21 @@ def _runs(paper: str, official: bool) -> list[config.Run]:
     return config.expand(config.load_params_files(files))
 
 
-def _switched(paper: str) -> dict:
-    """The keys a subset switches, on every run of the paper's grid."""
-    return {"fedaware": {"cohort": {"warmup": "permutation"}},
-            "ima": {"client": {"shuffle": "reseeded"}},
+# FedAWARE's code: these scripts use the FeedbackSampler and pair uploads with its unsorted draw; FedProx,
+# FedDyn, SCAFFOLD and FedNova sample uniformly; FedCM is not in the code (the paper's protocol)
+FEEDBACK_SAMPLER = {"fedavg", "fedavgm", "fedyogi", "fedams", "fedaware"}
+AGNOSTIC = ["random_epochs", "random_batch"]  # the xAWARE script's -agnostic 1
+
+
+def _switched(paper: str, setting: dict | None = None) -> dict:
+    """The keys a subset switches, on every run of the paper's grid (FedAWARE's: per method)."""
+    if paper == "fedaware":
+        if setting is None:
+            return {"cohort": {"warmup": None, "assignment": None}}
+        code = setting["algorithm"] in FEEDBACK_SAMPLER
+        return {"cohort": {"warmup": "permutation" if code else "none",
+                           "assignment": "code" if code else "per_client"}}
+    return {"ima": {},
             "fedlaw": {"evaluation": {"proxy_holdout": 200}, "client": {"keep_momentum": True, "holdout": 0.3}},
             "fednova": {}}[paper]
 
@@ -31,6 +42,12 @@ def _without(setting: dict, switched: dict) -> dict:
     for section, keys in switched.items():
         for key in keys:
             out[section].pop(key, None)
+    if "aware" in out.get("plugins", []):  # FedAWARE's xAWARE rows run the code's -agnostic 1
+        out["plugins"] = [p for p in out["plugins"] if p not in AGNOSTIC]
+        for section in AGNOSTIC:
+            out.pop(section, None)
+    if "fedprox" in out:  # FedAWARE's code: FedProx's plain mean
+        out["fedprox"] = {k: v for k, v in out["fedprox"].items() if k != "mean"}
     for section in ("fedlaw", "feddf", "fedbe", "serverft"):  # FedLAW's proxy size, server epochs and optimiser
         if section in out:
             for key in ("proxy_size", "server_epochs", "optimizer", "lr", "weight_decay", "swa_order"):
@@ -46,7 +63,7 @@ def test_the_subset_switches_its_keys_on_every_run_and_changes_nothing_else(pape
     official = _runs(paper, True)
     switched = _switched(paper)
     for run in official:
-        for section, keys in switched.items():
+        for section, keys in _switched(paper, run.setting).items():
             expected = dict(keys)
             if section == "client" and "keep_momentum" in keys:  # nothing to keep without momentum (FedProx)
                 expected["keep_momentum"] = run.setting["client"]["momentum"] > 0
@@ -68,3 +85,31 @@ def test_fednova_official_protocol_runs_the_launch_scripts_seeds():
     runs = _runs("fednova", True)
     assert {r.setting["seed"] for r in runs} == {1, 3}
     assert {r.experiment for r in runs} == {"fednova_table1_e2", "fednova_table1_u25"}
+
+
+def test_fedaware_official_protocol_does_per_method_what_each_script_does():
+    runs = _runs("fedaware", True)
+    table = [r for r in runs if r.experiment == "fedaware_table2_cifar10"]
+    by = {"+".join([r.setting["algorithm"], *r.setting["plugins"]]): r.setting for r in table}
+    assert by["fedaware"]["cohort"] == {"warmup": "permutation", "assignment": "code"}
+    assert by["fedavg"]["cohort"] == {"warmup": "permutation", "assignment": "code"}
+    assert by["fedprox"]["cohort"] == {"warmup": "none", "assignment": "per_client"}
+    assert by["fedprox"]["fedprox"]["mean"] == "uniform"
+    assert by["feddyn"]["cohort"]["warmup"] == "none"
+    aware = [name for name in by if "aware" in name.split("+")[1:] and not name.startswith("fedcm")]
+    assert len(aware) == 5 and all(set(by[n]["plugins"]) == {"aware", *AGNOSTIC} for n in aware)
+    assert by["fedcm+aware"]["plugins"] == ["aware"]  # FedCM is not in the code: the paper's protocol
+    assert all(by[name]["random_epochs"] == {"low": 2, "high": 5} and by[name]["random_batch"] == {"low": 10}
+               for name in aware)
+    raw = [name for name in by if "+" not in name]
+    assert all(not by[name]["plugins"] for name in raw)
+    assert all(r.setting["cohort"]["assignment"] == "code" for r in runs if r.experiment.startswith("fedaware_fig"))
+
+
+def test_ima_official_protocol_does_not_reseed_per_client():
+    """IMA's code never reseeds per client (seed_torch reseeds only with test=True, which no call passes)."""
+    params = config.load_params_files([ROOT / "params" / "ima.yaml",
+                                       ROOT / "params" / "subsets" / "ima_official_protocol.yaml"])
+    params["experiments"] = {"ima_table1_fmnist": params["experiments"]["ima_table1_fmnist"]}
+    runs = config.expand(params)
+    assert runs and all(r.setting["client"]["shuffle"] == "fresh" for r in runs)

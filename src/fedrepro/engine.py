@@ -173,7 +173,9 @@ class Trainer:
         losses = torch.empty(len(cohort), device=self.device)
         epochs = getattr(self.algorithm, "local_epochs", None)
         client_epochs = [epochs(t, int(c)) if epochs else s["local_epochs"] for c in cohort]
-        if self.train_together(cohort, client_epochs):
+        batch = getattr(self.algorithm, "batch_size", None)  # +random_batch
+        client_batches = [batch(t, int(c), len(self.client_index[c])) if batch else s["batch_size"] for c in cohort]
+        if batch is None and self.train_together(cohort, client_epochs):
             return self._cohort_training(t, cohort, x, lr, client_epochs[0])
         # BatchNorm running statistics: every client starts from the global ones; the weighted mean of
         # its final ones (data-size weights, as the official FedAvg codes) is the next global statistics
@@ -183,7 +185,7 @@ class Trainer:
             e = client_epochs[j]
             self.model.buffers.copy_(global_buffers)
             run = ClientRun(t, int(c), self.model, x, lr)
-            result = self.local.train(run, self.train, self.client_index[c], e, s["batch_size"],
+            result = self.local.train(run, self.train, self.client_index[c], e, client_batches[j],
                                       self.shuffle_generator(t, int(c)), self.algorithm.corrections,
                                       self.algorithm.objective,
                                       None if self.client_momentum is None else self.client_momentum[c])
@@ -198,7 +200,7 @@ class Trainer:
 
     def shuffle_generator(self, t: int, client: int) -> torch.Generator:
         """The client's batch-order stream; ``client.shuffle: reseeded`` gives every client in every round the
-        same one (IMA's code reseeds torch with the run's seed before each client's training)."""
+        same one (a probe of the batch order's weight; no official code reseeds per client)."""
         if self.setting["client"]["shuffle"] == "reseeded":
             return client_generator(self.setting["seed"], 0, 0)
         return client_generator(self.setting["seed"], t, client)
