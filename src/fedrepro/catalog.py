@@ -66,6 +66,9 @@ PARTITION_KEYS = {
     "pachinko": ["kind", "seed", "alpha", "beta", "samples_per_client"],
     # the dataset's own clients (Synthetic's users); nothing to draw
     "natural": ["kind"],
+    # client index lists another program produced (.npz client_0.. or JSON {"clients": [...]}); the run's
+    # identity holds the file's content hash, not its path (identity.partition_identity)
+    "file": ["kind", "path", "sha256"],
 }
 
 FEATURE_CLASSIFIER_MODELS = {name for name, spec in MODELS.items() if spec.get("feature_classifier")}
