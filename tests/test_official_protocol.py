@@ -50,7 +50,8 @@ def _without(setting: dict, switched: dict) -> dict:
         out["fedprox"] = {k: v for k, v in out["fedprox"].items() if k != "mean"}
     for section in ("fedlaw", "feddf", "fedbe", "serverft"):  # FedLAW's proxy size, server epochs and optimiser
         if section in out:
-            for key in ("proxy_size", "server_epochs", "optimizer", "lr", "weight_decay", "swa_order"):
+            for key in ("proxy_size", "server_epochs", "optimizer", "lr", "weight_decay", "swa_order",
+                        "teacher_statistics"):
                 out[section].pop(key, None)
     if out.get("algorithm") == "fedprox":  # FedLAW's code: FedProx without momentum and weight decay
         out["client"].pop("momentum", None)
@@ -79,6 +80,9 @@ def test_fedlaw_official_protocol_holds_out_the_codes_2_percent_for_every_method
     proxy_methods = [r for r in runs if r.setting["algorithm"] in ("fedlaw", "feddf", "fedbe", "serverft")]
     assert proxy_methods and all(r.setting[r.setting["algorithm"]]["proxy_size"] == 200 for r in proxy_methods)
     assert all(r.setting[r.setting["algorithm"]]["server_epochs"] == 20 for r in proxy_methods)
+    teachers = [r for r in runs if r.setting["algorithm"] in ("feddf", "fedbe")]
+    assert any(r.setting["model"] == "resnet20" for r in teachers)
+    assert all(r.setting[r.setting["algorithm"]]["teacher_statistics"] == "code" for r in teachers)
 
 
 def test_fednova_official_protocol_runs_the_launch_scripts_seeds():

@@ -194,7 +194,8 @@ class Trainer:
             steps[j] = result.steps
             losses[j] = result.loss
         clients = torch.as_tensor(cohort, device=self.device)
-        updates = RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr)
+        updates = RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr,
+                               buffers=client_buffers if len(global_buffers) else None)
         self.model.buffers.copy_(updates.weights @ client_buffers)
         return updates
 
