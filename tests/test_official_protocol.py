@@ -46,6 +46,8 @@ def _without(setting: dict, switched: dict) -> dict:
         out["plugins"] = [p for p in out["plugins"] if p not in AGNOSTIC]
         for section in AGNOSTIC:
             out.pop(section, None)
+    if out.get("dataset") == "cifar100" and out["partition"]["kind"] in ("pachinko", "inner_dirichlet"):
+        out.pop("partition")  # IMA's notebook: FedLab's inner Dirichlet where the paper states Pachinko
     if "fedprox" in out:  # FedAWARE's code: FedProx's plain mean
         out["fedprox"] = {k: v for k, v in out["fedprox"].items() if k != "mean"}
     for section in ("fedlaw", "feddf", "fedbe", "serverft"):  # FedLAW's proxy size, server epochs and optimiser
@@ -110,10 +112,14 @@ def test_fedaware_official_protocol_does_per_method_what_each_script_does():
     assert all(r.setting["cohort"]["assignment"] == "code" for r in runs if r.experiment.startswith("fedaware_fig"))
 
 
-def test_ima_official_protocol_does_not_reseed_per_client():
+def test_ima_official_protocol_does_not_reseed_and_splits_cifar100_as_the_notebook():
     """IMA's code never reseeds per client (seed_torch reseeds only with test=True, which no call passes)."""
     params = config.load_params_files([ROOT / "params" / "ima.yaml",
                                        ROOT / "params" / "subsets" / "ima_official_protocol.yaml"])
-    params["experiments"] = {"ima_table1_fmnist": params["experiments"]["ima_table1_fmnist"]}
+    params["experiments"] = {name: params["experiments"][name]
+                             for name in ("ima_table1_fmnist", "ima_table1_cifar100_vgg")}
     runs = config.expand(params)
     assert runs and all(r.setting["client"]["shuffle"] == "fresh" for r in runs)
+    # and partitions CIFAR-100 as its notebook does: FedLab's balanced inner Dirichlet(0.5), partition seed 1
+    c100 = [r for r in runs if r.setting["dataset"] == "cifar100"]
+    assert c100 and all(r.setting["partition"] == {"kind": "inner_dirichlet", "seed": 1, "alpha": 0.5} for r in c100)

@@ -157,3 +157,22 @@ def test_artifact_counts_csv_and_hash(tmp_path):
     assert int(frame.values.sum()) == len(labels)
     assert (frame.values == partition.class_counts(labels, parts, 10)).all()
     assert json.loads((tmp_path / "partition.json").read_text())["setting"] == setting
+
+
+def test_inner_dirichlet_gives_equal_clients_their_own_class_priors():
+    """FedLab's balanced inner Dirichlet (IMA's CIFAR-100 notebook): floor(N/J) samples each, disjoint, every
+    sample used when J divides N, and a small alpha concentrates each client on few classes."""
+    from fedrepro import partition as P
+
+    labels = np.repeat(np.arange(10), 100)  # 1000 samples, 10 classes
+    concentrated = P.inner_dirichlet(labels, 20, np.random.default_rng(0), 0.05)  # classes run out: no hang
+    spread = P.inner_dirichlet(labels, 20, np.random.default_rng(0), 1000.0)
+    for parts in (concentrated, spread):
+        assert [len(p) for p in parts] == [50] * 20
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+    top = lambda parts: np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])  # noqa: E731
+    assert top(concentrated) > 0.45 and top(spread) < 0.3
+    again = P.make(labels, {"kind": "inner_dirichlet", "seed": 3, "alpha": 0.5, "num_clients": 7})
+    assert all(np.array_equal(a, b) for a, b in zip(again, P.make(labels, {"kind": "inner_dirichlet", "seed": 3,
+                                                                            "alpha": 0.5, "num_clients": 7})))
+    assert [len(p) for p in again] == [1000 // 7] * 7

@@ -168,6 +168,7 @@ def partition_id(setting: dict) -> str:
     part = setting["partition"]
     key = {**without_path(partition_setting(setting)), "code": partition_code_hash()}
     desc = {"file": f"file{part.get('sha256', '')[:8]}", "iid": "iid", "dirichlet": f"dir{_fmt(part.get('alpha', 0))}",
+            "inner_dirichlet": f"idir{_fmt(part.get('alpha', 0))}",
             "hybrid": f"hyb{_fmt(part.get('alpha_balanced', 0))}-{_fmt(part.get('alpha', 0))}",
             "shards": f"shards{part.get('classes_per_client')}", "natural": "natural",
             "pachinko": f"pa{_fmt(part.get('alpha', 0))}b{_fmt(part.get('beta', 0))}"}[part["kind"]]

@@ -1,6 +1,7 @@
 """Splitting a training set over clients: IID, Dirichlet over labels, FedLAW's hybrid Dirichlet
 (balanced and imbalanced client groups), label-sorted shards, CIFAR-100's Pachinko allocation
-over coarse and fine labels, and client index lists read from a file another program wrote.
+over coarse and fine labels, FedLab's balanced "inner" Dirichlet (a class prior per client), and client
+index lists read from a file another program wrote.
 
 Every partitioner takes the labels and a local ``numpy.random.Generator`` (never the global
 RNG) and returns one sorted index array per client.
@@ -47,6 +48,31 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, al
             return [np.sort(np.asarray(c, dtype=np.int64)) for c in parts]
     raise PartitionError(f"Dirichlet partition with alpha={alpha} gave a client below min_size={min_size} "
                          f"in {max_tries} draws; lower partition.min_size or raise partition.alpha")
+
+
+def inner_dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float) -> list[np.ndarray]:
+    """FedLab's balanced "inner" Dirichlet (``client_inner_dirichlet_partition``, the default of its
+    CIFAR10/100Partitioner with partition="dirichlet"; IMA's CIFAR-100 notebook): every client gets
+    floor(N / J) samples and its own class prior q_j ~ Dir_C(alpha). Sample by sample, a random client that
+    still has room takes one sample of a class drawn from q_j; a class that has run out is skipped by drawing
+    from q_j renormalised over the classes left (FedLab's loop redraws until it hits one, which can hang)."""
+    classes = np.unique(labels)
+    pools = [rng.permutation(np.flatnonzero(labels == k)).tolist() for k in classes]
+    left = np.array([len(p) for p in pools]) > 0
+    priors = rng.dirichlet(np.full(len(classes), alpha), size=num_clients)
+    size = len(labels) // num_clients
+    taken: list[list[int]] = [[] for _ in range(num_clients)]
+    open_clients = list(range(num_clients)) if size else []
+    while open_clients:
+        slot = int(rng.integers(len(open_clients)))
+        j = open_clients[slot]
+        c = _draw(priors[j], left, rng)
+        taken[j].append(pools[c].pop())
+        left[c] = bool(pools[c])
+        if len(taken[j]) == size:
+            open_clients[slot] = open_clients[-1]
+            open_clients.pop()
+    return [np.sort(np.asarray(t, dtype=np.int64)) for t in taken]
 
 
 def hybrid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha_balanced: float, alpha: float,
@@ -285,6 +311,8 @@ def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) ->
         return iid(labels, n, rng)
     if kind == "dirichlet":
         return dirichlet(labels, n, rng, setting["alpha"], setting["min_size"], setting["balance"])
+    if kind == "inner_dirichlet":
+        return inner_dirichlet(labels, n, rng, setting["alpha"])
     if kind == "hybrid":
         return hybrid(labels, n, rng, setting["alpha_balanced"], setting["alpha"], setting["min_size"],
                       setting["balance"])
