@@ -17,7 +17,7 @@ N_TRAIN = 60000  # fmnist's training set
 def _lists(n: int = 4) -> list[list[int]]:
     rng = np.random.default_rng(0)
     order = rng.permutation(N_TRAIN)[:400]
-    return [sorted(int(i) for i in part) for part in np.array_split(order, n)]
+    return [[int(i) for i in part] for part in np.array_split(order, n)]  # unsorted: the order is kept
 
 
 def _write(path, lists) -> str:

@@ -199,11 +199,13 @@ class Trainer:
         self.model.buffers.copy_(updates.weights @ client_buffers)
         return updates
 
-    def shuffle_generator(self, t: int, client: int) -> torch.Generator:
+    def shuffle_generator(self, t: int, client: int) -> torch.Generator | None:
         """The client's batch-order stream; ``client.shuffle: reseeded`` gives every client in every round the
         same one (a probe of the batch order's weight; no official code reseeds per client)."""
         if self.setting["client"]["shuffle"] == "reseeded":
             return client_generator(self.setting["seed"], 0, 0)
+        if self.setting["client"]["shuffle"] == "none":
+            return None
         return client_generator(self.setting["seed"], t, client)
 
     def train_together(self, cohort: np.ndarray, client_epochs: list[int]) -> bool:

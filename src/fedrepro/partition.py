@@ -240,8 +240,8 @@ def natural(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:
 def read_file(path: str | Path, num_clients: int, train_size: int, sha256: str | None = None) -> list[np.ndarray]:
     """Kind ``file``: the client index lists of an .npz (int arrays ``client_0`` .. ``client_{n-1}``) or a JSON
     (``{"clients": [[...], ...]}``), checked: num_clients lists, none empty, every index an integer in
-    [0, train_size), none twice. With ``sha256`` the file must have that content hash. One-line errors name
-    the file and the first bad client."""
+    [0, train_size), none twice; each list is kept in the file's order. With ``sha256`` the file must have
+    that content hash. One-line errors name the file and the first bad client."""
     path = Path(path)
     if not path.is_file():
         raise PartitionError(f"partition file {path}: no such file")
@@ -292,7 +292,7 @@ def read_file(path: str | Path, num_clients: int, train_size: int, sha256: str |
         if bad:
             raise PartitionError(f"partition file {path}: client {i} {bad}")
         seen[part] = True
-        parts.append(np.sort(part.astype(np.int64)))
+        parts.append(part.astype(np.int64))  # in the file's order: the order the other program kept them in
     return parts
 
 
