@@ -11,15 +11,45 @@ import torch
 from fedrepro import config, data, engine
 
 
+# FedAWARE's code, seed 1998, FMNIST (100 clients, 10 a round): `sampler.last_sampled` of rounds 0-10 as its
+# run printed them (the parity helper's read-only log, /work/parity/logs/fedaware_fedaware_seed1998.log).
+# Round 0 is the head of the shuffled list; rounds 1-8 come from a Python set in ascending order, round 9's
+# set order wraps around its table size; round 10 is numpy's uniform draw (not reproducible: another stream).
+CODE_ROUND_0 = [71, 93, 4, 68, 67, 5, 44, 78, 57, 39]
+CODE_EXPLORATION = [CODE_ROUND_0, [0, 1, 2, 3, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21],
+                    [22, 23, 24, 25, 26, 27, 28, 29, 30, 31], [32, 33, 34, 35, 36, 37, 38, 40, 41, 42],
+                    [43, 45, 46, 47, 48, 49, 50, 51, 52, 53], [54, 55, 56, 58, 59, 60, 61, 62, 63, 64],
+                    [65, 66, 69, 70, 72, 73, 74, 75, 76, 77], [79, 80, 81, 82, 83, 84, 85, 86, 87, 88],
+                    [96, 97, 98, 99, 89, 90, 91, 92, 94, 95]]
+
+
+def test_the_exploration_draws_what_the_codes_sampler_drew(monkeypatch):
+    """Given the code's shuffled list (its head is all the later rounds depend on), our exploration draws the
+    code's clients in the code's order, round by round, the wrapped tenth round included."""
+    shuffled = CODE_ROUND_0 + [i for i in reversed(range(100)) if i not in CODE_ROUND_0]  # any order: a set
+    real = engine.streams.rng
+
+    class Shuffled:
+        def permutation(self, n):
+            return np.asarray(shuffled)
+
+    monkeypatch.setattr(engine.streams, "rng", lambda name, *keys: Shuffled() if name == "warmup" else real(name, *keys))
+    engine.exploration_draws.cache_clear()
+    try:
+        for t, drawn in enumerate(CODE_EXPLORATION):
+            assert engine.code_pairing(1998, t, 100, 10, "permutation").tolist() == drawn, t
+            assert engine.sample_cohort(1998, t, 100, 10, "permutation").tolist() == sorted(drawn)
+    finally:
+        engine.exploration_draws.cache_clear()
+
+
 @pytest.mark.parametrize("n,k", [(6, 2), (100, 10), (10, 4)])
-def test_the_pairing_is_the_draw_except_in_the_sorted_exploration_rounds(n, k):
+def test_the_pairing_is_the_draw_and_the_cohort_its_sorted_ids(n, k):
     explore = math.ceil(n / k)
     for t in range(explore + 6):
         draw = engine.cohort_draw(11, t, n, k, "permutation")
-        pairing = engine.code_pairing(11, t, n, k, "permutation")
-        assert np.array_equal(np.sort(pairing), engine.sample_cohort(11, t, n, k, "permutation"))
-        expected = np.sort(draw) if 1 <= t < explore else draw
-        assert np.array_equal(pairing, expected), t
+        assert np.array_equal(engine.code_pairing(11, t, n, k, "permutation"), draw)
+        assert np.array_equal(engine.sample_cohort(11, t, n, k, "permutation"), np.sort(draw))
     # without the warm-up every round is a uniform draw, round 0 included
     assert all(np.array_equal(engine.code_pairing(11, t, n, k), engine.cohort_draw(11, t, n, k)) for t in range(5))
     # round 0 and the uniform rounds come unsorted (else the setting would change nothing)
@@ -43,9 +73,9 @@ def _trainer(tmp_path, algorithm: str, assignment: str, name: str) -> engine.Tra
     return engine.Trainer(setting, tmp_path / name, None, None, datasets=(train, train), parts=parts)
 
 
-# hand-built draws of a 6-client, 2-a-round run: round 0 drawn as [4, 1], rounds 1 and 2 exploring (the code
-# returns them sorted, whatever our permutation's order), round 3 uniform, drawn as [5, 2]
-DRAWS = {0: [4, 1], 1: [3, 0], 2: [5, 2], 3: [5, 2]}
+# hand-built draws of a 6-client, 2-a-round run: round 0 drawn as [4, 1], rounds 1 and 2 exploring in
+# ascending order, round 3 uniform, drawn as [5, 2]
+DRAWS = {0: [4, 1], 1: [0, 3], 2: [2, 5], 3: [5, 2]}
 # upload j (clients in ascending order) -> the client whose momentum and data-size weight it gets, by hand
 CREDITED = {0: {1: 4, 4: 1}, 1: {0: 0, 3: 3}, 2: {2: 2, 5: 5}, 3: {2: 5, 5: 2}}
 
