@@ -289,3 +289,38 @@ def test_random_epochs_set_each_clients_local_steps(tiny_data_root, tiny_partiti
         updates = trainer.local_training(t, cohort, trainer.model.flat.clone(), 0.05)
         expected = [draws(t, c) * math.ceil(len(trainer.client_index[c]) / 50) for c in cohort]
         assert updates.steps.tolist() == expected
+
+
+def test_random_batch_sizes_set_each_clients_local_steps_and_repeat(tiny_data_root, tiny_partition, tmp_path):
+    """+random_batch (FedAWARE's -agnostic 1): B_i from {10..n_i - 1}, per client and round, from its own stream."""
+    from fedrepro.algorithms.random_batch import RandomBatch
+    from fedrepro.algorithms.random_epochs import RandomEpochs
+    from fedrepro.engine import Trainer
+
+    s = tiny_setting("fedavg+random_epochs+random_batch")
+    trainer = Trainer(s, tmp_path / "a", tiny_partition, tiny_data_root)
+    cohort = np.arange(4)
+    epochs, batches = RandomEpochs(s["seed"], 2, 5), RandomBatch(s["seed"], 10)
+    drawn = set()
+    for t in range(3):
+        updates = trainer.local_training(t, cohort, trainer.model.flat.clone(), 0.05)
+        sizes = [len(trainer.client_index[c]) for c in cohort]
+        b = [batches(t, c, n) for c, n in zip(cohort, sizes)]
+        assert all(10 <= bi < n for bi, n in zip(b, sizes))
+        drawn.update(b)
+        assert updates.steps.tolist() == [epochs(t, c) * math.ceil(n / bi) for c, n, bi in zip(cohort, sizes, b)]
+    assert len(drawn) > 3  # drawn afresh, not one size for all
+    assert RandomBatch(1, 10)(0, 0, 10) == 10 and RandomBatch(1, 10)(0, 0, 4) == 4  # n_i <= 10: one batch
+
+
+@pytest.mark.parametrize("mean", ["data_size", "uniform"])
+def test_fedprox_mean_weighs_by_data_size_or_uniformly(mean):
+    """fedprox.mean: uniform is FedAWARE's code (FedLab's SyncServerHandler: 1/|S| each)."""
+    from fedrepro.parts import RoundUpdates
+
+    algo = fedprox.build({**SETTING, "fedprox": {"mu": 0.5, "mean": mean}}, ctx())
+    deltas = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    updates = RoundUpdates(0, torch.tensor([0, 1]), deltas, torch.tensor([1.0, 3.0]), torch.ones(2), torch.zeros(2), 0.1)
+    x_new = algo.server_step(torch.zeros(2), updates)
+    expected = torch.tensor([-0.5, -0.5]) if mean == "uniform" else torch.tensor([-0.25, -0.75])
+    torch.testing.assert_close(x_new, expected)

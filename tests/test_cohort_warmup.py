@@ -87,3 +87,22 @@ def test_a_reseeded_client_repeats_its_local_training_from_the_same_model(tmp_pa
     a = trainer.local_training(0, np.array([2]), x, 0.05).deltas
     b = trainer.local_training(3, np.array([2]), x, 0.05).deltas
     assert torch.equal(a, b) == same
+
+
+def test_unshuffled_clients_take_their_batches_in_the_partitions_order(tmp_path):
+    """client.shuffle: none (FedAWARE's code on FMNIST): every epoch the stored order, so the same update
+    from the same model in any round, equal to SGD over the batches taken in order by hand."""
+    trainer = _fedaware_trainer(tmp_path, "none", {"shuffle": "none"})
+    trainer.setting["batch_size"] = 8
+    assert trainer.shuffle_generator(3, 2) is None
+    x = trainer.model.flat.clone()
+    a = trainer.local_training(0, np.array([2]), x, 0.05).deltas
+    b = trainer.local_training(5, np.array([2]), x, 0.05).deltas
+    assert torch.equal(a, b)
+    index = trainer.client_index[2]
+    trainer.model.flat.copy_(x)
+    for start in range(0, len(index), 8):  # one epoch of plain SGD, batches in order
+        images, labels = trainer.train.batch(index[start:start + 8])
+        trainer.model.loss_and_grad(torch.nn.functional.cross_entropy, images, labels)
+        trainer.model.flat.sub_(0.05 * trainer.model.grad)
+    torch.testing.assert_close(x - trainer.model.flat, a[0])

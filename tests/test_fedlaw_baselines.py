@@ -321,7 +321,7 @@ def test_fedbe_sample_depends_on_seed_and_round():
     def teachers(seed, round_):
         agg = make(BayesianEnsembleDistillation, module, px, py, seed=seed)
         updates.round = round_
-        return agg.teachers(x, x, models, updates)[-1]
+        return agg.teachers(x, x, models, updates)[-1][0]
 
     assert torch.equal(teachers(1, 0), teachers(1, 0))
     assert not torch.equal(teachers(1, 0), teachers(2, 0)) and not torch.equal(teachers(1, 0), teachers(1, 1))
@@ -352,3 +352,68 @@ def test_a_method_built_without_the_engines_holdout_is_refused(name):
     module = nn.Linear(3, 2)
     with pytest.raises(ValueError, match=r"evaluation\.proxy_holdout"):
         algorithms.build(setting, 20, 8, torch.device("cpu"), torch.ones(20), module=module, proxy=None)
+
+
+# --------------------------------------------------------------------------- the teachers' BatchNorm statistics
+
+
+def bn_problem(k=3):
+    """A BatchNorm MLP, k client models, each client's own running statistics, and the cohort's average."""
+    import copy
+    g = torch.Generator().manual_seed(3)
+    module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
+    n = sum(p.numel() for p in module.parameters())
+    x = torch.randn(n, generator=g, dtype=torch.float64)
+    deltas = 0.3 * torch.randn(k, n, generator=g, dtype=torch.float64)
+    own = torch.cat([torch.randn(k, 4, generator=g, dtype=torch.float64),             # running means
+                     0.5 + torch.rand(k, 4, generator=g, dtype=torch.float64)], 1)    # running variances
+    averaged = own.mean(0)
+    module[1].running_mean.copy_(averaged[:4])
+    module[1].running_var.copy_(averaged[4:])
+    updates = RoundUpdates(0, torch.arange(k), deltas, torch.tensor([10.0, 30.0, 60.0][:k], dtype=torch.float64),
+                           torch.ones(k), torch.zeros(k), 0.1, buffers=own)
+    proxy_x = torch.randn(6, 3, generator=g, dtype=torch.float64)
+
+    def scored(w, buffers=None, train=False):
+        """The oracle: a fresh copy of the module holding w (and buffers), in eval or train mode."""
+        net = copy.deepcopy(module)
+        torch.nn.utils.vector_to_parameters(w, net.parameters())
+        if buffers is not None:
+            net[1].running_mean.copy_(buffers[:4])
+            net[1].running_var.copy_(buffers[4:])
+        net.train(train)
+        with torch.no_grad():
+            return net(proxy_x)
+
+    return module, x, updates, proxy_x, torch.tensor([0, 1, 1, 0, 1, 0]), scored
+
+
+@pytest.mark.parametrize("statistics", ["global", "code"])
+def test_feddf_teachers_score_with_their_own_or_the_averaged_statistics(statistics):
+    module, x, updates, px, py, scored = bn_problem()
+    agg = make(EnsembleDistillation, module, px, py, cfg={"teacher_statistics": statistics})
+    models = x - updates.deltas
+    before = [b.clone() for b in module.buffers()]
+    agg.prepare(x, x - updates.weighted_mean(), models, updates)
+    own = statistics == "code"
+    expected = torch.stack([scored(w, updates.buffers[i] if own else None) for i, w in enumerate(models)]).mean(0)
+    torch.testing.assert_close(agg.teacher, expected, rtol=0, atol=1e-12)
+    other = torch.stack([scored(w, None if own else updates.buffers[i]) for i, w in enumerate(models)]).mean(0)
+    assert not torch.allclose(agg.teacher, other)  # the two readings differ on this problem
+    assert all(torch.equal(a, b) for a, b in zip(before, module.buffers()))  # the global statistics stay
+
+
+def test_fedbe_codes_fedavg_and_swag_teachers_use_batch_statistics():
+    module, x, updates, px, py, scored = bn_problem()
+    agg = make(BayesianEnsembleDistillation, module, px, py, cfg={"teacher_statistics": "code"}, seed=4)
+    models = x - updates.deltas
+    x_avg = x - updates.weighted_mean()
+    before = [b.clone() for b in module.buffers()]
+    agg.prepare(x, x_avg, models, updates)
+    eps = torch.randn(len(x), generator=round_generator(4, 0, "swag"), dtype=torch.float64)
+    swag = swag_sample(x, models, FunctionalModel(module).slices(), 0.1, eps)
+    expected = torch.stack([scored(x_avg, train=True), *(scored(w, updates.buffers[i]) for i, w in enumerate(models)),
+                            scored(swag, train=True)]).mean(0)
+    torch.testing.assert_close(agg.teacher, expected, rtol=0, atol=1e-12)
+    assert all(torch.equal(a, b) for a, b in zip(before, module.buffers()))
+    assert module.training  # the module's mode is left as it was

@@ -262,3 +262,22 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
     cli.main(["train", "--setting", json.dumps(setting), "--partition", str(parts_dir), "--data-root", str(tiny_data_root),
               "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"])
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
+
+
+def test_inner_dirichlet_gives_equal_clients_their_own_class_priors():
+    """FedLab's balanced inner Dirichlet (IMA's CIFAR-100 notebook): floor(N/J) samples each, disjoint, every
+    sample used when J divides N, and a small alpha concentrates each client on few classes."""
+    from fedrepro import partition as P
+
+    labels = np.repeat(np.arange(10), 100)  # 1000 samples, 10 classes
+    concentrated = P.inner_dirichlet(labels, 20, np.random.default_rng(0), 0.05)  # classes run out: no hang
+    spread = P.inner_dirichlet(labels, 20, np.random.default_rng(0), 1000.0)
+    for parts in (concentrated, spread):
+        assert [len(p) for p in parts] == [50] * 20
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+    top = lambda parts: np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])  # noqa: E731
+    assert top(concentrated) > 0.45 and top(spread) < 0.3
+    again = P.make(labels, {"kind": "inner_dirichlet", "seed": 3, "alpha": 0.5, "num_clients": 7})
+    assert all(np.array_equal(a, b) for a, b in zip(again, P.make(labels, {"kind": "inner_dirichlet", "seed": 3,
+                                                                            "alpha": 0.5, "num_clients": 7})))
+    assert [len(p) for p in again] == [1000 // 7] * 7

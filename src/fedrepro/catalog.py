@@ -72,8 +72,13 @@ PARTITION_KEYS = {
     "shards": ["kind", "seed", "classes_per_client", "distinct"],
     # CIFAR-100's Pachinko allocation: alpha over coarse labels, beta over each one's fine labels
     "pachinko": ["kind", "seed", "alpha", "beta", "samples_per_client"],
+    # FedLab's balanced "inner" Dirichlet: equal client sizes, a class prior Dir(alpha) per client
+    "inner_dirichlet": ["kind", "seed", "alpha"],
     # the dataset's own clients (Synthetic's users); nothing to draw
     "natural": ["kind"],
+    # client index lists another program produced (.npz client_0.. or JSON {"clients": [...]}); the run's
+    # identity holds the file's content hash, not its path (identity.partition_identity)
+    "file": ["kind", "path", "sha256"],
 }
 
 FEATURE_CLASSIFIER_MODELS = {name for name, spec in MODELS.items() if spec.get("feature_classifier")}

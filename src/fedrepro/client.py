@@ -88,7 +88,8 @@ class LocalSGD:
         loss_sum = torch.zeros((), device=model.flat.device)
         n = len(index)
         for _ in range(epochs):
-            order = index[torch.randperm(n, generator=generator).to(index.device)]
+            # no generator: the client's stored order every epoch (client.shuffle: none)
+            order = index if generator is None else index[torch.randperm(n, generator=generator).to(index.device)]
             for start in range(0, n, batch_size):
                 x, y = data.batch(order[start:start + batch_size])
                 if objective is None:

@@ -92,7 +92,8 @@ class CohortSGD:
         steps = 0
         for _ in range(epochs):
             # the same randperm calls, client by client, as LocalSGD makes: the same batches
-            order = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(index.device)
+            order = torch.stack([torch.arange(n) if g is None else torch.randperm(n, generator=g)
+                                 for g in generators]).to(index.device)
             order = torch.gather(index, 1, order)
             for start in range(0, n, batch_size):
                 x, y = data.batch(order[:, start:start + batch_size])

@@ -380,7 +380,27 @@ def resolve(raw: dict, where: str = "setting") -> dict:
     check_data_transforms(setting, where)
     setting = prune(setting)
     check_compatible(setting, where)
+    if setting["partition"]["kind"] == "file":
+        check_partition_file(setting, where)
     return setting
+
+
+def check_partition_file(setting: dict, where: str) -> None:
+    """Kind ``file``: read and check the index lists before any job, and put the file's content hash in the
+    setting (the run's and the partition's identity; a changed file is a new partition)."""
+    from fedrepro import partition
+    from fedrepro.identity import file_sha256
+
+    part = setting["partition"]
+    if "path" not in part:
+        raise ConfigError(f"{where}: partition.kind = file needs partition.path (an .npz or .json of client index lists)")
+    try:
+        digest = file_sha256(part["path"]) if Path(part["path"]).is_file() else None
+        partition.read_file(part["path"], setting["num_clients"], registry.DATASETS[setting["dataset"]]["train_size"],
+                            part.get("sha256"))
+    except partition.PartitionError as err:
+        raise ConfigError(f"{where}: partition.path: {err}") from None
+    part["sha256"] = digest
 
 
 def _variant_label(point: dict) -> dict:
@@ -458,6 +478,10 @@ def expand(params: dict, tunings: dict | None = None) -> list[Run]:
         for point in grid_points(exp.get("grid", {})):
             try:
                 raw = deep_merge(exp.get("base", {}), point)
+                part = raw.get("partition", {})
+                if part.get("kind") == "file" and isinstance(part.get("path"), str) and not os.path.isabs(part["path"]):
+                    # a relative partition file lies under the data root, as the datasets do
+                    raw["partition"] = {**part, "path": os.path.join(data_root(params), part["path"])}
                 setting = resolve(raw, f"experiments.{name}")
                 block = ftuning.claim(blocks, setting)
                 staged = ftuning.stage(block, raw, point, name) if block else None

@@ -13,6 +13,7 @@ checkpoint resume takes, and ends with the numbers it would have had trained fro
 """
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import sys
@@ -74,18 +75,47 @@ def pick_device(name: str, environ=None) -> torch.device:
 
 
 
-def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
-    """The k clients of a round, from (seed, round) alone: the same for every method of a comparison, and
-    on resume. ``warmup: permutation`` (FedAWARE's code): rounds 0 .. ceil(N/k) - 1 walk one permutation of
-    all N clients, seeded by the run's seed, k at a time, so each client is visited once; a last partial
-    chunk is topped up with clients drawn from the others. Afterwards, uniform without replacement."""
+def cohort_draw(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
+    """The k clients of a round in the order they were drawn, from (seed, round) alone: the same for every
+    method of a comparison, and on resume. Uniform without replacement (numpy's ``choice`` order, uniformly
+    random), or, with ``warmup: permutation``, FedAWARE's exploration in rounds 0 .. ceil(N/k) - 1
+    (``exploration_draws``) and uniform afterwards."""
     rng = streams.rng("cohort", seed, round_)
     if warmup == "permutation" and round_ < math.ceil(num_clients / k):
-        order = streams.rng("warmup", seed).permutation(num_clients)
-        chunk = order[round_ * k:(round_ + 1) * k]
+        chunk = exploration_draws(seed, num_clients, k)[round_]
         others = np.setdiff1d(np.arange(num_clients), chunk)
-        return np.sort(np.concatenate([chunk, rng.choice(others, size=k - len(chunk), replace=False)]))
-    return np.sort(rng.choice(num_clients, size=k, replace=False))
+        return np.concatenate([chunk, rng.choice(others, size=k - len(chunk), replace=False)])
+    return rng.choice(num_clients, size=k, replace=False)
+
+
+@functools.lru_cache(maxsize=8)
+def exploration_draws(seed: int, num_clients: int, k: int) -> tuple[np.ndarray, ...]:
+    """FedAWARE's FeedbackSampler exploration, step for step: a shuffled list of all N clients (our
+    permutation, seeded by the run's seed, where the code calls ``random.shuffle``); each round takes the
+    list's first k and keeps ``list(set(rest) - set(taken))``. That list comes in CPython's set order, which
+    is ascending for ids below the set's table size and wraps around it otherwise (the code's seed-1998 run
+    draws [96, 97, 98, 99, 89, ...] in its tenth round), so the order is computed with a Python set, as the
+    code computes it. A last partial chunk is topped up by ``cohort_draw`` (the code samples fewer)."""
+    remaining = [int(i) for i in streams.rng("warmup", seed).permutation(num_clients)]
+    draws = []
+    while remaining:
+        taken = remaining[:k]
+        draws.append(np.asarray(taken, dtype=np.int64))
+        remaining = list(set(remaining) - set(taken))
+    return tuple(draws)
+
+
+def sample_cohort(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
+    """The round's clients in ascending id order, the order in which they train (as FedLab's trainers do)."""
+    return np.sort(cohort_draw(seed, round_, num_clients, k, warmup))
+
+
+def code_pairing(seed: int, round_: int, num_clients: int, k: int, warmup: str = "none") -> np.ndarray:
+    """``cohort.assignment: code``: the ids FedAWARE's code credits the round's uploads to, the j-th upload
+    (clients train in ascending id order) to the j-th id of the sampler's draw (``sampler.last_sampled``,
+    unsorted). Round 0 (the head of a shuffled list), every uniform round (numpy's ``choice`` order) and the
+    exploration rounds whose set order wraps are permuted; exploration rounds in ascending order are not."""
+    return cohort_draw(seed, round_, num_clients, k, warmup)
 
 
 class ForkError(FedreproError):
@@ -209,7 +239,9 @@ class Trainer:
         losses = torch.empty(len(cohort), device=self.device)
         epochs = getattr(self.algorithm, "local_epochs", None)
         client_epochs = [epochs(t, int(c)) if epochs else s["local_epochs"] for c in cohort]
-        if self.train_together(cohort, client_epochs):
+        batch = getattr(self.algorithm, "batch_size", None)  # +random_batch
+        client_batches = [batch(t, int(c), len(self.client_index[c])) if batch else s["batch_size"] for c in cohort]
+        if batch is None and self.train_together(cohort, client_epochs):
             return self._cohort_training(t, cohort, x, lr, client_epochs[0])
         # BatchNorm running statistics: every client starts from the global ones; the weighted mean of
         # its final ones (data-size weights, as the official FedAvg codes) is the next global statistics
@@ -219,7 +251,7 @@ class Trainer:
             e = client_epochs[j]
             self.model.buffers.copy_(global_buffers)
             run = ClientRun(t, int(c), self.model, x, lr)
-            result = self.local.train(run, self.train, self.client_index[c], e, s["batch_size"],
+            result = self.local.train(run, self.train, self.client_index[c], e, client_batches[j],
                                       self.shuffle_generator(t, int(c)), self.algorithm.corrections,
                                       self.algorithm.objective,
                                       None if self.client_momentum is None else self.client_momentum[c])
@@ -228,15 +260,18 @@ class Trainer:
             steps[j] = result.steps
             losses[j] = result.loss
         clients = torch.as_tensor(cohort, device=self.device)
-        updates = RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr)
+        updates = RoundUpdates(t, clients, deltas, self.client_sizes[clients], steps, losses, lr,
+                               buffers=client_buffers if len(global_buffers) else None)
         self.model.buffers.copy_(updates.weights @ client_buffers)
         return updates
 
-    def shuffle_generator(self, t: int, client: int) -> torch.Generator:
+    def shuffle_generator(self, t: int, client: int) -> torch.Generator | None:
         """The client's batch-order stream; ``client.shuffle: reseeded`` gives every client in every round the
-        same one (IMA's code reseeds torch with the run's seed before each client's training)."""
+        same one (a probe of the batch order's weight; no official code reseeds per client)."""
         if self.setting["client"]["shuffle"] == "reseeded":
             return client_generator(self.setting["seed"], 0, 0)
+        if self.setting["client"]["shuffle"] == "none":
+            return None
         return client_generator(self.setting["seed"], t, client)
 
     def train_together(self, cohort: np.ndarray, client_epochs: list[int]) -> bool:
@@ -281,6 +316,12 @@ class Trainer:
                 self.snapshots[f"round_{t + 1}_client_{j}"] = (x - updates.deltas[j]).cpu().numpy()
             # their data sizes, so a figure can average any m of them as the server would (IMA Fig. 4)
             self.snapshots[f"round_{t + 1}_sizes"] = updates.sizes[:kept].double().cpu().numpy()
+        if s["cohort"].get("assignment", "per_client") == "code":
+            # after the snapshots and the BatchNorm average, which the code pairs right: only the server's
+            # bookkeeping (momenta, data-size weights, per-client state) credits upload j to credited[j]
+            credited = torch.as_tensor(code_pairing(s["seed"], t, s["num_clients"], self.k, s["cohort"]["warmup"]),
+                                       device=self.device)
+            updates.clients, updates.sizes = credited, self.client_sizes[credited]
         x_new = self.algorithm.server_step(x, updates)
         if t + 1 in self.snapshot_rounds:
             self.snapshots[f"round_{t + 1}_next"] = x_new.cpu().numpy()

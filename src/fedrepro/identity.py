@@ -141,10 +141,34 @@ def partition_setting(setting: dict) -> dict:
     return {"dataset": setting["dataset"], "num_clients": setting["num_clients"], **setting["partition"]}
 
 
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file (kind ``file`` partitions), cached on its stamp so a grid reads it once."""
+    stat = Path(path).stat()
+    return _file_sha256(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def without_path(part: dict) -> dict:
+    """A partition setting as its identity: a file partition is its content hash, wherever the file lies."""
+    return {k: v for k, v in part.items() if k != "path"} if part.get("kind") == "file" else part
+
+
+def identity_setting(setting: dict) -> dict:
+    """The run setting as its identity (a file partition's path left out: its content hash stays)."""
+    if setting["partition"].get("kind") != "file":
+        return setting
+    return {**setting, "partition": without_path(setting["partition"])}
+
+
 def partition_id(setting: dict) -> str:
     part = setting["partition"]
-    key = {**partition_setting(setting), "code": partition_code_hash()}
-    desc = {"iid": "iid", "dirichlet": f"dir{_fmt(part.get('alpha', 0))}",
+    key = {**without_path(partition_setting(setting)), "code": partition_code_hash()}
+    desc = {"file": f"file{part.get('sha256', '')[:8]}", "iid": "iid", "dirichlet": f"dir{_fmt(part.get('alpha', 0))}",
+            "inner_dirichlet": f"idir{_fmt(part.get('alpha', 0))}",
             "hybrid": f"hyb{_fmt(part.get('alpha_balanced', 0))}-{_fmt(part.get('alpha', 0))}",
             "shards": f"shards{part.get('classes_per_client')}", "natural": "natural",
             "pachinko": f"pa{_fmt(part.get('alpha', 0))}b{_fmt(part.get('beta', 0))}"}[part["kind"]]
@@ -162,5 +186,5 @@ def run_id(setting: dict) -> str:
     be ``ancient`` so that files restored by ``dvc pull`` with new mtimes rerun nothing.)"""
     algo = "+".join([setting["algorithm"], *setting["plugins"]])
     desc = partition_id(setting).rsplit("-", 2)[0]
-    identity = {"setting": setting, "code": code_hash(setting["algorithm"], setting["plugins"])}
+    identity = {"setting": identity_setting(setting), "code": code_hash(setting["algorithm"], setting["plugins"])}
     return f"{algo}-{desc}-{setting['model']}-s{setting['seed']}-{stable_hash(identity)}"

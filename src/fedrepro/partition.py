@@ -1,6 +1,8 @@
 """Splitting a training set over clients: IID, Dirichlet over labels, FedLAW's hybrid Dirichlet
-(balanced and imbalanced client groups), label-sorted shards, and CIFAR-100's Pachinko allocation
-over coarse and fine labels; IID and Dirichlet optionally over a long-tailed subset (FedLAW Table 7).
+(balanced and imbalanced client groups), label-sorted shards, CIFAR-100's Pachinko allocation
+over coarse and fine labels, FedLab's balanced "inner" Dirichlet (a class prior per client), and client
+index lists read from a file another program wrote; IID and Dirichlet optionally over a long-tailed
+subset (FedLAW Table 7).
 
 Every partitioner takes the labels and a local ``numpy.random.Generator`` (never the global
 RNG) and returns one sorted index array per client.
@@ -66,6 +68,31 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, al
                          f"clients gave every client that many samples ({tries} draws in "
                          f"{time.monotonic() - start:.0f} s; the best draw's smallest client had {best}); "
                          f"lower partition.min_size or raise partition.alpha")
+
+
+def inner_dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float) -> list[np.ndarray]:
+    """FedLab's balanced "inner" Dirichlet (``client_inner_dirichlet_partition``, the default of its
+    CIFAR10/100Partitioner with partition="dirichlet"; IMA's CIFAR-100 notebook): every client gets
+    floor(N / J) samples and its own class prior q_j ~ Dir_C(alpha). Sample by sample, a random client that
+    still has room takes one sample of a class drawn from q_j; a class that has run out is skipped by drawing
+    from q_j renormalised over the classes left (FedLab's loop redraws until it hits one, which can hang)."""
+    classes = np.unique(labels)
+    pools = [rng.permutation(np.flatnonzero(labels == k)).tolist() for k in classes]
+    left = np.array([len(p) for p in pools]) > 0
+    priors = rng.dirichlet(np.full(len(classes), alpha), size=num_clients)
+    size = len(labels) // num_clients
+    taken: list[list[int]] = [[] for _ in range(num_clients)]
+    open_clients = list(range(num_clients)) if size else []
+    while open_clients:
+        slot = int(rng.integers(len(open_clients)))
+        j = open_clients[slot]
+        c = _draw(priors[j], left, rng)
+        taken[j].append(pools[c].pop())
+        left[c] = bool(pools[c])
+        if len(taken[j]) == size:
+            open_clients[slot] = open_clients[-1]
+            open_clients.pop()
+    return [np.sort(np.asarray(t, dtype=np.int64)) for t in taken]
 
 
 def hybrid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha_balanced: float, alpha: float,
@@ -231,6 +258,65 @@ def natural(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:
     return [np.flatnonzero(groups == i) for i in range(num_clients)]
 
 
+def read_file(path: str | Path, num_clients: int, train_size: int, sha256: str | None = None) -> list[np.ndarray]:
+    """Kind ``file``: the client index lists of an .npz (int arrays ``client_0`` .. ``client_{n-1}``) or a JSON
+    (``{"clients": [[...], ...]}``), checked: num_clients lists, none empty, every index an integer in
+    [0, train_size), none twice; each list is kept in the file's order. With ``sha256`` the file must have
+    that content hash. One-line errors name the file and the first bad client."""
+    path = Path(path)
+    if not path.is_file():
+        raise PartitionError(f"partition file {path}: no such file")
+    raw = path.read_bytes()
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        raise PartitionError(f"partition file {path}: its content changed (SHA-256 {hashlib.sha256(raw).hexdigest()}, "
+                             f"the setting pins {sha256})")
+    try:
+        if path.suffix == ".npz":
+            import io
+            with np.load(io.BytesIO(raw), allow_pickle=False) as data:
+                keys = set(data.files)
+                lists = [data[f"client_{i}"] if f"client_{i}" in keys else None for i in range(len(keys))]
+                extra = sorted(k for k in keys if k not in {f"client_{i}" for i in range(len(keys))})
+        elif path.suffix == ".json":
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or not isinstance(doc.get("clients"), list):
+                raise PartitionError(f'partition file {path}: a JSON partition is an object {{"clients": [[...], ...]}}')
+            lists, extra = [np.asarray(c) if isinstance(c, list) else None for c in doc["clients"]], []
+        else:
+            raise PartitionError(f"partition file {path}: must end in .npz or .json, not '{path.suffix}'")
+    except PartitionError:
+        raise
+    except Exception as err:  # noqa: BLE001 - BadZipFile, JSONDecodeError, ValueError (pickled arrays)
+        raise PartitionError(f"partition file {path}: cannot be read ({type(err).__name__}: {err})") from None
+    if extra:
+        raise PartitionError(f"partition file {path}: keys must be client_0 .. client_{len(lists) - 1}; found {extra[0]}")
+    if len(lists) != num_clients:
+        raise PartitionError(f"partition file {path}: holds {len(lists)} clients, the setting asks for num_clients = "
+                             f"{num_clients}")
+    seen = np.zeros(train_size, dtype=bool)
+    parts = []
+    for i, part in enumerate(lists):
+        bad = None
+        if part is None or part.ndim != 1:
+            bad = "is not a list of indices"
+        elif not len(part):
+            bad = "is empty"
+        elif part.dtype.kind not in "iu":
+            bad = f"holds non-integer indices ({part.dtype})"
+        elif part.min() < 0 or part.max() >= train_size:
+            off = part[(part < 0) | (part >= train_size)][0]
+            bad = f"holds index {off}, outside the training set's 0..{train_size - 1}"
+        elif len(np.unique(part)) != len(part) or seen[part].any():
+            ordered = np.sort(part)
+            twice = part[seen[part]] if seen[part].any() else ordered[np.flatnonzero(np.diff(ordered) == 0)]
+            bad = f"holds index {twice[0]} a second time"
+        if bad:
+            raise PartitionError(f"partition file {path}: client {i} {bad}")
+        seen[part] = True
+        parts.append(part.astype(np.int64))  # in the file's order: the order the other program kept them in
+    return parts
+
+
 def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) -> list[np.ndarray]:
     """Partition from a resolved partition setting (see ``config.partition_setting``);
     ``groups`` (each sample's natural client) is needed by kind ``natural`` only."""
@@ -239,6 +325,8 @@ def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) ->
         if groups is None:
             raise PartitionError("partition kind 'natural' needs the dataset's client of each sample")
         return natural(groups, n)
+    if kind == "file":
+        return read_file(setting["path"], n, len(labels), setting.get("sha256"))
     rng = np.random.default_rng(setting["seed"])
     if setting.get("long_tail_rho", 1) != 1:
         return long_tailed(labels, setting, rng)
@@ -246,6 +334,8 @@ def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) ->
         return iid(labels, n, rng)
     if kind == "dirichlet":
         return dirichlet(labels, n, rng, setting["alpha"], setting["min_size"], setting["balance"])
+    if kind == "inner_dirichlet":
+        return inner_dirichlet(labels, n, rng, setting["alpha"])
     if kind == "hybrid":
         return hybrid(labels, n, rng, setting["alpha_balanced"], setting["alpha"], setting["min_size"],
                       setting["balance"])
@@ -349,8 +439,9 @@ def load(out_dir: str | Path, setting: dict | None = None) -> list[np.ndarray]:
         raise PartitionError(f"{path}: cannot be read ({type(err).__name__}: {err}); delete {out} and rerun "
                              f"to make it again") from None
     if setting is not None:
+        from fedrepro.identity import without_path
         info = read_json(out / "partition.json")
-        if info.get("setting") != setting:
+        if without_path(info.get("setting") or {}) != without_path(setting):
             raise PartitionError(f"{out / 'partition.json'} describes {json.dumps(info.get('setting'), sort_keys=True)}, "
                                  f"not this run's partition {json.dumps(setting, sort_keys=True)}")
         if info.get("content_hash") != content_hash(parts):

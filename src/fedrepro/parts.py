@@ -69,6 +69,8 @@ class RoundUpdates:
     losses: torch.Tensor    # (K,) mean local minibatch loss
     lr: float               # client learning rate of the round
     info: dict = field(default_factory=dict)  # what parts report for the round's log
+    # (K, B) each client's learnt buffers (BatchNorm running statistics) after its training; None without any
+    buffers: torch.Tensor | None = None
 
     @property
     def weights(self) -> torch.Tensor:

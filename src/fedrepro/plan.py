@@ -56,7 +56,10 @@ def local_steps(setting: dict) -> float:
     epochs = setting["local_epochs"]
     if "random_epochs" in setting.get("plugins", []):
         epochs = (setting["random_epochs"]["low"] + setting["random_epochs"]["high"]) / 2
-    return setting["rounds"] * config.cohort_size(setting) * epochs * math.ceil(mean_size / setting["batch_size"])
+    batch = setting["batch_size"]
+    if "random_batch" in setting.get("plugins", []):  # batch sizes from {low..n_i - 1}: about their middle
+        batch = max(1.0, min(mean_size, (setting["random_batch"]["low"] + mean_size) / 2))
+    return setting["rounds"] * config.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
 
 
 def step_key(setting: dict) -> str:

@@ -19,6 +19,7 @@ SALTS = {
     "validation": 0x7A11D,  # a client's validation samples (evaluation.validation): (seed, client)
     "proxy": 0xFED1A,     # the proxy hold-out of the test set (seed) and the server's proxy batches (seed, round)
     "epochs": 0xE90C,     # +random_epochs' local epochs: (seed, round, client)
+    "batch_size": 0xBA7C5,  # +random_batch's local batch size: (seed, round, client)
     "swag": 0xFEDBE,      # FedBE's SWAG-Gaussian sample: (seed, round)
 }
 

@@ -37,7 +37,8 @@ class BayesianEnsembleDistillation(EnsembleDistillation):
         generator = round_generator(self.seed, updates.round, "swag")
         eps = torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
         swag = swag_sample(x, models, self.net.slices(), self.cfg["swag_scale"], eps)
-        return [x_avg, *models, swag]
+        fresh = self.codes_statistics  # the code's FedAvg and SWAG teachers: new modules in train mode
+        return [(x_avg, None, fresh), *self.client_teachers(models, updates), (swag, None, fresh)]
 
 
 def build(setting, ctx) -> Algorithm:

@@ -9,6 +9,11 @@ clients into the FedAvg model on the proxy inputs (labels unused).
 
 The teachers' logits are computed once a round (they do not depend on w), over the proxy set in
 fixed chunks of feddf.batch_size. Server optimiser: proxy.py (code: SGD as the client's).
+
+BatchNorm statistics of the teachers (``teacher_statistics``): ``global`` (unset) scores every teacher in
+eval mode on the cohort-averaged running statistics; ``code`` as FedLAW's code: each client teacher in
+eval mode on its own running statistics (the client's model object), and FedBE's FedAvg and SWAG teachers,
+freshly built modules the code leaves in train mode, on each chunk's batch statistics.
 """
 from __future__ import annotations
 
@@ -27,13 +32,23 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
 class EnsembleDistillation(ProxyTraining):
     teacher: torch.Tensor | None = None  # (n_proxy, C) mean teacher logits of the round
 
+    @property
+    def codes_statistics(self) -> bool:
+        return self.cfg.get("teacher_statistics", "global") == "code"
+
+    def client_teachers(self, models: torch.Tensor, updates: RoundUpdates) -> list[tuple]:
+        """(w, buffers, batch statistics) of the K clients: their own running statistics under ``code``."""
+        own = self.codes_statistics and updates.buffers is not None
+        return [(w, updates.buffers[i] if own else None, False) for i, w in enumerate(models)]
+
     def teachers(self, x: torch.Tensor, x_avg: torch.Tensor, models: torch.Tensor,
-                 updates: RoundUpdates) -> torch.Tensor:
-        return models  # FedDF: the K client models
+                 updates: RoundUpdates) -> list[tuple]:
+        return self.client_teachers(models, updates)  # FedDF: the K client models
 
     def prepare(self, x, x_avg, models, updates) -> None:
         nets = self.teachers(x, x_avg, models, updates)
-        total = sum(self.net.logits(w, self.proxy_x, self.cfg["batch_size"]) for w in nets)
+        total = sum(self.net.logits(w, self.proxy_x, self.cfg["batch_size"], buffers, batch)
+                    for w, buffers, batch in nets)
         self.teacher = total / len(nets)
 
     def loss(self, w: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

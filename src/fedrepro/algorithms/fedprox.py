@@ -1,11 +1,12 @@
 """FedProx (Li et al., 2020): each client minimises F_i(x) + mu/2 ||x - x_global||^2.
 
     client gradient: g + mu (x - x_global);   server: FedAvg's weighted mean, x <- x - eta_g d
+    (``mean: uniform``: the plain mean over the cohort, as FedAWARE's code aggregates its FedProx)
 """
 import torch
 
 from fedrepro.parts import Algorithm, ClientRun, GradientCorrection
-from fedrepro.server import ServerSGD, WeightedMean
+from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 
 
 class ProximalTerm(GradientCorrection):
@@ -17,5 +18,6 @@ class ProximalTerm(GradientCorrection):
 
 
 def build(setting, ctx) -> Algorithm:
-    return Algorithm("fedprox", WeightedMean(), ServerSGD(setting["server"]["lr"]),
+    mean = UniformMean() if setting["fedprox"].get("mean", "data_size") == "uniform" else WeightedMean()
+    return Algorithm("fedprox", mean, ServerSGD(setting["server"]["lr"]),
                      corrections=[ProximalTerm(setting["fedprox"]["mu"])])
