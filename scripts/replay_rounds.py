@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from fedrepro.config import resolve
 from fedrepro.engine import Trainer
 
 torch.set_num_threads(1)
@@ -25,7 +26,8 @@ for exp in manifest["experiments"].values():
             continue
         old = pd.read_csv(root / "results" / "runs" / run["id"] / "metrics.csv")
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = Trainer(run["setting"], tmp, root / "results" / "partitions" / run["partition"], root / "data" / "fmnist")
+            # the recorded setting, completed with the defaults of settings added since (each keeps old behaviour)
+            trainer = Trainer(resolve(run["setting"]), tmp, root / "results" / "partitions" / run["partition"], root / "data" / "fmnist")
             for t in range(rounds):
                 row = trainer.round(t)
                 for key in ("train_loss", "test_acc", "test_loss", "step_norm", "e_lud"):
