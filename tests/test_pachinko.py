@@ -175,7 +175,10 @@ def test_ima_cifar100_runs_are_pachinko_and_join_the_papers_pa_rows():
     from fedrepro import paper
     params = config.load_params(Path(__file__).resolve().parents[1] / "params" / "ima.yaml")
     params["only"] = "ima_table1_cifar100_*"
-    runs = config.expand(params)
+    from fedrepro import plan
+    tunings: dict = {}
+    runs = [r for r in config.expand(params, tunings) if not r.tuning]
+    runs += plan.final_runs(tunings, "no-such-folder")[0]  # the tuned methods' runs (FedProx, FedFA)
     assert runs and {r.setting["dataset"] for r in runs} == {"cifar100"}
     assert all(r.setting["partition"] == {"kind": "pachinko", "seed": 1, "alpha": 0.1, "beta": 10,
                                           "samples_per_client": 500} for r in runs)

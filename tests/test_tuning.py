@@ -312,3 +312,28 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
     assert "client.lr=2000000.0" in (work / target).read_text()  # the report followed in the same invocation
     proc = _snakemake(work, params_file, "-n", target)
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path):
+    """The final runs a tuning gives are known only after its checkpoint; a tuned fedavg+ima run still starts
+    from its tuned FedAvg sibling's state at t_s (workflow/rules/train.smk, current_forks)."""
+    if not have_debian_fmnist():
+        pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST} (make setup installs dataset-fashion-mnist)")
+    work = tmp_path / "work"
+    (work / "params").mkdir(parents=True)
+    spec = copy.deepcopy(TINY_TUNE)
+    exp = spec["experiments"]["tiny_tune"]
+    exp["base"].update({"rounds": 4, "ima": {"window": 2, "start_round": 2}})
+    exp["grid"]["algorithm"] = ["fedavg", "fedavg+ima"]
+    exp["tune"][0]["without"] = ["ima"]
+    params_file = write_yaml(work / "params" / "tiny_tune.yaml", spec)
+    proc = _snakemake(work, params_file, "reports/tiny_tune.html")
+    (work / "snakemake.err").write_text(proc.stderr)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    finals = {s["setting"]["plugins"] and "ima" or "host": (rid, s) for rid, (s, _) in _summaries(work).items()
+              if s["scored_on"] == "test"}
+    (host_id, host), (child_id, child) = finals["host"], finals["ima"]
+    assert host["setting"]["client"]["lr"] == child["setting"]["client"]["lr"] == 0.05  # both tuned
+    assert child["forked_from"] == {"run": host_id, "round": 2}, child.get("forked_from")
+    assert host.get("forked_from") is None

@@ -178,7 +178,7 @@ def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE
     return table
 
 
-def _final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[config.Run], set[str]]:
+def final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[config.Run], set[str]]:
     """The final runs of the tunings (fedrepro.tuning), and the ids of those whose tuning has not chosen yet:
     with the chosen value where the choice is there (results/tuning/ beside the runs folder), else with the tune
     grid's first candidate, which stands in for the cost and for which runs are shared (not done: the run
@@ -209,7 +209,7 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
 
     tunings: dict = {}
     runs = config.expand(params, tunings)
-    finals, waiting = _final_runs(tunings, runs_dir)
+    finals, waiting = final_runs(tunings, runs_dir)
     runs += finals
     shared = forks.of_params(params, list(config.unique_runs(runs).values()))
     costs, source = load_step_costs(bench)

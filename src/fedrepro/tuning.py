@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedrepro import config, registry
+from fedrepro.errors import FedreproError
 from fedrepro.config import ConfigError, Run, deep_merge, grid_points, resolve, split_algorithm
 from fedrepro.identity import partition_id, run_id, stable_hash
 
 
-class TuningError(RuntimeError):
+class TuningError(FedreproError, RuntimeError):
     """The tuning runs cannot pick a value (every candidate diverged, a run was scored on the test set)."""
 
 
@@ -314,6 +315,9 @@ class RunTable(dict):
                      for name, exp in manifest["experiments"].items() for r in exp["runs"] if "tuned" in r}
             self._read = (stamp, final)
         return self._read[1]
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or key in self._final()
 
     def __missing__(self, key):
         final = self._final()

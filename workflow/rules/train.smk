@@ -159,6 +159,6 @@ rule fork:
     benchmark:
         "benchmarks/fork/{run}-{round}.tsv"
     shell:
-        "exec {FEDREPRO} fork --setting {params.setting:q} --run-dir results/runs/{wildcards.run} "
+        "exec {FEDREPRO} fork --setting {params.setting:q} --run-dir results/runs/{wildcards.run:q} "
         "--round {wildcards.round} --history {params.history} --partition {params.partition_dir:q} "
         "--data-root {params.data_root:q} --out {output:q} --threads {threads} > {log:q} 2>&1"

@@ -53,7 +53,7 @@ rule tune:
     benchmark:
         "benchmarks/tune/{tuning}.tsv"
     shell:
-        "fedrepro tune select --manifest {input.manifest:q} --tuning {wildcards.tuning:q} --out {output:q} > {log:q} 2>&1"
+        "{FEDREPRO} tune select --manifest {input.manifest:q} --tuning {wildcards.tuning:q} --out {output:q} > {log:q} 2>&1"
 
 
 if TUNINGS:
