@@ -98,3 +98,14 @@ def test_readme_holds_the_generated_matrix():
                          capture_output=True, text=True, check=True).stdout
     readme = (ROOT / "README.md").read_text()
     assert verification.readme_block(readme) == out, "run: fedrepro evidence matrix --write-readme"
+
+
+def test_a_manifest_kept_from_before_the_switches_flag_gets_it_from_todays_params_files():
+    from fedrepro import evidence
+    manifest = {"configfiles": ["params/fedlaw.yaml", "params/subsets/fedlaw_protocol_switches.yaml"],
+                "experiments": {"fedlaw_protocol_switches": {"runs": []}, "other": {"runs": []}}}
+    evidence._mark_switches(manifest)
+    assert manifest["experiments"] == {"fedlaw_protocol_switches": {"runs": [], "switches": True}, "other": {"runs": []}}
+    gone = {"configfiles": ["params/no_such_file.yaml"], "experiments": {"fedlaw_protocol_switches": {"runs": []}}}
+    evidence._mark_switches(gone)
+    assert "switches" not in gone["experiments"]["fedlaw_protocol_switches"]

@@ -58,6 +58,7 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
         configfiles = [project / p for p in kept_manifest.get("configfiles", [])]
         declared = {r["id"]: r["partition"] for exp in kept_manifest["experiments"].values() for r in exp["runs"]}
         command = f"fedrepro evidence keep --manifest {manifest_path} --name {name}"
+        _mark_switches(kept_manifest)
     else:
         configfiles = [Path(p) for p in configfiles]
         params = config.load_params_files([str(p) for p in configfiles])
@@ -89,6 +90,23 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     staging.rename(folder)
     return {"folder": str(folder), "runs": len(finished), "partitions": len(partitions),
             "bytes": sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())}
+
+
+def _mark_switches(manifest: dict) -> None:
+    """An experiment of switches (``switches: true``, a flag of how the report presents it, no part of any run)
+    in this checkout's params files is one in a manifest written before the flag existed too."""
+    from fedrepro import config
+
+    files = [config.ROOT / p for p in manifest.get("configfiles", [])]
+    if not files or not all(p.is_file() for p in files):
+        return
+    try:
+        current = config.selected_experiments(config.load_params_files(files))
+    except config.ConfigError:
+        return
+    for exp_name, exp in manifest["experiments"].items():
+        if current.get(exp_name, {}).get("switches"):
+            exp["switches"] = True
 
 
 def _copy(src: Path, dst: Path, names: tuple[str, ...]) -> None:
