@@ -638,8 +638,8 @@ def test_killing_snakemake_alone_makes_its_training_job_checkpoint_and_stop(shel
     rule = project / "workflow" / "rules" / "train.smk"
     if not shell_exec:
         text = rule.read_text()
-        assert '"exec fedrepro train' in text
-        rule.write_text(text.replace('"exec fedrepro train', '"fedrepro train'))
+        assert '"exec {FEDREPRO} train' in text
+        rule.write_text(text.replace('"exec {FEDREPRO} train', '"{FEDREPRO} train'))
     env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", PYTHONPATH=str(project / "src"))
     cmd = [str(BIN / "snakemake"), "--snakefile", str(project / "Snakefile"), "--directory", str(project),
            "--configfile", str(project / "k.yaml"), "--workflow-profile", str(project / "workflow/profiles/ci"),
