@@ -194,13 +194,18 @@ def cmd_plan(args) -> None:
     print(json.dumps(result, indent=2) if args.json else plan.format_plan(result))
 
 
-def cmd_track(args) -> None:
-    from fedrepro import config, records, tracking
+def _manifest_of(args, command: str) -> dict:
+    """The manifest a command reads: --manifest as written, or the one of --configfile's params files."""
+    from fedrepro import config, records
     if args.manifest:
-        manifest = records.read_json(args.manifest)
-    else:
-        manifest = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
-                                       "fedrepro track --configfile " + " ".join(args.configfile))
+        return records.read_json(args.manifest)
+    return config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+                               f"fedrepro {command} --configfile " + " ".join(args.configfile))
+
+
+def cmd_track(args) -> None:
+    from fedrepro import tracking
+    manifest = _manifest_of(args, "track")
     result = tracking.track(manifest, args.runs_dir, args.tracking_uri, args.run)
     print(f"tracking: {result['registered']} registered, {result['repaired']} repaired, {result['already']} "
           f"already there, {result['missing']} without a summary, {result['failed']} failed ({result['uri']})")
@@ -282,12 +287,8 @@ def cmd_report(args) -> None:
 
 
 def cmd_tables(args) -> None:
-    from fedrepro import config, records, report, tables
-    if args.manifest:
-        manifest = records.read_json(args.manifest)
-    else:
-        manifest = config.run_manifest(config.load_params_files(args.configfile), args.configfile,
-                                       "fedrepro tables --configfile " + " ".join(args.configfile))
+    from fedrepro import config, report, tables
+    manifest = _manifest_of(args, "tables")
     comparisons = report.paper_comparisons(manifest, Path(args.runs_dir))
     if args.table:
         unknown = sorted(set(args.table) - {c["name"] for c in comparisons})

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrepro import config, registry
+from fedrepro import conditions, config, registry
 from fedrepro.errors import FedreproError
 from fedrepro.config import ConfigError, Run, deep_merge, grid_points, resolve, split_algorithm
 from fedrepro.identity import partition_id, run_id, stable_hash
@@ -67,22 +67,13 @@ class Block:
 
     def matches(self, setting: dict) -> bool:
         for key, wanted in self.when.items():
-            value = _lookup(setting, key)
+            value = conditions.lookup(setting, key)
             allowed = wanted if isinstance(wanted, list) and key != "plugins" else [wanted]
             if key == "plugins":
                 value, allowed = sorted(value or []), [sorted(a) for a in allowed]
             if value not in allowed:
                 return False
         return True
-
-
-def _lookup(setting: dict, dotted: str):
-    value = setting
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
 
 
 def blocks(name: str, experiment: dict) -> list[Block]:
