@@ -78,7 +78,8 @@ def test_counts_gaps_and_explanations_from_paper_protocol_evidence(tmp_path, res
                             "allowed": 1.5, "explanation": "a named, tested difference"}]
     assert row.largest["column"] == "FedLAW" and row.folders == ["a", "b"]
     text = verification.markdown([row])
-    assert "| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference |" in text
+    assert ("| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference | "
+            "— | `evidence/a/`, `evidence/b/` |") in text
     assert "- toy_table1, FMNIST a=0.1 / FedLAW: -3.00 (allowed ±1.50). a named, tested difference" in text
 
 
@@ -90,6 +91,37 @@ def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cell
     text = verification.markdown([row])
     assert "+10.00 (allowed ±2.00). unexplained" in text  # one seed: 2 x the paper's std 1.0
     assert "FMNIST a=0.1 / FedLAW: all seeds diverged. unexplained" in text
+
+
+FIGURE = {"tables": {"toy_fig5": {
+    "paper": "toy", "title": "Toy Fig. 5 (figure only)", "metric": {"kind": "mean_last_rounds", "rounds": 1, "scale": 100},
+    "checks": [{"text": "FedLAW beats FedAvg in every row", "kind": "beats", "winner": "FedLAW", "loser": "FedAvg",
+                "stated": "Fig. 5"}],
+    "columns": [{"label": "FedAvg", "match": {"algorithm": "fedavg"}},
+                {"label": "FedLAW", "match": {"algorithm": "fedlaw"}}],
+    "rows": [{"label": "FMNIST", "match": {"dataset": "fmnist"}},
+             {"label": "CIFAR", "match": {"dataset": "cifar10"}}]}}}
+
+
+@pytest.mark.parametrize("fedlaw_acc, holds", [(0.9, True), (0.5, False)])
+def test_a_figure_only_table_is_judged_by_its_claims_on_our_runs(tmp_path, fedlaw_acc, holds):
+    results = tmp_path / "paper_results.yaml"
+    results.write_text(yaml.safe_dump(FIGURE))
+    root = tmp_path / "evidence"
+    _folder(root, "a", [("fedavg-s1", "fedavg", 0.6), ("fedavg-s2", "fedavg", 0.8),
+                        ("fedlaw-s1", "fedlaw", fedlaw_acc), ("fedlaw-s2", "fedlaw", fedlaw_acc)],
+            experiment="toy_fig5")
+    (row,) = verification.matrix(root, results)
+    # no paper numbers: two cells declared, the FMNIST pair offline and run at two seeds, nothing "within"
+    assert row.figure_only and (row.reported, row.runnable, row.run, row.seeds) == (0, 2, 2, [2, 2])
+    (check,) = row.checks
+    # one comparison (FMNIST); the CIFAR row waits: mean 70 against 90 holds, against 50 does not
+    assert (check.ours.holds, check.ours.total, check.pending) == (int(holds), 1, 1)
+    text = verification.markdown([row])
+    assert f"| Toy Fig. 5 (figure only) | figure | 2 | 2 | 2 | — | — | {int(holds)}/1 | `evidence/a/` |" in text
+    failing = "- toy_fig5: FedLAW beats FedAvg in every row: 0/1"
+    assert (failing in text) is not holds
+    assert ("No claim check evaluated on our runs fails." in text) is holds
 
 
 def test_readme_holds_the_generated_matrix():

@@ -3,7 +3,9 @@
 Built from ``evidence/`` and ``params/paper_results.yaml`` alone (never typed by hand): one row per paper
 table, with the cells the paper reports, those runnable on a machine without internet, those run at the
 paper's settings (kept as evidence), the seeds per cell, how many land within the allowed gap, and the
-largest gap with its explanation. The README holds the command's output between two markers, and a test
+largest gap with its explanation, and the table's claim checks evaluated on our runs (for a figure the
+paper prints no numbers for, they are the whole verification: its cells count as runnable and run, none as
+reported). The README holds the command's output between two markers, and a test
 checks that they agree.
 
 Only evidence kept under the paper's protocol counts: a folder kept from params files that include an
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro import paper
+from fedrepro import claims, paper
 from fedrepro.config import ROOT
 
 EVIDENCE = ROOT / "evidence"
@@ -47,6 +49,7 @@ def protocol(manifest: dict) -> str:
 class Row:
     table: str
     title: str
+    figure_only: bool = False            # the paper prints no numbers: only its claims can be checked
     reported: int = 0
     runnable: int = 0
     run: int = 0
@@ -56,6 +59,15 @@ class Row:
     largest: dict | None = None          # {row, column, delta, allowed, explanation}
     outside: list[dict] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
+    checks: list[claims.Verdict] = field(default_factory=list)
+
+    @property
+    def checks_evaluated(self) -> list[claims.Verdict]:
+        return [v for v in self.checks if v.ours.total]
+
+    @property
+    def checks_failing(self) -> list[claims.Verdict]:
+        return [v for v in self.checks_evaluated if v.ours.holds < v.ours.total]
 
 
 def _explanations(root: Path) -> dict:
@@ -109,13 +121,14 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 runs.pop(run["id"], None)  # kept again later: it counts as of its latest keep
                 runs[run["id"]] = {**run, "folder": folder.name}
         joined = paper.join({name: table}, list(runs.values()))
-        row = Row(name, table["title"])
+        row = Row(name, table["title"], figure_only=all(cell.value is None for cell in joined))
         for cell in joined:
-            if cell.value is None:
+            if cell.ours or cell.diverged:
+                _one_per_seed(cell, runs)
+                used.update(runs[r]["folder"] for r in cell.runs + cell.diverged)
+            if cell.value is None and not row.figure_only:
                 continue
-            _one_per_seed(cell, runs)
-            used.update(runs[r]["folder"] for r in cell.runs + cell.diverged)
-            row.reported += 1
+            row.reported += not row.figure_only
             row.runnable += cell.match.get("dataset") in OFFLINE_DATASETS
             if not cell.ours and not cell.diverged:
                 continue
@@ -127,6 +140,8 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 row.outside.append({"row": cell.row, "column": cell.column, "delta": None, "allowed": None,
                                     "explanation": explain.get(key, "unexplained")})
                 continue
+            if row.figure_only:  # no number to be near; the claims below judge it
+                continue
             allowed = paper.allowed_gap(paper.tolerance(table), cell.std, cell.ours_std)
             entry = {"row": cell.row, "column": cell.column, "delta": cell.delta, "allowed": allowed,
                      "explanation": explain.get(key, "unexplained")}
@@ -136,6 +151,7 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 row.outside.append(entry)
             if row.largest is None or abs(cell.delta) > abs(row.largest["delta"]):
                 row.largest = entry
+        row.checks = claims.evaluate_table(name, table, joined)
         row.folders = sorted(used)
         rows.append(row)
     return rows
@@ -156,15 +172,26 @@ def _gap(entry: dict | None, within: bool) -> str:
     return text if within else f"{text}: {entry['explanation']}"
 
 
+def _checks(row: Row) -> str:
+    if not row.checks:
+        return "—"
+    evaluated = row.checks_evaluated
+    text = f"{len(evaluated) - len(row.checks_failing)}/{len(evaluated)}"
+    waiting = len(row.checks) - len(evaluated)
+    return text + (f" ({waiting} not run)" if waiting else "")
+
+
 def markdown(rows: list[Row]) -> str:
     lines = ["| paper table | cells reported | runnable here | run at full settings | seeds per cell | "
-             "within the allowed gap | largest gap (ours − paper) and its explanation | evidence |",
-             "|---|---|---|---|---|---|---|---|"]
+             "within the allowed gap | largest gap (ours − paper) and its explanation | claim checks that hold on "
+             "our runs | evidence |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         largest_within = r.largest is not None and all(o is not r.largest for o in r.outside)
         folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or "—"
-        lines.append(f"| {r.title} | {r.reported} | {r.runnable} | {r.run} | {_seeds(r.seeds)} | "
-                     f"{r.within}/{r.run} | {_gap(r.largest, largest_within)} | {folders} |")
+        reported, within = ("figure", "—") if r.figure_only else (r.reported, f"{r.within}/{r.run}")
+        lines.append(f"| {r.title} | {reported} | {r.runnable} | {r.run} | {_seeds(r.seeds)} | "
+                     f"{within} | {_gap(r.largest, largest_within)} | {_checks(r)} | {folders} |")
     outside = [(r, o) for r in rows for o in r.outside]
     lines.append("")
     if outside:
@@ -175,6 +202,14 @@ def markdown(rows: list[Row]) -> str:
             lines.append(f"- {r.table}, {o['row']} / {o['column']}: {delta}. {o['explanation']}")
     else:
         lines.append("No cell that was run lies outside the allowed gap.")
+    failing = [(r, v) for r in rows for v in r.checks_failing]
+    lines.append("")
+    if failing:
+        lines.append("Claim checks our runs do not confirm (comparisons that hold on ours / made):")
+        lines.append("")
+        lines.extend(f"- {r.table}: {v.text}: {v.ours}" for r, v in failing)
+    else:
+        lines.append("No claim check evaluated on our runs fails.")
     return "\n".join(lines) + "\n"
 
 
