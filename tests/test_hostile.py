@@ -680,3 +680,14 @@ def test_killing_snakemake_alone_makes_its_training_job_checkpoint_and_stop(shel
         if snakemake.poll() is None:
             snakemake.kill()
             snakemake.wait()
+
+
+def test_every_rule_calls_the_environments_fedrepro():
+    """A rule's command starts with {FEDREPRO} (this Python's ``-m fedrepro``), never a bare ``fedrepro`` that
+    PATH may not hold (`.venv/bin/snakemake` without an activated environment, a Slurm job's shell)."""
+    import re
+    bare = re.compile(r"(?:^|[;&|(]\s*|\bthen\s+|\bexec\s+)fedrepro\b")
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")) + [ROOT / "Snakefile"]:
+        for block in re.findall(r"shell:\n((?:\s+\".*\"\n?)+)", smk.read_text()):
+            for literal in re.findall(r"\"(.*)\"", block):
+                assert not bare.search(literal), f"{smk.name}: bare fedrepro in {literal!r}"

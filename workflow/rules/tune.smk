@@ -72,7 +72,7 @@ if TUNINGS:
         benchmark:
             f"benchmarks/tuned_manifest/{CONFIG_NAME}.tsv"
         shell:
-            "fedrepro tune manifest --manifest {input.manifest:q} --choices {input.choices:q} --out {output:q} "
+            "{FEDREPRO} tune manifest --manifest {input.manifest:q} --choices {input.choices:q} --out {output:q} "
             "> {log:q} 2>&1"
 
     localrules: tuned_runs
@@ -91,4 +91,4 @@ if TUNINGS:
         benchmark:
             f"benchmarks/tuned_runs/{CONFIG_NAME}.tsv"
         shell:
-            "fedrepro tune final --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1"
+            "{FEDREPRO} tune final --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1"
