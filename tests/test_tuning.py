@@ -258,7 +258,9 @@ TINY_TUNE = {
                  "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10}},
         "grid": {"algorithm": ["fedavg"], "seed": [1]},
         # 1e6 diverges (as .test/config/tiny.yaml's tiny_diverge): the choice is 0.05 on any machine
-        "tune": [{"when": {"algorithm": "fedavg"}, "grid": {"client.lr": [1.0e+6, 0.05]}, "seeds": [7]}]}}}
+        "tune": [{"when": {"algorithm": "fedavg"}, "grid": {"client.lr": [1.0e+6, 0.05]}, "seeds": [7]}]}},
+    # a figure of a tuned experiment draws its final runs (it waits for the checkpoint), never the tuning runs
+    "figures": {"tiny_tune_accuracy": {"kind": "accuracy", "experiment": "tiny_tune"}}}
 
 
 def _summaries(work: Path) -> dict[str, tuple[dict, int]]:
@@ -294,6 +296,8 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
     page = (work / target).read_text()
     assert "Tuning: fedavg: client.lr" in page and "<b>client.lr=0.05</b> (chosen)" in page
     assert "1 of 1 runs" in page  # the experiment's one run is the final run
+    caption = json.loads((work / "results" / "figures" / "tiny_tune" / "tiny_tune_accuracy.json").read_text())
+    assert caption["drawn"], caption["reason"]
 
     # a wider tuning grid: one new tuning run (it diverges too), a new choice; nothing else trains
     wider = copy.deepcopy(TINY_TUNE)

@@ -14,9 +14,22 @@ def run_partition(wildcards):
 
 
 # figures.smk
+def figure_tuned(wildcards) -> bool:
+    """Whether the figure's experiment has tuned runs (tune.smk): they are known only after the checkpoint."""
+    return FIGURES[wildcards.figure].get("experiment") in TUNED_EXPERIMENTS
+
+
 def figure_runs(wildcards):
     spec = FIGURES[wildcards.figure]
-    return [] if spec["kind"] in ffigures.NO_RUNS else [i for i, r in RUNS.items() if r.experiment == spec["experiment"]]
+    if spec["kind"] in ffigures.NO_RUNS:
+        return []
+    own = [i for i in OWN_RUNS if RUNS[i].experiment == spec["experiment"]]  # a tuning run belongs to no figure
+    return own + ([i for i in final_runs() if RUNS[i].experiment == spec["experiment"]] if figure_tuned(wildcards) else [])
+
+
+def figure_manifest(wildcards):
+    """The manifest that lists the figure's runs: the checkpoint's when its experiment has tuned runs."""
+    return TUNED_MANIFEST if figure_tuned(wildcards) else MANIFEST_PATH
 
 
 def figure_data(wildcards):

@@ -15,7 +15,7 @@ FIGURES_DIR = f"results/figures/{CONFIG_NAME}"
 
 rule figure:
     input:
-        manifest=ancient(MANIFEST_PATH),
+        manifest=ancient(figure_manifest),
         summaries=ancient(lambda w: expand("results/runs/{run}/summary.json", run=figure_runs(w))),
         data=ancient(figure_data),
     output:

@@ -15,6 +15,8 @@ REPORT_MANIFEST = MANIFEST_PATH[: -len(".json")] + ".final.json" if TUNINGS else
 RUNS = ftuning.RunTable(RUNS, TUNED_MANIFEST)
 TUNING_RUNS = {run_id for run_id, run in RUNS.items() if run.tuning}
 OWN_RUNS = [run_id for run_id in RUNS if run_id not in TUNING_RUNS]  # tuning runs belong to no experiment
+# experiments whose grid has points a tuning decides (their final runs follow the checkpoint)
+TUNED_EXPERIMENTS = {name for tuning in TUNINGS.values() for name in tuning["experiments"]}
 
 
 def final_runs(wildcards=None):
