@@ -1,0 +1,37 @@
+"""Every subset in params/subsets/ expands, with the params file its header runs it with, into the runs it
+promises before any job starts: a subset that narrows a grid must keep the whole file valid (a tune block of
+the base file that matches none of the subset's points, a key the base file does not have)."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from fedrepro import config
+from fedrepro.config import ROOT
+
+SUBSETS = sorted((ROOT / "params" / "subsets").glob("*.yaml"))
+BASE = re.compile(r"--configfile\s+(params/[A-Za-z0-9_]+\.yaml)")
+
+
+def test_every_subset_names_the_params_file_it_narrows():
+    assert SUBSETS
+    for subset in SUBSETS:
+        assert BASE.search(subset.read_text()), f"{subset.name}: its header names no `--configfile params/<file>.yaml`"
+
+
+@pytest.mark.parametrize("subset", SUBSETS, ids=lambda p: p.stem)
+def test_a_subset_expands_with_its_params_file(subset, tmp_path):
+    base = ROOT / BASE.search(subset.read_text()).group(1)
+    params = config.load_params_files([base, subset])
+    # a subset reading a partition file finds it under data.root: the repository's copy (evidence/official_code)
+    for exp in params["experiments"].values():
+        path = exp.get("base", {}).get("partition", {}).get("path")
+        if path and not path.startswith("/"):
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / "evidence" / "official_code" / "partitions" / (tmp_path / path).name, tmp_path / path)
+            params["data"] = {**params.get("data", {}), "root": str(tmp_path)}
+    tunings: dict = {}
+    runs = config.expand(params, tunings)
+    assert [r for r in runs if not r.tuning], f"{subset.name} selects no run"
