@@ -159,6 +159,32 @@ def test_run_minutes_is_steps_times_cost_times_margin():
     assert plan.run_minutes({**setting, "model": "cnn"}, costs) == 120  # no cost known: the old request
 
 
+def test_run_minutes_counts_the_rounds_the_job_trains():
+    """A run started from another run's state at round t (a fork) trains rounds t..R-1; the fork step that
+    trains a parent's prefix again, rounds 0..t-1: each asks for what a run of that many rounds asks for."""
+    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
+                              "rounds": 100, "local_epochs": 2, "batch_size": 100})
+    costs = {"fmnist/mlp:100": 0.1}  # 60,000 steps x 0.1 s x 3 = 300 min for the 100 rounds, above the floor
+    assert plan.run_minutes(setting, costs, start=75) == plan.run_minutes({**setting, "rounds": 25}, costs) == 75
+    assert plan.run_minutes(setting, costs, stop=60) == plan.run_minutes({**setting, "rounds": 60}, costs) == 180
+    assert plan.local_steps(setting, 75) + plan.local_steps(setting, stop=75) == plan.local_steps(setting)
+
+
+def test_cluster_requests_count_a_childs_rounds_from_its_fork(tmp_path):
+    params = config.validate({"experiments": {"e": {
+        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 100,
+                 "local_epochs": 2, "batch_size": 100, "ima": {"start_round": 75}},
+        "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}, "params.schema.yaml", "test")
+    runs = config.unique_runs(config.expand(params))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:100": 0.1}}))
+    by = {"child" if run.setting["plugins"] else "parent": run.id for run in runs.values()}
+    # 100 x 5 x 2 x 60 steps x 0.1 s x 3 = 300 min; the child's last 25 rounds a quarter of it
+    for share, child in ((True, 75), (False, 300)):
+        asked = plan.cluster_requests({**params, "share_prefixes": share}, 600, bench=costs)["run_minutes"]
+        assert asked == {by["parent"]: 300, by["child"]: child}
+
+
 @pytest.mark.parametrize("minutes,walltime,per_gpu,size", [
     ([30, 20, 30], 240, 4, 32),   # 8 layers of 30 min, 4 runs each
     ([30], 240, 1, 8),

@@ -50,7 +50,10 @@ PYTHIA_70M = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads":
               "vocab_size": 50304, "rotary_pct": 0.25, "max_position_embeddings": 2048}
 
 
-def local_steps(setting: dict) -> float:
+def local_steps(setting: dict, start: int = 0, stop: int | None = None) -> float:
+    """The local steps of rounds start..stop-1, every round by default: a run that starts from another run's
+    state at round t (fedrepro.forks) trains rounds t..R-1, the fork step that trains a parent's first
+    rounds again 0..t-1. Every round costs the same here."""
     spec = registry.DATASETS[setting["dataset"]]
     mean_size = spec["train_size"] / setting["num_clients"]
     epochs = setting["local_epochs"]
@@ -59,7 +62,8 @@ def local_steps(setting: dict) -> float:
     batch = setting["batch_size"]
     if "random_batch" in setting.get("plugins", []):  # batch sizes from {low..n_i - 1}: about their middle
         batch = max(1.0, min(mean_size, (setting["random_batch"]["low"] + mean_size) / 2))
-    return setting["rounds"] * config.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
+    rounds = (setting["rounds"] if stop is None else stop) - start
+    return rounds * config.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
 
 
 def step_key(setting: dict) -> str:
@@ -226,19 +230,18 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
         if run.id not in waiting and RunDir(Path(runs_dir) / run.id).finished():
             row["done"] += 1
             continue
-        rounds = run.setting["rounds"]
-        trained = rounds - (shared[run.id].round if run.id in shared else 0)  # a child trains from its fork
-        steps = local_steps(run.setting)
-        row["rounds"] += trained
-        row["rounds_unshared"] += rounds
-        row["steps"] += steps * trained / rounds
-        row["steps_unshared"] += steps
+        start = shared[run.id].round if run.id in shared else 0  # a child trains from its fork
+        steps, unshared = local_steps(run.setting, start), local_steps(run.setting)
+        row["rounds"] += run.setting["rounds"] - start
+        row["rounds_unshared"] += run.setting["rounds"]
+        row["steps"] += steps
+        row["steps_unshared"] += unshared
         sec = step_seconds(costs, run.setting)
         if sec is None:
             row["unknown"].add(run.setting["model"])
         else:
-            row["seconds"] += steps * sec * trained / rounds
-            row["seconds_unshared"] += steps * sec
+            row["seconds"] += steps * sec
+            row["seconds_unshared"] += unshared * sec
     experiments = {name: {**row, "unknown": sorted(row["unknown"])} for name, row in rows.items()}
     total = {k: sum(r[k] for r in experiments.values()) for k in SUMMED}
     return {"source": source, "experiments": experiments, "total": total, "unique_runs": len(seen),
@@ -308,13 +311,15 @@ def measured_runs_per_gpu(paths=(GPU_CHECK_FILE, BENCH_FILE)) -> tuple[int, str]
     return RUNS_PER_GPU, "default (no GPU throughput measurement)"
 
 
-def run_minutes(setting: dict, costs: dict, margin: float = RUNTIME_MARGIN, floor: int = RUNTIME_FLOOR_MIN) -> int:
-    """Minutes a cluster job of this run asks for (attempt 1): estimated local steps x seconds per
-    step x margin. A model without any step cost asks for 120 minutes, the old fixed request."""
+def run_minutes(setting: dict, costs: dict, margin: float = RUNTIME_MARGIN, floor: int = RUNTIME_FLOOR_MIN, *,
+                start: int = 0, stop: int | None = None) -> int:
+    """Minutes a cluster job of this run asks for (attempt 1): estimated local steps of the rounds it
+    trains (start..stop-1, see local_steps) x seconds per step x margin. A model without any step cost
+    asks for 120 minutes, the old fixed request."""
     seconds = step_seconds(costs, setting)
     if seconds is None:
         return 120
-    return max(floor, math.ceil(local_steps(setting) * seconds * margin / 60))
+    return max(floor, math.ceil(local_steps(setting, start, stop) * seconds * margin / 60))
 
 
 def group_size(minutes: list[int], walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU) -> int:
@@ -333,9 +338,13 @@ def group_size(minutes: list[int], walltime_min: int, runs_per_gpu: int = RUNS_P
 def cluster_requests(params: dict, walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU,
                      bench: str | Path | None = None) -> dict:
     """Per-run runtime requests of a params file and the group size that fits a site's walltime."""
+    from fedrepro import forks
+
     costs, source = load_step_costs(bench)
     runs = config.unique_runs(config.expand(params))
-    minutes = {run_id: run_minutes(run.setting, costs) for run_id, run in runs.items()}
+    shared = forks.of_params(params, list(runs.values()))
+    minutes = {run_id: run_minutes(run.setting, costs, start=shared[run_id].round if run_id in shared else 0)
+               for run_id, run in runs.items()}
     size = group_size(list(minutes.values()), walltime_min, runs_per_gpu)
     return {"source": source, "run_minutes": minutes, "group_components": size, "runs_per_gpu": runs_per_gpu,
             "walltime_min": walltime_min, "submissions": math.ceil(len(minutes) / size)}
