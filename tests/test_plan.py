@@ -69,9 +69,29 @@ def test_plan_counts_the_rounds_a_forked_run_trains_itself_and_both_ways(tmp_pat
     assert result["forked_runs"] == 2
     assert "rounds: 57 (80 without shared prefixes, 29% saved; 2 runs start from another run's state)" \
         in plan.format_plan(result)
+    assert "tuning stage:" not in plan.format_plan(result), "no tuning stage, no line about it"
     off = plan.plan({**params, "share_prefixes": "false"}, bench, tmp_path)
     assert off["total"]["rounds"] == off["total"]["rounds_unshared"] == 80 and off["forked_runs"] == 0
     assert "share_prefixes: false" in plan.format_plan(off)
+
+
+def test_plan_gives_the_rounds_saved_outside_the_tuning_stage(tmp_path):
+    """FedAvg, FedProx and both +IMA from round 8 of 20, FedProx's mu tuned on two candidates (tuning runs of
+    the bare method, sharing no prefix). Counted by hand: the IMA runs train 12 rounds each, everything else
+    20; the tuning stage's 2 x 20 rounds dilute what sharing saves on the reported runs (20%) to 13%."""
+    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 20,
+            "local_epochs": 1, "batch_size": 100, "ima": {"start_round": 8}}
+    params = config.validate({"experiments": {"e": {
+        "base": base, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedprox", "fedprox+ima"]},
+        "tune": [{"when": {"algorithm": "fedprox"}, "without": ["ima"], "grid": {"fedprox.mu": [0.1, 0.01]},
+                  "seeds": [7]}]}}}, "params.schema.yaml", "test")
+    result = plan.plan(params, runs_dir=tmp_path / "runs")
+    total = result["total"]
+    assert (total["rounds"], total["rounds_unshared"]) == (20 + 12 + 20 + 12 + 2 * 20, 6 * 20)
+    assert (total["rounds_tuning"], total["rounds_tuning_unshared"]) == (2 * 20, 2 * 20)
+    text = plan.format_plan(result)
+    assert "rounds: 104 (120 without shared prefixes, 13% saved; 2 runs start from another run's state)" in text
+    assert "rounds outside the tuning stage: 64 (80 without shared prefixes, 20% saved); in it: 40 (40 " in text
 
 
 def test_without_a_benchmark_the_estimate_says_it_is_a_guess(tmp_path):

@@ -200,13 +200,14 @@ def final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[config.Run], s
     return runs, waiting
 
 
-SUMMED = ("runs", "tuning", "shared", "done", "rounds", "rounds_unshared", "steps", "steps_unshared", "seconds",
-          "seconds_unshared")
+SUMMED = ("runs", "tuning", "shared", "done", "rounds", "rounds_unshared", "rounds_tuning", "rounds_tuning_unshared",
+          "steps", "steps_unshared", "seconds", "seconds_unshared")
 
 
 def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs") -> dict:
     """Runs, rounds, local steps and seconds left to train per experiment; ``*_unshared`` as if every run
-    trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once. The
+    trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once;
+    ``rounds_tuning*``: the part of the rounds that the tuning stage's runs train (counted in rounds too). The
     final runs of a tuning (fedrepro.tuning) are counted with the chosen value, or the tune grid's first
     candidate before the choice, and share prefixes among themselves as the workflow has them do."""
     from fedrepro import forks
@@ -234,6 +235,9 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
         steps, unshared = local_steps(run.setting, start), local_steps(run.setting)
         row["rounds"] += run.setting["rounds"] - start
         row["rounds_unshared"] += run.setting["rounds"]
+        if run.tuning:
+            row["rounds_tuning"] += run.setting["rounds"] - start
+            row["rounds_tuning_unshared"] += run.setting["rounds"]
         row["steps"] += steps
         row["steps_unshared"] += unshared
         sec = step_seconds(costs, run.setting)
@@ -249,12 +253,21 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
 
 
 def sharing_line(total: dict, forked_runs: int) -> str:
-    """``rounds: 247,250 (436,400 without shared prefixes, 43% saved)`` and the compute both ways."""
-    saved = 1 - total["rounds"] / total["rounds_unshared"] if total["rounds_unshared"] else 0.0
+    """``rounds: 247,250 (436,400 without shared prefixes, 43% saved)`` and the compute both ways; with a
+    tuning stage, the rounds outside it both ways too (its runs score a validation split: they rarely share a
+    prefix with anything, and would hide what sharing saves on the runs the tables report)."""
+    saved = lambda rounds, unshared: 1 - rounds / unshared if unshared else 0.0  # noqa: E731
     hours, unshared = total["seconds"] / 3600, total["seconds_unshared"] / 3600
-    return (f"rounds: {total['rounds']:,} ({total['rounds_unshared']:,} without shared prefixes, {saved:.0%} saved; "
-            f"{forked_runs:,} runs start from another run's state); compute: {hours:,.1f} h "
-            f"({unshared:,.1f} h without shared prefixes)")
+    line = (f"rounds: {total['rounds']:,} ({total['rounds_unshared']:,} without shared prefixes, "
+            f"{saved(total['rounds'], total['rounds_unshared']):.0%} saved; {forked_runs:,} runs start from "
+            f"another run's state); compute: {hours:,.1f} h ({unshared:,.1f} h without shared prefixes)")
+    if total.get("rounds_tuning_unshared"):
+        own = total["rounds"] - total["rounds_tuning"]
+        own_unshared = total["rounds_unshared"] - total["rounds_tuning_unshared"]
+        line += (f"\nrounds outside the tuning stage: {own:,} ({own_unshared:,} without shared prefixes, "
+                 f"{saved(own, own_unshared):.0%} saved); in it: {total['rounds_tuning']:,} "
+                 f"({total['rounds_tuning_unshared']:,} without shared prefixes)")
+    return line
 
 
 def format_plan(result: dict) -> str:
