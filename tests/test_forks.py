@@ -133,8 +133,8 @@ def _with_input_dropout(build):
     return built
 
 
-# The train entry point (cli.main, what the `fedrepro` script calls) on that model, with one change: in round
-# PAUSE (-1: none), once the cohort's first client has trained (model, momentum buffer and torch stream half
+# The train entry point (cli.main, what the `fedrepro` script calls) on that model, with one change: in the
+# round its first argument names (-1: none), once the cohort's first client has trained (model, momentum buffer and torch stream half
 # moved in memory), the process says so in a file and waits to be killed. Without it the test could not choose
 # when the kill lands: on a loaded machine the run may pass its fork round between a poll and the kill. If
 # nothing kills it, it ends itself rather than wait forever.
@@ -170,28 +170,29 @@ def test_fork_from_a_parent_resumed_after_a_sigkill(tmp_path, partition_dir, tin
 
     # SCAFFOLD: server and client control variates; kept client momentum; dropout: the global torch stream
     parent, child = ({**s, "client": {**s["client"], "keep_momentum": True}} for s in _settings("scaffold"))
-    every, paused = 2, START - 1  # a checkpoint after round 2, killed inside round index 2 (t_s = 3)
+    every, paused = 2, START - 1  # a checkpoint after 2 rounds, killed inside round index 2 (t_s = 3)
     args = ["train", "--setting", json.dumps(parent), "--partition", str(partition_dir), "--data-root",
             str(tiny_data_root), "--out", str(tmp_path / "host"), "--no-progress", "--threads", "1",
             "--checkpoint-every", str(every), "--keep-forks", str(START), "--fork-history", str(WINDOW - 1)]
-    ready = tmp_path / "paused"
-    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(paused), str(ready), *args],
-                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready, log = tmp_path / "paused", tmp_path / "killed.log"
+    with open(log, "w") as out:  # a file, not a pipe nobody reads while the run goes on
+        proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(paused), str(ready), *args],
+                                env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600  # generous: a loaded machine starts torch slowly
         while not ready.exists():
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the parent never reached the round it is killed in"
             time.sleep(0.05)
         state = checkpoint.load(tmp_path / "host" / "checkpoint.pt")
         assert state["next_round"] == every and len(state["history"]) == WINDOW - 1
         assert not (tmp_path / "host" / "fork").exists(), "killed before its fork round"
         proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
     assert proc.returncode == -signal.SIGKILL and not (tmp_path / "host" / "summary.json").exists()
     resumed = subprocess.run([sys.executable, "-c", TRAIN, "-1", str(ready), *args], env=subprocess_env(),
                              capture_output=True, text=True, timeout=600)
