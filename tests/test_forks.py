@@ -4,15 +4,20 @@ from round 0, byte for byte on CPU; the pairs are derived from the plug-ins' dec
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from conftest import make_partition
+from conftest import make_partition, subprocess_env
 from fedrepro import catalog, checkpoint, cli, config, engine, forks
 
 START, WINDOW, ROUNDS = 3, 3, 6
@@ -115,6 +120,94 @@ def test_fork_from_a_parent_resumed_after_a_stop_and_a_child_stopped_after_its_f
     summary = _train(child, forked, partition_dir, tiny_data_root, *fork)
     assert summary["resumed"] is True and summary["forked_from"] == {"run": "host", "round": START}
     assert_same_run(alone, forked)
+
+
+def _with_input_dropout(build):
+    """models.build with a Dropout on the input in front: dropout draws from the global torch stream, whose
+    position a killed process loses and its resume must take from the checkpoint (no fmnist model of the
+    registry draws from it: every other stream is drawn from (seed, round, client))."""
+    import torch
+
+    def built(*args, **kwargs):
+        return torch.nn.Sequential(torch.nn.Dropout(0.2), build(*args, **kwargs))
+    return built
+
+
+# The train entry point (cli.main, what the `fedrepro` script calls) on that model, with one change: in the
+# round its first argument names (-1: none), once the cohort's first client has trained (model, momentum buffer and torch stream half
+# moved in memory), the process says so in a file and waits to be killed. Without it the test could not choose
+# when the kill lands: on a loaded machine the run may pass its fork round between a poll and the kill. If
+# nothing kills it, it ends itself rather than wait forever.
+TRAIN = inspect.getsource(_with_input_dropout) + """
+import os, sys, time
+from pathlib import Path
+from fedrepro import cli, client, models
+
+pause, ready, argv = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+models.build = _with_input_dropout(models.build)
+train = client.LocalSGD.train
+
+def train_then_wait(self, run, *args, **kwargs):
+    result = train(self, run, *args, **kwargs)
+    if run.round == pause:
+        ready.write_text(str(os.getpid()))
+        time.sleep(900)
+        os._exit(3)
+    return result
+
+client.LocalSGD.train = train_then_wait
+cli.main(argv)
+"""
+
+
+@pytest.mark.slow
+def test_fork_from_a_parent_resumed_after_a_sigkill(tmp_path, partition_dir, tiny_data_root, monkeypatch):
+    """A real parent process is killed (SIGKILL: no handler, no last checkpoint) in the middle of the round
+    before its fork round, after its periodic checkpoint of round 2; run again, it resumes from that
+    checkpoint and writes its fork state at t_s; the child started from it equals the child trained from
+    round 0, and the parent the parent never killed."""
+    from fedrepro import models
+
+    # SCAFFOLD: server and client control variates; kept client momentum; dropout: the global torch stream
+    parent, child = ({**s, "client": {**s["client"], "keep_momentum": True}} for s in _settings("scaffold"))
+    every, paused = 2, START - 1  # a checkpoint after 2 rounds, killed inside round index 2 (t_s = 3)
+    args = ["train", "--setting", json.dumps(parent), "--partition", str(partition_dir), "--data-root",
+            str(tiny_data_root), "--out", str(tmp_path / "host"), "--no-progress", "--threads", "1",
+            "--checkpoint-every", str(every), "--keep-forks", str(START), "--fork-history", str(WINDOW - 1)]
+    ready, log = tmp_path / "paused", tmp_path / "killed.log"
+    with open(log, "w") as out:  # a file, not a pipe nobody reads while the run goes on
+        proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(paused), str(ready), *args],
+                                env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600  # generous: a loaded machine starts torch slowly
+        while not ready.exists():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the parent never reached the round it is killed in"
+            time.sleep(0.05)
+        state = checkpoint.load(tmp_path / "host" / "checkpoint.pt")
+        assert state["next_round"] == every and len(state["history"]) == WINDOW - 1
+        assert not (tmp_path / "host" / "fork").exists(), "killed before its fork round"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL and not (tmp_path / "host" / "summary.json").exists()
+    resumed = subprocess.run([sys.executable, "-c", TRAIN, "-1", str(ready), *args], env=subprocess_env(),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((tmp_path / "host" / "summary.json").read_text())
+    assert summary["resumed"] is True and summary["rounds_done"] == ROUNDS
+    monkeypatch.setattr(models, "build", _with_input_dropout(models.build))
+    _train(parent, tmp_path / "host_alone", partition_dir, tiny_data_root)
+    assert_same_run(tmp_path / "host_alone", tmp_path / "host")
+    _train(child, tmp_path / "alone", partition_dir, tiny_data_root)
+    kept = tmp_path / "host" / "fork" / f"kept-{START}.pt"
+    assert kept.exists(), "the resumed parent kept no fork state (its checkpoint lacked the window's models?)"
+    summary = _train(child, tmp_path / "forked", partition_dir, tiny_data_root, "--fork-from", str(kept))
+    assert summary["forked_from"] == {"run": "host", "round": START} and summary["resumed"] is False
+    assert_same_run(tmp_path / "alone", tmp_path / "forked")
 
 
 def test_the_fork_step_trains_the_prefix_again_when_nothing_was_kept(tmp_path, partition_dir, tiny_data_root):

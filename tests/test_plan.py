@@ -69,9 +69,29 @@ def test_plan_counts_the_rounds_a_forked_run_trains_itself_and_both_ways(tmp_pat
     assert result["forked_runs"] == 2
     assert "rounds: 57 (80 without shared prefixes, 29% saved; 2 runs start from another run's state)" \
         in plan.format_plan(result)
+    assert "tuning stage:" not in plan.format_plan(result), "no tuning stage, no line about it"
     off = plan.plan({**params, "share_prefixes": "false"}, bench, tmp_path)
     assert off["total"]["rounds"] == off["total"]["rounds_unshared"] == 80 and off["forked_runs"] == 0
     assert "share_prefixes: false" in plan.format_plan(off)
+
+
+def test_plan_gives_the_rounds_saved_outside_the_tuning_stage(tmp_path):
+    """FedAvg, FedProx and both +IMA from round 8 of 20, FedProx's mu tuned on two candidates (tuning runs of
+    the bare method, sharing no prefix). Counted by hand: the IMA runs train 12 rounds each, everything else
+    20; the tuning stage's 2 x 20 rounds dilute what sharing saves on the reported runs (20%) to 13%."""
+    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 20,
+            "local_epochs": 1, "batch_size": 100, "ima": {"start_round": 8}}
+    params = config.validate({"experiments": {"e": {
+        "base": base, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedprox", "fedprox+ima"]},
+        "tune": [{"when": {"algorithm": "fedprox"}, "without": ["ima"], "grid": {"fedprox.mu": [0.1, 0.01]},
+                  "seeds": [7]}]}}}, "params.schema.yaml", "test")
+    result = plan.plan(params, runs_dir=tmp_path / "runs")
+    total = result["total"]
+    assert (total["rounds"], total["rounds_unshared"]) == (20 + 12 + 20 + 12 + 2 * 20, 6 * 20)
+    assert (total["rounds_tuning"], total["rounds_tuning_unshared"]) == (2 * 20, 2 * 20)
+    text = plan.format_plan(result)
+    assert "rounds: 104 (120 without shared prefixes, 13% saved; 2 runs start from another run's state)" in text
+    assert "rounds outside the tuning stage: 64 (80 without shared prefixes, 20% saved); in it: 40 (40 " in text
 
 
 def test_without_a_benchmark_the_estimate_says_it_is_a_guess(tmp_path):
@@ -157,6 +177,32 @@ def test_run_minutes_is_steps_times_cost_times_margin():
     assert plan.run_minutes(setting, costs) == 30
     assert plan.run_minutes({**setting, "rounds": 1}, costs) == plan.RUNTIME_FLOOR_MIN
     assert plan.run_minutes({**setting, "model": "cnn"}, costs) == 120  # no cost known: the old request
+
+
+def test_run_minutes_counts_the_rounds_the_job_trains():
+    """A run started from another run's state at round t (a fork) trains rounds t..R-1; the fork step that
+    trains a parent's prefix again, rounds 0..t-1: each asks for what a run of that many rounds asks for."""
+    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
+                              "rounds": 100, "local_epochs": 2, "batch_size": 100})
+    costs = {"fmnist/mlp:100": 0.1}  # 60,000 steps x 0.1 s x 3 = 300 min for the 100 rounds, above the floor
+    assert plan.run_minutes(setting, costs, start=75) == plan.run_minutes({**setting, "rounds": 25}, costs) == 75
+    assert plan.run_minutes(setting, costs, stop=60) == plan.run_minutes({**setting, "rounds": 60}, costs) == 180
+    assert plan.local_steps(setting, 75) + plan.local_steps(setting, stop=75) == plan.local_steps(setting)
+
+
+def test_cluster_requests_count_a_childs_rounds_from_its_fork(tmp_path):
+    params = config.validate({"experiments": {"e": {
+        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 100,
+                 "local_epochs": 2, "batch_size": 100, "ima": {"start_round": 75}},
+        "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}, "params.schema.yaml", "test")
+    runs = config.unique_runs(config.expand(params))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:100": 0.1}}))
+    by = {"child" if run.setting["plugins"] else "parent": run.id for run in runs.values()}
+    # 100 x 5 x 2 x 60 steps x 0.1 s x 3 = 300 min; the child's last 25 rounds a quarter of it
+    for share, child in ((True, 75), (False, 300)):
+        asked = plan.cluster_requests({**params, "share_prefixes": share}, 600, bench=costs)["run_minutes"]
+        assert asked == {by["parent"]: 300, by["child"]: child}
 
 
 @pytest.mark.parametrize("minutes,walltime,per_gpu,size", [

@@ -356,6 +356,39 @@ def forked_grid(tmp_path_factory):
     return {"runs": runs, "forks": shared, **grids}
 
 
+def test_forks_each_job_asks_for_the_runtime_of_the_rounds_it_trains(tmp_path):
+    """A child trains rounds t..R-1: its Slurm runtime request is that of a run of R - t rounds, not R; the
+    fork step trains at most the parent's first t rounds; a parent, and every run with sharing off, asks for R.
+    Step costs large enough that no request is the floor, so the counts show."""
+    from fedrepro import forks, plan
+    costs = {"fmnist/mlp:256": 5.0}
+    (tmp_path / "results" / "bench").mkdir(parents=True)
+    (tmp_path / "results" / "bench" / "step_costs.json").write_text(json.dumps({"device": "cuda",
+                                                                                "step_seconds": costs}))
+    runs = config.unique_runs(config.expand(config.load_params(FORKS_CONFIG)))
+    shared = forks.assign(list(runs.values()))
+    minutes = lambda run_id, rounds: plan.run_minutes({**runs[run_id].setting, "rounds": rounds}, costs)  # noqa: E731
+    rounds = {run_id: run.setting["rounds"] for run_id, run in runs.items()}
+    for extra in ((), ("--config", "share_prefixes=false")):
+        proc = _snakemake(tmp_path, "-n", "--configfile", str(FORKS_CONFIG), *CI_PROFILE, *_train_targets(runs),
+                          *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        asked = {}
+        for rule, job in _jobs(proc.stdout + proc.stderr):
+            if rule in ("train", "fork"):
+                runtime = int(re.search(r"runtime=(\d+)", job["resources"]).group(1))
+                first = job["output"].split(",")[0].split("/")  # results/runs/<run>/summary.json or fork/<t>.pt
+                asked[(rule, first[2], first[-1])] = runtime
+        expected = {}
+        for run_id, n in rounds.items():
+            fork = shared.get(run_id) if not extra else None
+            expected[("train", run_id, "summary.json")] = minutes(run_id, n - (fork.round if fork else 0))
+            if fork:
+                expected[("fork", fork.parent, f"{fork.round}.pt")] = minutes(fork.parent, fork.round)
+        assert asked == expected
+        assert len(set(asked.values())) > 1 or extra, "the counts must differ to show anything"
+
+
 @pytest.mark.slow
 def test_forks_each_child_trains_after_its_parents_fork_state(forked_grid):
     shared = forked_grid["forks"]

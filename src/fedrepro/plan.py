@@ -50,7 +50,10 @@ PYTHIA_70M = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads":
               "vocab_size": 50304, "rotary_pct": 0.25, "max_position_embeddings": 2048}
 
 
-def local_steps(setting: dict) -> float:
+def local_steps(setting: dict, start: int = 0, stop: int | None = None) -> float:
+    """The local steps of rounds start..stop-1, every round by default: a run that starts from another run's
+    state at round t (fedrepro.forks) trains rounds t..R-1, the fork step that trains a parent's first
+    rounds again 0..t-1. Every round costs the same here."""
     spec = registry.DATASETS[setting["dataset"]]
     mean_size = spec["train_size"] / setting["num_clients"]
     epochs = setting["local_epochs"]
@@ -59,7 +62,8 @@ def local_steps(setting: dict) -> float:
     batch = setting["batch_size"]
     if "random_batch" in setting.get("plugins", []):  # batch sizes from {low..n_i - 1}: about their middle
         batch = max(1.0, min(mean_size, (setting["random_batch"]["low"] + mean_size) / 2))
-    return setting["rounds"] * config.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
+    rounds = (setting["rounds"] if stop is None else stop) - start
+    return rounds * config.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
 
 
 def step_key(setting: dict) -> str:
@@ -196,13 +200,14 @@ def final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[config.Run], s
     return runs, waiting
 
 
-SUMMED = ("runs", "tuning", "shared", "done", "rounds", "rounds_unshared", "steps", "steps_unshared", "seconds",
-          "seconds_unshared")
+SUMMED = ("runs", "tuning", "shared", "done", "rounds", "rounds_unshared", "rounds_tuning", "rounds_tuning_unshared",
+          "steps", "steps_unshared", "seconds", "seconds_unshared")
 
 
 def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs") -> dict:
     """Runs, rounds, local steps and seconds left to train per experiment; ``*_unshared`` as if every run
-    trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once. The
+    trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once;
+    ``rounds_tuning*``: the part of the rounds that the tuning stage's runs train (counted in rounds too). The
     final runs of a tuning (fedrepro.tuning) are counted with the chosen value, or the tune grid's first
     candidate before the choice, and share prefixes among themselves as the workflow has them do."""
     from fedrepro import forks
@@ -226,19 +231,21 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
         if run.id not in waiting and RunDir(Path(runs_dir) / run.id).finished():
             row["done"] += 1
             continue
-        rounds = run.setting["rounds"]
-        trained = rounds - (shared[run.id].round if run.id in shared else 0)  # a child trains from its fork
-        steps = local_steps(run.setting)
-        row["rounds"] += trained
-        row["rounds_unshared"] += rounds
-        row["steps"] += steps * trained / rounds
-        row["steps_unshared"] += steps
+        start = shared[run.id].round if run.id in shared else 0  # a child trains from its fork
+        steps, unshared = local_steps(run.setting, start), local_steps(run.setting)
+        row["rounds"] += run.setting["rounds"] - start
+        row["rounds_unshared"] += run.setting["rounds"]
+        if run.tuning:
+            row["rounds_tuning"] += run.setting["rounds"] - start
+            row["rounds_tuning_unshared"] += run.setting["rounds"]
+        row["steps"] += steps
+        row["steps_unshared"] += unshared
         sec = step_seconds(costs, run.setting)
         if sec is None:
             row["unknown"].add(run.setting["model"])
         else:
-            row["seconds"] += steps * sec * trained / rounds
-            row["seconds_unshared"] += steps * sec
+            row["seconds"] += steps * sec
+            row["seconds_unshared"] += unshared * sec
     experiments = {name: {**row, "unknown": sorted(row["unknown"])} for name, row in rows.items()}
     total = {k: sum(r[k] for r in experiments.values()) for k in SUMMED}
     return {"source": source, "experiments": experiments, "total": total, "unique_runs": len(seen),
@@ -246,12 +253,21 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
 
 
 def sharing_line(total: dict, forked_runs: int) -> str:
-    """``rounds: 247,250 (436,400 without shared prefixes, 43% saved)`` and the compute both ways."""
-    saved = 1 - total["rounds"] / total["rounds_unshared"] if total["rounds_unshared"] else 0.0
+    """``rounds: 247,250 (436,400 without shared prefixes, 43% saved)`` and the compute both ways; with a
+    tuning stage, the rounds outside it both ways too (its runs score a validation split: they rarely share a
+    prefix with anything, and would hide what sharing saves on the runs the tables report)."""
+    saved = lambda rounds, unshared: 1 - rounds / unshared if unshared else 0.0  # noqa: E731
     hours, unshared = total["seconds"] / 3600, total["seconds_unshared"] / 3600
-    return (f"rounds: {total['rounds']:,} ({total['rounds_unshared']:,} without shared prefixes, {saved:.0%} saved; "
-            f"{forked_runs:,} runs start from another run's state); compute: {hours:,.1f} h "
-            f"({unshared:,.1f} h without shared prefixes)")
+    line = (f"rounds: {total['rounds']:,} ({total['rounds_unshared']:,} without shared prefixes, "
+            f"{saved(total['rounds'], total['rounds_unshared']):.0%} saved; {forked_runs:,} runs start from "
+            f"another run's state); compute: {hours:,.1f} h ({unshared:,.1f} h without shared prefixes)")
+    if total.get("rounds_tuning_unshared"):
+        own = total["rounds"] - total["rounds_tuning"]
+        own_unshared = total["rounds_unshared"] - total["rounds_tuning_unshared"]
+        line += (f"\nrounds outside the tuning stage: {own:,} ({own_unshared:,} without shared prefixes, "
+                 f"{saved(own, own_unshared):.0%} saved); in it: {total['rounds_tuning']:,} "
+                 f"({total['rounds_tuning_unshared']:,} without shared prefixes)")
+    return line
 
 
 def format_plan(result: dict) -> str:
@@ -308,13 +324,15 @@ def measured_runs_per_gpu(paths=(GPU_CHECK_FILE, BENCH_FILE)) -> tuple[int, str]
     return RUNS_PER_GPU, "default (no GPU throughput measurement)"
 
 
-def run_minutes(setting: dict, costs: dict, margin: float = RUNTIME_MARGIN, floor: int = RUNTIME_FLOOR_MIN) -> int:
-    """Minutes a cluster job of this run asks for (attempt 1): estimated local steps x seconds per
-    step x margin. A model without any step cost asks for 120 minutes, the old fixed request."""
+def run_minutes(setting: dict, costs: dict, margin: float = RUNTIME_MARGIN, floor: int = RUNTIME_FLOOR_MIN, *,
+                start: int = 0, stop: int | None = None) -> int:
+    """Minutes a cluster job of this run asks for (attempt 1): estimated local steps of the rounds it
+    trains (start..stop-1, see local_steps) x seconds per step x margin. A model without any step cost
+    asks for 120 minutes, the old fixed request."""
     seconds = step_seconds(costs, setting)
     if seconds is None:
         return 120
-    return max(floor, math.ceil(local_steps(setting) * seconds * margin / 60))
+    return max(floor, math.ceil(local_steps(setting, start, stop) * seconds * margin / 60))
 
 
 def group_size(minutes: list[int], walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU) -> int:
@@ -333,9 +351,13 @@ def group_size(minutes: list[int], walltime_min: int, runs_per_gpu: int = RUNS_P
 def cluster_requests(params: dict, walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU,
                      bench: str | Path | None = None) -> dict:
     """Per-run runtime requests of a params file and the group size that fits a site's walltime."""
+    from fedrepro import forks
+
     costs, source = load_step_costs(bench)
     runs = config.unique_runs(config.expand(params))
-    minutes = {run_id: run_minutes(run.setting, costs) for run_id, run in runs.items()}
+    shared = forks.of_params(params, list(runs.values()))
+    minutes = {run_id: run_minutes(run.setting, costs, start=shared[run_id].round if run_id in shared else 0)
+               for run_id, run in runs.items()}
     size = group_size(list(minutes.values()), walltime_min, runs_per_gpu)
     return {"source": source, "run_minutes": minutes, "group_components": size, "runs_per_gpu": runs_per_gpu,
             "walltime_min": walltime_min, "submissions": math.ceil(len(minutes) / size)}

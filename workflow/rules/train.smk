@@ -59,14 +59,26 @@ def recorded_parents():
 PARENT_SETTINGS = recorded_parents()
 
 
-def fork_input(wildcards):
-    """The parent's fork state this run starts from, or nothing."""
+def run_fork(wildcards):
+    """(parent, round) of the fork state this run starts from, or None."""
     summary = finished_summary(wildcards.run)
     if summary is not None:
         fork = summary.get("forked_from")
-        return [] if not fork else f"results/runs/{fork['run']}/fork/{fork['round']}.pt"
+        return None if not fork else (fork["run"], fork["round"])
     fork = current_forks()[0].get(wildcards.run)
-    return [] if fork is None else f"results/runs/{fork.parent}/fork/{fork.round}.pt"
+    return None if fork is None else (fork.parent, fork.round)
+
+
+def fork_input(wildcards):
+    """The parent's fork state this run starts from, or nothing."""
+    fork = run_fork(wildcards)
+    return [] if fork is None else f"results/runs/{fork[0]}/fork/{fork[1]}.pt"
+
+
+def train_minutes(wildcards, attempt):
+    """The job's runtime request: the rounds it trains, from its fork round for a child (fedrepro plan)."""
+    fork = run_fork(wildcards)
+    return fplan.run_minutes(run_setting(wildcards), STEP_COSTS, start=fork[1] if fork else 0) * attempt
 
 
 def fork_args(wildcards, input):
@@ -118,7 +130,7 @@ rule train:
         # one of the GPU slots the profile declares (GPUs x runs per GPU); device: cpu runs take none
         gpu_slot=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
         mem_mb=lambda w, attempt: 4000 * attempt,
-        runtime=lambda w, attempt: fplan.run_minutes(run_setting(w), STEP_COSTS) * attempt,
+        runtime=train_minutes,
     log:
         "logs/train/{run}.log",
     benchmark:
@@ -153,7 +165,8 @@ rule fork:
         gpu=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
         gpu_slot=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
         mem_mb=lambda w, attempt: 4000 * attempt,
-        runtime=lambda w, attempt: fplan.run_minutes(run_setting(w), STEP_COSTS) * attempt,
+        # at most the parent's first {round} rounds again (moving a kept state takes none of it)
+        runtime=lambda w, attempt: fplan.run_minutes(run_setting(w), STEP_COSTS, stop=int(w.round)) * attempt,
     log:
         "logs/fork/{run}-{round}.log",
     benchmark:
