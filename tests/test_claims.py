@@ -155,6 +155,10 @@ EXPECTED_STATED = {
     ("fedaware_fig4", "FedAWARE has a higher e-LUDD than FedAWARE-NA at every α"): 15,
     ("fedaware_fig2", "FedAWARE reaches FedAvg's final accuracy sooner than FedAvg, FedYogi and FedAMS"): 6,
     ("fednova_fig5", "FedNova ends at a lower global training loss than FedAvg in every setting"): 3,
+    ("fednova_fig5", "FedNova converges faster than FedAvg in every setting (a lower mean global training loss "
+                     "over rounds 1-50)"): 3,
+    ("fednova_table1_convergence", "FedNova reaches FedAvg's final Table I accuracy in fewer rounds than FedAvg, "
+                                   "for every local solver"): 7,
 }
 
 
