@@ -33,6 +33,7 @@ EXPECTED = {
         "ima_fig7b_window": 30,            # 5 windows x 2 start rounds x 3
         "ima_figures_landscape": 4,        # figures: {cross-device, cross-silo} x {FedAvg, +IMA}, 1 seed
         "ima_figures_analysis": 2,         # figures 3-4: FedAvg x lr decay {1.0, 0.99}, 1 seed
+        "ima_fig10_landscapes": 4,         # figure 10: FedAvg on 4 setups, 1 seed (one is ima_figures_landscape's run)
     },
     "fedlaw": {
         "fedlaw_table3_fmnist": 96,        # 2 models x 2 alphas x 8 methods x 3 seeds

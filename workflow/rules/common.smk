@@ -16,7 +16,7 @@ def run_partition(wildcards):
 # figures.smk
 def figure_runs(wildcards):
     spec = FIGURES[wildcards.figure]
-    return [] if spec["kind"] in ffigures.NO_RUNS else [i for i, r in RUNS.items() if r.experiment == spec["experiment"]]
+    return [] if spec["kind"] in ffigures.NO_RUNS else EXPERIMENT_RUNS.get(spec["experiment"], [])
 
 
 def figure_data(wildcards):
