@@ -415,3 +415,26 @@ def test_fednova_converges_faster_checks_count_rounds_to_table_is_accuracy_and_t
     assert (verdicts[final].ours.holds, verdicts[final].ours.total) == (0, 3)
     verdicts = _verdicts("fednova_fig5", loss_runs(40, 5, 0.25, 0.30))
     assert (verdicts[early].ours.holds, verdicts[final].ours.holds) == (0, 3)
+
+
+def test_ima_fig10_rows_each_select_one_run_and_the_first_is_the_landscape_figures_run():
+    from fedrepro import figures
+    ima = config.load_params(ROOT / "params" / "ima.yaml")
+    ima["only"] = "ima_figures_landscape,ima_fig10_landscapes"
+    runs = config.expand(ima)
+    spec = figures.check(ima["figures"], ima["experiments"])["ima_fig10_landscapes"]
+    fig10 = [r for r in runs if r.experiment == "ima_fig10_landscapes"]
+    chosen = [[r for r in fig10 if paper.matches(r.setting, {**spec["select"], **row["select"]})] for row in spec["rows"]]
+    assert [len(c) for c in chosen] == [1, 1, 1, 1]
+    setups = [(r.setting["dataset"], r.setting["model"], r.setting["partition"].get("classes_per_client"),
+               r.setting["partition"].get("alpha")) for (r,) in chosen]
+    assert setups == [("cifar10", "cnn", 2, None), ("fmnist", "cnn", 2, None), ("cifar10", "resnet18_gn2", 2, None),
+                      ("cifar10", "cnn", None, 0.1)]
+    # Table 6's Fig. 10 setup: cross-device, no lr decay, and the snapshots the figure reads
+    for (r,) in chosen:
+        assert (r.setting["num_clients"], r.setting["participation"], r.setting["rounds"]) == (100, 0.1, 400)
+        assert r.setting["client"]["lr_decay"] == 1.0 and r.setting["snapshots"]["clients"] >= 3
+        assert {*spec["rounds"], *spec["globals"]} <= set(r.setting["snapshots"]["rounds"])
+    cross_device = next(r for r in runs if r.experiment == "ima_figures_landscape" and r.setting["num_clients"] == 100
+                        and r.setting["algorithm"] == "fedavg" and not r.setting["plugins"])
+    assert chosen[0][0].id == cross_device.id  # trained once, read by Figs. 1, 9 and 10
