@@ -38,7 +38,9 @@ try:
     fconfig.check_name(CONFIG_NAME, "params file name")
     fconfig.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
     TUNINGS = {}  # the tuning stage's tunings (workflow/rules/tune.smk), filled by expand
-    RUNS = fconfig.unique_runs(fconfig.expand(config, TUNINGS))
+    EXPANDED = fconfig.expand(config, TUNINGS)
+    RUNS = fconfig.unique_runs(EXPANDED)
+    EXPERIMENT_RUNS = fconfig.runs_by_experiment(EXPANDED)  # a run two experiments share is in both
     DATA_ROOT = fconfig.data_root(config)
 except FedreproError as err:  # a params file (or a fragment of the registry) that cannot run
     raise WorkflowError(f"invalid params file:\n{err}")

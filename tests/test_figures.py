@@ -235,6 +235,8 @@ def test_snapshot_rounds_outside_the_run_are_refused_before_work():
 
 SPECS = {
     "landscape": {"experiment": "tiny_snap", "rounds": [1, -1], "globals": [1, 2, 3], "resolution": 3},
+    "landscape_rows": {"experiment": "tiny_snap", "rows": [{"label": "A", "select": {}}], "rounds": [-1],
+                       "globals": [1, 2, 3], "plane": "global_and_two_clients", "resolution": 3},
     "interpolation": {"experiment": "tiny", "points": 5,
                       "between": [{"algorithm": "fedavg", "plugins": []}, {"algorithm": "fedavg", "plugins": ["ima"]}]},
     "locality": {"experiment": "tiny"},
@@ -613,3 +615,61 @@ def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_pat
                                     for i, m in enumerate(planes[0]))
     with pytest.raises(config.ConfigError, match=r"plane = 'four': allowed are global_and_two_clients, three_clients"):
         figures.check({"f": {"kind": "landscape", "experiment": "three", "plane": "four"}}, manifest["experiments"])
+
+
+def test_fig10_rows_draw_each_setups_own_planes_and_a_missing_setup_says_so_in_its_row(tiny_data_root, tmp_path,
+                                                                                        monkeypatch):
+    """IMA Fig. 10: one row per setup (here the MLP and the CNN on FMNIST), each plane through its own run's
+    three client models (or the last three global models), and the cross at the three models' mean."""
+    planes = []
+    surface = ima.surface
+    monkeypatch.setattr(ima, "surface", lambda evaluator, models, *a: planes.append(models) or surface(evaluator, models, *a))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "fmnist").symlink_to(tiny_data_root)
+    params = {"title": "rows", "quick": True, "experiments": {"rows": {
+        "base": {**BASE, "participation": 1.0, "rounds": 3, "snapshots": {"rounds": [1, 2, 3], "clients": 3}},
+        "grid": {"model": ["mlp", "cnn"]}}}}
+    runs = config.expand(params)
+    partition_dir = make_partition(tiny_data_root, tmp_path / "partition", num_clients=4)
+    for run in runs:
+        _train(run.setting, tmp_path / "runs" / run.id, partition_dir, tiny_data_root)
+    manifest = config.manifest(params, runs, "rows")
+    rows = [{"label": "MLP, FMNIST", "select": {"model": "mlp"}}, {"label": "CNN, FMNIST", "select": {"model": "cnn"}},
+            {"label": "ResNet-18", "select": {"model": "resnet18_gn2"}}]
+
+    def draw(name, **options):
+        spec = figures.check({name: {"kind": "landscape_rows", "experiment": "rows", "rows": rows, "rounds": [1, -1],
+                                     "globals": [1, 2, 3], "resolution": 3, **options}}, manifest["experiments"])[name]
+        return figures.draw(name, spec, manifest, tmp_path / "runs", tmp_path / "fig" / f"{name}.png",
+                            figures.Context(tmp_path / "data", "cpu", True))
+
+    from matplotlib.figure import Figure
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
+    record = draw("fig10")
+    assert record["drawn"], record["reason"]
+    assert "MLP, FMNIST: fedavg seed 1; CNN, FMNIST: fedavg seed 1" in record["caption"]
+    by_model = {r.setting["model"]: np.load(tmp_path / "runs" / r.id / "snapshots.npz") for r in runs}
+    wanted = [[f"round_{r}_client_{i}" for i in range(3)] for r in (1, 3)] + [[f"round_{r}_next" for r in (1, 2, 3)]]
+    assert len(planes) == 6  # two setups x (two client planes + one global plane); the ResNet row has no run
+    for plane, (model, keys) in zip(planes, [(m, k) for m in ("mlp", "cnn") for k in wanted]):
+        assert all(np.array_equal(np.asarray(x), by_model[model][key]) for x, key in zip(plane, keys)), (model, keys)
+    axes = np.array(saved[0].axes[:9]).reshape(3, 3)  # the 3 x 3 panels come first, then the colour bars
+    for ax, models in zip(axes[:2].ravel(), planes):
+        origin, u, v = ima.plane(*models)
+        mean = sum(m.double() for m in models) / 3
+        cross = [line for line in ax.get_lines() if line.get_marker() == "x"][0]
+        assert (cross.get_xdata()[0], cross.get_ydata()[0]) == pytest.approx(ima.coordinates(mean, origin, u, v))
+    assert "not drawn: no run matches {'model': 'resnet18_gn2'}" in axes[2, 0].texts[0].get_text()
+    assert "ResNet-18" in axes[2, 0].get_ylabel()
+
+    rows[:] = rows[2:]
+    record = draw("none")
+    assert not record["drawn"] and "ResNet-18: no run matches" in record["reason"]
+    for bad in ([], [{"label": "x"}], [{"label": "x", "select": {}, "extra": 1}]):
+        with pytest.raises(config.ConfigError, match=r"figures.f.rows = .*a non-empty list of \{label, select\}"):
+            figures.check({"f": {"kind": "landscape_rows", "experiment": "rows", "rows": bad}}, manifest["experiments"])
+    with pytest.raises(config.ConfigError, match=r"quantity = 'accuracy': allowed are loss, error"):
+        figures.check({"f": {"kind": "landscape_rows", "experiment": "rows", "rows": rows, "quantity": "accuracy"}},
+                      manifest["experiments"])

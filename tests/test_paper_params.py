@@ -33,6 +33,7 @@ EXPECTED = {
         "ima_fig7b_window": 30,            # 5 windows x 2 start rounds x 3
         "ima_figures_landscape": 4,        # figures: {cross-device, cross-silo} x {FedAvg, +IMA}, 1 seed
         "ima_figures_analysis": 2,         # figures 3-4: FedAvg x lr decay {1.0, 0.99}, 1 seed
+        "ima_fig10_landscapes": 4,         # figure 10: FedAvg on 4 setups, 1 seed (one is ima_figures_landscape's run)
     },
     "fedlaw": {
         "fedlaw_table3_fmnist": 96,        # 2 models x 2 alphas x 8 methods x 3 seeds
@@ -100,7 +101,8 @@ TABLE_SHAPES = {
     "ima_fig7b": (2, 5, 10),
     "fedaware_fig4": (10, 6, 60),
     "fedaware_fig2": (4, 2, 8),
-    "fednova_fig5": (3, 2, 6),
+    "fednova_fig5": (6, 2, 12),     # the final loss and its mean over rounds 1-50, 3 settings each
+    "fednova_table1_convergence": (7, 2, 14),  # Table I's rows where FedAvg has a number, in rounds
 }
 
 
@@ -363,3 +365,76 @@ def test_fednova_fig5_logs_the_global_objective_every_round_and_other_runs_every
     assert {r.setting["evaluation"]["global_train_loss_every"] for r in config.expand(nova)} == {1}
     nova["only"] = "fednova_table1_e2"
     assert {r.setting["evaluation"]["global_train_loss_every"] for r in config.expand(nova)} == {20}
+
+
+def _verdicts(table: str, runs: list[dict]) -> dict[str, claims.Verdict]:
+    tables = paper.load_results()
+    joined = paper.join(tables, runs, [table])
+    # every cell of the table finds the three seeds of its setting among the experiment's runs
+    assert all(len(c.ours) == 3 for c in joined if c.table == table), \
+        [(c.row, c.column, len(c.ours)) for c in joined if len(c.ours) != 3]
+    return {v.text: v for v in claims.evaluate_table(table, tables[table], joined)}
+
+
+def test_fednova_converges_faster_checks_count_rounds_to_table_is_accuracy_and_the_early_loss_of_fig5():
+    nova = config.load_params(ROOT / "params" / "fednova.yaml")
+    runs = [r for r in config.expand(nova) if not r.tuning]
+    table1 = [r for r in runs if r.experiment.startswith("fednova_table1_")]
+
+    def rising(reach_80_at):  # test accuracy climbing linearly to 80% at the given round, then flat
+        return [min(0.8, 0.8 * t / reach_80_at) for t in range(1, 101)]
+
+    def table1_runs(nova_round, avg_round):
+        return [_run(r.id, r.setting, rising(nova_round if r.setting["algorithm"] == "fednova" else avg_round))
+                for r in table1]
+
+    text = "FedNova reaches FedAvg's final Table I accuracy in fewer rounds than FedAvg, for every local solver"
+    faster = _verdicts("fednova_table1_convergence", table1_runs(30, 90))[text]
+    assert (faster.ours.holds, faster.ours.total, faster.pending) == (7, 7, 0)
+    slower = _verdicts("fednova_table1_convergence", table1_runs(90, 30))[text]
+    assert (slower.ours.holds, slower.ours.total) == (0, 7)
+    # FedAvg never reaching its own paper number makes FedNova, which does, the faster one
+    never = _verdicts("fednova_table1_convergence", table1_runs(30, 10**6))[text]
+    assert (never.ours.holds, never.ours.total) == (7, 7)
+
+    fig5 = [r for r in runs if r.experiment == "fednova_fig5_synthetic"]
+
+    def loss_runs(nova_scale, avg_scale, nova_floor, avg_floor):  # ln 10 decaying to a floor
+        out = []
+        for r in fig5:
+            scale, floor = (nova_scale, nova_floor) if r.setting["algorithm"] == "fednova" else (avg_scale, avg_floor)
+            losses = [floor + (np.log(10) - floor) * np.exp(-t / scale) for t in range(1, 201)]
+            out.append(_run(r.id, r.setting, [0.5] * 200, global_train_loss=losses))
+        return out
+
+    final = "FedNova ends at a lower global training loss than FedAvg in every setting"
+    early = "FedNova converges faster than FedAvg in every setting (a lower mean global training loss over rounds 1-50)"
+    # FedNova descends faster but ends higher: the two checks measure different things
+    verdicts = _verdicts("fednova_fig5", loss_runs(5, 40, 0.30, 0.25))
+    assert (verdicts[early].ours.holds, verdicts[early].ours.total) == (3, 3)
+    assert (verdicts[final].ours.holds, verdicts[final].ours.total) == (0, 3)
+    verdicts = _verdicts("fednova_fig5", loss_runs(40, 5, 0.25, 0.30))
+    assert (verdicts[early].ours.holds, verdicts[final].ours.holds) == (0, 3)
+
+
+def test_ima_fig10_rows_each_select_one_run_and_the_first_is_the_landscape_figures_run():
+    from fedrepro import figures
+    ima = config.load_params(ROOT / "params" / "ima.yaml")
+    ima["only"] = "ima_figures_landscape,ima_fig10_landscapes"
+    runs = config.expand(ima)
+    spec = figures.check(ima["figures"], ima["experiments"])["ima_fig10_landscapes"]
+    fig10 = [r for r in runs if r.experiment == "ima_fig10_landscapes"]
+    chosen = [[r for r in fig10 if paper.matches(r.setting, {**spec["select"], **row["select"]})] for row in spec["rows"]]
+    assert [len(c) for c in chosen] == [1, 1, 1, 1]
+    setups = [(r.setting["dataset"], r.setting["model"], r.setting["partition"].get("classes_per_client"),
+               r.setting["partition"].get("alpha")) for (r,) in chosen]
+    assert setups == [("cifar10", "cnn", 2, None), ("fmnist", "cnn", 2, None), ("cifar10", "resnet18_gn2", 2, None),
+                      ("cifar10", "cnn", None, 0.1)]
+    # Table 6's Fig. 10 setup: cross-device, no lr decay, and the snapshots the figure reads
+    for (r,) in chosen:
+        assert (r.setting["num_clients"], r.setting["participation"], r.setting["rounds"]) == (100, 0.1, 400)
+        assert r.setting["client"]["lr_decay"] == 1.0 and r.setting["snapshots"]["clients"] >= 3
+        assert {*spec["rounds"], *spec["globals"]} <= set(r.setting["snapshots"]["rounds"])
+    cross_device = next(r for r in runs if r.experiment == "ima_figures_landscape" and r.setting["num_clients"] == 100
+                        and r.setting["algorithm"] == "fedavg" and not r.setting["plugins"])
+    assert chosen[0][0].id == cross_device.id  # trained once, read by Figs. 1, 9 and 10

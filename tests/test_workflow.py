@@ -448,3 +448,29 @@ def test_forks_reruns_follow_the_tree(forked_grid):
         counts = dict(collections.Counter(rule for rule, _ in _jobs(proc.stdout + proc.stderr)))
         assert counts == expected, proc.stdout[-3000:]
         assert len(set(targets) - set(_train_targets(runs))) == expected["train"]
+
+
+def test_a_figure_waits_for_every_run_of_its_experiment_also_one_another_experiment_shares(tmp_path):
+    """Two experiments listing the same setting share one run (trained once, kept under one experiment by
+    unique_runs); each experiment's figure must still take that run as input, or it could be drawn before it."""
+    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
+            "partition": {"kind": "iid", "seed": 1}}
+    params = write_yaml(tmp_path / "shared.yaml", {
+        "title": "shared", "experiments": {
+            "first": {"base": base, "grid": {"algorithm": ["fedavg"]}},
+            "second": {"base": base, "grid": {"algorithm": ["fedavg", "fedprox"]}}},
+        "figures": {"fig_first": {"kind": "locality", "experiment": "first"},
+                    "fig_second": {"kind": "locality", "experiment": "second"}}})
+    runs = config.expand(config.load_params(params))
+    shared = next(r.id for r in runs if r.experiment == "first")
+    assert config.unique_runs(runs)[shared].experiment == "second"  # the run is listed under one experiment only
+    assert config.runs_by_experiment(runs)["first"] == [shared]
+    proc = _snakemake(tmp_path, "-n", "results/figures/shared/fig_first.png", "results/figures/shared/fig_second.png",
+                      "--configfile", str(params))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = re.findall(r"^rule figure:\n((?:[ \t]+.*\n)+)", proc.stdout + proc.stderr, flags=re.MULTILINE)
+    inputs = {re.search(r"output: \S+/(\w+)\.png", job).group(1): re.search(r"input: (.*)", job).group(1)
+              for job in jobs}
+    assert set(inputs) == {"fig_first", "fig_second"}, proc.stdout[-3000:]
+    for figure, line in inputs.items():
+        assert f"results/runs/{shared}/summary.json" in line, (figure, line)

@@ -16,6 +16,12 @@ per line of the other axis (``lines``: patterns restricting those, default all):
          gives about twice the gain of 0.2"); one comparison per pair.
   gain_spread  per pair, the gains on all ``lines`` lie within ``tolerance`` of each other ("the gain
          stays stable over E"); one comparison per pair.
+  gain_size    per pair, the gain on every one of ``lines`` lies ``within`` [low, high] ("a gain of around
+         5 points"); one comparison per pair.
+
+``average: true`` (gain kinds) averages the gains of all pairs on each line first, and makes one comparison
+of those mean gains: for a claim the paper makes of "the gain" over its methods, not of each method. It
+waits until every pair has its cells.
 
 ``axis: cells`` compares single cells across rows and columns, each labelled "row | column"
 ("FedAMS | C100 ×AWARE Acc" beats "* | C100 Raw Acc"), on one line.
@@ -38,8 +44,8 @@ from dataclasses import dataclass
 
 from fedrepro.paper import Cell
 
-KINDS = ("beats", "ties", "best", "order", "gain_ratio", "gain_spread")
-ACROSS_LINES = ("gain_ratio", "gain_spread")  # kinds that compare gains of one pair across lines
+KINDS = ("beats", "ties", "best", "order", "gain_ratio", "gain_spread", "gain_size")
+ACROSS_LINES = ("gain_ratio", "gain_spread", "gain_size")  # kinds that compare gains of one pair across lines
 
 
 @dataclass
@@ -108,9 +114,12 @@ def _comparisons(check: dict, labels: list[str]) -> list[tuple[list[str], list[s
 
 
 def _gains_hold(check: dict, gains: list[float]) -> bool:
-    """gain_ratio: gains = [first line's, second line's]; gain_spread: one gain per line."""
+    """gain_ratio: gains = [first line's, second line's]; gain_spread, gain_size: one gain per line."""
     if not all(math.isfinite(g) for g in gains):
         return False
+    if check["kind"] == "gain_size":
+        low, high = check["within"]
+        return all(low <= g <= high for g in gains)
     if check["kind"] == "gain_ratio":
         low, high = check["within"]
         if gains[1] <= 0:  # a gain against none (or a loss) is infinitely larger; no gain against none is not
@@ -192,17 +201,26 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
 
 
 def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stated: str) -> Verdict:
-    """gain_ratio / gain_spread: one comparison per (winner, loser) pair, over the gains on ``lines``."""
+    """gain_ratio / gain_spread / gain_size: one comparison per (winner, loser) pair over the gains on
+    ``lines``, or one of the pairs' mean gains (``average``)."""
     if check["kind"] == "gain_ratio" and len(lines) != 2:
         raise ValueError(f"check '{check['text']}': gain_ratio compares two lines, got {lines}")
     sign = -1 if check.get("better", "higher") == "lower" else 1
+    # each comparison: the (winner cell, loser cell) pairs per line whose gains it averages
+    pairs = [[[(cell(line, better[0]), cell(line, worse[0]))] for line in lines]
+             for better, worse in _comparisons(check, labels)]
+    if check.get("average") and pairs:
+        pairs = [[[p for comparison in pairs for p in comparison[i]] for i in range(len(lines))]]
+
+    def gains(comparison, value) -> list[float]:  # per line, the mean gain of the comparison's pairs
+        return [sign * sum(value(w) - value(l) for w, l in per_line) / len(per_line) for per_line in comparison]
+
     paper, ours, pending, outside = Count(), Count(), 0, 0
-    for better, worse in _comparisons(check, labels):
-        pairs = [(cell(line, better[0]), cell(line, worse[0])) for line in lines]
-        involved = [c for pair in pairs for c in pair]
+    for comparison in pairs:
+        involved = [c for per_line in comparison for pair in per_line for c in pair]
         if not stated and all(c.value is not None for c in involved):
             paper.total += 1
-            paper.holds += _gains_hold(check, [sign * (w.value - l.value) for w, l in pairs])
+            paper.holds += _gains_hold(check, gains(comparison, lambda c: c.value))
         elif not stated:
             continue
         if any(_ours(c, check) is None for c in involved):
@@ -212,7 +230,7 @@ def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stat
                 outside += 1
             continue
         ours.total += 1
-        ours.holds += _gains_hold(check, [sign * (_ours(w, check) - _ours(l, check)) for w, l in pairs])
+        ours.holds += _gains_hold(check, gains(comparison, lambda c: _ours(c, check)))
     return Verdict(check["text"], paper, ours, pending, outside, stated)
 
 

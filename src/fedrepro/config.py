@@ -647,6 +647,16 @@ def unique_runs(runs: list[Run]) -> dict[str, Run]:
     return {run.id: run for run in runs}
 
 
+def runs_by_experiment(runs: list[Run]) -> dict[str, list[str]]:
+    """Experiment -> its run ids. A run two experiments list (the same setting) is trained once, and
+    ``unique_runs`` keeps one of its experiments; it belongs to both (IMA Fig. 10's first row is the
+    landscape figures' cross-device run), so what reads an experiment's runs asks here."""
+    out: dict[str, dict[str, None]] = {}
+    for run in runs:
+        out.setdefault(run.experiment, {})[run.id] = None
+    return {name: list(ids) for name, ids in out.items()}
+
+
 def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = None) -> dict:
     """What the report and the tracking step need to know about a params file's runs. The tuning runs are
     listed by their tunings (fedrepro.tuning), not as runs of the experiment they serve."""

@@ -23,7 +23,8 @@ def figure_runs(wildcards):
     spec = FIGURES[wildcards.figure]
     if spec["kind"] in ffigures.NO_RUNS:
         return []
-    own = [i for i in OWN_RUNS if RUNS[i].experiment == spec["experiment"]]  # a tuning run belongs to no figure
+    # a run two experiments share is in both (EXPERIMENT_RUNS); a tuning run belongs to no figure
+    own = [i for i in EXPERIMENT_RUNS.get(spec["experiment"], []) if i not in TUNING_RUNS]
     return own + ([i for i in final_runs() if RUNS[i].experiment == spec["experiment"]] if figure_tuned(wildcards) else [])
 
 

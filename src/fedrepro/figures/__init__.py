@@ -53,6 +53,7 @@ class Run:
 # package does not import torch for the metrics-only figures
 KINDS = {
     "landscape": ("ima", "landscape"),
+    "landscape_rows": ("ima", "landscape_rows"),
     "interpolation": ("ima", "interpolation"),
     "locality": ("ima", "locality"),
     "client_averages": ("ima", "client_averages"),
@@ -79,10 +80,12 @@ KINDS = {
 # kinds that read no runs (pure mathematics)
 NO_RUNS = {"quadratic"}
 # kinds that evaluate models on the test set: their rule asks for a GPU
-EVALUATES = {"landscape", "interpolation", "client_averages"}
+EVALUATES = {"landscape", "landscape_rows", "interpolation", "client_averages"}
 COMMON_KEYS = {"kind", "experiment", "select", "reproduces", "differs", "title"}
 OPTIONS = {  # the options each kind reads, with their defaults
     "landscape": {"rounds": [], "globals": [], "resolution": 21, "margin": 0.25, "plane": "global_and_two_clients"},
+    "landscape_rows": {"rows": [], "rounds": [], "globals": [], "resolution": 21, "margin": 0.25,
+                       "plane": "three_clients", "quantity": "loss"},
     "interpolation": {"between": [], "rounds": [], "points": 21, "extend": 0.25, "for_each": {}},
     "locality": {},
     "client_averages": {"rounds": [-1], "cka_samples": 2000},
@@ -111,6 +114,7 @@ OPTIONS = {  # the options each kind reads, with their defaults
 CHOICES = {  # options with a closed set of values
     "loss_curves": {"column": ("global_train_loss", "train_loss")},
     "landscape": {"plane": ("global_and_two_clients", "three_clients")},
+    "landscape_rows": {"plane": ("global_and_two_clients", "three_clients"), "quantity": ("loss", "error")},
 }
 
 
@@ -142,6 +146,13 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
             problems.append(f"{where}.for_each = {spec['for_each']!r}: one key and its list of values")
         if kind == "gws_sweep" and spec.get("axis", "local_epochs") not in ("local_epochs", "alpha"):
             problems.append(f"{where}.axis = {spec['axis']!r}: allowed are local_epochs, alpha")
+        if kind == "landscape_rows":
+            rows = spec.get("rows")
+            if (not isinstance(rows, list) or not rows
+                    or not all(isinstance(r, dict) and set(r) == {"label", "select"} and isinstance(r["select"], dict)
+                               for r in rows)):
+                problems.append(f"{where}.rows = {rows!r}: a non-empty list of {{label, select}}, one row per setup "
+                                f"(select: a partial run setting)")
         for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")

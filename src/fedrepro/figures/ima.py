@@ -21,6 +21,9 @@ SHOWS = {
     "landscape": "Test loss (nats) and test error (%) of the models on the plane through three models: "
                  "{plane} (rows per round), and three global models of the last rounds; markers are the models "
                  "themselves",
+    "landscape_rows": "One row per setup, one plane per column: {quantity} on the plane through {plane} at each "
+                      "listed round, and through the global models of the last three rounds; markers are the three "
+                      "models, the cross their plain average",
     "interpolation": "Test loss (nats) and test error (%) along the straight line between two models "
                      "(0 and 1 are the end models; beyond them, extrapolation)",
     "locality": "Locality: mean L2 distance ||x - x_i|| between the global model and the cohort's client "
@@ -133,10 +136,9 @@ def _need(stored: dict, key: str, run) -> torch.Tensor:
     return stored[key]
 
 
-def landscape(spec, runs, context):
-    import matplotlib.pyplot as plt
-
-    run = finished(runs)[0]
+def _triples(spec, run) -> list[tuple[str, list[str], list[torch.Tensor]]]:
+    """(title, names, three models) of every plane the spec asks of the run: per listed round the plane
+    ``spec['plane']`` names, and the plane through the post-step global models of the ``globals`` rounds."""
     stored = snapshots(run)
     triples = []
     keys, names = PLANES[spec["plane"]]
@@ -151,6 +153,14 @@ def landscape(spec, runs, context):
                         [_need(stored, f"round_{r}_next", run) for r in rs]))
     if not triples:
         raise MissingInput("the figure lists no rounds and no globals")
+    return triples
+
+
+def landscape(spec, runs, context):
+    import matplotlib.pyplot as plt
+
+    run = finished(runs)[0]
+    triples = _triples(spec, run)
     evaluator = Evaluator(run.setting, context.data_root, context.device)
     fig, axes = plt.subplots(len(triples), 2, figsize=(11, 3.9 * len(triples)), squeeze=False,
                              layout="constrained")
@@ -168,6 +178,69 @@ def landscape(spec, runs, context):
             ax.set_ylabel("distance along v (L2)")
     return fig, (SHOWS["landscape"].format(plane=PLANE_TEXT[spec["plane"]]) + f" ({run.setting['algorithm']}, {run.setting['dataset']} {run.setting['model']}, "
                  f"seed {run.setting['seed']}, {spec['resolution']}x{spec['resolution']} grid)")
+
+
+def landscape_rows(spec, runs, context):
+    """IMA Fig. 10: one row per setup (``rows``: label and partial setting), one column per plane (the listed
+    rounds' client planes, then the last global models'), the test loss (or error) of each plane. A row whose
+    run is missing or lacks a snapshot says why in its place; the figure is not drawn only when no row is."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    from fedrepro import paper
+
+    quantity = spec["quantity"]
+    unit = {"loss": "test loss (nats)", "error": "test error (%)"}[quantity]
+    planned = []  # per row: (label, run, triples) or (label, reason)
+    for row in spec["rows"]:
+        try:
+            chosen = [r for r in runs if paper.matches(r.setting, row["select"])]
+            if not chosen:
+                raise MissingInput(f"no run matches {row['select']}")
+            run = finished(chosen)[0]
+            planned.append((row["label"], run, _triples(spec, run)))
+        except MissingInput as err:
+            planned.append((row["label"], None, str(err)))
+    if all(run is None for _, run, _ in planned):
+        raise MissingInput("; ".join(f"{label}: {reason}" for label, _, reason in planned))
+    columns = max(len(t) for _, run, t in planned if run is not None)
+    fig, axes = plt.subplots(len(planned), columns, figsize=(4.3 * columns, 3.5 * len(planned)), squeeze=False,
+                             layout="constrained")
+    drawn = []
+    for ax_row, (label, run, triples) in zip(axes, planned):
+        ax_row[0].set_ylabel(f"{label}\nv (L2)", fontsize=9, fontweight="bold")
+        if run is None:
+            for ax in ax_row:
+                ax.set_frame_on(False)
+                ax.set_xticks([])
+                ax.set_yticks([])
+            ax_row[0].text(0.0, 0.5, f"not drawn: {triples}", transform=ax_row[0].transAxes, fontsize=9,
+                           color="darkred", va="center")
+            continue
+        drawn.append(f"{label}: {run.setting['algorithm']} seed {run.setting['seed']}")
+        evaluator = Evaluator(run.setting, context.data_root, context.device)
+        for ax, (title, names, models) in zip(ax_row, triples):
+            surf = surface(evaluator, models, spec["resolution"], spec["margin"])
+            contour = ax.contourf(surf["s"], surf["t"], surf[quantity], levels=20, cmap="viridis")
+            bar = fig.colorbar(contour, ax=ax, pad=0.01, aspect=25)
+            bar.locator = MaxNLocator(5)
+            bar.formatter = ScalarFormatter(useOffset=False)  # an offset label would crowd the next panel
+            bar.update_ticks()
+            bar.ax.tick_params(labelsize=7)
+            for (s, t), marker in zip(surf["points"], MARKERS):
+                ax.plot(s, t, marker, color="white", mec="black", ms=7)
+            # the three models' plain average lies on their plane, at the mean of their coordinates
+            centre = np.mean(surf["points"], axis=0)
+            ax.plot(*centre, "x", color="white", mew=2, ms=9)
+            ax.set_title(f"{title}: " + ", ".join(f"{m} {n}" for m, n in zip(MARKER_SYMBOLS, names)) + ", \u00d7 mean",
+                         fontsize=8)
+            ax.set_xlabel("u (L2)", fontsize=8)
+            ax.tick_params(labelsize=7)
+        for ax in ax_row[len(triples):]:
+            ax.axis("off")
+    fig.suptitle(f"{unit} on planes through three models, one row per setup", fontsize=10)
+    shows = SHOWS["landscape_rows"].format(quantity=unit, plane=PLANE_TEXT[spec["plane"]])
+    return fig, shows + f" ({'; '.join(drawn)}; {spec['resolution']}x{spec['resolution']} grid)"
 
 
 def interpolate(evaluator: Evaluator, a: torch.Tensor, b: torch.Tensor, alphas: np.ndarray):
