@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from fedrepro import config, report, tuning
 from fedrepro.config import ROOT
@@ -450,3 +451,18 @@ def test_every_shipped_paper_table_compiles_with_latex(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     assert (tmp_path / "doc.pdf").stat().st_size > 1000
     assert "Missing character" not in (tmp_path / "doc.log").read_text(errors="replace")
+
+
+def test_a_loss_table_bolds_the_lowest_and_an_accuracy_table_the_highest():
+    """FedNova Fig. 5 is a loss (``better: lower``): in each setting the lower of FedAvg and FedNova is the best."""
+    def rows():
+        return [{"label": "E=5", "cells": [{"ours": 0.38, "paper": None}, {"ours": 0.27, "paper": None}]},
+                {"label": "C=0.3", "cells": [{"ours": 0.33, "paper": None}, {"ours": 0.25, "paper": None}]}]
+    fig5 = yaml.safe_load((ROOT / "params" / "paper_results.yaml").read_text())["tables"]["fednova_fig5"]
+    loss = rows()
+    report.mark_best(loss, fig5["best_among"], [report.lower_is_better(fig5, fig5["metric"])] * 2)
+    assert [[c["best_ours"] for c in r["cells"]] for r in loss] == [[False, True], [False, True]]
+    accuracy = rows()
+    report.mark_best(accuracy, "columns", [report.lower_is_better({}, {"kind": "mean_last_rounds"})] * 2)
+    assert [[c["best_ours"] for c in r["cells"]] for r in accuracy] == [[True, False], [True, False]]
+    assert report.lower_is_better({}, {"kind": "rounds_to_target"})

@@ -267,7 +267,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         for label in dict.fromkeys(frame["row"]):
             cells = frame[frame["row"] == label].set_index("column")
             rows.append({"label": label, "cells": [_nan_to_none(cells.loc[c].to_dict()) for c in columns]})
-        lower = [(c.get("metric") or table["metric"])["kind"] == "rounds_to_target" for c in table["columns"]]
+        lower = [lower_is_better(table, c.get("metric") or table["metric"]) for c in table["columns"]]
         mark_best(rows, table.get("best_among", "rows"), lower)
         compared = frame.dropna(subset=["paper", "ours"])
         in_scope = frame.dropna(subset=["paper"])["in_scope"]
@@ -280,11 +280,16 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     return out
 
 
+def lower_is_better(table: dict, metric: dict) -> bool:
+    """Rounds to a target, and a table that says ``better: lower`` (a loss, FedNova Fig. 5), bold the lowest."""
+    return metric["kind"] == "rounds_to_target" or table.get("better", "higher") == "lower"
+
+
 def mark_best(rows: list[dict], among: str, lower_is_better: list[bool]) -> None:
     """Set each cell's ``best_ours`` and ``best_paper``: the best number of its group, as a paper bolds it.
 
     A group is a column's cells (``among`` = rows: methods as rows) or a row's (``among`` = columns);
-    higher is better except in the columns ``lower_is_better`` names (rounds to a target). Ties are all
+    higher is better except in the columns ``lower_is_better`` names (rounds to a target, a loss). Ties are all
     best; a group with fewer than two numbers has no best."""
     width = len(lower_is_better)
     if among == "rows":
