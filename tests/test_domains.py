@@ -3,6 +3,7 @@ pickled parts, PACS's folder of images): loading and preprocessing, the per-doma
 per-domain evaluation and one federated run through the engine."""
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -26,7 +27,7 @@ PART, TEST = 12, 10
 def write_digit5(root: Path, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     for d, name in enumerate(digit5.DOMAINS):
-        base = root / "digit5" / name
+        base = root / name
         (base / "partitions").mkdir(parents=True)
         files = [base / "partitions" / f"train_part{i}.pkl" for i in range(10)] + [base / "test.pkl"]
         for i, path in enumerate(files):
@@ -40,7 +41,7 @@ def write_digit5(root: Path, seed: int = 0) -> Path:
 
 @pytest.fixture
 def digit_root(tmp_path) -> Path:
-    return write_digit5(tmp_path / "data")
+    return write_digit5(tmp_path / "data" / "digit5")
 
 
 def test_digit5_loads_every_domain_resized_to_28_in_three_channels(digit_root):
@@ -48,7 +49,7 @@ def test_digit5_loads_every_domain_resized_to_28_in_three_channels(digit_root):
     assert isinstance(train, DomainDataset) and train.domain_names == digit5.DOMAINS
     assert train.images.shape == (5 * 10 * PART, 3, 28, 28) and test.images.shape == (5 * TEST, 3, 28, 28)
     assert torch.equal(torch.bincount(train.domain), torch.full((5,), 10 * PART))
-    with open(digit_root / "digit5" / "USPS" / "partitions" / "train_part3.pkl", "rb") as fh:
+    with open(digit_root / "USPS" / "partitions" / "train_part3.pkl", "rb") as fh:
         images, labels = pickle.load(fh)
     at = 2 * 10 * PART + 3 * PART  # USPS is the third domain; part 3 of ten
     assert torch.equal(train.labels[at:at + PART], torch.as_tensor(labels, dtype=torch.int64))
@@ -61,7 +62,7 @@ def test_digit5_loads_every_domain_resized_to_28_in_three_channels(digit_root):
     assert torch.allclose(x[0], usps(Image.fromarray(images[5], mode="L")), atol=1e-6)
     assert y.item() == labels[5]
     # MNIST (already 28 x 28, grey): no resize, the grey value in all three channels
-    with open(digit_root / "digit5" / "MNIST" / "partitions" / "train_part0.pkl", "rb") as fh:
+    with open(digit_root / "MNIST" / "partitions" / "train_part0.pkl", "rb") as fh:
         mnist = pickle.load(fh)[0]
     x, _ = train.batch(torch.tensor([0]))
     assert torch.allclose(x[0], (torch.as_tensor(mnist[0], dtype=torch.float32) / 255 - 0.5).div(0.5).expand(3, 28, 28))
@@ -75,8 +76,11 @@ def test_digit5_labels_and_domains_without_decoding_match_load(digit_root):
 
 
 def test_digit5_download_checks_the_files_and_names_a_missing_one(digit_root):
-    assert data.download("digit5", digit_root, log=lambda *_: None) == digit_root / "digit5"
-    gone = digit_root / "digit5" / "SVHN" / "partitions" / "train_part7.pkl"
+    assert data.download("digit5", digit_root, log=lambda *_: None) == digit_root
+    # the download rule's step: the check, then the list of what is there as its output
+    data.prepare("digit5", digit_root, None, digit_root / "download.json")
+    assert set(json.loads((digit_root / "download.json").read_text())["files"]) == set(digit5.DOMAINS)
+    gone = digit_root / "SVHN" / "partitions" / "train_part7.pkl"
     gone.unlink()
     with pytest.raises(DataError, match=r"train_part7.pkl: missing; .*docs/datasets.md") as err:
         data.download("digit5", digit_root, log=lambda *_: None)
@@ -86,7 +90,7 @@ def test_digit5_download_checks_the_files_and_names_a_missing_one(digit_root):
 
 
 def test_digit5_refuses_a_file_that_is_not_an_images_labels_pair(digit_root):
-    path = digit_root / "digit5" / "MNIST" / "test.pkl"
+    path = digit_root / "MNIST" / "test.pkl"
     with open(path, "wb") as fh:
         pickle.dump({"images": 1}, fh)
     with pytest.raises(DataError, match="test.pkl: not a pickled"):
@@ -104,7 +108,7 @@ def write_pacs(root: Path) -> Path:
     rng = np.random.default_rng(1)
     for name, per in PACS_COUNTS.items():
         for cls in pacs.CLASSES:
-            where = root / "PACS" / name / cls
+            where = root / name / cls
             where.mkdir(parents=True)
             for i in range(per):
                 mode = "L" if name == "sketch" else "RGB"
@@ -116,7 +120,7 @@ def write_pacs(root: Path) -> Path:
 
 @pytest.fixture
 def pacs_root(tmp_path) -> Path:
-    return write_pacs(tmp_path / "data")
+    return write_pacs(tmp_path / "data" / "pacs")
 
 
 def test_pacs_test_split_is_the_codes_seeded_shuffle(pacs_root):
@@ -153,9 +157,9 @@ def test_pacs_loads_224_crops_normalised_as_imagenet(pacs_root):
 
 
 def test_pacs_download_names_a_missing_class_folder(pacs_root):
-    assert data.download("pacs", pacs_root, log=lambda *_: None) == pacs_root / "PACS"
+    assert data.download("pacs", pacs_root, log=lambda *_: None) == pacs_root
     import shutil
-    shutil.rmtree(pacs_root / "PACS" / "cartoon" / "giraffe")
+    shutil.rmtree(pacs_root / "cartoon" / "giraffe")
     with pytest.raises(DataError, match=r"cartoon/giraffe: missing; pacs cannot be downloaded here"):
         data.download("pacs", pacs_root, log=lambda *_: None)
 

@@ -1,8 +1,9 @@
 """Digit-Five (IMA's "Digit Five", label + feature skew): MNIST, SVHN, USPS, SynthDigits and MNIST-M as
-FedBN distributes them (the files IMA's code reads), one folder per domain under ``<root>/digit5``:
+FedBN distributes them (the files IMA's code reads), one folder per domain under the dataset's root
+(the params file's ``data.root``/digit5, as for every dataset):
 
-    <root>/digit5/<MNIST|SVHN|USPS|SynthDigits|MNIST_M>/partitions/train_part0.pkl .. train_part9.pkl
-    <root>/digit5/<...>/test.pkl
+    <root>/<MNIST|SVHN|USPS|SynthDigits|MNIST_M>/partitions/train_part0.pkl .. train_part9.pkl
+    <root>/<...>/test.pkl
 
 each file a pickled pair (uint8 images N x H x W or N x H x W x 3, labels N). The training split of a
 domain is its ten parts in order (IMA's code reads them all: percent = 1), the test split its test.pkl.
@@ -29,7 +30,7 @@ SIDE = 28
 
 
 def folder(root: str | Path) -> Path:
-    return Path(root) / DATASET
+    return Path(root)
 
 
 def files(root: str | Path) -> list[Path]:

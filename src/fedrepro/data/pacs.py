@@ -1,7 +1,9 @@
 """PACS (IMA's label + feature skew): photo, art_painting, cartoon, sketch; 7 classes; the folder-of-images
 layout of the PACS "kfold" release, which IMA's code reads with torchvision's ImageFolder:
 
-    <root>/PACS/<photo|art_painting|cartoon|sketch>/<class>/<image>.jpg|.jpeg|.png
+    <root>/<photo|art_painting|cartoon|sketch>/<class>/<image>.jpg|.jpeg|.png
+
+(``<root>``: the params file's ``data.root``/pacs, as for every dataset).
 
 Classes are the sorted class folder names (ImageFolder's rule: dog, elephant, giraffe, guitar, horse,
 house, person), images the sorted file names in each. There is no official train/test split in that
@@ -32,7 +34,7 @@ IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 def folder(root: str | Path) -> Path:
-    return Path(root) / "PACS"
+    return Path(root)
 
 
 def domain_files(root: str | Path, name: str) -> tuple[list[Path], np.ndarray]:
