@@ -253,3 +253,12 @@ def test_digit5_federated_rounds_through_the_engine(digit_root, tmp_path):
     frame = pd.read_csv(tmp_path / "run" / "metrics.csv")
     assert np.allclose(frame["test_acc"], frame[[f"test_acc_{name}" for name in digit5.DOMAINS]].mean(axis=1))
     assert models.num_parameters(models.build("digit_cnn_gn2", "digit5")) == 806090
+
+
+def test_every_catalog_dataset_is_served_by_exactly_one_family():
+    from fedrepro.catalog import DATASETS
+    for name in DATASETS:
+        assert [f for f in data.FAMILIES if name in f.HANDLED] == [data.family(name)], name
+    assert {n for f in data.FAMILIES for n in f.HANDLED} == set(DATASETS)
+    with pytest.raises(ValueError, match=r"unknown dataset 'mnist'; known: .*digit5.*pacs"):
+        data.family("mnist")
