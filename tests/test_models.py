@@ -167,3 +167,29 @@ def test_fedlaw_table5_models_shapes_and_batch_statistics():
     batch.eval()
     x = torch.randn(3, 3, 32, 32)
     assert torch.isfinite(batch(x)).all()  # eval mode normalises with the batch's own statistics
+
+
+def test_ima_feature_skew_models_parameter_counts_by_hand():
+    # IMA's Digit-Five CNN (code: mixed_digit_gn): three biased 5x5 convs 3-64-64-128 each with GroupNorm
+    # (weight and bias a channel), 28 -> 14 -> 7 -> 3 after three pools, FC 1152-384-128 and the classifier.
+    gn = lambda c: 2 * c  # noqa: E731
+    digit = (_conv(3, 64, 5) + gn(64) + _conv(64, 64, 5) + gn(64) + _conv(64, 128, 5) + gn(128)
+             + 1152 * 384 + 384 + 384 * 128 + 128 + 128 * 10 + 10)
+    assert 128 * 3 * 3 == 1152
+    assert digit == 806090 == registry.MODELS["digit_cnn_gn2"]["params"]["digit5"]
+    # IMA's PACS AlexNet (code: alexnet_gn): torchvision's five convs, GroupNorm after each, 224 -> 55 -> 27
+    # -> 13 -> 6 (three 3x3 stride-2 pools), adaptive pool 6x6, FC 9216-1024-128 and the classifier (7 classes).
+    alexnet = (_conv(3, 64, 11) + gn(64) + _conv(64, 192, 5) + gn(192) + _conv(192, 384, 3) + gn(384)
+               + _conv(384, 256, 3) + gn(256) + _conv(256, 256, 3) + gn(256)
+               + 256 * 6 * 6 * 1024 + 1024 + 1024 * 128 + 128 + 128 * 7 + 7)
+    assert alexnet == 12042311 == registry.MODELS["alexnet_gn32"]["params"]["pacs"]
+    for name, dataset in (("digit_cnn_gn2", "digit5"), ("alexnet_gn32", "pacs")):
+        model = models.build(name, dataset)
+        assert models.num_parameters(model) == registry.MODELS[name]["params"][dataset]
+        # FedFA's anchors: the last Linear is the classifier over a 128-d feature; GroupNorm as the code has it
+        assert [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].in_features == 128
+        groups = {m.num_groups for m in model.modules() if isinstance(m, torch.nn.GroupNorm)}
+        assert groups == ({2} if name == "digit_cnn_gn2" else {32})
+    # the Digit CNN's feature is fc2's output without ReLU (the code's forward), AlexNet's after a ReLU
+    digit = models.build("digit_cnn_gn2", "digit5")
+    assert not isinstance(digit.fc[-1], torch.nn.ReLU) and isinstance(models.build("alexnet_gn32", "pacs").fc[-1], torch.nn.ReLU)

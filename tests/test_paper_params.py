@@ -25,6 +25,8 @@ EXPECTED = {
         "ima_table1_cifar10_resnet": 96,
         "ima_table1_cifar100_vgg": 48,     # one partition
         "ima_table1_cifar100_resnet": 48,
+        "ima_table1_digit5": 96,           # 8 methods x {FMA, +IMA} x 2 partitions x 3 seeds
+        "ima_table1_pacs": 96,
         "ima_table2_start_round": 90,      # 6 methods x 5 start rounds x 3 seeds
         "ima_table3_decay": 120,           # 8 methods x 5 schemes x 3 seeds
         "ima_fig6a_alpha": 240,            # 16 x 5 alphas x 3

@@ -19,6 +19,14 @@ DATASETS = {
                       "smallest_test_class": 8},
     # data/agnews.py: texts tokenised by the model's tokenizer to a fixed length (pretrained.max_length)
     "agnews": {"text": True, "train_size": 120000, "test_size": 7600, "num_classes": 4, "shape": (100,)},
+    # IMA's feature-skew datasets (data/digit5.py, pacs.py): several domains side by side; each domain is split
+    # over num_clients / len(domains) clients (partition.make) and scored on its own test set (evaluation.score).
+    # Digit-Five's sizes are approximate (FedBN's ten parts of about 743 images a domain; its test files vary):
+    # only the bounds checks and the plan's cost estimate read them. PACS: 9,991 images, 10% of each domain test.
+    "digit5": {"train_size": 37150, "test_size": 7430, "num_classes": 10, "shape": (3, 28, 28),
+               "domains": ["MNIST", "SVHN", "USPS", "SynthDigits", "MNIST_M"]},
+    "pacs": {"train_size": 8994, "test_size": 997, "num_classes": 7, "shape": (3, 224, 224),
+             "domains": ["photo", "art_painting", "cartoon", "sketch"]},
 }
 
 MODELS = {
@@ -51,6 +59,12 @@ MODELS = {
                 "doc": "FedLAW's WRN-56-4: the CIFAR ResNet-56 with 4x the widths (64/128/256); BatchNorm (setting batchnorm)"},
     "densenet121": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 6956298}, "batchnorm": True,
                     "doc": "FedLAW's CIFAR DenseNet-BC-121 (growth 32, 3x3 stem of 64, no stem pooling); BatchNorm (setting batchnorm)"},
+    # IMA Table 1's feature-skew rows as its code builds them (models/cnn.py, alexnet.py; counts by hand in
+    # tests/test_models.py); where the paper's Table 4 differs, the classes' docs say how
+    "digit_cnn_gn2": {"datasets": ["digit5"], "feature_classifier": True, "params": {"digit5": 806090},
+                      "doc": "IMA's Digit-Five CNN: 3 x (conv5x5 pad 2, GroupNorm(2), ReLU, max-pool) 64-64-128, FC 1152-384-128-10"},
+    "alexnet_gn32": {"datasets": ["pacs"], "feature_classifier": True, "params": {"pacs": 12042311},
+                     "doc": "IMA's PACS AlexNet: torchvision's AlexNet convs with GroupNorm(32), FC 9216-1024-128-7, no dropout"},
     "logreg": {"datasets": ["synthetic_1_1", "synthetic_0_0"], "doc": "multinomial logistic regression 60-10 (FedNova)"},
     # FedLAW Tables 1, 9: the paper and its code leave both undefined; ours (models/resnet.py, alexnet.py) with counts by hand
     "resnet8": {"datasets": ["cifar10", "cifar100"], "params": {"cifar10": 78042}, "batchnorm": True,
@@ -70,6 +84,9 @@ PARTITION_KEYS = {
     # FedLAW's hybrid: the first half of the clients from Dir(alpha_balanced), the rest from Dir(alpha)
     "hybrid": ["kind", "seed", "alpha", "alpha_balanced", "min_size", "balance"],
     "shards": ["kind", "seed", "classes_per_client", "distinct"],
+    # NIID-Bench's quantity-based label skew ("noniid-#label"): each client holds classes_per_client classes,
+    # each class split evenly among the clients holding it (IMA's Digit-Five #C=2)
+    "label_quantity": ["kind", "seed", "classes_per_client"],
     # CIFAR-100's Pachinko allocation: alpha over coarse labels, beta over each one's fine labels
     "pachinko": ["kind", "seed", "alpha", "beta", "samples_per_client"],
     # FedLab's balanced "inner" Dirichlet: equal client sizes, a class prior Dir(alpha) per client

@@ -124,7 +124,8 @@ def cmd_partition(args) -> None:
     if setting["kind"] == "natural":  # the dataset's own clients (Synthetic)
         from fedrepro.data import synthetic
         groups = synthetic.train_groups(setting["dataset"], args.data_root)
-    parts = partition.make(labels, setting, groups)
+    # a multi-domain dataset (digit5, pacs): each domain is split over its own clients
+    parts = partition.make(labels, setting, groups, data.train_domains(setting["dataset"], args.data_root))
     info = partition.save(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
     print(f"partition {Path(args.out).name}: {info['content_hash']}, client sizes {info['sizes']}")
 

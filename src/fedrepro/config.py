@@ -256,6 +256,14 @@ def check_compatible(setting: dict, where: str) -> None:
                         f"num_clients = {setting['num_clients']}")
     if setting["num_clients"] > n_train:
         problems.append(f"num_clients = {setting['num_clients']} exceeds the {n_train} training samples")
+    domains = registry.DATASETS[setting["dataset"]].get("domains")
+    if domains and setting["num_clients"] % len(domains):
+        problems.append(f"num_clients = {setting['num_clients']}: {setting['dataset']} splits each of its "
+                        f"{len(domains)} domains over its own clients, so num_clients must be a multiple of "
+                        f"{len(domains)}")
+    if part["kind"] == "label_quantity" and part["classes_per_client"] > registry.DATASETS[setting["dataset"]]["num_classes"]:
+        problems.append(f"partition.classes_per_client = {part['classes_per_client']} exceeds the "
+                        f"{registry.DATASETS[setting['dataset']]['num_classes']} classes of {setting['dataset']}")
     if part["kind"] == "shards":
         shards = setting["num_clients"] * part["classes_per_client"]
         if shards > n_train:

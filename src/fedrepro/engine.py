@@ -27,7 +27,7 @@ from fedrepro import algorithms, checkpoint, data, identity, metrics, models, pa
 from fedrepro.client import LocalSGD, client_generator, holdout_split, lr_schedule as client_lr_schedule
 from fedrepro.cohort import CohortSGD, equal_steps, random_layers
 # scoring lives below the engine, where the methods that score models use it too
-from fedrepro.evaluation import (eval_mode, evaluate, global_train_loss, proxy_indices, split_test,  # noqa: F401
+from fedrepro.evaluation import (eval_mode, evaluate, global_train_loss, proxy_indices, score, split_test,  # noqa: F401
                                  validation_set, validation_split)
 from fedrepro.identity import cohort_size, partition_id, partition_setting, stable_hash
 from fedrepro.flat import FlatModel
@@ -362,7 +362,7 @@ class Trainer:
             self.cosines[f"round_{t + 1}"] = metrics.cosine_matrix(updates.deltas).cpu().numpy()
         last = s["rounds"] - t <= LAST_ROUNDS
         if t % s["eval_every"] == 0 or last:
-            row["test_acc"], row["test_loss"] = evaluate(self.model.module, self.test)
+            row.update(score(self.model.module, self.test))  # multi-domain: per domain and their mean
         else:
             row["test_acc"] = row["test_loss"] = float("nan")
         every = s["evaluation"]["global_train_loss_every"]

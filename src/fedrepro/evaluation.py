@@ -104,6 +104,29 @@ def evaluate(model: torch.nn.Module, test, batch_size: int = 4096,
     return float(correct) / len(index), float(loss) / len(index)
 
 
+def score(model: torch.nn.Module, test, batch_size: int = 4096) -> dict[str, float]:
+    """The round's test columns: ``test_acc`` and ``test_loss`` over the split; for a multi-domain split
+    (a ``domain`` per sample: IMA's Digit-Five, PACS) each domain's accuracy and loss on its own samples
+    (``test_acc_<domain>``) and, as the paper reports, their unweighted mean over the domains as test_acc and
+    test_loss (a domain with no sample in the split is left out of the mean)."""
+    names = getattr(test, "domain_names", None)
+    if not names:
+        acc, loss = evaluate(model, test, batch_size)
+        return {"test_acc": acc, "test_loss": loss}
+    row, accs, losses = {}, [], []
+    for d, name in enumerate(names):
+        index = (test.domain == d).nonzero().squeeze(1)
+        if len(index):
+            acc, loss = evaluate(model, test, batch_size, index)
+            accs.append(acc)
+            losses.append(loss)
+        else:
+            acc = loss = float("nan")
+        row[f"test_acc_{name}"], row[f"test_loss_{name}"] = acc, loss
+    row["test_acc"], row["test_loss"] = float(np.mean(accs)), float(np.mean(losses))
+    return row
+
+
 def unaugmented(dataset):
     """The split as the objective sees it: no random augmentation (which would also draw from the
     training RNG stream and change the run). Shares the tensors, copies nothing."""

@@ -171,6 +171,7 @@ def partition_id(setting: dict) -> str:
             "inner_dirichlet": f"idir{_fmt(part.get('alpha', 0))}",
             "hybrid": f"hyb{_fmt(part.get('alpha_balanced', 0))}-{_fmt(part.get('alpha', 0))}",
             "shards": f"shards{part.get('classes_per_client')}", "natural": "natural",
+            "label_quantity": f"labels{part.get('classes_per_client')}",
             "pachinko": f"pa{_fmt(part.get('alpha', 0))}b{_fmt(part.get('beta', 0))}"}[part["kind"]]
     if part.get("long_tail_rho", 1) != 1:
         desc += f"-lt{_fmt(part['long_tail_rho'])}"

@@ -1,8 +1,9 @@
 """Splitting a training set over clients: IID, Dirichlet over labels, FedLAW's hybrid Dirichlet
 (balanced and imbalanced client groups), label-sorted shards, CIFAR-100's Pachinko allocation
 over coarse and fine labels, FedLab's balanced "inner" Dirichlet (a class prior per client), and client
-index lists read from a file another program wrote; IID and Dirichlet optionally over a long-tailed
-subset (FedLAW Table 7).
+index lists read from a file another program wrote, NIID-Bench's quantity-based label skew (#C classes a
+client); IID and Dirichlet optionally over a long-tailed subset (FedLAW Table 7). A multi-domain dataset
+(IMA's Digit-Five, PACS) is split domain by domain, each over its own share of the clients (``per_domain``).
 
 Every partitioner takes the labels and a local ``numpy.random.Generator`` (never the global
 RNG) and returns one sorted index array per client.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrepro.catalog import DATASETS
 from fedrepro.errors import FedreproError
 
 
@@ -110,11 +112,58 @@ def hybrid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha
 
 
 def groups(setting: dict) -> dict[str, np.ndarray]:
-    """Named client groups a partition defines (the engine logs each group's coherence); {} for most kinds."""
+    """Named client groups a partition defines (the engine logs each group's coherence): hybrid's two halves,
+    a multi-domain dataset's domains; {} for the rest."""
+    domains = DATASETS.get(setting.get("dataset"), {}).get("domains")
+    if domains:
+        per = setting["num_clients"] // len(domains)
+        return {f"domain_{name}": np.arange(d * per, (d + 1) * per) for d, name in enumerate(domains)}
     if setting["kind"] != "hybrid":
         return {}
     half = setting["num_clients"] // 2
     return {"balanced": np.arange(half), "imbalanced": np.arange(half, setting["num_clients"])}
+
+
+def label_quantity(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                   classes_per_client: int) -> list[np.ndarray]:
+    """NIID-Bench's quantity-based label skew ("noniid-#label", FedLab's label_skew_quantity_based_partition;
+    IMA's Digit-Five #C=2): client j holds class j mod C and classes_per_client - 1 other classes drawn
+    uniformly without repeats; each class's samples, shuffled, are cut into near-equal pieces, one for each
+    client holding it. A class no client holds is left out (only when num_clients < C)."""
+    classes = int(labels.max()) + 1
+    if classes_per_client > classes:
+        raise PartitionError(f"partition.classes_per_client = {classes_per_client} exceeds the {classes} classes; "
+                             f"choose at most {classes}")
+    held = []
+    for j in range(num_clients):
+        others = rng.permutation(np.delete(np.arange(classes), j % classes))[:classes_per_client - 1]
+        held.append({j % classes, *others.tolist()})
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for k in range(classes):
+        holders = [j for j in range(num_clients) if k in held[j]]
+        if holders:
+            pieces = np.array_split(rng.permutation(np.flatnonzero(labels == k)), len(holders))
+            for j, piece in zip(holders, pieces):
+                parts[j].append(piece)
+    return [np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, dtype=np.int64) for p in parts]
+
+
+def per_domain(labels: np.ndarray, setting: dict, domains: np.ndarray) -> list[np.ndarray]:
+    """IMA's feature-skew split: each domain's samples over its own num_clients / D clients, drawn with the
+    setting's kind and seed (the same seed in every domain, as IMA's code seeds each domain's partitioner);
+    clients are numbered domain by domain (IMA's code assigns domains to client ids at random, which changes
+    nothing when cohorts are drawn uniformly). Indices are the whole training set's."""
+    names = np.unique(domains)
+    per, rest = divmod(setting["num_clients"], len(names))
+    if rest or not per:
+        raise PartitionError(f"num_clients = {setting['num_clients']} must be a positive multiple of the "
+                             f"{len(names)} domains of {setting.get('dataset')}")
+    inner = {**setting, "num_clients": per}
+    parts = []
+    for d in names:
+        at = np.flatnonzero(domains == d)
+        parts += [at[p] for p in make(labels[at], inner)]
+    return parts
 
 
 def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, classes_per_client: int,
@@ -317,9 +366,13 @@ def read_file(path: str | Path, num_clients: int, train_size: int, sha256: str |
     return parts
 
 
-def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) -> list[np.ndarray]:
+def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None,
+         domains: np.ndarray | None = None) -> list[np.ndarray]:
     """Partition from a resolved partition setting (see ``config.partition_setting``);
-    ``groups`` (each sample's natural client) is needed by kind ``natural`` only."""
+    ``groups`` (each sample's natural client) is needed by kind ``natural`` only; with ``domains`` (each
+    sample's domain: a multi-domain dataset) every domain is split on its own (``per_domain``)."""
+    if domains is not None and setting["kind"] != "file":  # a file lists the whole training set's indices
+        return per_domain(labels, setting, domains)
     kind, n = setting["kind"], setting["num_clients"]
     if kind == "natural":
         if groups is None:
@@ -341,6 +394,8 @@ def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None) ->
                       setting["balance"])
     if kind == "shards":
         return shards(labels, n, rng, setting["classes_per_client"], setting["distinct"])
+    if kind == "label_quantity":
+        return label_quantity(labels, n, rng, setting["classes_per_client"])
     if kind == "pachinko":
         # CIFAR-100 only (config.check_compatible refuses other datasets): coarse labels from the fixed map.
         return pachinko(labels, CIFAR100_COARSE[labels], n, rng, setting["alpha"], setting["beta"],

@@ -42,6 +42,9 @@ ROUGH_STEP_SECONDS = {
     "vgg11": 4e-3, "vgg11_gn2": 6e-3, "alexnet": 2e-3, "resnet8": 2e-3, "pythia70m": 3e-2,
     # FedLAW Table 5, guessed from the FLOPs relative to ResNet-56 (not measured)
     "resnet110": 2e-2, "wrn56_4": 6e-2, "densenet121": 8e-2,
+    # IMA's feature-skew models, guessed the same way: the Digit CNN about the CIFAR CNN's FLOPs x 3, the
+    # PACS AlexNet (224 x 224 inputs) about torchvision's AlexNet (not measured)
+    "digit_cnn_gn2": 2e-3, "alexnet_gn32": 8e-3,
 }
 ROUGH_BATCH = 64
 

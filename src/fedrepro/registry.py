@@ -123,6 +123,9 @@ def setting_schema() -> dict:
 @functools.lru_cache(maxsize=4)
 def _setting_schema(stamps: tuple, core_mtime: int) -> dict:
     schema = yaml.safe_load((SCHEMAS / "setting.schema.yaml").read_text())
+    # the datasets and models that exist are the catalog's, listed once there
+    schema["properties"]["dataset"]["enum"] = list(DATASETS)
+    schema["properties"]["model"]["enum"] = list(MODELS)
     for name, fragment in _fragments(stamps).items():
         for section, sub in fragment.get("schema", {}).items():
             if section in schema["properties"]:

@@ -19,7 +19,7 @@ from fedrepro.parts import Algorithm, ClientObjective, ClientRun
 from fedrepro.server import ServerSGD, WeightedMean
 
 # IMA Table 5 / code: (rho, eta) = (0.7, 0.2) for the small CNNs, (0.2, 0.05) for the other models
-CNN_MODELS = {"cnn"}
+CNN_MODELS = {"cnn", "digit_cnn_gn2"}  # the Digit-Five CNN is a CNN; PACS runs an AlexNet
 
 
 def default_rho_eta(model: str) -> tuple[float, float]:

@@ -1,38 +1,41 @@
-"""Datasets by name: ``download``/``prepare`` fetch (or generate) them, ``load`` gives a split as a
-device dataset (``base.Dataset``), ``train_labels`` the labels a partition splits.
+"""Datasets by name: ``download``/``prepare`` fetch (or generate, or check) them, ``load`` gives a split as a
+device dataset (``base.Dataset``), ``train_labels`` the labels a partition splits, ``train_domains`` the
+domain of each training sample (multi-domain families only).
 
-One module per family (fmnist, cifar, synthetic, agnews) over ``base``, which holds the dataset
-protocol and the download machinery; the families never import this dispatcher.
+A family is one module over ``base`` listed in ``FAMILIES``; it declares the names it serves (``HANDLED``)
+and provides ``download(dataset, root, mirrors, timeout, log)`` and ``load(dataset, root, train,
+preprocess, pretrained)``, optionally ``train_labels(dataset, root)`` (labels without decoding the inputs)
+and ``train_domains(dataset, root)``. Nothing here names a dataset; the families never import this module.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from fedrepro.data import agnews, cifar, fmnist, synthetic
+from fedrepro.data import agnews, cifar, digit5, fmnist, pacs, synthetic
 from fedrepro.data.base import DataError, Dataset, DownloadError, TensorDataset, fetch_from_mirrors, gather
 
-__all__ = ["DataError", "Dataset", "DownloadError", "TensorDataset", "download", "fetch_from_mirrors", "gather",
-           "load", "prepare", "train_labels"]
+__all__ = ["DataError", "Dataset", "DownloadError", "FAMILIES", "TensorDataset", "download", "family",
+           "fetch_from_mirrors", "gather", "load", "prepare", "train_domains", "train_labels"]
+
+# The one list of families (imported above by name, so a run's code hash covers each of them)
+FAMILIES = (fmnist, cifar, synthetic, agnews, digit5, pacs)
 
 
-def _unknown(dataset: str) -> ValueError:
-    known = sorted(fmnist.HANDLED | cifar.HANDLED | synthetic.HANDLED | agnews.HANDLED)
-    return ValueError(f"unknown dataset '{dataset}'; known: {', '.join(known)}")
+def family(dataset: str):
+    """The module that serves ``dataset``."""
+    for module in FAMILIES:
+        if dataset in module.HANDLED:
+            return module
+    known = sorted(name for module in FAMILIES for name in module.HANDLED)
+    raise ValueError(f"unknown dataset '{dataset}'; known: {', '.join(known)}")
 
 
 def download(dataset: str, root: str | Path, mirrors: list[str] | None = None,
              timeout: float = 20.0, log=print) -> Path:
-    """Fetch every file of ``dataset`` into ``root``; return its folder. Idempotent."""
-    if dataset in fmnist.HANDLED:
-        return fmnist.download(root, mirrors, timeout, log)
-    if dataset in cifar.HANDLED:  # the python-pickle archive
-        return cifar.download(dataset, root, mirrors, timeout, log)
-    if dataset in synthetic.HANDLED:  # generated, nothing to fetch
-        return synthetic.download(dataset, root, log)
-    if dataset in agnews.HANDLED:  # parquet or csv
-        return agnews.download(dataset, root, mirrors, timeout, log)
-    raise _unknown(dataset)
+    """Fetch every file of ``dataset`` into ``root`` (or check the files a user put there); return its
+    folder. Idempotent."""
+    return family(dataset).download(dataset, root, mirrors, timeout=timeout, log=log)
 
 
 def prepare(dataset: str, root: str | Path, mirrors: list[str] | None, out: str | Path | None,
@@ -55,18 +58,17 @@ def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = 
          pretrained: dict | None = None) -> Dataset:
     """Load a downloaded split (``preprocess``: CIFAR only; ``pretrained``: the tokenizer's path and
     token length, text datasets only)."""
-    if dataset in fmnist.HANDLED:
-        return fmnist.load(root, train)
-    if dataset in cifar.HANDLED:
-        return cifar.load(dataset, root, train, preprocess)
-    if dataset in synthetic.HANDLED:
-        return synthetic.load(dataset, root, train)
-    if dataset in agnews.HANDLED:
-        return agnews.load(dataset, root, train, pretrained)
-    raise _unknown(dataset)
+    return family(dataset).load(dataset, root, train, preprocess=preprocess, pretrained=pretrained)
 
 
 def train_labels(dataset: str, root: str | Path):
-    if dataset in agnews.HANDLED:  # the label column alone; tokenising is not needed to partition
-        return agnews.train_labels(root)
+    module = family(dataset)
+    if hasattr(module, "train_labels"):  # the labels alone: no tokenising or decoding to partition
+        return module.train_labels(dataset, root)
     return load(dataset, root, train=True).labels.numpy()
+
+
+def train_domains(dataset: str, root: str | Path):
+    """Each training sample's domain (in load's order), or None for a single-domain dataset."""
+    module = family(dataset)
+    return module.train_domains(dataset, root) if hasattr(module, "train_domains") else None

@@ -161,7 +161,7 @@ def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, t
     raise DownloadError("\n".join(errors))
 
 
-def train_labels(root: str | Path):
+def train_labels(dataset: str, root: str | Path):
     """Labels of the training split without tokenising (partitioning needs only these)."""
     return _labels(read_split(split_file(root, "train")))
 
@@ -216,7 +216,8 @@ def tokenize(texts: list[str], tokenizer, max_length: int) -> tuple[torch.Tensor
     return enc["input_ids"].to(torch.int64), enc["attention_mask"].to(torch.int64)
 
 
-def load(dataset: str, root: str | Path, train: bool, pretrained: dict | None = None) -> TextDataset:
+def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
+         pretrained: dict | None = None) -> TextDataset:
     pretrained = dict(pretrained or {})
     tokenizer = load_tokenizer(pretrained.get("path", DEFAULT_MODEL))
     ds = read_split(split_file(root, "train" if train else "test"))

@@ -172,7 +172,8 @@ def random_crop_flip(x: torch.Tensor, pad: int = 4, generator: torch.Generator |
     return out
 
 
-def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None) -> ImageDataset:
+def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
+         pretrained: dict | None = None) -> ImageDataset:
     preprocess = dict(preprocess or {})
     if dataset in CIFAR:
         try:

@@ -45,7 +45,7 @@ def raw_folder(root: str | Path) -> Path:
     return Path(root) / "FashionMNIST" / "raw"
 
 
-def download(root: str | Path, mirrors: list[str] | None = None, timeout: float = 20.0, log=print) -> Path:
+def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 20.0, log=print) -> Path:
     """Fetch the four files into ``root``; return the raw folder. Idempotent."""
     from torchvision.datasets import FashionMNIST
     mirrors = list(mirrors or DEFAULT_MIRRORS)
@@ -63,7 +63,8 @@ def download(root: str | Path, mirrors: list[str] | None = None, timeout: float 
     return folder
 
 
-def load(root: str | Path, train: bool) -> TensorDataset:
+def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
+         pretrained: dict | None = None) -> TensorDataset:
     from torchvision.datasets import FashionMNIST
     verify_loaded(raw_folder(root))
     try:

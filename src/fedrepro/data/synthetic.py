@@ -25,7 +25,7 @@ SYNTHETIC_FILE = "synthetic.npz"
 HANDLED = set(SYNTHETIC)
 
 
-def download(dataset: str, root: str | Path, log=print) -> Path:
+def download(dataset: str, root: str | Path, mirrors=None, timeout: float = 0.0, log=print) -> Path:
     """Generate ``dataset`` into ``root`` (nothing to fetch); return ``root``. Idempotent."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -61,7 +61,8 @@ class FeatureDataset:
                               None if self.groups is None else self.groups[index])
 
 
-def load(dataset: str, root: str | Path, train: bool) -> FeatureDataset:
+def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
+         pretrained: dict | None = None) -> FeatureDataset:
     with np.load(Path(root) / SYNTHETIC_FILE) as data:
         split = "train" if train else "test"
         return FeatureDataset(torch.from_numpy(data[f"x_{split}"]), torch.from_numpy(data[f"y_{split}"]),

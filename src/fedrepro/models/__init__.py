@@ -9,8 +9,8 @@ import math
 
 from torch import nn
 
-from fedrepro.models.alexnet import CifarAlexNet
-from fedrepro.models.cnn import CifarCNN, LeNet5, TwoConvCNN
+from fedrepro.models.alexnet import AlexNetGN, CifarAlexNet
+from fedrepro.models.cnn import CifarCNN, DigitCNNGN, LeNet5, TwoConvCNN
 from fedrepro.models.mlp import MLP, LogisticRegression
 from fedrepro.models.resnet import CifarResNet, ResNet18GN, densenet121_cifar
 from fedrepro.models.vgg import VGG11, VGG11GN
@@ -42,6 +42,9 @@ BUILDERS = {
     # FedLAW Tables 1, 9: not defined by the paper or its code (our choices, see the classes' docs)
     "resnet8": lambda shape, k, running_stats: CifarResNet(8, shape[0], k, running_stats),
     "alexnet": lambda shape, k: CifarAlexNet(shape[0], k),
+    # IMA Table 1's feature-skew rows (Digit-Five, PACS), as its code builds them
+    "digit_cnn_gn2": lambda shape, k: DigitCNNGN(shape[0], k, groups=2),
+    "alexnet_gn32": lambda shape, k: AlexNetGN(shape[0], k, groups=32),
     "pythia70m": _pythia70m,
 }
 
