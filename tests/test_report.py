@@ -466,3 +466,59 @@ def test_a_loss_table_bolds_the_lowest_and_an_accuracy_table_the_highest():
     report.mark_best(accuracy, "columns", [report.lower_is_better({}, {"kind": "mean_last_rounds"})] * 2)
     assert [[c["best_ours"] for c in r["cells"]] for r in accuracy] == [[True, False], [True, False]]
     assert report.lower_is_better({}, {"kind": "rounds_to_target"})
+
+
+def test_evidence_carries_equal_runs_from_an_earlier_keep_and_nothing_else(tmp_path):
+    """Runs kept by an earlier commit complete a later keep when their setting (resolved by today's code) and
+    their partition's content equal a declared run's; a run kept on another partition draw is not carried."""
+    from types import SimpleNamespace
+
+    from fedrepro import cli, evidence
+    path = _two_method_params(tmp_path)
+    params = config.load_params(path)
+    runs = config.expand(params)
+    # earlier ids (earlier code); run 5 ran on another draw of the clients
+    old_partition = lambda i, r: r.partition + ("-other" if i == 5 else "-old")
+    earlier = [SimpleNamespace(id=r.id[:-4] + "0ld0", setting=r.setting, partition=old_partition(i, r))
+               for i, r in enumerate(runs)]
+
+    def partition(folder, pid, content):
+        (folder / pid).mkdir(parents=True, exist_ok=True)
+        (folder / pid / "partition.json").write_text(json.dumps({"content_hash": content}))
+
+    then = tmp_path / "then"  # the earlier keep: runs 2..5 under their old ids
+    for i, run in enumerate(earlier[2:], start=2):
+        fabricate(run, then / "runs", 0.5 + 0.05 * i)
+        partition(then / "partitions", run.partition, "other-clients" if i == 5 else "same-clients")
+    manifest = config.run_manifest(params, [str(path)], "earlier", "two")
+    for exp in manifest["experiments"].values():
+        for run in exp["runs"]:
+            i = [r.id for r in runs].index(run["id"])
+            run["id"], run["partition"] = earlier[i].id, earlier[i].partition
+    evidence.keep(None, "two", then / "runs", then / "partitions", tmp_path / "ev", manifest=_write(tmp_path, manifest))
+    assert len(list((tmp_path / "ev" / "two" / "runs").iterdir())) == 4
+    results = tmp_path / "results"  # today: runs 0 and 1 finished under today's ids
+    for run in runs[:2]:
+        fabricate(run, results / "runs", 0.9)
+    partition(results / "partitions", runs[0].partition, "same-clients")
+    cli.main(["evidence", "keep", "--configfile", str(path), "--name", "both", "--root", str(tmp_path / "ev"),
+              "--runs-dir", str(results / "runs"), "--partitions-dir", str(results / "partitions"),
+              "--carry", str(tmp_path / "ev" / "two")])
+    kept = tmp_path / "ev" / "both"
+    assert sorted(p.name for p in (kept / "runs").iterdir()) == sorted([r.id for r in runs[:2]] +
+                                                                       [r.id for r in earlier[2:5]])
+    out = json.loads((kept / "manifest.json").read_text())
+    assert out["evidence"]["runs_kept"] == 5 and sorted(out["evidence"]["carried"]) == sorted(r.id for r in runs[2:5])
+    assert {c["commit"] for c in out["evidence"]["carried"].values()} == {"abc"}
+    listed = [r["id"] for exp in out["experiments"].values() for r in exp["runs"]]
+    assert runs[5].id in listed and earlier[5].id not in listed, "the run on another draw stays missing"
+    assert set(listed) >= {r.id for r in earlier[2:5]} and "--carry" in out["evidence"]["kept_by"]
+    cli.main(["evidence", "report", str(kept), "--out", str(tmp_path / "page.html")])
+    assert "5/6 runs done" in (tmp_path / "page.html").read_text()
+
+
+def _write(tmp_path, manifest):
+    out = tmp_path / "project" / "results" / "manifests" / "two-0.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(manifest))
+    return out

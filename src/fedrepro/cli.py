@@ -338,8 +338,9 @@ def cmd_evidence(args) -> None:
         return
     if args.action == "keep":
         kept = evidence.keep(args.configfile, args.name, args.runs_dir, args.partitions_dir, args.root, args.manifest,
-                             args.protocol)
-        print(f"evidence: {kept['runs']} runs and {kept['partitions']} partitions kept in {kept['folder']} "
+                             args.protocol, args.carry)
+        carried = f" ({kept['carried']} carried from earlier evidence)" if kept["carried"] else ""
+        print(f"evidence: {kept['runs']} runs{carried} and {kept['partitions']} partitions kept in {kept['folder']} "
               f"({kept['bytes'] / 1024:.0f} KB)")
     else:
         out = evidence.report(args.folder, args.out, args.figures)
@@ -584,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--runs-dir", default="results/runs", help="the run folders")
     a.add_argument("--partitions-dir", default="results/partitions", help="the partition folders")
     a.add_argument("--root", default="evidence", help="where evidence folders live")
+    a.add_argument("--carry", nargs="+", type=_existing("folder"), metavar="FOLDER",
+                   help="earlier evidence folders: a declared run not finished in --runs-dir takes the records of an "
+                        "equal run kept there (same setting under today's code, same partition content), under its own id")
     a.add_argument("--protocol", help="the runs' protocol: paper (they enter the verification matrix), official, "
                    "or another word (default: official when an *_official_protocol subset is given, else paper)")
     a.set_defaults(func=cmd_evidence)

@@ -34,7 +34,8 @@ class EvidenceError(FedreproError, ValueError):
 
 def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path = "results/runs",
          partitions_dir: str | Path = "results/partitions", root: str | Path = "evidence",
-         manifest: str | Path | None = None, protocol: str | None = None) -> dict:
+         manifest: str | Path | None = None, protocol: str | None = None,
+         carry: list[str | Path] | None = None) -> dict:
     """Copy the compact records of the finished runs of ``configfiles`` into ``root/name``.
 
     With ``manifest`` (a manifest the workflow wrote when the runs ran, ``results/manifests/``) instead of
@@ -46,7 +47,12 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
 
     ``protocol`` ('paper', 'official', or another word such as 'ablation') says whether the runs follow
     the paper's protocol; only 'paper' evidence enters the verification matrix. Unset, it is 'official'
-    when an ``*_official_protocol`` subset is among the params files, else 'paper'."""
+    when an ``*_official_protocol`` subset is among the params files, else 'paper'.
+
+    ``carry`` names earlier evidence folders: a declared run that has not finished in ``runs_dir`` takes the
+    records of a run kept there whose setting, resolved by today's code, is the declared one, on a partition
+    of the same content. It keeps its own id and summary (which name the commit it ran with); the manifest
+    says which runs were carried and from where."""
     from fedrepro import config, verification
 
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
@@ -67,7 +73,8 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
         command = "fedrepro evidence keep --configfile " + " ".join(map(str, configfiles)) + f" --name {name}"
         kept_manifest = config.run_manifest(params, configfiles, command, name)
     finished = [r for r in declared if rundir.RunDir(runs_dir / r).finished()]
-    if not finished:
+    carried = _carried(kept_manifest, [r for r in declared if r not in finished], partitions_dir, carry or [])
+    if not finished and not carried:
         raise EvidenceError(f"none of the {len(declared)} runs declared has finished in {runs_dir}: nothing to keep")
     folder = Path(root) / name
     staging = folder.with_name(f".{name}.partial")
@@ -81,15 +88,60 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     partitions = sorted({declared[r] for r in finished})
     for pid in partitions:
         _copy(partitions_dir / pid, staging / "partitions" / pid, PARTITION_FILES)
+    for c in carried.values():
+        _copy(c["folder"] / "runs" / c["id"], staging / "runs" / c["id"], RUN_FILES)
+        _copy(c["folder"] / "partitions" / c["partition"], staging / "partitions" / c["partition"], PARTITION_FILES)
+    if carry:
+        command += " --carry " + " ".join(map(str, carry))
     out = {**kept_manifest,
            "evidence": {"name": name, "kept": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                        "runs_kept": len(finished), "runs_declared": len(declared), "kept_by": command,
-                        "protocol": protocol or verification.protocol(kept_manifest)}}
+                        "runs_kept": len(finished) + len(carried), "runs_declared": len(declared), "kept_by": command,
+                        "protocol": protocol or verification.protocol(kept_manifest),
+                        **({"carried": {new: {"from": str(c["folder"]), "id": c["id"], "commit": c["commit"]}
+                                        for new, c in carried.items()}} if carried else {})}}
     (staging / MANIFEST).write_text(json.dumps(out, indent=1, sort_keys=True))
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
-    return {"folder": str(folder), "runs": len(finished), "partitions": len(partitions),
+    return {"folder": str(folder), "runs": len(finished) + len(carried), "carried": len(carried),
+            "partitions": len(set(partitions) | {c["partition"] for c in carried.values()}),
             "bytes": sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())}
+
+
+def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: list[str | Path]) -> dict:
+    """For each missing run, an equal run kept in one of ``folders``: {missing id: {folder, id, partition, commit}}.
+    Equal means the kept setting, resolved by today's code (which fills keys added since with their defaults),
+    is the declared setting, and the two partitions hold the same clients (the partitions' content hash).
+    The manifest's entry of a carried run is rewritten to the kept id and partition, so a page finds it."""
+    from fedrepro import config
+
+    entries = {r["id"]: r for exp in manifest["experiments"].values() for r in exp["runs"] if r["id"] in missing}
+    found: dict = {}
+    for folder in map(Path, folders):
+        if not (folder / MANIFEST).is_file():
+            raise EvidenceError(f"--carry {folder}: not an evidence folder (no {MANIFEST})")
+        earlier = config.read_json(folder / MANIFEST)
+        for run in (r for exp in earlier["experiments"].values() for r in exp["runs"]):
+            if not (folder / "runs" / run["id"] / "summary.json").is_file():
+                continue
+            setting = config.resolve(run["setting"])
+            for new_id, entry in entries.items():
+                if new_id in found or entry["setting"] != setting:
+                    continue
+                if _content(partitions_dir / entry["partition"]) != _content(folder / "partitions" / run["partition"]):
+                    continue
+                summary = config.read_json(folder / "runs" / run["id"] / "summary.json")
+                found[new_id] = {"folder": folder, "id": run["id"], "partition": run["partition"],
+                                 "commit": summary.get("git_commit")}
+    for entry in entries.values():
+        if entry["id"] in found:
+            c = found[entry["id"]]
+            entry["id"], entry["partition"] = c["id"], c["partition"]
+    return found
+
+
+def _content(partition: Path) -> str | None:
+    path = partition / "partition.json"
+    return json.loads(path.read_text()).get("content_hash") if path.is_file() else None
 
 
 def _mark_switches(manifest: dict) -> None:
