@@ -69,7 +69,7 @@ def _orders(trainer, pairs):
 
 
 def test_reseeded_shuffling_repeats_the_batch_order_of_every_client_and_round(tmp_path):
-    """client.shuffle: reseeded (IMA's code) gives one order for every (round, client); fresh a new one each."""
+    """client.shuffle: reseeded gives one order for every (round, client); fresh a new one each."""
     pairs = [(0, 0), (0, 3), (5, 3), (7, 9)]
     reseeded = _fedaware_trainer(tmp_path, "none", {"shuffle": "reseeded"})
     first, *rest = _orders(reseeded, pairs)
