@@ -100,14 +100,29 @@ def switch_label(variant: dict) -> str:
     return SEP.join(f"{k}={v}" for k, v in (shared or keys).items())
 
 
+ALL_SWITCHES = "all switches together"
+
+
 def switch_effects(runs: pd.DataFrame) -> dict | None:
     """For an experiment of switches (``switches: true``), each switch's effect on the final accuracy of
-    each method: mean over seeds, and the difference from the method's run that switches nothing."""
+    each method: mean over seeds, and the difference from the method's run that switches nothing. A point
+    that switches everything the method's other points switch one at a time is the row of all of them."""
     done = runs[runs["status"] == "finished"] if len(runs) else runs
     if done.empty:
         return None
-    done = done.assign(method=[str(v.get("algorithm", "")) for v in done["variant"]],
-                       switch=[switch_label(v) for v in done["variant"]])
+    method_of = lambda variant: str(variant.get("algorithm", ""))
+    keys_of = lambda variant: frozenset(k for k in variant if k != "algorithm")
+    declared = {}  # per method, the key sets its grid points switch (finished or not)
+    for variant in runs["variant"]:
+        declared.setdefault(method_of(variant), set()).add(keys_of(variant))
+
+    def label(variant: dict) -> str:
+        # a point that switches exactly what the method's other points switch one at a time: their sum
+        others = [keys for keys in declared[method_of(variant)] if keys and keys != keys_of(variant)]
+        return ALL_SWITCHES if len(others) > 1 and keys_of(variant) == frozenset().union(*others) \
+            else switch_label(variant)
+
+    done = done.assign(method=[method_of(v) for v in done["variant"]], switch=[label(v) for v in done["variant"]])
     methods = list(dict.fromkeys(done["method"]))
     switches = list(dict.fromkeys(["", *done["switch"]]))
     mean = done.groupby(["switch", "method"])["final_acc"].mean() * 100
