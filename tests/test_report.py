@@ -521,6 +521,13 @@ def test_evidence_carries_equal_runs_from_an_earlier_keep_and_nothing_else(tmp_p
     assert set(listed) >= {r.id for r in earlier[2:5]} and "--carry" in out["evidence"]["kept_by"]
     cli.main(["evidence", "report", str(kept), "--out", str(tmp_path / "page.html")])
     assert "5/6 runs done" in (tmp_path / "page.html").read_text()
+    # without a record of the earlier partitions' clients nothing can be shown equal: nothing is carried
+    shutil.copytree(tmp_path / "ev" / "two", tmp_path / "ev" / "bare")
+    shutil.rmtree(tmp_path / "ev" / "bare" / "partitions")
+    shutil.rmtree(results / "partitions")
+    with pytest.raises(evidence.EvidenceError, match="nothing to keep"):
+        evidence.keep([path], "none", tmp_path / "nothing", results / "partitions", tmp_path / "ev",
+                      carry=[tmp_path / "ev" / "bare"])
 
 
 def _write(tmp_path, manifest):

@@ -127,8 +127,9 @@ def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: 
             for new_id, entry in entries.items():
                 if new_id in found or entry["setting"] != setting:
                     continue
-                if _content(partitions_dir / entry["partition"]) != _content(folder / "partitions" / run["partition"]):
-                    continue
+                clients = _content(partitions_dir / entry["partition"])
+                if clients is None or clients != _content(folder / "partitions" / run["partition"]):
+                    continue  # no record of either partition's clients is no evidence that they are the same
                 summary = config.read_json(folder / "runs" / run["id"] / "summary.json")
                 found[new_id] = {"folder": folder, "id": run["id"], "partition": run["partition"],
                                  "commit": summary.get("git_commit")}
@@ -140,8 +141,11 @@ def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: 
 
 
 def _content(partition: Path) -> str | None:
+    """The partition's content hash as its ``partition.json`` records it; None when there is no record."""
+    from fedrepro.records import read_json
+
     path = partition / "partition.json"
-    return json.loads(path.read_text()).get("content_hash") if path.is_file() else None
+    return read_json(path).get("content_hash") if path.is_file() else None
 
 
 def _mark_switches(manifest: dict) -> None:
