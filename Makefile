@@ -55,8 +55,11 @@ locked-run:
 dry-run: setup
 	snakemake --workflow-profile $(PROFILE) --configfile $(CONFIG) -n
 
+# Two workers, a whole test file each (--dist loadfile): a module's shared fixture (a tiny workflow run,
+# a Slurm cluster, an MLflow server) is built once, and the slow tests' waits on subprocesses overlap.
+TEST_WORKERS ?= 2
 test: setup
-	pytest -q -rs --durations=25
+	pytest -q -rs --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: setup
-	pytest -q -m "not slow and not slurm"
+	pytest -q -m "not slow and not slurm" -n $(TEST_WORKERS) --dist loadfile
