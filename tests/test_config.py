@@ -2,6 +2,7 @@
 are refused before any job starts; every shipped params file expands."""
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -222,3 +223,48 @@ def test_aliases_that_repeat_a_block_within_reason_still_load(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text(_alias_bomb(levels=4) + "more: [*l3, *l3]\n")  # 2 x 10**4 values: fine
     assert len(config.read_yaml(path)["more"][1]) == 10
+
+
+def _full_walk(instance: dict) -> dict:
+    """Today's setting validated by the whole-schema walk alone (the reference the per-key memo must equal)."""
+    schema = config._load_schema("setting.schema.yaml")
+    errors = list(config._Validator(schema).iter_errors(instance))
+    assert not errors, errors[0].message
+    return instance
+
+
+@pytest.mark.parametrize("raw", [
+    {"dataset": "fmnist", "num_clients": 10, "seed": 1},
+    {"algorithm": "fedlaw", "dataset": "fmnist", "num_clients": 20, "seed": 9, "client": {"lr": 0.08, "momentum": 0.9},
+     "partition": {"kind": "dirichlet", "alpha": 0.1}, "fedlaw": {"variant": "swa"}},
+    {"algorithm": "fedavg", "plugins": ["ima"], "dataset": "fmnist", "num_clients": 100, "seed": 2, "rounds": 30,
+     "partition": {"kind": "shards", "classes_per_client": 2}, "ima": {"start_round": 20, "window": 5}},
+])
+def test_validation_by_parts_fills_exactly_what_the_whole_walk_fills(raw):
+    # twice: the second validation is served from the memo and must still equal the reference, key order included
+    for _ in range(2):
+        fast = config.validate(config.split_algorithm(json.loads(json.dumps(raw))), "setting.schema.yaml", "t")
+        reference = _full_walk(config.split_algorithm(json.loads(json.dumps(raw))))
+        assert json.dumps(fast) == json.dumps(reference)
+        fast["client"]["lr"] = -1.0  # a caller changing its copy must not reach the memo
+        fast["fedlaw"]["variant"] = "changed"
+
+
+def test_validation_by_parts_refuses_what_the_whole_walk_refuses():
+    good = {"dataset": "fmnist", "num_clients": 10, "seed": 1}
+    config.validate(dict(good), "setting.schema.yaml", "t")  # the good parts are in the memo now
+    for bad, key in [({**good, "seed": "one"}, "seed"), ({**good, "client": {"lr": 0}}, "client.lr"),
+                     ({**good, "client": {"lrr": 0.1}}, "client.lrr"), ({**good, "nonsense": 1}, "nonsense"),
+                     ({**good, "participation": 1.5}, "participation")]:
+        with pytest.raises(config.ConfigError, match=key.replace(".", r"\.")):
+            config.validate(bad, "setting.schema.yaml", "t")
+        assert config._valid_by_parts(dict(bad), config._load_schema("setting.schema.yaml")) is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fedlaw", "fednova"])
+def test_a_papers_grid_expands_to_the_same_runs_with_the_whole_walk(name, monkeypatch):
+    params = config.load_params(ROOT / "params" / f"{name}.yaml")
+    fast = [(r.id, json.dumps(r.setting)) for r in config.expand(params)]
+    monkeypatch.setattr(config, "_valid_by_parts", lambda instance, schema: False)
+    assert [(r.id, json.dumps(r.setting)) for r in config.expand(config.load_params(ROOT / "params" / f"{name}.yaml"))] == fast

@@ -124,10 +124,57 @@ def _allowed(error: jsonschema.ValidationError) -> str:
     return error.message
 
 
+# A schema whose top level is only a list of properties validates each top-level value on its own: the
+# walk over every method's section took ~13 ms a setting, and expanding the papers' grids (thousands of
+# settings, at every Snakemake start) spent minutes there. Most values recur (an absent section's
+# defaults, a grid's shared client section), so each (key, value) is walked once per process.
+_TOP_LEVEL_ONLY = {"$schema", "description", "title", "type", "additionalProperties", "properties", "required"}
+_checked_parts: dict[int, tuple[dict, dict]] = {}  # id(schema) -> (schema, kept alive so ids stay unique; memo)
+
+
+def _valid_by_parts(instance: Any, schema: dict) -> bool:
+    """True, with ``instance`` filled exactly as the full walk fills it, when it is valid; False (and
+    ``instance`` untouched) when it is not or the schema is not of that shape: the full walk then decides."""
+    if not isinstance(instance, dict) or set(schema) - _TOP_LEVEL_ONLY or schema.get("type", "object") != "object":
+        return False
+    properties = schema.get("properties", {})
+    if schema.get("additionalProperties", True) is not True and (
+            schema["additionalProperties"] is not False or set(instance) - set(properties)):
+        return False
+    if any(key not in instance for key in schema.get("required", [])):
+        return False
+    memo = _checked_parts.setdefault(id(schema), (schema, {}))[1]
+    filled = {}
+    for key, sub in properties.items():
+        if key in instance:
+            value = instance[key]
+        elif "default" in sub:
+            value = sub["default"]
+        else:
+            continue
+        token = (key, repr(value))  # repr keeps types (1, 1.0, True) and key order apart
+        if token not in memo:
+            value = copy.deepcopy(value)
+            if next(_Validator(sub).iter_errors(value), None) is not None:
+                return False
+            memo[token] = value
+        filled[key] = copy.deepcopy(memo[token])
+    for key, value in filled.items():
+        held = instance.get(key)
+        if isinstance(held, dict) and isinstance(value, dict):
+            held.clear()  # in place, as the full walk fills: a caller's reference to the section stays live
+            held.update(value)
+        else:
+            instance[key] = value
+    return True
+
+
 def validate(instance: dict, schema_name: str, where: str) -> dict:
     """Validate ``instance`` in place (filling defaults); raise ConfigError naming the key."""
     refuse_nonfinite(instance, where)
     schema = _load_schema(schema_name)
+    if _valid_by_parts(instance, schema):
+        return instance
     errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         raise ConfigError("\n".join(dict.fromkeys(_explain(e, where) for e in errors)))
@@ -462,6 +509,12 @@ def expand(params: dict, tunings: dict | None = None) -> list[Run]:
 
     A grid point that a tune block claims (fedrepro.tuning) gives its tuning runs here, and its final run
     waits for the choice: it is recorded in ``tunings`` (tuning id -> manifest entry) when a dict is given."""
+    from fedrepro.identity import code_read_once
+    with code_read_once():  # one expansion names its runs from one reading of the code
+        return _expand(params, tunings)
+
+
+def _expand(params: dict, tunings: dict | None) -> list[Run]:
     from fedrepro import tuning as ftuning  # it builds on this module
 
     tunings = {} if tunings is None else tunings
