@@ -268,3 +268,16 @@ def test_a_papers_grid_expands_to_the_same_runs_with_the_whole_walk(name, monkey
     fast = [(r.id, json.dumps(r.setting)) for r in config.expand(params)]
     monkeypatch.setattr(config, "_valid_by_parts", lambda instance, schema: False)
     assert [(r.id, json.dumps(r.setting)) for r in config.expand(config.load_params(ROOT / "params" / f"{name}.yaml"))] == fast
+
+
+def test_one_expansion_reads_the_code_once_and_the_next_sees_an_edit(monkeypatch):
+    from fedrepro import identity
+    walks = []
+    real_closure = identity.code_closure
+    monkeypatch.setattr(identity, "code_closure", lambda entries: walks.append(entries) or real_closure(entries))
+    params = _params(grid={"seed": [1, 2, 3], "algorithm": ["fedavg", "fedprox"]})
+    ids = [r.id for r in config.expand(params)]
+    assert len(set(ids)) == 6 and len(walks) == 3  # fedavg, fedprox, the partition: once each
+    monkeypatch.setattr(identity, "files_hash", lambda names: "edited")  # as if the code changed in between
+    assert not set(r.id for r in config.expand(params)) & set(ids)
+    assert identity.code_hash is not None and not getattr(identity.code_hash, "read_once", False)

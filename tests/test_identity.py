@@ -50,21 +50,6 @@ def test_an_added_import_is_seen_without_editing_any_list(package):
     assert identity.code_hash("fedavg", []) != before
 
 
-def test_one_expansion_reads_the_code_once_and_the_next_sees_an_edit(package, monkeypatch):
-    walks = []
-    real_closure = identity.code_closure
-    monkeypatch.setattr(identity, "code_closure", lambda entries: walks.append(entries) or real_closure(entries))
-    method = package / "algorithms" / "fedavg.py"
-    with identity.code_read_once():
-        before = identity.code_hash("fedavg", [])
-        method.write_text(method.read_text() + "from fedrepro import registry\n")
-        os.utime(method, ns=(1, 1))
-        assert [identity.code_hash("fedavg", []) for _ in range(3)] == [before] * 3  # one state of the code
-        identity.code_hash("fedlaw", [])
-    assert len(walks) == 2  # each closure walked once inside the block
-    assert identity.code_hash("fedavg", []) != before  # outside, the edit is seen at once
-
-
 def test_a_named_file_that_does_not_exist_is_an_error(package):
     with pytest.raises(FileNotFoundError, match="nosuchmethod"):
         identity.code_hash("nosuchmethod", [])

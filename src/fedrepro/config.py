@@ -7,6 +7,7 @@ gives the same run directory in every clone, whatever the file it came from.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -509,9 +510,40 @@ def expand(params: dict, tunings: dict | None = None) -> list[Run]:
 
     A grid point that a tune block claims (fedrepro.tuning) gives its tuning runs here, and its final run
     waits for the choice: it is recorded in ``tunings`` (tuning id -> manifest entry) when a dict is given."""
-    from fedrepro.identity import code_read_once
-    with code_read_once():  # one expansion names its runs from one reading of the code
+    with _code_read_once():
         return _expand(params, tunings)
+
+
+@contextlib.contextmanager
+def _code_read_once():
+    """One expansion names its runs from one reading of the code: each method's code hash is computed once.
+    Outside, identity follows the imports and stats the files at every call, so an edit is seen at once;
+    that walk was a third of expanding a grid. The memo wraps identity's functions from here because
+    identity.py is part of every run's code: an edit there would rename every run and partition."""
+    from fedrepro import identity
+    if getattr(identity.code_hash, "read_once", False):  # an expansion inside an expansion
+        yield
+        return
+    code_hash, partition_code_hash = identity.code_hash, identity.partition_code_hash
+    hashes: dict = {}
+
+    def code_hash_once(algorithm: str, plugins: list[str]) -> str:
+        key = (algorithm, tuple(plugins))
+        if key not in hashes:
+            hashes[key] = code_hash(algorithm, plugins)
+        return hashes[key]
+
+    def partition_code_hash_once() -> str:
+        if "partition" not in hashes:
+            hashes["partition"] = partition_code_hash()
+        return hashes["partition"]
+
+    code_hash_once.read_once = True
+    identity.code_hash, identity.partition_code_hash = code_hash_once, partition_code_hash_once
+    try:
+        yield
+    finally:
+        identity.code_hash, identity.partition_code_hash = code_hash, partition_code_hash
 
 
 def _expand(params: dict, tunings: dict | None) -> list[Run]:

@@ -13,7 +13,6 @@ name (``importlib.import_module``) is not followed, which is why the method's mo
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import hashlib
 import json
@@ -122,37 +121,13 @@ def method_modules(algorithm: str, plugins: list[str]) -> tuple[str, ...]:
     return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins])
 
 
-_read_once: dict | None = None  # entries -> hash, while a code_read_once() block is open
-
-
-@contextlib.contextmanager
-def code_read_once():
-    """Within the block each closure is hashed once. Outside, every call follows the imports and stats the
-    files again, so an edit is seen at once; that walk cost ~2 ms a run, a third of expanding a grid."""
-    global _read_once
-    outer = _read_once
-    _read_once = {} if outer is None else outer
-    try:
-        yield
-    finally:
-        _read_once = outer
-
-
-def _closure_hash(entries: tuple[str, ...]) -> str:
-    if _read_once is None:
-        return files_hash(code_closure(entries))
-    if entries not in _read_once:
-        _read_once[entries] = files_hash(code_closure(entries))
-    return _read_once[entries]
-
-
 def code_hash(algorithm: str, plugins: list[str]) -> str:
     """Hash of every package file a run of this method (with these plug-ins) executes."""
-    return _closure_hash(RUN_ENTRY + method_modules(algorithm, plugins))
+    return files_hash(code_closure(RUN_ENTRY + method_modules(algorithm, plugins)))
 
 
 def partition_code_hash() -> str:
-    return _closure_hash(PARTITION_ENTRY)
+    return files_hash(code_closure(PARTITION_ENTRY))
 
 
 # --------------------------------------------------------------------------- names
