@@ -261,6 +261,14 @@ def test_validation_by_parts_refuses_what_the_whole_walk_refuses():
         assert config._valid_by_parts(dict(bad), config._load_schema("setting.schema.yaml")) is False
 
 
+def test_a_schema_with_a_reference_into_the_whole_takes_the_whole_walk():
+    # a property checked on its own has no root to resolve "#/..." against; the whole walk does
+    schema = {"type": "object", "properties": {"lr": {"$ref": "#/properties/rate"}, "rate": {"type": "number"}}}
+    assert config._valid_by_parts({"lr": 0.1}, schema) is False
+    errors = list(config._Validator(schema).iter_errors({"lr": "fast"}))
+    assert errors and "number" in errors[0].message
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedlaw", "fednova"])
 def test_a_papers_grid_expands_to_the_same_runs_with_the_whole_walk(name, monkeypatch):

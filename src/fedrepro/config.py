@@ -130,7 +130,8 @@ def _allowed(error: jsonschema.ValidationError) -> str:
 # settings, at every Snakemake start) spent minutes there. Most values recur (an absent section's
 # defaults, a grid's shared client section), so each (key, value) is walked once per process.
 _TOP_LEVEL_ONLY = {"$schema", "description", "title", "type", "additionalProperties", "properties", "required"}
-_checked_parts: dict[int, tuple[dict, dict]] = {}  # id(schema) -> (schema, kept alive so ids stay unique; memo)
+_checked_parts: dict[int, tuple[dict, dict, bool]] = {}  # id(schema) -> (schema, kept alive so ids stay unique;
+#                                                         memo; whether it holds a $ref)
 
 
 def _valid_by_parts(instance: Any, schema: dict) -> bool:
@@ -138,13 +139,18 @@ def _valid_by_parts(instance: Any, schema: dict) -> bool:
     ``instance`` untouched) when it is not or the schema is not of that shape: the full walk then decides."""
     if not isinstance(instance, dict) or set(schema) - _TOP_LEVEL_ONLY or schema.get("type", "object") != "object":
         return False
+    if id(schema) not in _checked_parts:
+        # a part checked on its own cannot resolve a reference into the whole: such a schema takes the whole walk
+        _checked_parts[id(schema)] = (schema, {}, '"$ref"' in json.dumps(schema))
+    _, memo, refers = _checked_parts[id(schema)]
+    if refers:
+        return False
     properties = schema.get("properties", {})
     if schema.get("additionalProperties", True) is not True and (
             schema["additionalProperties"] is not False or set(instance) - set(properties)):
         return False
     if any(key not in instance for key in schema.get("required", [])):
         return False
-    memo = _checked_parts.setdefault(id(schema), (schema, {}))[1]
     filled = {}
     for key, sub in properties.items():
         if key in instance:
@@ -524,26 +530,23 @@ def _code_read_once():
     if getattr(identity.code_hash, "read_once", False):  # an expansion inside an expansion
         yield
         return
-    code_hash, partition_code_hash = identity.code_hash, identity.partition_code_hash
+    originals = identity.code_hash, identity.partition_code_hash
     hashes: dict = {}
 
-    def code_hash_once(algorithm: str, plugins: list[str]) -> str:
-        key = (algorithm, tuple(plugins))
-        if key not in hashes:
-            hashes[key] = code_hash(algorithm, plugins)
-        return hashes[key]
+    def once(function):
+        def read_once(*args):
+            key = (function.__name__, *(tuple(a) if isinstance(a, list) else a for a in args))
+            if key not in hashes:
+                hashes[key] = function(*args)
+            return hashes[key]
+        read_once.read_once = True
+        return read_once
 
-    def partition_code_hash_once() -> str:
-        if "partition" not in hashes:
-            hashes["partition"] = partition_code_hash()
-        return hashes["partition"]
-
-    code_hash_once.read_once = True
-    identity.code_hash, identity.partition_code_hash = code_hash_once, partition_code_hash_once
+    identity.code_hash, identity.partition_code_hash = map(once, originals)
     try:
         yield
     finally:
-        identity.code_hash, identity.partition_code_hash = code_hash, partition_code_hash
+        identity.code_hash, identity.partition_code_hash = originals
 
 
 def _expand(params: dict, tunings: dict | None) -> list[Run]:
