@@ -333,8 +333,9 @@ def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
 
 # --------------------------------------------------------------------------- exported tables
 
-def _page_cells(html: str, table: str) -> dict:
-    """(row, column) -> (ours, ours std or None, paper) of the cells of ours on the report page."""
+def _page_cells(html: str, table: str, marked: set | None = None) -> dict:
+    """(row, column) -> (ours, ours std or None, paper) of the cells of ours on the report page; ``marked``
+    collects the (row, column, side) cells the page marks as the best."""
     section = html[html.index(f'<h2 id="{table}">'):]
     section = section[:section.index("</table></div>")]
     columns = re.findall(r"<th>([^<]*)</th>", section[section.index('<table class="cells">'):])[1:]
@@ -342,9 +343,14 @@ def _page_cells(html: str, table: str) -> dict:
     for row in re.findall(r"<tr><td>([^<]*)</td>\n(.*?)</tr>", section, flags=re.S):
         label, tds = row
         for column, td in zip(columns, re.findall(r"<td[^>]*>.*?</td>", tds)):
-            ours = re.search(r'<b class="ours">([\d.]+)</b>(?: ± ([\d.]+))?.*?<small>paper ([\d.]+)', td)
+            ours = re.search(r'<b class="ours( best)?"[^>]*>([\d.]+)</b>(?: ± ([\d.]+))?.*?'
+                             r'<small( class="best")?[^>]*>paper ([\d.]+)', td)
             if ours:
-                cells[(label, column)] = (ours[1], ours[2], ours[3])
+                cells[(label, column)] = (ours[2], ours[3], ours[5])
+            paper = re.search(r'<small class="best"[^>]*>paper ', td)
+            for side, best in (("ours", ours and ours[1]), ("paper", paper)):
+                if best and marked is not None:
+                    marked.add((label, column, side))
     return cells
 
 
@@ -390,8 +396,10 @@ def test_every_paper_table_is_exported_as_latex_csv_and_markdown_with_the_pages_
 
     tex = (folder / "ima_table1.tex").read_text()
     latex, bold, latex_text = _latex_cells(tex)
-    on_page = {(latex_text(r), latex_text(c)): v for (r, c), v in _page_cells(html, "ima_table1").items()}
+    marked = set()
+    on_page = {(latex_text(r), latex_text(c)): v for (r, c), v in _page_cells(html, "ima_table1", marked).items()}
     assert len(on_page) == 3 and latex == on_page
+    assert {(latex_text(r), latex_text(c), side) for r, c, side in marked} == bold, "the page marks the export's bests"
     row, paper_row = latex_text("FMNIST (CNN) #C=2, FMA"), report.paper_comparisons(
         json.loads(manifest_path.read_text()), runs_dir)[0]["rows"][0]
     assert latex[(row, "FedAvg")] == ("81.00", "1.41", "81.17"), "mean ± std over the two seeds, then the paper's"
