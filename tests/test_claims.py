@@ -32,6 +32,23 @@ def test_beats_pairs_rows_by_what_the_star_stands_for():
     assert str(verdict) == "IMA helps: paper 2/3, ours 1/2 (1 not run yet)"
 
 
+def test_agreement_counts_the_comparisons_where_ours_holds_exactly_when_the_papers_numbers_do():
+    # FedLAW beats FedAvg in the paper in c1 and c2 but not in c3; c4 has no paper number
+    values = {("FedAvg", c): v for c, v in zip(["c1", "c2", "c3", "c4"], [80, 70, 90, None])}
+    values |= {("FedLAW", c): v for c, v in zip(["c1", "c2", "c3", "c4"], [81, 72, 89, None])}
+    check = {"text": "FedLAW beats FedAvg", "kind": "beats", "axis": "rows", "winner": "FedLAW", "loser": "FedAvg"}
+    same = {("FedAvg", "c1"): [1.0], ("FedLAW", "c1"): [2.0], ("FedAvg", "c3"): [5.0], ("FedLAW", "c3"): [4.0]}
+    verdict = claims.evaluate(check, "t", table(values, same))
+    # ours breaks the claim in c3, as the paper's numbers do: 1/2 holds, 2/2 agree; c2 is pending
+    assert (verdict.ours.holds, verdict.ours.total, verdict.pending) == (1, 2, 1)
+    assert (verdict.agree.holds, verdict.agree.total) == (2, 2)
+    other = {**same, ("FedAvg", "c1"): [3.0], ("FedLAW", "c3"): [6.0]}  # ours breaks it in c1 instead
+    flipped = claims.evaluate(check, "t", table(values, other))
+    assert (flipped.ours.holds, flipped.ours.total) == (1, 2) and (flipped.agree.holds, flipped.agree.total) == (0, 2)
+    stated = claims.evaluate({**check, "stated": "Fig. 1"}, "t", table(values, same))
+    assert (stated.agree.holds, stated.agree.total) == (0, 0), "a stated claim has no numbers to agree with"
+
+
 def test_beats_with_plain_labels_pairs_every_winner_with_every_loser_and_lower_is_better():
     values = {("r", "x"): 10, ("r", "y"): 12, ("r", "base"): 11}
     check = {"text": "", "kind": "beats", "winner": ["x", "y"], "loser": "base", "better": "lower"}
@@ -222,6 +239,13 @@ def test_gain_size_and_average_judge_the_mean_gain_over_pairs_not_each_pair():
     twice = claims.evaluate({"text": "", "kind": "gain_ratio", **pair, "lines": ["low", "high"], "within": [3.0, 3.5],
                              "average": True}, "t", table(GAINS))
     assert (twice.paper.holds, twice.paper.total) == (1, 1)  # 6.5 / 2 = 3.25; per pair: 2 and -3
+    # ours equal to the paper's numbers agree in every comparison; halved gains flip A (10 -> 5) only
+    agreeing = claims.evaluate({"text": "", "kind": "gain_size", **pair, "lines": ["low"], "within": [3.5, 6.5]},
+                               "t", table(GAINS, {k: [v] for k, v in GAINS.items()}))
+    assert (agreeing.agree.holds, agreeing.agree.total) == (2, 2)
+    halved = claims.evaluate({"text": "", "kind": "gain_size", **pair, "lines": ["low"], "within": [3.5, 6.5]},
+                             "t", table(GAINS, {k: [v / 2] for k, v in GAINS.items()}))
+    assert (halved.ours.holds, halved.agree.holds, halved.agree.total) == (1, 1, 2)  # A gains 5: holds; B 1.5
     # stated: the one comparison of the mean waits for every pair's cells, and a diverged cell fails it
     values = {k: None for k in GAINS}
     ours = {k: [v / 100] for k, v in GAINS.items() if k != ("high", "B, +IMA")}

@@ -33,14 +33,15 @@ the paper's side reading "stated in ..." instead of a count.
 target (inf) are no evidence either way, so such a comparison does not hold. Patterns are literal
 text except ``*``. A check is counted on each side separately over the comparisons whose cells that
 side has: "paper 16/16, ours 11/12 (4 not run yet)" says the claim holds in the paper's numbers,
-and how far it holds in ours so far. A cell of ours whose every run diverged counts as the worst
+and how far it holds in ours so far. ``agree`` counts, of the comparisons both sides make, those where
+ours holds exactly when the paper's numbers do. A cell of ours whose every run diverged counts as the worst
 possible value, so a claim that needs it fails rather than waiting for it.
 """
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fedrepro.paper import Cell
 
@@ -65,6 +66,9 @@ class Verdict:
     pending: int  # comparisons the paper makes that we cannot make yet (a cell not run)
     outside: int = 0  # comparisons with a cell the params file (a subset) does not run at all
     stated: str = ""  # where the paper states a claim it prints no numbers for (then paper is 0/0)
+    # of the comparisons both sides make, those where ours holds exactly when the paper's numbers hold: a
+    # claim the paper itself breaks in one column is confirmed by ours breaking it in that column too
+    agree: Count = field(default_factory=Count)
 
     @property
     def paper_side(self) -> str:
@@ -171,7 +175,7 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
     stated = check.get("stated", "")
     if check["kind"] in ACROSS_LINES:
         return _evaluate_gains(check, labels, lines, cell, stated)
-    paper, ours, pending, outside = Count(), Count(), 0, 0
+    paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
     for line in lines:
         for better, worse in _comparisons(check, labels):
             involved = [cell(line, label) for label in better + worse]
@@ -184,20 +188,29 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
                     continue
             elif len(published) < len(involved):
                 continue
+            paper_holds = None if stated else _holds(check, [cell(line, l).value for l in better],
+                                                     [cell(line, l).value for l in worse])
             if not stated:
                 paper.total += 1
-                paper.holds += _holds(check, [cell(line, l).value for l in better],
-                                      [cell(line, l).value for l in worse])
+                paper.holds += paper_holds
             if any(_ours(c, check) is None for c in published):
                 if all(c.in_scope for c in published):
                     pending += 1
                 else:
                     outside += 1
                 continue
+            ours_holds = _holds(check, [_ours(cell(line, l), check) for l in better],
+                                [_ours(cell(line, l), check) for l in worse])
             ours.total += 1
-            ours.holds += _holds(check, [_ours(cell(line, l), check) for l in better],
-                                 [_ours(cell(line, l), check) for l in worse])
-    return Verdict(check["text"], paper, ours, pending, outside, stated)
+            ours.holds += ours_holds
+            _tally(agree, paper_holds, ours_holds)
+    return Verdict(check["text"], paper, ours, pending, outside, stated, agree)
+
+
+def _tally(agree: Count, paper_holds: bool | None, ours_holds: bool) -> None:
+    if paper_holds is not None:  # a stated claim has no numbers to agree with
+        agree.total += 1
+        agree.holds += paper_holds == ours_holds
 
 
 def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stated: str) -> Verdict:
@@ -215,12 +228,14 @@ def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stat
     def gains(comparison, value) -> list[float]:  # per line, the mean gain of the comparison's pairs
         return [sign * sum(value(w) - value(l) for w, l in per_line) / len(per_line) for per_line in comparison]
 
-    paper, ours, pending, outside = Count(), Count(), 0, 0
+    paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
     for comparison in pairs:
         involved = [c for per_line in comparison for pair in per_line for c in pair]
+        paper_holds = None
         if not stated and all(c.value is not None for c in involved):
+            paper_holds = _gains_hold(check, gains(comparison, lambda c: c.value))
             paper.total += 1
-            paper.holds += _gains_hold(check, gains(comparison, lambda c: c.value))
+            paper.holds += paper_holds
         elif not stated:
             continue
         if any(_ours(c, check) is None for c in involved):
@@ -229,9 +244,11 @@ def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stat
             else:
                 outside += 1
             continue
+        ours_holds = _gains_hold(check, gains(comparison, lambda c: _ours(c, check)))
         ours.total += 1
-        ours.holds += _gains_hold(check, gains(comparison, lambda c: _ours(c, check)))
-    return Verdict(check["text"], paper, ours, pending, outside, stated)
+        ours.holds += ours_holds
+        _tally(agree, paper_holds, ours_holds)
+    return Verdict(check["text"], paper, ours, pending, outside, stated, agree)
 
 
 def evaluate_table(table_name: str, table: dict, joined: list[Cell]) -> list[Verdict]:
