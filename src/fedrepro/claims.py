@@ -188,9 +188,9 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
                     continue
             elif len(published) < len(involved):
                 continue
-            paper_holds = None if stated else _holds(check, [cell(line, l).value for l in better],
-                                                     [cell(line, l).value for l in worse])
+            paper_holds = None
             if not stated:
+                paper_holds = _holds(check, [cell(line, l).value for l in better], [cell(line, l).value for l in worse])
                 paper.total += 1
                 paper.holds += paper_holds
             if any(_ours(c, check) is None for c in published):
