@@ -69,6 +69,7 @@ for s in (1998, 37, 73):
     runs.append(("fedaware_fedavg_seed%d" % s, fedaware("fedaware_fedavg_seed%d" % s, "fedavg", s), 170))
 runs.append(("fedlaw_fedavg_seed8", fedlaw("fedlaw_fedavg_seed8"), 200))
 runs.append(("fedlaw_fedlaw_seed8", fedlaw("fedlaw_fedlaw_seed8"), 200))
+runs.append(("fedlaw_feddyn_seed8", fedlaw("fedlaw_feddyn_seed8"), 200))
 
 print("| run | rounds logged | complete | mean last 10 (%) | last round (%) | per-round source |")
 print("|---|---|---|---|---|---|")
