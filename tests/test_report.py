@@ -132,6 +132,8 @@ def test_a_diverged_run_shows_in_its_paper_cell(tmp_path, ima_fmnist_runs):
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
     html = report.build(manifest_path, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
     assert '<td class="diverged"><b>diverged</b> (1 seed)<small>paper 79.78</small></td>' in html
+    # run, and outside the gap: the verification matrix counts it so too
+    assert "0/1 cells run so far are within the allowed gap (1 diverged at every seed; " in html
 
 
 def test_index_counts_every_experiments_runs_by_state(tmp_path):
