@@ -67,7 +67,8 @@ def test_counts_gaps_and_explanations_from_paper_protocol_evidence(tmp_path, res
             configfiles=("params/toy.yaml", "params/subsets/toy_official_protocol.yaml"))
     _folder(root, "d", [("fedlaw-ablation-s1", "fedlaw", 0.10)], experiment="toy_switches")
     (root / verification.EXPLANATIONS).write_text(yaml.safe_dump(
-        {"toy_table1": [{"row": "FMNIST a=0.1", "column": "FedLAW", "text": "a named, tested difference"}]}))
+        {"toy_table1": [{"row": "FMNIST a=0.1", "column": "FedLAW", "text": "a named, tested difference, at length",
+                         "summary": "a named, tested difference"}]}))
 
     (row,) = verification.matrix(root, results)
     assert sorted(row.seeds) == [1, 3]
@@ -75,12 +76,14 @@ def test_counts_gaps_and_explanations_from_paper_protocol_evidence(tmp_path, res
     assert sorted(row.seeds) == [1, 3] and row.within == 1
     # FedLAW: one seed at 82.00 against 85.00: delta -3.00 > 1.5, with its explanation
     assert row.outside == [{"row": "FMNIST a=0.1", "column": "FedLAW", "delta": pytest.approx(-3.0),
-                            "allowed": 1.5, "explanation": "a named, tested difference"}]
+                            "allowed": 1.5, "explanation": "a named, tested difference, at length",
+                            "summary": "a named, tested difference"}]
     assert row.largest["column"] == "FedLAW" and row.folders == ["a", "b"]
     text = verification.markdown([row])
     assert ("| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference | "
             "— | `evidence/a/`, `evidence/b/` |") in text
-    assert "- toy_table1, FMNIST a=0.1 / FedLAW: -3.00 (allowed ±1.50). a named, tested difference" in text
+    # the matrix shows the summary; the list below it the whole text
+    assert "- toy_table1, FMNIST a=0.1 / FedLAW: -3.00 (allowed ±1.50). a named, tested difference, at length" in text
 
 
 def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cells_count(tmp_path, results):

@@ -75,7 +75,14 @@ def _explanations(root: Path) -> dict:
     if not path.is_file():
         return {}
     data = yaml.safe_load(path.read_text()) or {}
-    return {(t, e["row"], e["column"]): e["text"] for t, entries in data.items() for e in entries}
+    return {(t, e["row"], e["column"]): e for t, entries in data.items() for e in entries}
+
+
+def _explained(explain: dict, key: tuple) -> dict:
+    """The cell's explanation (the list below the matrix) and its one-line summary (the matrix's own cell;
+    an entry without ``summary`` shows its whole text there)."""
+    entry = explain.get(key, {"text": "unexplained"})
+    return {"explanation": entry["text"], "summary": entry.get("summary", entry["text"])}
 
 
 def _folders(root: Path) -> list[tuple[Path, dict]]:
@@ -138,13 +145,13 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             if not cell.ours:  # every seed diverged
                 row.diverged += 1
                 row.outside.append({"row": cell.row, "column": cell.column, "delta": None, "allowed": None,
-                                    "explanation": explain.get(key, "unexplained")})
+                                    **_explained(explain, key)})
                 continue
             if row.figure_only:  # no number to be near; the claims below judge it
                 continue
             allowed = paper.allowed_gap(paper.tolerance(table), cell.std, cell.ours_std)
             entry = {"row": cell.row, "column": cell.column, "delta": cell.delta, "allowed": allowed,
-                     "explanation": explain.get(key, "unexplained")}
+                     **_explained(explain, key)}
             if abs(cell.delta) <= allowed:
                 row.within += 1
             else:
@@ -169,7 +176,7 @@ def _gap(entry: dict | None, within: bool) -> str:
         return "—"
     where = f"{entry['row']} / {entry['column']}"
     text = f"{entry['delta']:+.2f} ({where})"
-    return text if within else f"{text}: {entry['explanation']}"
+    return text if within else f"{text}: {entry['summary']}"
 
 
 def _checks(row: Row) -> str:
