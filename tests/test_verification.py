@@ -96,6 +96,19 @@ def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cell
     assert "FMNIST a=0.1 / FedLAW: all seeds diverged. unexplained" in text
 
 
+@pytest.mark.parametrize("entry, words", [
+    ({"row": "FMNIST a=0.1", "column": "FedLaw", "text": "a typo in the column"}, "names no cell"),
+    ({"row": "FMNIST a=0.1", "column": "FedLAW", "text": "x", "summary": "two\nlines"}, "summary one line"),
+])
+def test_an_explanation_that_names_no_cell_is_refused_naming_the_file(tmp_path, results, entry, words):
+    root = tmp_path / "evidence"
+    _folder(root, "a", [("fedlaw-s1", "fedlaw", 0.82)])
+    (root / verification.EXPLANATIONS).write_text(yaml.safe_dump({"toy_table1": [entry]}))
+    with pytest.raises(ValueError, match=words) as error:
+        verification.matrix(root, results)
+    assert str(root / verification.EXPLANATIONS) in str(error.value) and "\n" not in str(error.value)
+
+
 FIGURE = {"tables": {"toy_fig5": {
     "paper": "toy", "title": "Toy Fig. 5 (figure only)", "metric": {"kind": "mean_last_rounds", "rounds": 1, "scale": 100},
     "checks": [{"text": "FedLAW beats FedAvg in every row", "kind": "beats", "winner": "FedLAW", "loser": "FedAvg",

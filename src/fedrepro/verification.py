@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from fedrepro import claims, paper
-from fedrepro.config import ROOT
+from fedrepro.config import ROOT, ConfigError
 
 EVIDENCE = ROOT / "evidence"
 EXPLANATIONS = "explanations.yaml"
@@ -70,12 +70,25 @@ class Row:
         return [v for v in self.checks_evaluated if v.ours.holds < v.ours.total]
 
 
-def _explanations(root: Path) -> dict:
+def _explanations(root: Path, tables: dict) -> dict:
+    """(table, row, column) -> entry; an entry naming no cell of the papers' tables (a typo would leave its
+    cell "unexplained" unnoticed) or without a text is refused, naming the file and the entry."""
     path = root / EXPLANATIONS
     if not path.is_file():
         return {}
     data = yaml.safe_load(path.read_text()) or {}
-    return {(t, e["row"], e["column"]): e for t, entries in data.items() for e in entries}
+    known = {(c.table, c.row, c.column) for c in paper.cells(tables)}
+    out = {}
+    for table, entries in data.items():
+        for e in entries:
+            key = (table, e.get("row"), e.get("column"))
+            if key not in known:
+                raise ConfigError(f"{path}: {table} / {key[1]} / {key[2]} names no cell of the papers' tables "
+                                 "(allowed: a table's key, then one of its row labels and column labels)")
+            if not isinstance(e.get("text"), str) or "\n" in str(e.get("summary", "")):
+                raise ConfigError(f"{path}: {table} / {key[1]} / {key[2]} needs a text, and its summary one line")
+            out[key] = e
+    return out
 
 
 def _explained(explain: dict, key: tuple) -> dict:
@@ -115,7 +128,7 @@ def _one_per_seed(cell: paper.Cell, runs: dict[str, dict]) -> None:
 def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE) -> list[Row]:
     root = Path(root)
     tables = paper.load_results(results)
-    explain = _explanations(root)
+    explain = _explanations(root, tables)
     folders = _folders(root)
     rows = []
     for name, table in tables.items():
