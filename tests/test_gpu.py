@@ -160,6 +160,12 @@ def test_exact_resume_on_cuda():
 
 @pytest.mark.gpu
 @cuda
+def test_forked_child_on_cuda():
+    gpucheck.check_fork_child("cuda")
+
+
+@pytest.mark.gpu
+@cuda
 def test_evaluation_in_eval_mode_on_cuda():
     gpucheck.check_eval_mode("cuda")
 
@@ -172,6 +178,7 @@ def test_checks_hold_on_cpu():
     assert "vgg11/cifar10" in gpucheck.check_models("cpu")
     assert gpucheck.check_cohort_matches_sequential("cpu") < 1e-4
     gpucheck.check_exact_resume("cpu")
+    gpucheck.check_fork_child("cpu")
     gpucheck.check_eval_mode("cpu")
 
 
@@ -228,3 +235,34 @@ def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
     assert list(table["step_seconds"]) == ["fmnist/mlp:32"] and table["step_seconds"]["fmnist/mlp:32"] > 0
     costs, source = plan.load_step_costs(out)
     assert costs == table["step_seconds"] and source.startswith("measured on cpu")
+
+
+class _DeviceTensor(torch.Tensor):
+    """A tensor that behaves as one on a GPU does: numpy() refuses it, cpu() gives a host tensor."""
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy")
+
+    def cpu(self, *args, **kwargs):
+        return torch.Tensor(self.as_subclass(torch.Tensor).clone())
+
+
+def test_a_state_loaded_onto_a_gpu_restores(tmp_path):
+    """A checkpoint or fork state is loaded onto the run's device; on CUDA its cosine and snapshot arrays
+    arrive there too, and restoring them must copy them to the host (on an H200 every resume and every
+    +IMA child failed here before). The tensors below refuse numpy() as CUDA tensors do."""
+    from fedrepro.gpucheck import _trainer, tiny_fmnist
+    datasets = tiny_fmnist()
+    trainer = _trainer(BASE, tmp_path / "a", "cpu", datasets)
+    trainer.run(progress=False, stop_after=2)
+    state = trainer.state(2)
+    assert state["cosines"], "the run kept no cosine matrices, so nothing is checked"
+    on_device = {key: {k: v.as_subclass(_DeviceTensor) for k, v in state[key].items()}
+                 for key in ("cosines", "snapshots")}
+    with pytest.raises(TypeError):
+        next(iter(on_device["cosines"].values())).numpy()
+    resumed = _trainer(BASE, tmp_path / "b", "cpu", datasets)
+    resumed.restore({**state, **on_device})
+    assert resumed.cosines.keys() == trainer.cosines.keys()
+    for k, v in trainer.cosines.items():
+        assert (resumed.cosines[k] == v).all()

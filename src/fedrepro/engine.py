@@ -421,8 +421,9 @@ class Trainer:
             self.client_momentum.copy_(state["client_momentum"])
         self.rows = list(state["rows"])
         self.elapsed = float(state["elapsed"])
-        self.cosines = {k: v.numpy() for k, v in state["cosines"].items()}
-        self.snapshots = {k: v.numpy() for k, v in state.get("snapshots", {}).items()}
+        # a state loaded onto a GPU holds these there too; numpy needs them on the host
+        self.cosines = {k: v.cpu().numpy() for k, v in state["cosines"].items()}
+        self.snapshots = {k: v.cpu().numpy() for k, v in state.get("snapshots", {}).items()}
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"].cpu())
         if "cuda_rng" in state and self.device.type == "cuda":

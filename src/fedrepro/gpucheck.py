@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import config, data, engine, models, partition, registry
+from fedrepro import config, data, engine, forks, models, partition, registry
 from fedrepro.provenance import device_line, machine
 from fedrepro.rundir import RunDir
 
@@ -148,6 +148,29 @@ def check_exact_resume(device: str) -> None:
         assert strip(ma) == strip(mb), f"resumed metrics differ on {device}"
 
 
+def check_fork_child(device: str) -> None:
+    """An +IMA child started from its parent's kept state at t_s ends with the model the +IMA run trained
+    from round 0 has, bit for bit on one device (the grid-as-a-tree path: the kept state is loaded
+    onto the device, as a checkpoint is)."""
+    start, window = METHOD_EXTRAS["fedavg+ima"]["ima"]["start_round"], METHOD_EXTRAS["fedavg+ima"]["ima"]["window"]
+    parent = {**BASE, "algorithm": "fedavg"}
+    child = {**BASE, "algorithm": "fedavg", "plugins": ["ima"], **METHOD_EXTRAS["fedavg+ima"]}
+    datasets = tiny_fmnist()
+    with tempfile.TemporaryDirectory() as alone, tempfile.TemporaryDirectory() as host, \
+            tempfile.TemporaryDirectory() as forked:
+        _trainer(child, alone, device, datasets).run(checkpoint_every=0, progress=False)
+        host_run = _trainer(parent, host, device, datasets)
+        host_run.keep_forks, host_run.history_length = {start: host_run.paths.kept_fork(start)}, window - 1
+        host_run.run(checkpoint_every=0, progress=False)
+        child_run = _trainer(child, forked, device, datasets)
+        summary = child_run.run(checkpoint_every=0, progress=False, fork_from=host_run.paths.kept_fork(start),
+                                accepts=lambda p, rounds: forks.shares_prefix(child_run.setting, p, rounds))
+        assert summary["forked_from"], f"the child did not start from its parent's state on {device}"
+        xa = torch.load(RunDir(alone).model, weights_only=False)["x"]
+        xb = torch.load(RunDir(forked).model, weights_only=False)["x"]
+        assert torch.equal(xa, xb), f"the forked +IMA child differs from the run trained from round 0 on {device}"
+
+
 def check_eval_mode(device: str) -> None:
     """Evaluation runs the model in eval mode (dropout off, normalisation on running statistics)."""
     setting = {**BASE, "algorithm": "fedavg", "rounds": 1}
@@ -165,7 +188,8 @@ def run_checks(device: str, log=print) -> dict:
     checks = {"models": lambda: check_models(device),
               **{f"method:{m}": (lambda m=m: check_method(m, device)) for m in method_names()},
               "cohort_vs_sequential": lambda: check_cohort_matches_sequential(device),
-              "exact_resume": lambda: check_exact_resume(device), "eval_mode": lambda: check_eval_mode(device)}
+              "exact_resume": lambda: check_exact_resume(device), "fork_child": lambda: check_fork_child(device),
+              "eval_mode": lambda: check_eval_mode(device)}
     results = {}
     for name, check in checks.items():
         tic = time.perf_counter()
