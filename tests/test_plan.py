@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from fedrepro import cli, config, plan
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _params(**base):
@@ -323,3 +326,29 @@ def test_runs_per_gpu_comes_from_a_gpu_throughput_measurement(tmp_path):
         {"device": "cuda", "setting": "fmnist_mlp", "runs_per_device": 6},
         {"device": "cpu", "setting": "fmnist_mlp", "runs_per_device": 1}]}}))
     assert plan.measured_runs_per_gpu([check]) == (6, f"measured ({check})")
+
+
+def test_without_a_measurement_of_its_own_the_plan_uses_the_h200s(tmp_path, monkeypatch):
+    """A checkout with no results/bench plans with the step costs and runs per GPU measured on the H200
+    (evidence/gpu), not the rough guesses; a measurement of its own wins."""
+    measured = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())
+    monkeypatch.chdir(tmp_path)
+    assert "rough guess" in plan.load_step_costs()[1]
+    for name in (plan.H200_STEP_COSTS_FILE, plan.H200_BENCH_FILE):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    costs, source = plan.load_step_costs()
+    assert costs == measured["step_seconds"] and "H200" in source
+    assert plan.measured_runs_per_gpu() == (4, f"measured ({plan.H200_BENCH_FILE})")
+    own = tmp_path / plan.STEP_COSTS_FILE
+    own.parent.mkdir(parents=True)
+    own.write_text(json.dumps({"device": "cpu", "step_seconds": {"fmnist/mlp:64": 0.5}}))
+    assert plan.load_step_costs() == ({"fmnist/mlp:64": 0.5}, f"measured on cpu ({plan.STEP_COSTS_FILE})")
+
+
+def test_the_h200_table_prices_every_setting_of_the_papers():
+    costs = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())["step_seconds"]
+    runs = config.expand(config.load_params_files([str(ROOT / "params" / f) for f in
+                                                   ("fedaware.yaml", "fedlaw.yaml", "ima.yaml", "fednova.yaml")]))
+    unpriced = sorted({plan.step_key(r.setting) for r in runs if plan.step_seconds(costs, r.setting) is None})
+    assert not unpriced, f"no H200 step cost (gpucheck.measure_step_costs) for {unpriced}"

@@ -33,6 +33,10 @@ class PlanError(FedreproError, ValueError):
 
 BENCH_FILE = Path("results/bench/bench.json")
 STEP_COSTS_FILE = Path("results/bench/step_costs.json")
+# Measured on one NVIDIA H200 (evidence/gpu/README.md): used where this checkout has no measurement of its own,
+# so a cluster's runtime requests start from a real GPU's step costs rather than the rough guesses below.
+H200_STEP_COSTS_FILE = Path("evidence/gpu/step_costs-h200.json")
+H200_BENCH_FILE = Path("evidence/gpu/bench_fmnist_cnn-7b632ae.json")
 
 # Rough seconds per local step at batch 64 on one recent data-centre GPU; only used without a
 # measurement, and reported as a guess.
@@ -88,12 +92,14 @@ def _read_costs(path: Path) -> tuple[dict, str] | None:
 def load_step_costs(path: str | Path | None = None) -> tuple[dict, str]:
     """(key -> seconds per step, or {seconds, batch_size}; source). Keys are ``dataset/model:batch``
     as measured, or a model name in the rough table. Without ``path``: step_costs.json or the
-    benchmark's bench.json, a GPU measurement first."""
+    benchmark's bench.json, a GPU measurement first; with neither, the H200's."""
     found = []
     for candidate in [Path(path)] if path else [STEP_COSTS_FILE, BENCH_FILE]:
         read = _read_costs(candidate)
         if read:
             found.append((*read, candidate))
+    if not found and not path and (read := _read_costs(H200_STEP_COSTS_FILE)):
+        return read[0], f"measured on an NVIDIA H200 ({H200_STEP_COSTS_FILE}; this checkout has measured none)"
     if found:
         costs, device, where = next((f for f in found if f[1].startswith("cuda")), found[0])
         return costs, f"measured on {device} ({where})"
@@ -313,7 +319,7 @@ RUNS_PER_GPU = 4  # the profiles' gpu_slot default; bench's throughput measureme
 GPU_CHECK_FILE = Path("results/bench/gpu_check.json")
 
 
-def measured_runs_per_gpu(paths=(GPU_CHECK_FILE, BENCH_FILE)) -> tuple[int, str]:
+def measured_runs_per_gpu(paths=(GPU_CHECK_FILE, BENCH_FILE, H200_BENCH_FILE)) -> tuple[int, str]:
     """Runs per GPU from a GPU throughput measurement (the fewest the measured settings chose), else
     the profiles' default; and where the number came from."""
     for path in map(Path, paths):
