@@ -348,7 +348,7 @@ def test_without_a_measurement_of_its_own_the_plan_uses_the_h200s(tmp_path, monk
 
 def test_the_h200_table_prices_every_setting_of_the_papers():
     costs = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())["step_seconds"]
-    runs = config.expand(config.load_params_files([str(ROOT / "params" / f) for f in
-                                                   ("fedaware.yaml", "fedlaw.yaml", "ima.yaml", "fednova.yaml")]))
+    from fedrepro.gpucheck import PAPER_PARAMS  # the files the table was measured from
+    runs = config.expand(config.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
     unpriced = sorted({plan.step_key(r.setting) for r in runs if plan.step_seconds(costs, r.setting) is None})
     assert not unpriced, f"no H200 step cost (gpucheck.measure_step_costs) for {unpriced}"

@@ -127,6 +127,10 @@ def check_cohort_matches_sequential(device: str) -> float:
     return gap
 
 
+def _final_model(run_dir) -> torch.Tensor:
+    return torch.load(RunDir(run_dir).model, weights_only=False)["x"]
+
+
 def check_exact_resume(device: str) -> None:
     """Stopped after 2 rounds and resumed on the same device: the same metrics and model, bit for bit."""
     setting = {**BASE, "algorithm": "fedavg", "plugins": ["ima"], **METHOD_EXTRAS["fedavg+ima"]}
@@ -137,9 +141,8 @@ def check_exact_resume(device: str) -> None:
         resumed = _trainer(setting, b, device, datasets)
         summary = resumed.run(progress=False)
         assert summary["resumed"], "the second start did not resume"
-        xa = torch.load(RunDir(a).model, weights_only=False)["x"]
-        xb = torch.load(RunDir(b).model, weights_only=False)["x"]
-        assert torch.equal(xa, xb), f"resumed model differs from the uninterrupted one on {device}"
+        assert torch.equal(_final_model(a), _final_model(b)), \
+            f"resumed model differs from the uninterrupted one on {device}"
         ma = RunDir(a).metrics.read_text().splitlines()
         mb = RunDir(b).metrics.read_text().splitlines()
         # the clock columns (seconds a round took, when it ended) differ by nature
@@ -166,9 +169,8 @@ def check_fork_child(device: str) -> None:
         summary = child_run.run(checkpoint_every=0, progress=False, fork_from=host_run.paths.kept_fork(start),
                                 accepts=lambda p, rounds: forks.shares_prefix(child_run.setting, p, rounds))
         assert summary["forked_from"], f"the child did not start from its parent's state on {device}"
-        xa = torch.load(RunDir(alone).model, weights_only=False)["x"]
-        xb = torch.load(RunDir(forked).model, weights_only=False)["x"]
-        assert torch.equal(xa, xb), f"the forked +IMA child differs from the run trained from round 0 on {device}"
+        assert torch.equal(_final_model(alone), _final_model(forked)), \
+            f"the forked +IMA child differs from the run trained from round 0 on {device}"
 
 
 def check_eval_mode(device: str) -> None:
