@@ -265,6 +265,37 @@ def test_evidence_rebuilds_the_same_page_without_results(tmp_path):
     assert "evidence folder two: 4 of 6 runs kept" in after
 
 
+def test_evidence_keep_leaves_a_folder_that_holds_the_same_records_untouched(tmp_path, capsys):
+    """Keeping every folder again after some runs finish must rewrite only the folders whose records changed:
+    a keep that differs from the folder only in when and by which command it ran leaves the folder as it is."""
+    from fedrepro import cli
+    path = _two_method_params(tmp_path)
+    runs = config.expand(config.load_params(path))
+    results = tmp_path / "results"
+    for i, run in enumerate(runs[:3]):
+        fabricate(run, results / "runs", 0.5 + 0.05 * i)
+    keep = ["evidence", "keep", "--configfile", str(path), "--name", "two", "--runs-dir", str(results / "runs"),
+            "--partitions-dir", str(results / "partitions"), "--root", str(tmp_path / "ev")]
+    cli.main(keep)
+    folder = tmp_path / "ev" / "two"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["evidence"]["kept"] = "2000-01-01T00:00:00+00:00"  # an earlier keep, by other words
+    manifest["evidence"]["kept_by"] = manifest["command"] = "fedrepro evidence keep --manifest elsewhere.json"
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    before = (folder / "manifest.json").read_bytes()
+    capsys.readouterr()
+    cli.main(keep)
+    assert (folder / "manifest.json").read_bytes() == before
+    assert "unchanged" in capsys.readouterr().out
+    fabricate(runs[3], results / "runs", 0.8)  # one more run finished: now the folder is rewritten
+    cli.main(keep)
+    assert (folder / "manifest.json").read_bytes() != before and len(list((folder / "runs").iterdir())) == 4
+    assert "4 runs" in capsys.readouterr().out
+    (results / "runs" / runs[3].id / "metrics.csv").write_text("round,test_acc\n1,0.1\n")  # a record changed
+    cli.main(keep)
+    assert (folder / "runs" / runs[3].id / "metrics.csv").read_text() == "round,test_acc\n1,0.1\n"
+
+
 def test_evidence_keeps_the_runs_a_manifest_names_when_they_ran_with_earlier_code(tmp_path, capsys):
     """A run's id hashes the code it ran: runs of an earlier commit are kept by the manifest written when
     they ran (results/manifests/), not by today's expansion, which names other ids."""

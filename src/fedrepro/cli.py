@@ -340,8 +340,11 @@ def cmd_evidence(args) -> None:
         kept = evidence.keep(args.configfile, args.name, args.runs_dir, args.partitions_dir, args.root, args.manifest,
                              args.protocol, args.carry)
         carried = f" ({kept['carried']} carried from earlier evidence)" if kept["carried"] else ""
-        print(f"evidence: {kept['runs']} runs{carried} and {kept['partitions']} partitions kept in {kept['folder']} "
-              f"({kept['bytes'] / 1024:.0f} KB)")
+        if kept["unchanged"]:
+            print(f"evidence: {kept['folder']} unchanged: it already holds these {kept['runs']} runs' records")
+        else:
+            print(f"evidence: {kept['runs']} runs{carried} and {kept['partitions']} partitions kept in {kept['folder']} "
+                  f"({kept['bytes'] / 1024:.0f} KB)")
     else:
         out = evidence.report(args.folder, args.out, args.figures)
         print(f"report: {Path(out).resolve()}")

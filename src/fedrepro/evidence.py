@@ -42,8 +42,10 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     ``configfiles``, the runs are the ones it names: runs made by an earlier commit of the code keep their
     ids (a run's id hashes the code it ran), which today's expansion of the params files would not give.
 
-    The folder is replaced as a whole, so it never mixes records of two keeps. Runs that have not
-    finished are not copied; the manifest still names them, so the page lists them as missing.
+    The folder is replaced as a whole, so it never mixes records of two keeps; a keep that would change
+    nothing but when and how it was asked for leaves the folder untouched (``unchanged`` in the result), so
+    keeping every folder again after a few runs finish rewrites only the folders they belong to. Runs that
+    have not finished are not copied; the manifest still names them, so the page lists them as missing.
 
     ``protocol`` ('paper', 'official', or another word such as 'ablation') says whether the runs follow
     the paper's protocol; only 'paper' evidence enters the verification matrix. Unset, it is 'official'
@@ -100,11 +102,36 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
                         **({"carried": {new: {"from": str(c["folder"]), "id": c["id"], "commit": c["commit"]}
                                         for new, c in carried.items()}} if carried else {})}}
     (staging / MANIFEST).write_text(json.dumps(out, indent=1, sort_keys=True))
-    shutil.rmtree(folder, ignore_errors=True)
-    staging.rename(folder)
+    unchanged = _same_records(staging, folder)
+    if unchanged:  # only the time and wording of the keep would change: leave the folder (and its git history) be
+        shutil.rmtree(staging)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
     return {"folder": str(folder), "runs": len(finished) + len(carried), "carried": len(carried),
             "partitions": len(set(partitions) | {c["partition"] for c in carried.values()}),
-            "bytes": sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())}
+            "bytes": sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()), "unchanged": unchanged}
+
+
+def _same_records(new: Path, old: Path) -> bool:
+    """Whether folder ``new`` holds the records ``old`` holds: the same files, byte for byte, and the same
+    manifest but for when and by which command each was kept."""
+    if not (old / MANIFEST).is_file():
+        return False
+    files = lambda root: {p.relative_to(root) for p in root.rglob("*") if p.is_file()}
+    if files(new) != files(old):
+        return False
+    if any((new / f).read_bytes() != (old / f).read_bytes() for f in files(new) if f.name != MANIFEST):
+        return False
+    return _without_wording(json.loads((new / MANIFEST).read_text())) == \
+        _without_wording(json.loads((old / MANIFEST).read_text()))
+
+
+def _without_wording(manifest: dict) -> dict:
+    """The manifest less how the keep was asked for: when, and by which command (its own and the manifest's)."""
+    out = {k: v for k, v in manifest.items() if k != "command"}
+    out["evidence"] = {k: v for k, v in out.get("evidence", {}).items() if k not in ("kept", "kept_by")}
+    return out
 
 
 def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: list[str | Path]) -> dict:
