@@ -157,3 +157,21 @@ def test_a_manifest_kept_from_before_the_switches_flag_gets_it_from_todays_param
     gone = {"configfiles": ["params/no_such_file.yaml"], "experiments": {"fedlaw_protocol_switches": {"runs": []}}}
     evidence._mark_switches(gone)
     assert "switches" not in gone["experiments"]["fedlaw_protocol_switches"]
+
+
+def test_the_progress_the_readmes_state_is_the_evidence_folders():
+    """A row of README.md or evidence/README.md that names an evidence folder and says "N of M so far"
+    must say what that folder's manifest holds: progress is typed by hand there, so staleness fails here."""
+    import re
+    stated = []
+    for doc, prefix in ((ROOT / "README.md", "evidence/"), (ROOT / "evidence" / "README.md", "")):
+        for row in (line for line in doc.read_text().splitlines() if line.startswith("|")):
+            progress = re.search(r"(\d+) of (\d+) so far", row)
+            folders = [f for f in re.findall(r"`" + prefix + r"([\w.]+)/`", row) if (ROOT / "evidence" / f).is_dir()]
+            if progress:
+                assert len(folders) == 1, f"{doc.name}: a progress row must name one evidence folder: {row[:80]}"
+                kept = json.loads((ROOT / "evidence" / folders[0] / "manifest.json").read_text())["evidence"]
+                stated.append((doc.name, folders[0], tuple(map(int, progress.groups()))))
+                assert stated[-1][2] == (kept["runs_kept"], kept["runs_declared"]), \
+                    f"{doc.name} says {folders[0]} holds {progress.group(0)}: it holds {kept['runs_kept']} of {kept['runs_declared']}"
+    assert stated, "no progress row found: the test no longer reads the READMEs"
