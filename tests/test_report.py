@@ -576,3 +576,58 @@ def _write(tmp_path, manifest):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(manifest))
     return out
+
+
+def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tmp_path, capsys):
+    """Runs kept by an earlier commit (other ids), rerun today: each kept run meets the rerun of equal setting
+    and partition; equal records confirm (exit 0), a difference beyond the tolerance does not (exit 1)."""
+    from types import SimpleNamespace
+
+    from fedrepro import cli
+    path = _two_method_params(tmp_path)
+    params = config.load_params(path)
+    runs = config.expand(params)
+    earlier = [SimpleNamespace(id=r.id[:-4] + "0ld0", setting=r.setting, partition=r.partition + "-old") for r in runs]
+
+    def partition(folder, pid):
+        (folder / pid).mkdir(parents=True, exist_ok=True)
+        (folder / pid / "partition.json").write_text(json.dumps({"content_hash": "same-clients"}))
+
+    then, today = tmp_path / "then", tmp_path / "today"
+    for i, run in enumerate(earlier[:3]):
+        fabricate(run, then / "runs", 0.5 + 0.05 * i)
+        partition(then / "partitions", run.partition)
+    manifest = config.run_manifest(params, [str(path)], "earlier", "two")
+    for exp in manifest["experiments"].values():
+        for entry in exp["runs"]:
+            i = [r.id for r in runs].index(entry["id"])
+            entry["id"], entry["partition"] = earlier[i].id, earlier[i].partition
+    from fedrepro import evidence
+    evidence.keep(None, "two", then / "runs", then / "partitions", tmp_path / "ev", manifest=_write(tmp_path, manifest))
+    for i, run in enumerate(runs[:2]):  # the rerun: runs 0 and 1 under today's ids; run 2 not yet
+        fabricate(run, today / "runs", 0.5 + 0.05 * i)
+        partition(today / "partitions", run.partition)
+    compare = ["evidence", "compare", str(tmp_path / "ev" / "two"), "--configfile", str(path),
+               "--runs-dir", str(today / "runs"), "--partitions-dir", str(today / "partitions")]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(compare)
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, out
+    assert f"{earlier[0].id}  ->  {runs[0].id}: bit for bit, 12 rounds" in out
+    assert f"{earlier[2].id}: not rerun ({runs[2].id})" in out
+    assert "2 of 3 kept runs rerun; 2 bit for bit, 0 beyond the tolerance 0" in out
+    metrics = today / "runs" / runs[1].id / "metrics.csv"
+    table = pd.read_csv(metrics)
+    table.loc[3, "train_loss"] += 1e-6  # one value of one round, in its last digits
+    table.to_csv(metrics, index=False)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(compare)
+    out = capsys.readouterr().out
+    assert exit_.value.code == 1 and f"{runs[1].id}: max |Δ| 1e-06 (train_loss), 12 rounds" in out
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*compare, "--tolerance", "1e-5"])
+    assert exit_.value.code == 0 and "1 bit for bit, 0 beyond the tolerance 1e-05" in capsys.readouterr().out
+    (today / "partitions" / runs[0].partition / "partition.json").write_text(json.dumps({"content_hash": "other"}))
+    with pytest.raises(SystemExit):  # another draw of the clients is not the kept run's rerun
+        cli.main(compare)
+    assert f"{earlier[0].id}: not declared" in capsys.readouterr().out

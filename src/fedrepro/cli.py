@@ -66,6 +66,16 @@ def _folder_name(text: str) -> str:
     return text
 
 
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"'{text}' must be a finite number >= 0")
+    return value
+
+
 def _existing(kind: str):
     """An argparse type: a path that exists now and is a ``file`` or a ``folder``."""
     def parse(text: str) -> str:
@@ -105,7 +115,9 @@ EXAMPLES = {
     "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
                 "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
                 "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html\n"
-                "  fedrepro evidence matrix --write-readme",
+                "  fedrepro evidence matrix --write-readme\n"
+                "  fedrepro evidence compare evidence/fednova_fig5_synthetic --configfile params/fednova.yaml "
+                "params/subsets/verify_fednova_fig5_synthetic.yaml",
 }
 
 
@@ -336,6 +348,9 @@ def cmd_evidence(args) -> None:
         else:
             print(block, end="")
         return
+    if args.action == "compare":
+        raise SystemExit(_print_comparison(evidence.compare(args.folder, args.configfile, args.runs_dir,
+                                                            args.partitions_dir), args.folder, args.tolerance))
     if args.action == "keep":
         kept = evidence.keep(args.configfile, args.name, args.runs_dir, args.partitions_dir, args.root, args.manifest,
                              args.protocol, args.carry)
@@ -348,6 +363,28 @@ def cmd_evidence(args) -> None:
     else:
         out = evidence.report(args.folder, args.out, args.figures)
         print(f"report: {Path(out).resolve()}")
+
+
+def _print_comparison(rows: list[dict], folder: str, tolerance: float) -> int:
+    """A line per kept run and a verdict; the exit status: 1 when a rerun differs by more than ``tolerance``."""
+    acc = lambda a: "—" if a is None else f"{100 * a:.2f}"
+    for r in rows:
+        if r["state"] == "compared":
+            where = "bit for bit" if r["max_abs_diff"] == 0 else f"max |Δ| {r['max_abs_diff']:.3g} ({r['column']})"
+            rounds = f"{r['rounds']} rounds" + ("" if r["same_rounds"] else ", not the same rounds")
+            print(f"{r['kept']}  ->  {r['rerun']}: {where}, {rounds}; final acc {acc(r['kept_final_acc'])} -> "
+                  f"{acc(r['rerun_final_acc'])}")
+        else:
+            print(f"{r['kept']}: {r['state']}" + (f" ({r['rerun']})" if r["rerun"] else ""))
+    compared = [r for r in rows if r["state"] == "compared"]
+    differ = [r for r in compared if r["max_abs_diff"] > tolerance or not r["same_rounds"]]
+    exact = sum(r["max_abs_diff"] == 0 and r["same_rounds"] for r in compared)
+    print(f"{folder}: {len(compared)} of {len(rows)} kept runs rerun; {exact} bit for bit, "
+          f"{len(differ)} beyond the tolerance {tolerance:g}")
+    if not compared:
+        print("nothing compared: rerun the params files' runs first (snakemake --configfile ...)", file=sys.stderr)
+        return 2
+    return 1 if differ else 0
 
 
 def cmd_check_gpu(args) -> None:
@@ -604,8 +641,20 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", required=True, help="the report page")
     a.add_argument("--figures", help="also write its figures as PNG files into this folder")
     a.set_defaults(func=cmd_evidence)
+    a = actions.add_parser("compare", help="does a rerun confirm the kept records? each kept run against today's run "
+                           "of equal setting and partition, every round and metric")
+    a.add_argument("folder", type=_existing("folder"), help="an evidence folder (made by `fedrepro evidence keep`)")
+    a.add_argument("--configfile", nargs="+", required=True, type=_existing("file"),
+                   help="the params file(s) that declare the rerun, merged in order as snakemake does")
+    a.add_argument("--runs-dir", default="results/runs", help="the rerun's run folders")
+    a.add_argument("--partitions-dir", default="results/partitions", help="the rerun's partition folders")
+    a.add_argument("--tolerance", type=_nonnegative_float, default=0.0,
+                   help="largest |difference| of any metric in any round that still confirms (default 0: bit for "
+                        "bit, what the same machine gives; another CPU or a GPU may differ in the last bits)")
+    a.set_defaults(func=cmd_evidence)
     for action, a in actions.choices.items():
-        a.epilog = "example:\n  " + EXAMPLES["evidence"].splitlines()[["keep", "report", "matrix"].index(action)].strip()
+        a.epilog = "example:\n  " + EXAMPLES["evidence"].splitlines()[
+            ["keep", "report", "matrix", "compare"].index(action)].strip()
         a.formatter_class = argparse.RawDescriptionHelpFormatter
 
     for p in [*sub.choices.values(), *actions.choices.values()]:  # also after the sub-command

@@ -136,8 +136,6 @@ def _without_wording(manifest: dict) -> dict:
 
 def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: list[str | Path]) -> dict:
     """For each missing run, an equal run kept in one of ``folders``: {missing id: {folder, id, partition, commit}}.
-    Equal means the kept setting, resolved by today's code (which fills keys added since with their defaults),
-    is the declared setting, and the two partitions hold the same clients (the partitions' content hash).
     The manifest's entry of a carried run is rewritten to the kept id and partition, so a page finds it."""
     from fedrepro import config
 
@@ -146,25 +144,95 @@ def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: 
     for folder in map(Path, folders):
         if not (folder / MANIFEST).is_file():
             raise EvidenceError(f"--carry {folder}: not an evidence folder (no {MANIFEST})")
-        earlier = config.read_json(folder / MANIFEST)
-        for run in (r for exp in earlier["experiments"].values() for r in exp["runs"]):
-            if not (folder / "runs" / run["id"] / "summary.json").is_file():
-                continue
-            setting = config.resolve(run["setting"])
-            for new_id, entry in entries.items():
-                if new_id in found or entry["setting"] != setting:
-                    continue
-                clients = _content(partitions_dir / entry["partition"])
-                if clients is None or clients != _content(folder / "partitions" / run["partition"]):
-                    continue  # no record of either partition's clients is no evidence that they are the same
-                summary = config.read_json(folder / "runs" / run["id"] / "summary.json")
-                found[new_id] = {"folder": folder, "id": run["id"], "partition": run["partition"],
+        for kept, new_id, same_clients in _equal_runs(folder, entries, partitions_dir):
+            if same_clients and new_id not in found:  # no record of a partition is no evidence of its clients
+                summary = config.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
+                found[new_id] = {"folder": folder, "id": kept["id"], "partition": kept["partition"],
                                  "commit": summary.get("git_commit")}
     for entry in entries.values():
         if entry["id"] in found:
             c = found[entry["id"]]
             entry["id"], entry["partition"] = c["id"], c["partition"]
     return found
+
+
+def _equal_runs(folder: Path, declared: dict, partitions_dir: Path):
+    """(kept run entry, declared id, same clients) for each run kept in ``folder`` that may equal a ``declared``
+    run ({id: entry with setting and partition}): the kept setting, resolved by today's code (which fills keys
+    added since with their defaults), is the declared setting, and the two partitions hold the same clients
+    (True: their content hashes agree) or the declared one has not been made in ``partitions_dir`` yet (None).
+    A run's id also hashes its code, so the ids of two commits never meet: settings do."""
+    from fedrepro import config
+
+    if not (folder / MANIFEST).is_file():
+        raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST})")
+    earlier = config.read_json(folder / MANIFEST)
+    for run in (r for exp in earlier["experiments"].values() for r in exp["runs"]):
+        if not (folder / "runs" / run["id"] / rundir.SUMMARY).is_file():
+            continue
+        setting = config.resolve(run["setting"])
+        for new_id, entry in declared.items():
+            if entry["setting"] != setting:
+                continue
+            clients = _content(partitions_dir / entry["partition"])
+            if clients is None:
+                yield run, new_id, None
+            elif clients == _content(folder / "partitions" / run["partition"]):
+                yield run, new_id, True
+
+
+# when a round ran, not what it computed: a rerun differs here and only here
+TIMING_COLUMNS = ("seconds", "wall_time")
+
+
+def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | Path = "results/runs",
+            partitions_dir: str | Path = "results/partitions") -> list[dict]:
+    """Does a rerun confirm the kept records? For each run kept in ``folder``, the run ``configfiles`` declare
+    today with an equal setting on a partition of the same clients (``_equal_runs``), and, where that run has
+    finished in ``runs_dir``, the largest difference between the two ``metrics.csv`` over every round and
+    column but the timings. One row per kept run: kept id, rerun id (None when today's params files declare
+    no equal run), state ('compared', 'not rerun', 'not declared', or no partition record), rounds, the column with the largest
+    difference and that difference (0.0: bit for bit), and both final test accuracies."""
+    import numpy as np
+    import pandas as pd
+
+    from fedrepro import config
+
+    folder, runs_dir, partitions_dir = Path(folder), Path(runs_dir), Path(partitions_dir)
+    runs = config.expand(config.load_params_files([str(p) for p in configfiles]))
+    declared = {r.id: {"setting": r.setting, "partition": r.partition} for r in runs}
+    matches: dict = {}
+    for kept, new_id, same_clients in _equal_runs(folder, declared, partitions_dir):
+        matches.setdefault(kept["id"], (new_id, same_clients))
+    manifest = config.read_json(folder / MANIFEST)
+    rows = []
+    for kept in (r for exp in manifest["experiments"].values() for r in exp["runs"]):
+        if not (folder / "runs" / kept["id"] / rundir.SUMMARY).is_file():
+            continue
+        new_id, same_clients = matches.get(kept["id"], (None, None))
+        summary = config.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
+        row = {"kept": kept["id"], "rerun": new_id, "state": "not declared" if new_id is None else "not rerun",
+               "rounds": 0, "same_rounds": None, "column": None, "max_abs_diff": None,
+               "kept_final_acc": summary.get("final_acc"), "rerun_final_acc": None}
+        if new_id is not None and rundir.RunDir(runs_dir / new_id).finished() and not same_clients:
+            row["state"] = f"no partition record in {partitions_dir}"  # its clients cannot be shown the same
+        elif new_id is not None and rundir.RunDir(runs_dir / new_id).finished():
+            before = pd.read_csv(folder / "runs" / kept["id"] / rundir.METRICS).set_index("round")
+            after = pd.read_csv(runs_dir / new_id / rundir.METRICS).set_index("round")
+            columns = [c for c in before.columns.intersection(after.columns) if c not in TIMING_COLUMNS
+                       and pd.api.types.is_numeric_dtype(before[c]) and pd.api.types.is_numeric_dtype(after[c])]
+            rounds = before.index.intersection(after.index)
+            a, b = before.loc[rounds, columns].to_numpy(float), after.loc[rounds, columns].to_numpy(float)
+            both_nan = np.isnan(a) & np.isnan(b)  # a column a round did not log, in both: the same
+            diff = np.where(both_nan, 0.0, np.nan_to_num(np.abs(a - b), nan=np.inf))  # NaN against a number: inf
+            worst = diff.max(axis=0) if diff.size else np.zeros(len(columns))
+            at = int(np.argmax(worst)) if len(columns) else None
+            row.update(state="compared", rounds=len(rounds), same_rounds=before.index.equals(after.index),
+                       column=columns[at] if at is not None else None,
+                       max_abs_diff=float(worst[at]) if at is not None else 0.0,
+                       rerun_final_acc=config.read_json(runs_dir / new_id / rundir.SUMMARY).get("final_acc"))
+        rows.append(row)
+    return rows
 
 
 def _content(partition: Path) -> str | None:
