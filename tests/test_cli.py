@@ -41,10 +41,11 @@ def test_unknown_dataset_is_a_usage_error_listing_the_datasets(capsys, tmp_path)
     (["download", "--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
     (["evidence", "keep", "--configfile", "params/default.yaml", "--name", "../x"],
      "argument --name: '../x' must be a plain folder name"),
+    (["download", "--timeout", "inf"], "argument --timeout: 'inf' is not a finite number"),
     (["evidence", "compare", "evidence", "--configfile", "params/default.yaml", "--tolerance", "-1"],
-     "argument --tolerance: '-1' must be a finite number >= 0"),
+     "argument --tolerance: -1.0 must be >= 0"),
     (["evidence", "compare", "evidence", "--configfile", "params/default.yaml", "--tolerance", "nan"],
-     "argument --tolerance: 'nan' must be a finite number >= 0"),
+     "argument --tolerance: 'nan' is not a finite number"),
 ])
 def test_bad_arguments_name_the_argument_and_what_is_allowed(capsys, argv, message):
     assert message in fails(capsys, argv)

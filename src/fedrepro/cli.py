@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -43,6 +44,8 @@ def _number(kind, minimum, strict: bool = False):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}' is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):  # nan compares false with any bound, so the bound alone would let it through
+            raise argparse.ArgumentTypeError(f"'{text}' is not a finite number")
         if value < minimum or (strict and value == minimum):
             raise argparse.ArgumentTypeError(f"{value} must be {'>' if strict else '>='} {minimum}")
         return value
@@ -64,16 +67,6 @@ def _folder_name(text: str) -> str:
     if not text or "/" in text or text.startswith("."):
         raise argparse.ArgumentTypeError(f"'{text}' must be a plain folder name (no '/', not starting with '.')")
     return text
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"'{text}' must be a finite number >= 0")
-    return value
 
 
 def _existing(kind: str):
@@ -648,7 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the params file(s) that declare the rerun, merged in order as snakemake does")
     a.add_argument("--runs-dir", default="results/runs", help="the rerun's run folders")
     a.add_argument("--partitions-dir", default="results/partitions", help="the rerun's partition folders")
-    a.add_argument("--tolerance", type=_nonnegative_float, default=0.0,
+    a.add_argument("--tolerance", type=_number(float, 0), default=0.0,
                    help="largest |difference| of any metric in any round that still confirms (default 0: bit for "
                         "bit, what the same machine gives; another CPU or a GPU may differ in the last bits)")
     a.set_defaults(func=cmd_evidence)
