@@ -529,25 +529,16 @@ def test_evidence_carries_equal_runs_from_an_earlier_keep_and_nothing_else(tmp_p
     earlier = [SimpleNamespace(id=r.id[:-4] + "0ld0", setting=r.setting, partition=old_partition(i, r))
                for i, r in enumerate(runs)]
 
-    def partition(folder, pid, content):
-        (folder / pid).mkdir(parents=True, exist_ok=True)
-        (folder / pid / "partition.json").write_text(json.dumps({"content_hash": content}))
-
     then = tmp_path / "then"  # the earlier keep: runs 2..5 under their old ids
     for i, run in enumerate(earlier[2:], start=2):
         fabricate(run, then / "runs", 0.5 + 0.05 * i)
-        partition(then / "partitions", run.partition, "other-clients" if i == 5 else "same-clients")
-    manifest = config.run_manifest(params, [str(path)], "earlier", "two")
-    for exp in manifest["experiments"].values():
-        for run in exp["runs"]:
-            i = [r.id for r in runs].index(run["id"])
-            run["id"], run["partition"] = earlier[i].id, earlier[i].partition
-    evidence.keep(None, "two", then / "runs", then / "partitions", tmp_path / "ev", manifest=_write(tmp_path, manifest))
+        _partition_record(then / "partitions", run.partition, "other-clients" if i == 5 else "same-clients")
+    _keep_as_earlier(tmp_path, params, path, runs, earlier, then)
     assert len(list((tmp_path / "ev" / "two" / "runs").iterdir())) == 4
     results = tmp_path / "results"  # today: runs 0 and 1 finished under today's ids
     for run in runs[:2]:
         fabricate(run, results / "runs", 0.9)
-    partition(results / "partitions", runs[0].partition, "same-clients")
+    _partition_record(results / "partitions", runs[0].partition, "same-clients")
     cli.main(["evidence", "keep", "--configfile", str(path), "--name", "both", "--root", str(tmp_path / "ev"),
               "--runs-dir", str(results / "runs"), "--partitions-dir", str(results / "partitions"),
               "--carry", str(tmp_path / "ev" / "two")])
@@ -571,6 +562,24 @@ def test_evidence_carries_equal_runs_from_an_earlier_keep_and_nothing_else(tmp_p
                       carry=[tmp_path / "ev" / "bare"])
 
 
+def _partition_record(folder, pid, content):
+    """A partition's record, as far as equal-run matching reads it: its clients' content hash."""
+    (folder / pid).mkdir(parents=True, exist_ok=True)
+    (folder / pid / "partition.json").write_text(json.dumps({"content_hash": content}))
+
+
+def _keep_as_earlier(tmp_path, params, path, runs, earlier, then):
+    """Keep the runs finished in ``then`` as evidence folder ev/two, by the manifest an earlier commit wrote:
+    today's runs under their ``earlier`` ids and partitions."""
+    from fedrepro import evidence
+    manifest = config.run_manifest(params, [str(path)], "earlier", "two")
+    for exp in manifest["experiments"].values():
+        for entry in exp["runs"]:
+            i = [r.id for r in runs].index(entry["id"])
+            entry["id"], entry["partition"] = earlier[i].id, earlier[i].partition
+    evidence.keep(None, "two", then / "runs", then / "partitions", tmp_path / "ev", manifest=_write(tmp_path, manifest))
+
+
 def _write(tmp_path, manifest):
     out = tmp_path / "project" / "results" / "manifests" / "two-0.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -589,24 +598,14 @@ def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tm
     runs = config.expand(params)
     earlier = [SimpleNamespace(id=r.id[:-4] + "0ld0", setting=r.setting, partition=r.partition + "-old") for r in runs]
 
-    def partition(folder, pid):
-        (folder / pid).mkdir(parents=True, exist_ok=True)
-        (folder / pid / "partition.json").write_text(json.dumps({"content_hash": "same-clients"}))
-
     then, today = tmp_path / "then", tmp_path / "today"
     for i, run in enumerate(earlier[:3]):
         fabricate(run, then / "runs", 0.5 + 0.05 * i)
-        partition(then / "partitions", run.partition)
-    manifest = config.run_manifest(params, [str(path)], "earlier", "two")
-    for exp in manifest["experiments"].values():
-        for entry in exp["runs"]:
-            i = [r.id for r in runs].index(entry["id"])
-            entry["id"], entry["partition"] = earlier[i].id, earlier[i].partition
-    from fedrepro import evidence
-    evidence.keep(None, "two", then / "runs", then / "partitions", tmp_path / "ev", manifest=_write(tmp_path, manifest))
+        _partition_record(then / "partitions", run.partition, "same-clients")
+    _keep_as_earlier(tmp_path, params, path, runs, earlier, then)
     for i, run in enumerate(runs[:2]):  # the rerun: runs 0 and 1 under today's ids; run 2 not yet
         fabricate(run, today / "runs", 0.5 + 0.05 * i)
-        partition(today / "partitions", run.partition)
+        _partition_record(today / "partitions", run.partition, "same-clients")
     compare = ["evidence", "compare", str(tmp_path / "ev" / "two"), "--configfile", str(path),
                "--runs-dir", str(today / "runs"), "--partitions-dir", str(today / "partitions")]
     with pytest.raises(SystemExit) as exit_:

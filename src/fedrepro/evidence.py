@@ -164,12 +164,7 @@ def _equal_runs(folder: Path, declared: dict, partitions_dir: Path):
     A run's id also hashes its code, so the ids of two commits never meet: settings do."""
     from fedrepro import config
 
-    if not (folder / MANIFEST).is_file():
-        raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST})")
-    earlier = config.read_json(folder / MANIFEST)
-    for run in (r for exp in earlier["experiments"].values() for r in exp["runs"]):
-        if not (folder / "runs" / run["id"] / rundir.SUMMARY).is_file():
-            continue
+    for run in _kept_runs(folder):
         setting = config.resolve(run["setting"])
         for new_id, entry in declared.items():
             if entry["setting"] != setting:
@@ -179,6 +174,17 @@ def _equal_runs(folder: Path, declared: dict, partitions_dir: Path):
                 yield run, new_id, None
             elif clients == _content(folder / "partitions" / run["partition"]):
                 yield run, new_id, True
+
+
+def _kept_runs(folder: Path) -> list[dict]:
+    """The manifest entries of the runs ``folder`` holds records of (a manifest also names unfinished runs)."""
+    from fedrepro import config
+
+    if not (folder / MANIFEST).is_file():
+        raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST})")
+    manifest = config.read_json(folder / MANIFEST)
+    return [r for exp in manifest["experiments"].values() for r in exp["runs"]
+            if (folder / "runs" / r["id"] / rundir.SUMMARY).is_file()]
 
 
 # when a round ran, not what it computed: a rerun differs here and only here
@@ -191,11 +197,8 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
     today with an equal setting on a partition of the same clients (``_equal_runs``), and, where that run has
     finished in ``runs_dir``, the largest difference between the two ``metrics.csv`` over every round and
     column but the timings. One row per kept run: kept id, rerun id (None when today's params files declare
-    no equal run), state ('compared', 'not rerun', 'not declared', or no partition record), rounds, the column with the largest
-    difference and that difference (0.0: bit for bit), and both final test accuracies."""
-    import numpy as np
-    import pandas as pd
-
+    no equal run), state ('compared', 'not rerun', 'not declared', or no partition record), rounds, the
+    column with the largest difference and that difference (0.0: bit for bit), and both final accuracies."""
     from fedrepro import config
 
     folder, runs_dir, partitions_dir = Path(folder), Path(runs_dir), Path(partitions_dir)
@@ -204,35 +207,42 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
     matches: dict = {}
     for kept, new_id, same_clients in _equal_runs(folder, declared, partitions_dir):
         matches.setdefault(kept["id"], (new_id, same_clients))
-    manifest = config.read_json(folder / MANIFEST)
     rows = []
-    for kept in (r for exp in manifest["experiments"].values() for r in exp["runs"]):
-        if not (folder / "runs" / kept["id"] / rundir.SUMMARY).is_file():
-            continue
+    for kept in _kept_runs(folder):
         new_id, same_clients = matches.get(kept["id"], (None, None))
         summary = config.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
         row = {"kept": kept["id"], "rerun": new_id, "state": "not declared" if new_id is None else "not rerun",
                "rounds": 0, "same_rounds": None, "column": None, "max_abs_diff": None,
                "kept_final_acc": summary.get("final_acc"), "rerun_final_acc": None}
-        if new_id is not None and rundir.RunDir(runs_dir / new_id).finished() and not same_clients:
+        rerun_done = new_id is not None and rundir.RunDir(runs_dir / new_id).finished()
+        if rerun_done and not same_clients:
             row["state"] = f"no partition record in {partitions_dir}"  # its clients cannot be shown the same
-        elif new_id is not None and rundir.RunDir(runs_dir / new_id).finished():
-            before = pd.read_csv(folder / "runs" / kept["id"] / rundir.METRICS).set_index("round")
-            after = pd.read_csv(runs_dir / new_id / rundir.METRICS).set_index("round")
-            columns = [c for c in before.columns.intersection(after.columns) if c not in TIMING_COLUMNS
-                       and pd.api.types.is_numeric_dtype(before[c]) and pd.api.types.is_numeric_dtype(after[c])]
-            rounds = before.index.intersection(after.index)
-            a, b = before.loc[rounds, columns].to_numpy(float), after.loc[rounds, columns].to_numpy(float)
-            both_nan = np.isnan(a) & np.isnan(b)  # a column a round did not log, in both: the same
-            diff = np.where(both_nan, 0.0, np.nan_to_num(np.abs(a - b), nan=np.inf))  # NaN against a number: inf
-            worst = diff.max(axis=0) if diff.size else np.zeros(len(columns))
-            at = int(np.argmax(worst)) if len(columns) else None
-            row.update(state="compared", rounds=len(rounds), same_rounds=before.index.equals(after.index),
-                       column=columns[at] if at is not None else None,
-                       max_abs_diff=float(worst[at]) if at is not None else 0.0,
+        elif rerun_done:
+            row.update(state="compared", **_largest_difference(folder / "runs" / kept["id"] / rundir.METRICS,
+                                                               runs_dir / new_id / rundir.METRICS),
                        rerun_final_acc=config.read_json(runs_dir / new_id / rundir.SUMMARY).get("final_acc"))
         rows.append(row)
     return rows
+
+
+def _largest_difference(kept: Path, rerun: Path) -> dict:
+    """Two metrics.csv files, over the rounds and columns (timings aside) both hold: the rounds compared, whether
+    both logged the same rounds, and the column with the largest |difference| and that difference."""
+    import numpy as np
+    import pandas as pd
+
+    before, after = pd.read_csv(kept).set_index("round"), pd.read_csv(rerun).set_index("round")
+    columns = [c for c in before.columns.intersection(after.columns) if c not in TIMING_COLUMNS
+               and pd.api.types.is_numeric_dtype(before[c]) and pd.api.types.is_numeric_dtype(after[c])]
+    rounds = before.index.intersection(after.index)
+    a, b = before.loc[rounds, columns].to_numpy(float), after.loc[rounds, columns].to_numpy(float)
+    both_nan = np.isnan(a) & np.isnan(b)  # a column a round did not log, in both: the same
+    diff = np.where(both_nan, 0.0, np.nan_to_num(np.abs(a - b), nan=np.inf))  # NaN against a number: inf
+    worst = diff.max(axis=0) if diff.size else np.zeros(len(columns))
+    at = int(np.argmax(worst)) if len(columns) else None
+    return {"rounds": len(rounds), "same_rounds": before.index.equals(after.index),
+            "column": columns[at] if at is not None else None,
+            "max_abs_diff": float(worst[at]) if at is not None else 0.0}
 
 
 def _content(partition: Path) -> str | None:
