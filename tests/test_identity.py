@@ -13,7 +13,9 @@ def package(tmp_path, monkeypatch):
     root = tmp_path / "fedrepro"
     files = {
         "__init__.py": "",
-        "engine.py": "from fedrepro import algorithms, data\nfrom fedrepro.flat import Flat\n",
+        "engine.py": "from fedrepro import algorithms, data\nfrom fedrepro.flat import Flat\n"
+                     "from fedrepro.provenance import run_provenance\n",
+        "provenance.py": "from fedrepro import __version__\n",
         "data.py": "import numpy\n\ndef load():\n    from . import vision  # lazy: still followed\n",
         "vision.py": "",
         "flat.py": "",
@@ -64,3 +66,23 @@ def test_the_real_runs_depend_on_training_code_only():
     assert {"algorithms/proxy.py", "algorithms/feddf.py"} <= set(
         identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedbe", [])))
     assert {"partition.py", "data/__init__.py", "data/fmnist.py"} <= set(identity.code_closure(identity.PARTITION_ENTRY))
+
+
+def test_a_record_only_module_is_left_out_so_a_new_record_renames_no_run(package):
+    """Where a run came from (commit, versions, CPU) is recorded, not computed: editing it reruns nothing."""
+    before = identity.code_hash("fedavg", [])
+    assert "provenance.py" not in identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedavg", []))
+    provenance = package / "provenance.py"
+    provenance.write_text(provenance.read_text() + "CPU = 'recorded'\n")
+    os.utime(provenance, ns=(2, 2))
+    assert identity.code_hash("fedavg", []) == before
+    engine = package / "engine.py"  # while an edit of code that computes still renames the run
+    engine.write_text(engine.read_text() + "\n")
+    os.utime(engine, ns=(3, 3))
+    assert identity.code_hash("fedavg", []) != before
+
+
+@pytest.mark.parametrize("module", sorted(identity.RECORD_ONLY))
+def test_a_record_only_module_imports_no_code_that_computes(module):
+    """Leaving a module out of the hash is safe only while it cannot bring code that computes with it."""
+    assert identity._imports(module, *identity._stamp(module)) <= {"__init__.py"}

@@ -615,6 +615,9 @@ def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tm
     assert f"{earlier[0].id}  ->  {runs[0].id}: bit for bit, 12 rounds" in out
     assert f"{earlier[2].id}: not rerun ({runs[2].id})" in out
     assert "2 of 3 kept runs rerun; 2 bit for bit, 0 beyond the tolerance 0" in out
+    assert "CPU kernels not recorded -> not recorded" in out and "last bits" not in out  # equal: nothing to explain
+    summary = today / "runs" / runs[1].id / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "cpu_kernels": "AVX2"}))
     metrics = today / "runs" / runs[1].id / "metrics.csv"
     table = pd.read_csv(metrics)
     table.loc[3, "train_loss"] += 1e-6  # one value of one round, in its last digits
@@ -623,6 +626,7 @@ def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tm
         cli.main(compare)
     out = capsys.readouterr().out
     assert exit_.value.code == 1 and f"{runs[1].id}: max |Δ| 1e-06 (train_loss), 12 rounds" in out
+    assert "CPU kernels not recorded -> AVX2" in out and "float32's last bits" in out  # why it may differ
     with pytest.raises(SystemExit) as exit_:
         cli.main([*compare, "--tolerance", "1e-5"])
     assert exit_.value.code == 0 and "1 bit for bit, 0 beyond the tolerance 1e-05" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from conftest import (BIN, ROOT, DEBIAN_FMNIST, have_debian_fmnist, job_counts, snakemake_cmd, subprocess_env,
                       write_yaml)
@@ -142,6 +143,9 @@ def test_e2e_metrics_and_summary(tiny_run):
         for key in ("runtime_s", "device", "versions", "git_commit", "partition_hash"):
             assert summary[key] not in (None, ""), key
         assert summary["device"].startswith("cpu")
+        # which kernels torch ran decides whether a rerun elsewhere can be bit for bit: recorded, as this
+        # machine's torch reports them (the job inherits this process's environment)
+        assert summary["cpu_kernels"] == torch.backends.cpu.get_cpu_capability() and summary["cpu"]
         assert (folder / "model.pt").stat().st_size > 0
         assert not (folder / "checkpoint.pt").exists(), "a finished run leaves no checkpoint"
     partitions = list((tiny_run["work"] / "results" / "partitions").iterdir())

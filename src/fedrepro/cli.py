@@ -361,12 +361,14 @@ def cmd_evidence(args) -> None:
 def _print_comparison(rows: list[dict], folder: str, tolerance: float) -> int:
     """A line per kept run and a verdict; the exit status: 1 when a rerun differs by more than ``tolerance``."""
     acc = lambda a: "—" if a is None else f"{100 * a:.2f}"
+    kernels = lambda k: k or "not recorded"
     for r in rows:
         if r["state"] == "compared":
             where = "bit for bit" if r["max_abs_diff"] == 0 else f"max |Δ| {r['max_abs_diff']:.3g} ({r['column']})"
             rounds = f"{r['rounds']} rounds" + ("" if r["same_rounds"] else ", not the same rounds")
             print(f"{r['kept']}  ->  {r['rerun']}: {where}, {rounds}; final acc {acc(r['kept_final_acc'])} -> "
-                  f"{acc(r['rerun_final_acc'])}")
+                  f"{acc(r['rerun_final_acc'])}; CPU kernels {kernels(r['kept_cpu_kernels'])} -> "
+                  f"{kernels(r['rerun_cpu_kernels'])}")
         else:
             print(f"{r['kept']}: {r['state']}" + (f" ({r['rerun']})" if r["rerun"] else ""))
     compared = [r for r in rows if r["state"] == "compared"]
@@ -374,6 +376,9 @@ def _print_comparison(rows: list[dict], folder: str, tolerance: float) -> int:
     exact = sum(r["max_abs_diff"] == 0 and r["same_rounds"] for r in compared)
     print(f"{folder}: {len(compared)} of {len(rows)} kept runs rerun; {exact} bit for bit, "
           f"{len(differ)} beyond the tolerance {tolerance:g}")
+    if any(r["max_abs_diff"] and r["kept_cpu_kernels"] != r["rerun_cpu_kernels"] for r in compared):
+        print("runs whose CPU kernels differ (or were not recorded) move in float32's last bits: judge them by the "
+              "cell's spread over seeds, not bit for bit (README: Checking a kept run by rerunning it)")
     if not compared:
         print("nothing compared: rerun the params files' runs first (snakemake --configfile ...)", file=sys.stderr)
         return 2

@@ -198,7 +198,8 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
     finished in ``runs_dir``, the largest difference between the two ``metrics.csv`` over every round and
     column but the timings. One row per kept run: kept id, rerun id (None when today's params files declare
     no equal run), state ('compared', 'not rerun', 'not declared', or no partition record), rounds, the
-    column with the largest difference and that difference (0.0: bit for bit), and both final accuracies."""
+    column with the largest difference and that difference (0.0: bit for bit), both final accuracies, and the
+    CPU kernels torch picked for each (None where a summary predates that record)."""
     from fedrepro import config
 
     folder, runs_dir, partitions_dir = Path(folder), Path(runs_dir), Path(partitions_dir)
@@ -213,14 +214,16 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
         summary = config.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
         row = {"kept": kept["id"], "rerun": new_id, "state": "not declared" if new_id is None else "not rerun",
                "rounds": 0, "same_rounds": None, "column": None, "max_abs_diff": None,
-               "kept_final_acc": summary.get("final_acc"), "rerun_final_acc": None}
+               "kept_final_acc": summary.get("final_acc"), "rerun_final_acc": None,
+               "kept_cpu_kernels": summary.get("cpu_kernels"), "rerun_cpu_kernels": None}
         rerun_done = new_id is not None and rundir.RunDir(runs_dir / new_id).finished()
         if rerun_done and not same_clients:
             row["state"] = f"no partition record in {partitions_dir}"  # its clients cannot be shown the same
         elif rerun_done:
+            rerun = config.read_json(runs_dir / new_id / rundir.SUMMARY)
             row.update(state="compared", **_largest_difference(folder / "runs" / kept["id"] / rundir.METRICS,
                                                                runs_dir / new_id / rundir.METRICS),
-                       rerun_final_acc=config.read_json(runs_dir / new_id / rundir.SUMMARY).get("final_acc"))
+                       rerun_final_acc=rerun.get("final_acc"), rerun_cpu_kernels=rerun.get("cpu_kernels"))
         rows.append(row)
     return rows
 

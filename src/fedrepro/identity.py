@@ -9,6 +9,7 @@ hand-kept list that goes stale when someone adds an import:
 
 Imports are followed inside the package only, including those inside functions; a module loaded by
 name (``importlib.import_module``) is not followed, which is why the method's module is named here.
+A record-only module (``RECORD_ONLY``) is left out: it says where a run came from, never what it computes.
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ from typing import Any
 PACKAGE = Path(__file__).resolve().parent
 RUN_ENTRY = ("engine.py",)
 PARTITION_ENTRY = ("partition.py", "data/__init__.py")
+# What a run's summary records about its origin (commit, versions, machine) may grow a field without renaming
+# and retraining every run. Such a module imports nothing of the package but its __init__ (a test holds it
+# to that), so leaving it out cannot leave out code that computes.
+RECORD_ONLY = frozenset({"provenance.py"})
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:
@@ -94,7 +99,7 @@ def code_closure(entries: tuple[str, ...]) -> list[str]:
     todo = [e for entry in entries for e in (entry, *_package_inits(entry))]
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name in RECORD_ONLY:
             continue
         if not (PACKAGE / name).is_file():
             raise FileNotFoundError(f"{PACKAGE / name}: named as code a run depends on, but there is no such file")

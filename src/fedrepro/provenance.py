@@ -49,26 +49,40 @@ def device_line(device, resumed_at: int | None) -> str:
     return f"fedrepro train: device {device_name(device)}; torch {torch.__version__}, CUDA {cuda}; {start}"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_kernels() -> str:
+    """The instruction set torch picked its CPU kernels for (``AVX2``, ``AVX512``, ``DEFAULT``; the environment
+    variable ATEN_CPU_CAPABILITY can lower it). Runs on CPUs whose kernels differ move in float32's last bits,
+    so a rerun elsewhere is equal to a tolerance, not bit for bit: this says which case a comparison is."""
+    import torch
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # torch before 2.0
+        return "unknown"
+
+
 def run_provenance(device) -> dict:
     """What a run's summary records about where and with what it ran."""
     import torch
-    return {"device": device_name(device), "host": platform.node(), "cpu_threads": torch.get_num_threads(),
-            "versions": versions(), "git_commit": git_commit()}
+    return {"device": device_name(device), "host": platform.node(), "cpu": cpu_model(), "cpu_kernels": cpu_kernels(),
+            "cpu_threads": torch.get_num_threads(), "versions": versions(), "git_commit": git_commit()}
 
 
 def machine() -> dict:
     """The machine a measurement ran on (benchmark, step costs, GPU check): its load average says how
     shared it was."""
     import torch
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"host": platform.node(), "cpu": cpu, "cpu_cores": os.cpu_count(),
+    info = {"host": platform.node(), "cpu": cpu_model(), "cpu_kernels": cpu_kernels(), "cpu_cores": os.cpu_count(),
             "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "load_average": list(os.getloadavg())}

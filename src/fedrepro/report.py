@@ -54,7 +54,8 @@ def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFram
                          "best_acc": summary["best_acc"], "e_ludd": summary["e_ludd"],
                          "runtime_s": summary["runtime_s"],
                          "device": f"{summary.get('host', '?')}: {summary['device']}, "
-                                   f"{summary.get('cpu_threads', '?')} CPU threads",
+                                   f"{summary.get('cpu_threads', '?')} CPU threads"
+                                   + (f", {summary['cpu_kernels']} kernels" if "cpu_kernels" in summary else ""),
                          "git_commit": summary["git_commit"], "rounds_done": summary["rounds_done"],
                          "versions": summary.get("versions", {})})
             metrics = run_dir.read_metrics()
