@@ -65,10 +65,7 @@ def cpu_kernels() -> str:
     variable ATEN_CPU_CAPABILITY can lower it). Runs on CPUs whose kernels differ move in float32's last bits,
     so a rerun elsewhere is equal to a tolerance, not bit for bit: this says which case a comparison is."""
     import torch
-    try:
-        return torch.backends.cpu.get_cpu_capability()
-    except AttributeError:  # torch before 2.0
-        return "unknown"
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def run_provenance(device) -> dict:
