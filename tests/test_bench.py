@@ -46,10 +46,9 @@ def test_quick_bench_writes_json_table_and_page(tmp_path, capsys):
 
 
 def test_help_lists_the_options(capsys):
-    try:
+    with pytest.raises(SystemExit) as done:
         cli.main(["bench", "--help"])
-    except SystemExit:
-        pass
+    assert done.value.code in (0, None), f"--help exited with {done.value.code}"
     text = capsys.readouterr().out
     for option in ("--settings", "--device", "--rounds", "--repeats", "--quick", "--out"):
         assert option in text

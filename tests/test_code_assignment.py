@@ -43,15 +43,24 @@ def test_the_exploration_draws_what_the_codes_sampler_drew(monkeypatch):
         engine.exploration_draws.cache_clear()
 
 
+def _uniform_draw(seed, t, n, k):
+    """The documented uniform recipe, with numpy alone: numpy's ``choice`` order from SeedSequence([seed, t])."""
+    return np.random.default_rng(np.random.SeedSequence([seed, t])).choice(n, size=k, replace=False)
+
+
 @pytest.mark.parametrize("n,k", [(6, 2), (100, 10), (10, 4)])
 def test_the_pairing_is_the_draw_and_the_cohort_its_sorted_ids(n, k):
     explore = math.ceil(n / k)
+    # round 0 of the warm-up: the head of the seeded permutation, in its order (not sorted)
+    head = np.random.default_rng(np.random.SeedSequence([11, 0xC0407])).permutation(n)[:k]
+    assert engine.code_pairing(11, 0, n, k, "permutation").tolist() == head.tolist()
     for t in range(explore + 6):
-        draw = engine.cohort_draw(11, t, n, k, "permutation")
-        assert np.array_equal(engine.code_pairing(11, t, n, k, "permutation"), draw)
-        assert np.array_equal(engine.sample_cohort(11, t, n, k, "permutation"), np.sort(draw))
+        pairing = engine.code_pairing(11, t, n, k, "permutation")
+        assert engine.sample_cohort(11, t, n, k, "permutation").tolist() == sorted(pairing.tolist())
+        if t >= explore:  # after the warm-up: the uniform draw, in numpy's draw order
+            assert pairing.tolist() == _uniform_draw(11, t, n, k).tolist()
     # without the warm-up every round is a uniform draw, round 0 included
-    assert all(np.array_equal(engine.code_pairing(11, t, n, k), engine.cohort_draw(11, t, n, k)) for t in range(5))
+    assert all(engine.code_pairing(11, t, n, k).tolist() == _uniform_draw(11, t, n, k).tolist() for t in range(5))
     # round 0 and the uniform rounds come unsorted (else the setting would change nothing)
     unsorted = [t for t in [0, *range(explore, explore + 6)]
                 if not np.array_equal(engine.code_pairing(11, t, n, k, "permutation"),

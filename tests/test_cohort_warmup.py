@@ -21,8 +21,12 @@ def test_the_first_rounds_visit_every_client_once(n, k):
 
 
 def test_after_the_warmup_the_cohorts_are_the_uniform_ones():
+    """From round ceil(N/k) on, the cohort is the uniform recipe's draw (numpy's ``choice`` from
+    SeedSequence([seed, t])), written here with numpy alone, and the same as without the warm-up."""
     for t in range(10, 30):
-        assert np.array_equal(engine.sample_cohort(3, t, 100, 10, "permutation"), engine.sample_cohort(3, t, 100, 10))
+        uniform = np.random.default_rng(np.random.SeedSequence([3, t])).choice(100, size=10, replace=False)
+        assert engine.sample_cohort(3, t, 100, 10, "permutation").tolist() == sorted(uniform.tolist())
+        assert engine.sample_cohort(3, t, 100, 10).tolist() == sorted(uniform.tolist())
 
 
 def test_the_warmup_depends_on_seed_and_round_only():

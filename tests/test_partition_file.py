@@ -98,6 +98,10 @@ def test_unreadable_or_misnamed_files_are_refused(tmp_path):
             _setting(tmp_path / name, n=2)
     with pytest.raises(config.ConfigError, match="needs partition.path"):
         config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 2, "partition": {"kind": "file"}})
+    with pytest.raises(config.ConfigError) as err:  # a folder, not "no such file"
+        _setting(tmp_path, n=2)
+    assert str(err.value).endswith(f"partition.path: {tmp_path} is a directory; name the .npz or .json file of "
+                                   f"client index lists in it") and "\n" not in str(err.value)
 
 
 def test_a_params_file_reads_a_relative_path_under_the_data_root(tmp_path):

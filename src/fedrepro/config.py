@@ -456,6 +456,9 @@ def check_partition_file(setting: dict, where: str) -> None:
     part = setting["partition"]
     if "path" not in part:
         raise ConfigError(f"{where}: partition.kind = file needs partition.path (an .npz or .json of client index lists)")
+    if Path(part["path"]).is_dir():
+        raise ConfigError(f"{where}: partition.path: {part['path']} is a directory; name the .npz or .json file of "
+                          f"client index lists in it")
     try:
         digest = file_sha256(part["path"]) if Path(part["path"]).is_file() else None
         partition.read_file(part["path"], setting["num_clients"], registry.DATASETS[setting["dataset"]]["train_size"],

@@ -1,0 +1,90 @@
+"""The min-norm solver at FedAWARE's size: N = 100 clients, its defaults (fw_max_iter 1000, fw_tol 1e-6), Gram
+matrices like the momenta's (unit-normalised as the code does, low-rank and full-rank, sharing a common direction
+or not, computed in float32 as the momenta are), several seeds, against an exact solution computed here.
+
+The exact solution: Lawson and Hanson's least-distance programme (Solving Least Squares Problems, ch. 23) turns
+min ||V^T l||^2 over the simplex into one non-negative least squares problem, min_{u >= 0} ||[V^T; 1^T] u - e||
+with e = (0, .., 0, 1); then l* = u / sum(u). scipy's ``nnls`` is an active-set method that ends at the exact
+optimum (to rounding), so it is independent of the solver under test (a Frank-Wolfe type method on the Gram
+matrix).
+
+Tolerances come from the stopping rule: the solver stops when the Frank-Wolfe duality gap is at most
+tol * max_i ||v_i||^2, and the gap bounds f(l) - f*. For the min-norm point x = V^T l and the optimum x*,
+||x - x*||^2 <= f(l) - f* (x* is the projection of 0 onto the hull). A float32 Gram matrix is the float64 one
+up to about 1e-6 of its scale (float32 rounding, summed over 500 coordinates), which the float32 cases add.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import nnls
+
+from fedrepro.minnorm import min_norm_weights
+
+N, MAX_ITER, TOL = 100, 1000, 1e-6  # FedAWARE's defaults (fedaware.fw_max_iter, fedaware.fw_tol), 100 clients
+
+
+def exact_min_norm(v: np.ndarray) -> tuple[float, np.ndarray]:
+    n, p = v.shape
+    e = np.zeros(p + 1)
+    e[-1] = 1.0
+    u, _ = nnls(np.vstack([v.T, np.ones((1, n))]), e, maxiter=50 * n)
+    lam = u / u.sum()
+    return float(np.sum((v.T @ lam) ** 2)), lam
+
+
+def momenta(kind: str, shift: float, seed: int) -> np.ndarray:
+    """N unit vectors in 500 dimensions: of rank r (low-rank: clients' updates dominated by a few directions),
+    or full rank in p dimensions; ``shift`` adds a direction common to all (clients that agree on a descent
+    direction: 0 is then outside the hull)."""
+    rng = np.random.default_rng(seed)
+    if kind.startswith("rank"):
+        r = int(kind[4:])
+        v = rng.standard_normal((N, r)) @ rng.standard_normal((r, 500))
+    else:
+        v = rng.standard_normal((N, int(kind[4:])))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    common = rng.standard_normal(v.shape[1])
+    v = v + shift * common / np.linalg.norm(common)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+CASES = [(kind, shift, seed) for kind in ("rank5", "rank20", "rank50", "full50", "full200", "full1000")
+         for shift in (0.0, 0.3, 1.0) for seed in (0, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kind,shift,seed", CASES)
+def test_the_solver_reaches_the_exact_optimum_at_fedawares_size(kind, shift, seed, dtype):
+    v = momenta(kind, shift, seed)
+    vt = torch.from_numpy(v).to(dtype)
+    gram = vt @ vt.T  # as FedAWARE forms it from the momenta
+    result = min_norm_weights(gram, MAX_ITER, TOL)
+    assert result.iterations < MAX_ITER, f"stopped at the iteration cap with gap {result.gap:.2e}"
+    lam = result.weights.double().numpy()
+    assert lam.min() >= 0 and abs(lam.sum() - 1) < 1e-6
+    best, _ = exact_min_norm(v)
+    slack = 1e-12 if dtype == torch.float64 else 2e-6  # float32 Gram: its rounding, see the module's text
+    value = float(np.sum((v.T @ lam) ** 2))  # the objective of the returned weights, in float64
+    assert value - best <= TOL + slack, f"f - f* = {value - best:.2e}"
+    assert value >= best - 1e-12 - slack
+    assert result.value == pytest.approx(value, abs=1e-12 + slack)
+    # the min-norm point itself: ||x - x*||^2 <= f - f*
+    _, exact_lam = exact_min_norm(v)
+    assert np.sum((v.T @ lam - v.T @ exact_lam) ** 2) <= TOL + 2 * slack
+    # and the gap the test computes from the Gram matrix agrees with the stopping rule
+    g = v @ v.T
+    u = g @ lam
+    assert 2 * (lam @ u - u.min()) <= TOL + 2 * slack
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_unnormalised_momenta_of_unequal_lengths(seed):
+    """``fedaware.normalize: false`` (the paper's text): momenta whose norms span three orders of magnitude."""
+    v = momenta("rank20", 0.3, seed) * np.logspace(-1.5, 1.5, N)[:, None]
+    scale = float((v ** 2).sum(1).max())
+    result = min_norm_weights(torch.from_numpy(v @ v.T), MAX_ITER, TOL)
+    assert result.iterations < MAX_ITER
+    best, _ = exact_min_norm(v)
+    assert -1e-12 * scale <= result.value - best <= TOL * scale
