@@ -233,8 +233,8 @@ def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
     out = tmp_path / "step_costs.json"
     table = gpucheck.measure_step_costs("cpu", out, log=lambda line: None)
     assert list(table["step_seconds"]) == ["fmnist/mlp:32"] and table["step_seconds"]["fmnist/mlp:32"] > 0
-    costs, source = plan.load_step_costs(out)
-    assert costs == table["step_seconds"] and source.startswith("measured on cpu")
+    measured = plan.step_costs("cpu", out).tables[0]
+    assert measured.costs == table["step_seconds"] and measured.description.startswith("measured on cpu")
 
 
 class _DeviceTensor(torch.Tensor):

@@ -97,11 +97,15 @@ def test_plan_gives_the_rounds_saved_outside_the_tuning_stage(tmp_path):
     assert "rounds outside the tuning stage: 64 (80 without shared prefixes, 20% saved); in it: 40 (40 " in text
 
 
-def test_without_a_benchmark_the_estimate_says_it_is_a_guess(tmp_path):
+def test_without_a_benchmark_the_estimate_says_it_is_a_guess(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no results/bench, no evidence/gpu
     params = config.validate(_params(), "params.schema.yaml", "test")
-    result = plan.plan(params, tmp_path / "absent.json", tmp_path)
+    result = plan.plan(params, None, tmp_path)
     assert "rough guess" in result["source"] and result["total"]["seconds"] > 0
-    assert "rough guess" in plan.format_plan(result)
+    assert result["experiments"]["a"]["priced_by"] == ["guess (rough table)"]
+    assert "priced by: guess (rough table)" in plan.format_plan(result)
+    with pytest.raises(plan.PlanError, match="--bench .*absent.json: no step costs"):
+        plan.plan(params, tmp_path / "absent.json", tmp_path)
 
 
 def test_batch_size_scales_a_per_batch_measurement():
@@ -118,11 +122,12 @@ def test_measured_keys_win_and_the_nearest_measured_batch_is_scaled():
     assert plan.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 25}) == 0.02   # not below
 
 
-def test_the_benchmarks_table_per_device_is_read_gpu_first(tmp_path):
+def test_the_benchmarks_table_of_the_planned_device_is_read(tmp_path):
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"step_seconds": {"cpu": {"fmnist/mlp:64": 1.0}, "cuda": {"fmnist/mlp:64": 0.001}}}))
-    costs, source = plan.load_step_costs(bench)
-    assert costs == {"fmnist/mlp:64": 0.001} and source == f"measured on cuda ({bench})"
+    bench.write_text(json.dumps({"step_seconds": {"cpu": {"fmnist/mlp:64": 1.0}, "cuda:0": {"fmnist/mlp:64": 0.001}}}))
+    gpu, cpu = plan.step_costs("cuda", bench).tables[0], plan.step_costs("cpu", bench).tables[0]
+    assert gpu.costs == {"fmnist/mlp:64": 0.001} and gpu.description == f"measured on cuda:0 ({bench})"
+    assert cpu.costs == {"fmnist/mlp:64": 1.0} and cpu.description == f"measured on cpu ({bench})"
     with pytest.raises(ValueError, match="not a step_costs file"):
         plan.measure(config.validate(_params(), "params.schema.yaml", "test"), "cpu", bench)
 
@@ -133,10 +138,12 @@ def test_measure_times_every_setting_of_the_params_file_and_plan_uses_it(tmp_pat
     table = plan.measure(params, "cpu", out, steps=2, log=lambda line: None)
     assert list(table["step_seconds"]) == ["fmnist/mlp:8"] and table["step_seconds"]["fmnist/mlp:8"] > 0
     assert table["device"] == "cpu" and json.loads(out.read_text()) == table
-    result = plan.plan(params, out, tmp_path)
+    result = plan.plan(params, out, tmp_path, device="cpu")
     steps = 4 * 5 * 2 * 750  # ceil(6000 / 8)
     assert result["total"]["seconds"] == pytest.approx(3 * steps * table["step_seconds"]["fmnist/mlp:8"])
     assert result["source"] == f"measured on cpu ({out})"
+    with pytest.raises(plan.PlanError, match="measured on cpu, none on cuda: plan with --device cpu"):
+        plan.plan(params, out, tmp_path, device="cuda")  # a CPU measurement never prices a GPU plan
 
 
 def test_pythia_is_timed_from_its_published_architecture_without_the_hub():
@@ -333,17 +340,16 @@ def test_without_a_measurement_of_its_own_the_plan_uses_the_h200s(tmp_path, monk
     (evidence/gpu), not the rough guesses; a measurement of its own wins."""
     measured = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())
     monkeypatch.chdir(tmp_path)
-    assert "rough guess" in plan.load_step_costs()[1]
-    for name in (plan.H200_STEP_COSTS_FILE, plan.H200_BENCH_FILE):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text((ROOT / name).read_text())
-    costs, source = plan.load_step_costs()
-    assert costs == measured["step_seconds"] and "H200" in source
+    assert [t.label for t in plan.step_costs().tables] == ["guess (rough table)"]
+    _copy_evidence(tmp_path)
+    first = plan.step_costs().tables[0]
+    assert first.costs == measured["step_seconds"] and "H200" in first.description
     assert plan.measured_runs_per_gpu() == (4, f"measured ({plan.H200_BENCH_FILE})")
     own = tmp_path / plan.STEP_COSTS_FILE
     own.parent.mkdir(parents=True)
-    own.write_text(json.dumps({"device": "cpu", "step_seconds": {"fmnist/mlp:64": 0.5}}))
-    assert plan.load_step_costs() == ({"fmnist/mlp:64": 0.5}, f"measured on cpu ({plan.STEP_COSTS_FILE})")
+    own.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:64": 0.5}}))
+    first = plan.step_costs().tables[0]
+    assert (first.costs, first.description) == ({"fmnist/mlp:64": 0.5}, f"measured on cuda ({plan.STEP_COSTS_FILE})")
 
 
 def test_the_h200_table_prices_every_setting_of_the_papers():
@@ -352,3 +358,96 @@ def test_the_h200_table_prices_every_setting_of_the_papers():
     runs = config.expand(config.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
     unpriced = sorted({plan.step_key(r.setting) for r in runs if plan.step_seconds(costs, r.setting) is None})
     assert not unpriced, f"no H200 step cost (gpucheck.measure_step_costs) for {unpriced}"
+
+
+# --------------------------------------------------------------------------- which device's step costs price a plan
+
+PAPERS = ["params/fedaware.yaml", "params/fedlaw.yaml", "params/ima.yaml", "params/fednova.yaml"]
+# What `snakemake bench` writes on a CPU machine: three settings, timed on the CPU only.
+CPU_BENCH = {"step_seconds": {"cpu": {"fmnist/mlp:64": 5.3e-4, "fmnist/cnn:50": 5.7e-3, "cifar10/cnn:64": 2.6e-2}}}
+
+
+def _copy_evidence(root: Path) -> None:
+    for name in (plan.H200_STEP_COSTS_FILE, plan.H200_BENCH_FILE):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text((ROOT / name).read_text())
+
+
+def _write_bench(root: Path, table: dict) -> None:
+    (root / plan.BENCH_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (root / plan.BENCH_FILE).write_text(json.dumps(table))
+
+
+def _cli_plan(capsys, tmp_path, configfile, *extra) -> dict:
+    cli.main(["plan", "--configfile", str(configfile), "--json", "--runs-dir", str(tmp_path / "none"), *extra])
+    return json.loads(capsys.readouterr().out)
+
+
+def _two_settings(tmp_path) -> Path:
+    """One experiment of FMNIST CNN, batch 50 (what a benchmark measures), one of a CIFAR-10 ResNet-20 (not)."""
+    import yaml
+    common = {"num_clients": 10, "participation": 0.5, "rounds": 4, "local_epochs": 1}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({"experiments": {
+        "covered": {"base": {**common, "dataset": "fmnist", "model": "cnn", "batch_size": 50}},
+        "other": {"base": {**common, "dataset": "cifar10", "model": "resnet20", "batch_size": 128}}}}))
+    return path
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_bench_covering_one_setting_leaves_the_others_to_the_table(tmp_path, monkeypatch, capsys, device):
+    monkeypatch.chdir(tmp_path)
+    _copy_evidence(tmp_path)
+    _write_bench(tmp_path, {"step_seconds": {device: {"fmnist/cnn:50": 0.01}}})
+    h200 = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())["step_seconds"]["cifar10/resnet20:128"]
+    out = _cli_plan(capsys, tmp_path, _two_settings(tmp_path), "--device", device)
+    covered, other = out["experiments"]["covered"], out["experiments"]["other"]
+    # 4 rounds x 5 clients x 1 epoch x ceil(6000 / 50) steps; ceil(5000 / 128) for CIFAR-10
+    assert covered["seconds"] == pytest.approx(4 * 5 * 120 * 0.01)
+    assert other["unknown"] == [] and other["seconds"] > 0, "a setting the bench did not time is priced at 0"
+    factor = 1.0 if device == "cuda" else plan.ROUGH_CPU_OVER_GPU  # a CPU plan guesses from the GPU table
+    assert other["seconds"] == pytest.approx(4 * 5 * 40 * h200 * factor)
+    assert covered["priced_by"] == [f"measured on {device} (bench.json)"]
+    assert other["priced_by"] == ["GPU table" if device == "cuda" else "guess (GPU table x 50)"]
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_a_cpu_benchmark_prices_no_experiment_at_zero_and_leaves_the_gpu_plan_as_it_was(tmp_path, monkeypatch,
+                                                                                           capsys, paper):
+    monkeypatch.chdir(tmp_path)
+    _copy_evidence(tmp_path)
+    before = _cli_plan(capsys, tmp_path, ROOT / paper)
+    _write_bench(tmp_path, CPU_BENCH)
+    for device in ("cuda", "cpu"):
+        out = _cli_plan(capsys, tmp_path, ROOT / paper, "--device", device)
+        zero = [name for name, row in out["experiments"].items() if row["seconds"] <= 0 or row["unknown"]]
+        assert not zero, f"{paper} on {device}: priced at 0 h: {zero}"
+        if device == "cuda":
+            assert out["total"] == before["total"], "a CPU benchmark changed the GPU plan"
+        else:
+            assert out["total"]["seconds"] > before["total"]["seconds"]
+
+
+def test_runtime_requests_after_a_cpu_benchmark_are_those_of_the_gpu_table(tmp_path, monkeypatch, capsys):
+    """The train rule's runtime requests (cluster_requests prices runs as it does): a CPU benchmark changes
+    no GPU run's request, and a setting it does not cover is still priced by the table, not the 120-minute
+    fallback of an unknown model."""
+    monkeypatch.chdir(tmp_path)
+    _copy_evidence(tmp_path)
+    params = _two_settings(tmp_path)
+    before = _cli_plan(capsys, tmp_path, params, "--walltime", "600")["cluster"]["run_minutes"]
+    _write_bench(tmp_path, CPU_BENCH)
+    after = _cli_plan(capsys, tmp_path, params, "--walltime", "600")["cluster"]["run_minutes"]
+    assert after == before
+    costs = plan.step_costs_by_device()
+    setting = config.resolve({"dataset": "fmnist", "model": "cnn", "num_clients": 10, "participation": 0.5,
+                              "rounds": 400, "local_epochs": 1, "batch_size": 50, "device": "cpu"})
+    # 400 x 5 x 120 = 240,000 steps x 5.7 ms = 1,368 s, x 3 = 68.4 min: a device: cpu run asks for the CPU's cost
+    assert plan.run_minutes(setting, costs[plan.run_device(setting)]) == 69
+
+
+def test_plan_names_the_device_option_on_a_device_it_does_not_know(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--configfile", str(_two_settings(tmp_path)), "--device", "tpu"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--device" in err and "'cuda', 'cpu'" in err

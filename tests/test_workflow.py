@@ -363,11 +363,12 @@ def forked_grid(tmp_path_factory):
 def test_forks_each_job_asks_for_the_runtime_of_the_rounds_it_trains(tmp_path):
     """A child trains rounds t..R-1: its Slurm runtime request is that of a run of R - t rounds, not R; the
     fork step trains at most the parent's first t rounds; a parent, and every run with sharing off, asks for R.
-    Step costs large enough that no request is the floor, so the counts show."""
+    Step costs large enough that no request is the floor, so the counts show; measured on the CPU, the device
+    these runs train on (a measurement of another device would not price them)."""
     from fedrepro import forks, plan
     costs = {"fmnist/mlp:256": 5.0}
     (tmp_path / "results" / "bench").mkdir(parents=True)
-    (tmp_path / "results" / "bench" / "step_costs.json").write_text(json.dumps({"device": "cuda",
+    (tmp_path / "results" / "bench" / "step_costs.json").write_text(json.dumps({"device": "cpu",
                                                                                 "step_seconds": costs}))
     runs = config.unique_runs(config.expand(config.load_params(FORKS_CONFIG)))
     shared = forks.assign(list(runs.values()))

@@ -189,11 +189,12 @@ def cmd_plan(args) -> None:
     params = config.load_params_files(args.configfile)
     if args.only:
         params["only"] = args.only
+    device = args.device or "cuda"  # a cluster user plans for the GPUs the runs will get
     if args.measure:
         import torch
-        plan.measure(params, args.device or ("cuda" if torch.cuda.is_available() else "cpu"), args.bench or plan.STEP_COSTS_FILE,
-                     log=lambda line: print(line, file=sys.stderr))
-    result = plan.plan(params, args.bench, args.runs_dir)
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")  # plan what was measured
+        plan.measure(params, device, args.bench or plan.STEP_COSTS_FILE, log=lambda line: print(line, file=sys.stderr))
+    result = plan.plan(params, args.bench, args.runs_dir, device)
     if args.walltime:  # Slurm: group size that keeps each submission within the site's walltime
         runs_per_gpu = args.runs_per_gpu or plan.measured_runs_per_gpu()[0]
         result["cluster"] = plan.cluster_requests(params, args.walltime, runs_per_gpu, args.bench)
@@ -473,11 +474,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configfile", required=True, nargs="+", type=_existing("file"),
                    help="params file(s), merged in order as snakemake does")
     p.add_argument("--only", help="experiment names or patterns, comma-separated (as --config only=...)")
-    p.add_argument("--bench", help="the step costs to use (default results/bench/step_costs.json, else the "
-                   "benchmark's bench.json); with --measure, where to write them")
+    p.add_argument("--bench", help="the step costs to use (default results/bench/step_costs.json, then the "
+                   "benchmark's bench.json: their --device measurements); with --measure, where to write them")
     p.add_argument("--measure", action="store_true", help="first time a few steps of each (dataset, model, batch) "
                    "of the params file on --device, and keep them")
-    p.add_argument("--device", help="device to measure on (default: cuda when there is one, else cpu)")
+    p.add_argument("--device", choices=["cuda", "cpu"], help="the device the runs will train on: only its "
+                   "measurements price them; what they lack comes from the GPU table (evidence/gpu) for cuda, "
+                   "or is marked as a guess (default cuda; with --measure, cuda when there is one, else cpu)")
     p.add_argument("--runs-dir", default="results/runs", help="finished runs here are not counted again")
     p.add_argument("--walltime", type=int, help="the site's walltime limit in minutes: print the Slurm group "
                    "size (--group-components trainbatch=N) that keeps every submission within it")

@@ -8,10 +8,12 @@ with the mean client size N / clients and, for ``+random_epochs``, the mean of i
 Seconds per step are measured: ``fedrepro plan --measure --device cuda`` times a few SGD steps of
 every (dataset, model, batch size) the params file uses on this machine's device, on random inputs of
 the dataset's shape, and keeps them in ``results/bench/step_costs.json`` (the benchmark's
-``bench.json`` serves too, for the settings it measures). Without a measurement a rough built-in
-table is used and the plan says so. Server-side work (the proxy-set epochs of FedLAW, FedDF, FedBE and
-Server-FT, FedAWARE's min-norm solve) and evaluation are not counted. A run that starts from another run's
-state (fedrepro.forks) counts only the rounds it trains itself; the plan gives both counts.
+``bench.json`` serves too, for the settings it measures). A plan is for one device (``--device``, a GPU
+by default) and uses only measurements of that device: per setting, a GPU plan falls back to the H200's
+table (evidence/gpu), a CPU plan to a guess made from it; the plan names what priced each experiment.
+Server-side work (the proxy-set epochs of FedLAW, FedDF, FedBE and Server-FT, FedAWARE's min-norm solve)
+and evaluation are not counted. A run that starts from another run's state (fedrepro.forks) counts only
+the rounds it trains itself; the plan gives both counts.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedrepro import config, registry
@@ -77,34 +80,139 @@ def step_key(setting: dict) -> str:
     return f"{setting['dataset']}/{setting['model']}:{setting['batch_size']}"
 
 
-def _read_costs(path: Path) -> tuple[dict, str] | None:
-    """(flat key -> seconds, device) of a step_costs.json or a bench.json (one table per device: the GPU's)."""
+DEVICES = ("cuda", "cpu")
+
+# A CPU's seconds per step over the GPU table's, for a CPU plan's entries nobody measured on a CPU. On one core
+# the ratio runs from about 1 (FedLAW's MLP, launch-bound on the GPU) to about 160 (ResNet-18): any one number
+# is a guess, and the plan says so for every experiment it prices.
+ROUGH_CPU_OVER_GPU = 50.0
+
+
+def run_device(setting: dict) -> str:
+    """The device a run's cost is planned for: ``device: cpu`` runs on the CPU, ``auto`` and ``cuda`` are
+    planned for the GPU a cluster gives them (the train rule asks for one the same way)."""
+    return "cpu" if setting.get("device") == "cpu" else "cuda"
+
+
+def check_device(device: str) -> str:
+    if device not in DEVICES:
+        raise PlanError(f"--device {device!r}: choose one of {', '.join(DEVICES)}")
+    return device
+
+
+def same_device(measured: str, planned: str) -> bool:
+    """A measurement on ``cuda:1`` prices ``cuda`` runs; one whose device is not recorded prices any (an old
+    step-costs file, given on purpose with --bench)."""
+    return measured == "unknown device" or measured.split(":")[0] == planned
+
+
+def measured_tables(path: Path) -> dict[str, dict]:
+    """Device -> (flat key -> seconds) of a step_costs.json (one device) or a bench.json (one table per device)."""
     if not path.exists():
-        return None
+        return {}
     table = json.loads(path.read_text())
     measured = table.get("step_seconds") or {}
     if measured and all(isinstance(v, dict) and "seconds" not in v for v in measured.values()):
-        device = next((d for d in measured if d.startswith("cuda")), next(iter(measured)))
-        return measured[device], device
-    return (measured, table.get("device", "unknown device")) if measured else None
+        return {device: costs for device, costs in measured.items() if costs}
+    return {table.get("device", "unknown device"): measured} if measured else {}
 
 
-def load_step_costs(path: str | Path | None = None) -> tuple[dict, str]:
-    """(key -> seconds per step, or {seconds, batch_size}; source). Keys are ``dataset/model:batch``
-    as measured, or a model name in the rough table. Without ``path``: step_costs.json or the
-    benchmark's bench.json, a GPU measurement first; with neither, the H200's."""
-    found = []
-    for candidate in [Path(path)] if path else [STEP_COSTS_FILE, BENCH_FILE]:
-        read = _read_costs(candidate)
-        if read:
-            found.append((*read, candidate))
-    if not found and not path and (read := _read_costs(H200_STEP_COSTS_FILE)):
-        return read[0], f"measured on an NVIDIA H200 ({H200_STEP_COSTS_FILE}; this checkout has measured none)"
-    if found:
-        costs, device, where = next((f for f in found if f[1].startswith("cuda")), found[0])
-        return costs, f"measured on {device} ({where})"
-    return {m: {"seconds": s, "batch_size": ROUGH_BATCH} for m, s in ROUGH_STEP_SECONDS.items()}, \
-        "built-in rough guess (no results/bench/step_costs.json: fedrepro plan --measure)"
+@dataclass(frozen=True)
+class CostTable:
+    """Seconds per local step from one source. ``label`` names it beside each experiment it prices,
+    ``description`` says once per plan where its numbers come from."""
+    label: str
+    description: str
+    costs: dict
+    factor: float = 1.0  # a CPU guess made from a GPU's costs
+    guess: bool = False
+
+    def seconds(self, setting: dict) -> float | None:
+        seconds = step_seconds(self.costs, setting)
+        return None if seconds is None else seconds * self.factor
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The tables that price one device's runs, the most trusted first: a setting none of them prices is
+    reported unpriced, never priced at 0."""
+    device: str
+    tables: tuple[CostTable, ...]
+
+    def price(self, setting: dict) -> tuple[float, CostTable] | None:
+        for table in self.tables:
+            seconds = table.seconds(setting)
+            if seconds is not None:
+                return seconds, table
+        return None
+
+    def seconds(self, setting: dict) -> float | None:
+        priced = self.price(setting)
+        return None if priced is None else priced[0]
+
+
+def device_tables(path: Path, device: str) -> list[CostTable]:
+    """The measurements on ``device`` that ``path`` holds; those of another device are left out, so that a
+    CPU benchmark never prices a GPU plan."""
+    return [CostTable(f"measured on {measured_on} ({path.name})", f"measured on {measured_on} ({path})", costs)
+            for measured_on, costs in measured_tables(path).items() if same_device(measured_on, device)]
+
+
+def given_measurements(path: Path, device: str) -> list[CostTable]:
+    """The --bench file's measurements on ``device``: a file without them was named by mistake."""
+    found = measured_tables(path)
+    if not found:
+        raise PlanError(f"--bench {path}: no step costs there (fedrepro plan --measure writes them)")
+    tables = device_tables(path, device)
+    if not tables:
+        measured_on = sorted({name.split(":")[0] for name in found})
+        raise PlanError(f"--bench {path} holds step costs measured on {', '.join(measured_on)}, none on {device}: "
+                        f"plan with --device {measured_on[0]}, or measure on {device}")
+    return tables
+
+
+def own_measurements(device: str, bench: str | Path | None) -> list[CostTable]:
+    """This checkout's measurements on ``device``: the --bench file, else step_costs.json and bench.json."""
+    if bench:
+        return given_measurements(Path(bench), device)
+    return [table for path in (STEP_COSTS_FILE, BENCH_FILE) for table in device_tables(path, device)]
+
+
+def gpu_tables() -> list[CostTable]:
+    """The step costs a GPU plan falls back to: the H200's measurement (evidence/gpu), then the rough table."""
+    tables = []
+    h200 = measured_tables(H200_STEP_COSTS_FILE)
+    if h200:
+        tables.append(CostTable("GPU table", f"measured on an NVIDIA H200 ({H200_STEP_COSTS_FILE})",
+                                next(iter(h200.values()))))
+    rough = {m: {"seconds": s, "batch_size": ROUGH_BATCH} for m, s in ROUGH_STEP_SECONDS.items()}
+    tables.append(CostTable("guess (rough table)", "rough guess of a data-centre GPU's seconds per step "
+                            "(fedrepro.plan.ROUGH_STEP_SECONDS); fedrepro plan --measure measures them",
+                            rough, guess=True))
+    return tables
+
+
+def as_cpu_guess(table: CostTable) -> CostTable:
+    name = table.label.removeprefix("guess (").removesuffix(")")
+    return CostTable(f"guess ({name} x {ROUGH_CPU_OVER_GPU:g})",
+                     f"not measured on a CPU: {table.description.split(';')[0]}, x "
+                     f"{ROUGH_CPU_OVER_GPU:g} (fedrepro.plan.ROUGH_CPU_OVER_GPU); fedrepro plan --measure --device "
+                     "cpu measures them", table.costs, ROUGH_CPU_OVER_GPU, guess=True)
+
+
+def step_costs(device: str = "cuda", bench: str | Path | None = None) -> StepCosts:
+    """What prices a plan for ``device``, per (dataset, model, batch size): that device's measurement,
+    then for a GPU the H200's table, and what neither has a rough guess. A CPU plan's entries without
+    a CPU measurement are the GPU's costs x ROUGH_CPU_OVER_GPU, marked as guesses."""
+    fallback = gpu_tables()
+    if check_device(device) == "cpu":
+        fallback = [as_cpu_guess(table) for table in fallback]
+    return StepCosts(device, tuple(own_measurements(device, bench) + fallback))
+
+
+def step_costs_by_device(bench: str | Path | None = None, devices=DEVICES) -> dict[str, StepCosts]:
+    """Each device's step costs: the train rule prices each run for the device it runs on (run_device)."""
+    return {device: step_costs(device, bench) for device in devices}
 
 
 def step_seconds(costs: dict, setting: dict) -> float | None:
@@ -213,8 +321,10 @@ SUMMED = ("runs", "tuning", "shared", "done", "rounds", "rounds_unshared", "roun
           "steps", "steps_unshared", "seconds", "seconds_unshared")
 
 
-def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs") -> dict:
-    """Runs, rounds, local steps and seconds left to train per experiment; ``*_unshared`` as if every run
+def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs",
+         device: str = "cuda") -> dict:
+    """Runs, rounds, local steps and seconds left to train on ``device`` per experiment, and the step-cost
+    tables that priced each (``priced_by``, described in ``sources``); ``*_unshared`` as if every run
     trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once;
     ``rounds_tuning*``: the part of the rounds that the tuning stage's runs train (counted in rounds too). The
     final runs of a tuning (fedrepro.tuning) are counted with the chosen value, or the tune grid's first
@@ -226,9 +336,9 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
     finals, waiting = final_runs(tunings, runs_dir)
     runs += finals
     shared = forks.of_params(params, list(config.unique_runs(runs).values()))
-    costs, source = load_step_costs(bench)
+    costs = step_costs(device, bench)
     seen: set[str] = set()
-    rows = defaultdict(lambda: {**dict.fromkeys(SUMMED, 0), "unknown": set()})
+    rows = defaultdict(lambda: {**dict.fromkeys(SUMMED, 0), "unknown": set(), "priced_by": set()})
     for run in runs:
         row = rows[run.experiment]
         row["runs"] += 1
@@ -249,15 +359,22 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
             row["rounds_tuning_unshared"] += run.setting["rounds"]
         row["steps"] += steps
         row["steps_unshared"] += unshared
-        sec = step_seconds(costs, run.setting)
-        if sec is None:
+        priced = costs.price(run.setting)
+        if priced is None:
             row["unknown"].add(run.setting["model"])
         else:
+            sec, table = priced
+            row["priced_by"].add(table.label)
             row["seconds"] += steps * sec
             row["seconds_unshared"] += unshared * sec
-    experiments = {name: {**row, "unknown": sorted(row["unknown"])} for name, row in rows.items()}
+    in_order = [table.label for table in costs.tables]
+    experiments = {name: {**row, "unknown": sorted(row["unknown"]),
+                          "priced_by": sorted(row["priced_by"], key=in_order.index)} for name, row in rows.items()}
     total = {k: sum(r[k] for r in experiments.values()) for k in SUMMED}
-    return {"source": source, "experiments": experiments, "total": total, "unique_runs": len(seen),
+    used = [t for t in costs.tables if any(t.label in row["priced_by"] for row in experiments.values())]
+    return {"device": device, "source": "; ".join(t.description for t in used) or "nothing to price",
+            "sources": {t.label: t.description for t in used}, "guessed": [t.label for t in used if t.guess],
+            "experiments": experiments, "total": total, "unique_runs": len(seen),
             "forked_runs": sum(1 for run_id in shared if run_id in seen), "share_prefixes": forks.sharing(params)}
 
 
@@ -279,19 +396,35 @@ def sharing_line(total: dict, forked_runs: int) -> str:
     return line
 
 
+def priced_note(row: dict) -> str:
+    """Which step-cost tables priced an experiment's runs, and the models none of them could."""
+    notes = [f"priced by: {', '.join(row['priced_by'])}"] if row.get("priced_by") else []
+    if row.get("unknown"):
+        notes.append(f"no step cost for: {', '.join(row['unknown'])}")
+    return f"  ({'; '.join(notes)})" if notes else ""
+
+
+def sources_lines(result: dict) -> list[str]:
+    """The step-cost tables the plan used, one a line, by the name the experiments' rows give them."""
+    sources = result.get("sources") or {"step cost": result["source"]}
+    return ["step costs (priced by):"] + [f"  {label}: {description}" for label, description in sources.items()]
+
+
 def format_plan(result: dict) -> str:
     # rounds and hours to train; "unshared": each run from round 0 (share_prefixes: false)
     lines = [f"{'experiment':40s} {'runs':>6s} {'tuning':>6s} {'shared':>6s} {'done':>5s} {'rounds':>9s} "
              f"{'unshared':>9s} {'local steps':>13s} {'hours':>10s}"]
     for name, row in list(result["experiments"].items()) + [("TOTAL", result["total"])]:
         hours = row["seconds"] / 3600
-        note = f"  (no step cost for: {', '.join(row['unknown'])})" if row.get("unknown") else ""
+        note = priced_note(row)
         lines.append(f"{name:40s} {row['runs']:6d} {row.get('tuning', 0):6d} {row['shared']:6d} {row['done']:5d} "
                      f"{row['rounds']:9d} {row['rounds_unshared']:9d} {row['steps']:13.3g} {hours:10.1f}{note}")
     lines.append("tuning: of the runs, those of the tuning stage (a validation split; the final runs they tune are "
                  "counted with the chosen value, or the tune grid's first before the choice)")
-    lines.append(f"{result['unique_runs']} distinct runs; step cost: {result['source']}. Not counted: evaluation, "
-                 "server-side optimisation (proxy-set epochs of FedLAW/FedDF/FedBE/Server-FT, FedAWARE min-norm).")
+    lines.append(f"{result['unique_runs']} distinct runs, compute on {result.get('device', 'cuda')}. Not counted: "
+                 "evaluation, server-side optimisation (proxy-set epochs of FedLAW/FedDF/FedBE/Server-FT, FedAWARE "
+                 "min-norm).")
+    lines += sources_lines(result)
     if result.get("share_prefixes", True):
         lines.append(sharing_line(result["total"], result.get("forked_runs", 0)))
     else:
@@ -333,12 +466,13 @@ def measured_runs_per_gpu(paths=(GPU_CHECK_FILE, BENCH_FILE, H200_BENCH_FILE)) -
     return RUNS_PER_GPU, "default (no GPU throughput measurement)"
 
 
-def run_minutes(setting: dict, costs: dict, margin: float = RUNTIME_MARGIN, floor: int = RUNTIME_FLOOR_MIN, *,
-                start: int = 0, stop: int | None = None) -> int:
+def run_minutes(setting: dict, costs: StepCosts | dict, margin: float = RUNTIME_MARGIN,
+                floor: int = RUNTIME_FLOOR_MIN, *, start: int = 0, stop: int | None = None) -> int:
     """Minutes a cluster job of this run asks for (attempt 1): estimated local steps of the rounds it
-    trains (start..stop-1, see local_steps) x seconds per step x margin. A model without any step cost
-    asks for 120 minutes, the old fixed request."""
-    seconds = step_seconds(costs, setting)
+    trains (start..stop-1, see local_steps) x seconds per step (``costs``: the run's device's, see
+    step_costs; a plain dict is one table) x margin. A model without any step cost asks for 120 minutes,
+    the old fixed request."""
+    seconds = costs.seconds(setting) if isinstance(costs, StepCosts) else step_seconds(costs, setting)
     if seconds is None:
         return 120
     return max(floor, math.ceil(local_steps(setting, start, stop) * seconds * margin / 60))
@@ -359,14 +493,16 @@ def group_size(minutes: list[int], walltime_min: int, runs_per_gpu: int = RUNS_P
 
 def cluster_requests(params: dict, walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU,
                      bench: str | Path | None = None) -> dict:
-    """Per-run runtime requests of a params file and the group size that fits a site's walltime."""
+    """Per-run runtime requests of a params file and the group size that fits a site's walltime; each run
+    priced for the device it runs on, as the train rule prices it."""
     from fedrepro import forks
 
-    costs, source = load_step_costs(bench)
     runs = config.unique_runs(config.expand(params))
+    costs = step_costs_by_device(bench, {run_device(run.setting) for run in runs.values()})
     shared = forks.of_params(params, list(runs.values()))
-    minutes = {run_id: run_minutes(run.setting, costs, start=shared[run_id].round if run_id in shared else 0)
+    minutes = {run_id: run_minutes(run.setting, costs[run_device(run.setting)],
+                                   start=shared[run_id].round if run_id in shared else 0)
                for run_id, run in runs.items()}
     size = group_size(list(minutes.values()), walltime_min, runs_per_gpu)
-    return {"source": source, "run_minutes": minutes, "group_components": size, "runs_per_gpu": runs_per_gpu,
+    return {"run_minutes": minutes, "group_components": size, "runs_per_gpu": runs_per_gpu,
             "walltime_min": walltime_min, "submissions": math.ceil(len(minutes) / size)}

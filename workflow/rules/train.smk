@@ -8,10 +8,15 @@ TRACK_LIVE = (
     else ""
 )
 
-# Runtime requests: each run's estimated steps x measured seconds per step x a margin (fedrepro plan).
+# Runtime requests: each run's estimated steps x seconds per step on the device it trains on x a margin
+# (fedrepro plan). Per device, so that a CPU benchmark never shortens a GPU job's request or the reverse.
 from fedrepro import plan as fplan
 
-STEP_COSTS, _ = fplan.load_step_costs()
+STEP_COSTS = fplan.step_costs_by_device()
+
+
+def run_step_costs(setting):
+    return STEP_COSTS[fplan.run_device(setting)]
 
 # Grids as trees (fedrepro.forks): a run whose first rounds another run of this invocation trains (an +ima
 # run, its host's run up to t_s) starts from that run's state there. The parent keeps it while it trains,
@@ -78,7 +83,14 @@ def fork_input(wildcards):
 def train_minutes(wildcards, attempt):
     """The job's runtime request: the rounds it trains, from its fork round for a child (fedrepro plan)."""
     fork = run_fork(wildcards)
-    return fplan.run_minutes(run_setting(wildcards), STEP_COSTS, start=fork[1] if fork else 0) * attempt
+    setting = run_setting(wildcards)
+    return fplan.run_minutes(setting, run_step_costs(setting), start=fork[1] if fork else 0) * attempt
+
+
+def fork_minutes(wildcards, rounds):
+    """The fork step's runtime request: at most the parent's first ``rounds`` rounds again."""
+    setting = run_setting(wildcards)
+    return fplan.run_minutes(setting, run_step_costs(setting), stop=rounds)
 
 
 def fork_args(wildcards, input):
@@ -166,7 +178,7 @@ rule fork:
         gpu_slot=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
         mem_mb=lambda w, attempt: 4000 * attempt,
         # at most the parent's first {round} rounds again (moving a kept state takes none of it)
-        runtime=lambda w, attempt: fplan.run_minutes(run_setting(w), STEP_COSTS, stop=int(w.round)) * attempt,
+        runtime=lambda w, attempt: fork_minutes(w, int(w.round)) * attempt,
     log:
         "logs/fork/{run}-{round}.log",
     benchmark:
