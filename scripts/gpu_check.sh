@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU node, from a checkout, with nothing but a site PyTorch (>= 2.11, with torchvision):
-#   scripts/gpu_check.sh                 # CUDA checks + benchmark (a few minutes), -> results/bench/gpu_check.json
-#   scripts/gpu_check.sh --skip-bench    # the checks only
-# Cite results/bench/gpu_check.json in the README with the GPU model it names.
+#   scripts/gpu_check.sh                 # CUDA checks + benchmark (a few minutes), -> evidence/gpu/gpu_check-<commit>.json
+#   scripts/gpu_check.sh --skip-bench    # the checks only (among them: batched = sequential for every method)
+# The log goes beside the JSON (evidence/gpu/gpu_check-<commit>.log); cite both with the GPU model they name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -17,4 +17,12 @@ if [ -n "$missing" ]; then
   echo "gpu_check: missing Python modules: $missing (pip install --user pyyaml jsonschema pandas tqdm)" >&2
   exit 2
 fi
-python -m fedrepro.cli check-gpu "$@"
+# Everything under evidence/gpu/, named by the commit: the JSON (checks, step costs, benchmark) and the log.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+mkdir -p evidence/gpu
+case " $* " in
+  *" --out "*) python -m fedrepro.cli check-gpu "$@" 2>&1 | tee "evidence/gpu/gpu_check-$commit.log" ;;
+  *) python -m fedrepro.cli check-gpu --out "evidence/gpu/gpu_check-$commit.json" "$@" 2>&1 \
+       | tee "evidence/gpu/gpu_check-$commit.log" ;;
+esac
+exit "${PIPESTATUS[0]}"

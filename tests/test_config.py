@@ -282,7 +282,7 @@ def test_one_expansion_reads_the_code_once_and_the_next_sees_an_edit(monkeypatch
     from fedrepro import identity
     walks = []
     real_closure = identity.code_closure
-    monkeypatch.setattr(identity, "code_closure", lambda entries: walks.append(entries) or real_closure(entries))
+    monkeypatch.setattr(identity, "code_closure", lambda entries, outside=frozenset(): walks.append(entries) or real_closure(entries, outside))
     params = _params(grid={"seed": [1, 2, 3], "algorithm": ["fedavg", "fedprox"]})
     ids = [r.id for r in config.expand(params)]
     assert len(set(ids)) == 6 and len(walks) == 3  # fedavg, fedprox, the partition: once each

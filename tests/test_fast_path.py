@@ -1,4 +1,4 @@
-"""The vmapped cohort path (cohort.py) against the sequential client loop (client.LocalSGD).
+"""The batched path (batched.py) against the sequential client loop (client.LocalSGD).
 
 Both start from the same Trainer state and draw the same batches, so every client's update, loss
 and step count must agree up to the summation order of batched kernels.
@@ -57,7 +57,7 @@ def test_cohort_updates_equal_sequential_updates(tmp_path, model):
     plain = _local(_trainer(tmp_path, model, sizes, mode="off"))
     fast_trainer = _trainer(tmp_path, model, sizes, mode="on")
     fast = _local(fast_trainer)
-    assert fast_trainer._cohort_sgd is not None, "the cohort path was not taken"
+    assert fast_trainer._batched is not None, "the batched path was not taken"
     assert torch.equal(plain.clients, fast.clients)
     assert torch.equal(plain.steps, fast.steps)
     assert plain.deltas.abs().max() > 1e-3  # the clients did move
@@ -94,15 +94,17 @@ def test_tolerance_catches_a_wrong_batch_order(tmp_path):
     assert (wrong.deltas - plain.deltas).abs().max() > 100 * ATOL
 
 
-def test_unequal_sizes_take_the_sequential_path(tmp_path):
+def test_unequal_sizes_train_together(tmp_path):
+    """Unequal client sizes (unequal step counts and last batches) no longer force the sequential path
+    (their equality with it: tests/test_batched.py)."""
     trainer = _trainer(tmp_path, "mlp", [40, 40, 41, 40], mode="on")
     cohort = engine.sample_cohort(1, 0, 4, 4)
-    assert not trainer.train_together(cohort, [2] * 4)
+    assert trainer.train_together(cohort, [2] * 4)
     _local(trainer)
-    assert trainer._cohort_sgd is None
+    assert trainer._batched is not None
 
 
-def test_client_corrections_take_the_sequential_path(tmp_path):
+def test_client_corrections_without_a_batched_form_take_the_sequential_path(tmp_path):
     class Proximal(GradientCorrection):
         def __call__(self, grad, run):
             grad.add_(run.model.flat - run.x_global, alpha=0.1)
@@ -112,10 +114,9 @@ def test_client_corrections_take_the_sequential_path(tmp_path):
     assert not trainer.train_together(np.arange(4), [2] * 4)
 
 
-def test_unequal_epochs_take_the_sequential_path(tmp_path):
+def test_unequal_epochs_train_together(tmp_path):
     trainer = _trainer(tmp_path, "mlp", [40] * 4, mode="on")
-    assert not trainer.train_together(np.arange(4), [2, 2, 3, 2])
-    assert trainer.train_together(np.arange(4), [2] * 4)
+    assert trainer.train_together(np.arange(4), [2, 2, 3, 2])
 
 
 def test_auto_mode_keeps_cpu_on_the_sequential_path(tmp_path):
@@ -128,8 +129,8 @@ def test_cohort_groups_larger_than_max_together(tmp_path):
     sizes = [24] * 5
     whole = _trainer(tmp_path, "mlp", sizes, k=5, mode="on")
     split = _trainer(tmp_path, "mlp", sizes, k=5, mode="on")
-    _local(split)  # builds the CohortSGD
-    split._cohort_sgd.max_together = 2
+    _local(split)  # builds the BatchedSGD
+    split._batched.max_together = 2
     split.model.flat.copy_(whole.model.flat)
     torch.testing.assert_close(_local(split).deltas, _local(whole).deltas, atol=ATOL, rtol=0)
 
@@ -142,9 +143,9 @@ def test_module_is_untouched_by_the_cohort_path(tmp_path):
     trainer.model.check_bound()
 
 
-def test_augmented_data_takes_the_sequential_path(tmp_path):
+def test_augmentation_it_cannot_draw_ahead_takes_the_sequential_path(tmp_path):
     trainer = _trainer(tmp_path, "mlp", [40] * 4, mode="on")
-    trainer.train = type("Augmented", (), {"augment": True})()
+    trainer.train = type("Augmented", (), {"augment": True, "batched_cohort": True})()
     assert not trainer.train_together(np.arange(4), [2] * 4)
 
 

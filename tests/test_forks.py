@@ -263,7 +263,8 @@ def test_ima_runs_fork_from_their_host_at_t_s_and_others_do_not():
           for r in runs}
     shared = forks.assign(runs)
     host = by[("fedavg", None)].id
-    assert shared == {by[("fedavg+ima", None)].id: forks.Fork(host, 15, 4),  # int(0.75 * 20), window 5
+    # an unset start_round resolves to the paper's int(0.75 * 20) before the run is named; window 5
+    assert shared == {by[("fedavg+ima", 15)].id: forks.Fork(host, 15, 4),
                       by[("fedavg+ima", 8)].id: forks.Fork(host, 8, 3)}
     assert forks.kept(shared) == {host: ([8, 15], 4)}
 

@@ -154,6 +154,13 @@ def test_cohort_path_matches_sequential_on_cuda():
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("method", gpucheck.method_names())
+def test_every_method_trains_batched_as_sequential_on_cuda(method):
+    gpucheck.check_batched_matches_sequential(method, "cuda")
+
+
+@pytest.mark.gpu
+@cuda
 def test_exact_resume_on_cuda():
     gpucheck.check_exact_resume("cuda")
 
@@ -180,6 +187,16 @@ def test_checks_hold_on_cpu():
     gpucheck.check_exact_resume("cpu")
     gpucheck.check_fork_child("cpu")
     gpucheck.check_eval_mode("cpu")
+
+
+def test_batched_check_holds_on_cpu():
+    """The device check of batched = sequential runs here first: a method with client state batches, and
+    one without a batched form says so instead of failing."""
+    scaffold = gpucheck.check_batched_matches_sequential("scaffold", "cpu")
+    assert scaffold["path"] == "batched" and scaffold["relative_gap"] < 1e-4
+    assert len(set(scaffold["steps"])) > 1  # unequal clients: masked steps
+    fedfa = gpucheck.check_batched_matches_sequential("fedfa", "cpu")
+    assert fedfa["path"] == "sequential" and any("FeatureAnchors" in why for why in fedfa["why"])
 
 
 @pytest.mark.slow

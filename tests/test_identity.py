@@ -1,5 +1,7 @@
 """A run's code hash covers the files its training imports, found by reading imports, not from lists."""
 import os
+import re
+import shutil
 import textwrap
 
 import pytest
@@ -34,7 +36,7 @@ def package(tmp_path, monkeypatch):
 
 
 def test_closure_follows_absolute_relative_and_lazy_imports(package):
-    assert identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedlaw", [])) == [
+    assert identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedlaw", []), identity.OUTSIDE_RUNS) == [
         "__init__.py", "algorithms/__init__.py", "algorithms/fedlaw.py", "algorithms/proxy.py", "data.py",
         "engine.py", "flat.py", "server.py", "vision.py"]
     # fedavg does not import the proxy module: editing it must not rerun FedAvg
@@ -43,46 +45,141 @@ def test_closure_follows_absolute_relative_and_lazy_imports(package):
 
 def test_an_added_import_is_seen_without_editing_any_list(package):
     entries = identity.RUN_ENTRY + identity.method_modules("fedavg", [])
-    before = identity.code_hash("fedavg", [])
+    before = identity.files_hash(identity.code_closure(entries))
     assert "registry.py" not in identity.code_closure(entries)
     method = package / "algorithms" / "fedavg.py"
     method.write_text(method.read_text() + "from fedrepro import registry\n")
     os.utime(method, ns=(1, 1))  # a new stamp even on file systems with coarse mtimes
     assert "registry.py" in identity.code_closure(entries)
-    assert identity.code_hash("fedavg", []) != before
+    assert identity.files_hash(identity.code_closure(entries)) != before
 
 
 def test_a_named_file_that_does_not_exist_is_an_error(package):
     with pytest.raises(FileNotFoundError, match="nosuchmethod"):
-        identity.code_hash("nosuchmethod", [])
+        identity.code_closure(identity.method_modules("nosuchmethod", []))
+
+
+def test_a_family_package_dispatch_is_not_followed(package):
+    """data/__init__.py imports every dataset family to look them up by name; a run follows only its own."""
+    (package / "data.py").unlink()
+    for name, text in {"data/__init__.py": "from fedrepro.data import fmnist, cifar\nfrom fedrepro.data.base import gather\n",
+                       "data/base.py": "", "data/fmnist.py": "from fedrepro.data.base import gather\n",
+                       "data/cifar.py": "import tarfile\n"}.items():
+        (package / name).parent.mkdir(exist_ok=True)
+        (package / name).write_text(text)
+    files = identity.code_closure(("data/__init__.py", "data/fmnist.py"))
+    assert {"data/__init__.py", "data/fmnist.py", "data/base.py"} <= set(files)
+    assert "data/cifar.py" not in files
+
+
+SETTINGS = [{"algorithm": "fedavg", "plugins": [], "dataset": "fmnist", "model": "mlp"},
+            {"algorithm": "fedlaw", "plugins": [], "dataset": "cifar10", "model": "resnet20"},
+            {"algorithm": "fedbe", "plugins": [], "dataset": "fmnist", "model": "lenet5"},
+            {"algorithm": "fednova", "plugins": ["ima", "aware"], "dataset": "synthetic_1_1", "model": "logreg"}]
 
 
 def test_the_real_runs_depend_on_training_code_only():
-    """Validation, reporting and tracking code may change without rerunning anything."""
-    for algorithm, plugins in [("fedavg", []), ("fedlaw", []), ("fedbe", []), ("fednova", ["ima", "aware"])]:
-        files = identity.code_closure(identity.RUN_ENTRY + identity.method_modules(algorithm, plugins))
-        assert {"engine.py", "client.py", "parts.py", f"algorithms/{algorithm}.py"} <= set(files)
-        assert not {"registry.py", "config.py", "report.py", "tracking.py", "cli.py", "plan.py"} & set(files)
-    assert {"algorithms/proxy.py", "algorithms/feddf.py"} <= set(
-        identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedbe", [])))
-    assert {"partition.py", "data/__init__.py", "data/fmnist.py"} <= set(identity.code_closure(identity.PARTITION_ENTRY))
+    """Validation, reporting, tracking and provenance code may change without rerunning anything."""
+    for setting in SETTINGS:
+        files = set(identity.run_code(setting))
+        assert {"engine.py", "client.py", "parts.py", f"algorithms/{setting['algorithm']}.py"} <= files
+        assert {f"data/{identity.DATASETS[setting['dataset']]['family']}.py",
+                f"models/{identity.MODELS[setting['model']]['family']}.py"} <= files
+        assert not {"registry.py", "config.py", "report.py", "tracking.py", "cli.py", "plan.py", "provenance.py",
+                    "identity.py", "partition.py", "verification.py", "evidence.py", "bench.py"} & files
+        others = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \
+            | {f"models/{m['family']}.py" for m in identity.MODELS.values()}
+        used = {*identity.family_modules(setting["dataset"], setting["model"])}
+        assert not (others - used) & files, "another dataset's or model's module is in the run's code"
+    assert {"algorithms/proxy.py", "algorithms/feddf.py"} <= set(identity.run_code(SETTINGS[2]))
+    assert {"partition.py", "data/__init__.py", "data/fmnist.py"} <= set(identity.partition_code("fmnist"))
+    assert "data/cifar.py" not in identity.partition_code("fmnist")
 
 
-def test_a_record_only_module_is_left_out_so_a_new_record_renames_no_run(package):
-    """Where a run came from (commit, versions, CPU) is recorded, not computed: editing it reruns nothing."""
-    before = identity.code_hash("fedavg", [])
-    assert "provenance.py" not in identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedavg", []))
-    provenance = package / "provenance.py"
-    provenance.write_text(provenance.read_text() + "CPU = 'recorded'\n")
-    os.utime(provenance, ns=(2, 2))
-    assert identity.code_hash("fedavg", []) == before
-    engine = package / "engine.py"  # while an edit of code that computes still renames the run
-    engine.write_text(engine.read_text() + "\n")
-    os.utime(engine, ns=(3, 3))
-    assert identity.code_hash("fedavg", []) != before
+def test_every_catalog_family_is_a_module_and_every_module_a_family():
+    """The catalog's families are the one list: each names a file, and each data/models member is named."""
+    named = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \
+        | {f"models/{m['family']}.py" for m in identity.MODELS.values()}
+    present = {str(p.relative_to(identity.PACKAGE)) for folder in ("data", "models")
+               for p in (identity.PACKAGE / folder).glob("*.py") if p.name not in ("__init__.py", "base.py", "domains.py")}
+    assert named == present
 
 
-@pytest.mark.parametrize("module", sorted(identity.RECORD_ONLY))
-def test_a_record_only_module_imports_no_code_that_computes(module):
+def test_the_catalog_family_is_the_module_that_serves_the_dataset_and_builds_the_model():
+    from fedrepro import data, models
+    for dataset, facts in identity.DATASETS.items():
+        assert data.family(dataset).__name__ == f"fedrepro.data.{facts['family']}", dataset
+    for model, facts in identity.MODELS.items():
+        if facts.get("pretrained"):
+            continue  # built by a lazy import (transformers); its family is named in the catalog by hand
+        # the classes and functions its builder calls (no model is built: some are large)
+        called = {getattr(models, name).__module__ for name in models.BUILDERS[model].__code__.co_names
+                  if callable(getattr(models, name, None)) and name[0] != "_"} - {"math", "builtins"}
+        assert called == {f"fedrepro.models.{facts['family']}"}, (model, called)
+
+
+@pytest.fixture
+def real_copy(tmp_path, monkeypatch):
+    """A copy of the package that a test may edit, hashed as the package itself."""
+    root = tmp_path / "fedrepro"
+    shutil.copytree(identity.PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(identity, "PACKAGE", root)
+    return root
+
+
+def _hashes(settings=SETTINGS) -> list[str]:
+    return [identity.code_hash(s["algorithm"], s["plugins"], s["dataset"], s["model"]) for s in settings]
+
+
+def _edit(path, change) -> None:
+    path.write_text(change(path.read_text()))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+def _reformatted(text: str) -> str:
+    """The same code with a comment before every return, a reworded docstring and more blank lines."""
+    text = re.sub(r"^( +)return ", r"\1# why\n\1return  ", text, flags=re.M)
+    return "# a comment\n" + text.replace('"""', '"""Reworded: ', 1).replace("\n\n", "\n\n\n") + "\n# trailing\n"
+
+
+def test_comments_docstrings_and_blank_lines_rename_no_run(real_copy):
+    before = _hashes()
+    for setting in SETTINGS:
+        for name in identity.run_code(setting):
+            _edit(real_copy / name, _reformatted)
+    assert _hashes() == before
+
+
+def test_an_edit_of_another_method_dataset_or_model_renames_no_run(real_copy):
+    fedavg = SETTINGS[0]
+    before = _hashes([fedavg])
+    for name in ("algorithms/fedprox.py", "data/cifar.py", "models/resnet.py", "provenance.py", "report.py"):
+        _edit(real_copy / name, lambda text: text + "\nCHANGED = 1\n")
+    assert _hashes([fedavg]) == before
+    _edit(real_copy / "models" / "mlp.py", lambda text: text + "\nCHANGED = 1\n")
+    assert _hashes([fedavg]) != before
+
+
+def test_an_arithmetic_edit_in_the_trainer_renames_every_run(real_copy):
+    before = _hashes()
+    _edit(real_copy / "engine.py", lambda text: text.replace("LAST_ROUNDS = 10", "LAST_ROUNDS = 11"))
+    assert all(a != b for a, b in zip(_hashes(), before))
+
+
+def test_a_partition_code_edit_renames_its_partitions_and_their_runs(real_copy):
+    from fedrepro import config
+    setting = config.resolve({"dataset": "fmnist", "model": "mlp"})
+    partition, run = identity.partition_id(setting), identity.run_id(setting)
+    _edit(real_copy / "partition.py", lambda text: text.replace("DIRICHLET_SECONDS = 10.0", "DIRICHLET_SECONDS = 11.0"))
+    assert identity.partition_id(setting) != partition and identity.run_id(setting) != run
+
+
+# What a module outside the run hash may import: other such modules and plain data (no code that computes).
+PLAIN = {"__init__.py", "catalog.py", "errors.py"}
+
+
+@pytest.mark.parametrize("module", sorted(identity.OUTSIDE_RUNS - {"partition.py"}))
+def test_a_module_outside_the_run_hash_imports_no_code_that_computes(module):
     """Leaving a module out of the hash is safe only while it cannot bring code that computes with it."""
-    assert identity._imports(module, *identity._stamp(module)) <= {"__init__.py"}
+    assert identity._imports(module, *identity._stamp(module)) <= PLAIN | identity.OUTSIDE_RUNS

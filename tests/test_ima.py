@@ -69,7 +69,9 @@ def test_exponential_decay_is_the_reference_codes():
 
 def test_default_start_is_three_quarters_of_the_rounds():
     s = setting()
-    assert s["ima"]["start_round"] is None and ima.start_round(s) == 75
+    # resolved before the run is named: an unset start and an explicit 0.75 R are one run
+    assert s["ima"]["start_round"] == 75 and ima.start_round(s) == 75
+    assert config.resolve({**s, "ima": {**s["ima"], "start_round": None}}) == s
 
 
 def test_other_decay_schemes():

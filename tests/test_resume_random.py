@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedrepro import config, engine
-from fedrepro.cohort import random_layers
+from fedrepro.batched import dropout_layers
 from fedrepro.data.cifar import ImageDataset
 from fedrepro.models import vgg
 
@@ -70,7 +70,7 @@ def test_a_resumed_run_with_global_randomness_equals_the_uninterrupted_one(case,
     model, build, augment = CASES[case]
     reference = _trainer(tmp_path / "ref", model, build(monkeypatch), augment)
     # the case draws from the global generator in training: dropout layers, or augmented batches
-    assert bool(random_layers(reference.model.module)) != augment and reference.train.augment == augment
+    assert bool(dropout_layers(reference.model.module)) != augment and reference.train.augment == augment
     reference.run(checkpoint_every=0, progress=False)
     stopped = _trainer(tmp_path / "run", model, build(monkeypatch), augment)
     assert stopped.run(checkpoint_every=0, progress=False, stop_after=STOP)["status"] == "stopped"

@@ -2,8 +2,8 @@
 of the pure compute, measured in one process on the same partition, model and cohorts.
 
 (a) engine     ``engine.Trainer.round``: data on the device as one uint8 tensor, batches by index,
-               one flat parameter buffer reused for every client (and, where it applies and pays,
-               the whole cohort trained at once, ``cohort.py``).
+               one flat parameter buffer reused for every client (and, where it pays, the round's
+               clients trained together as one batched computation, ``batched.py``).
 (b) reference  the loop the papers' public code runs: a torchvision dataset on the CPU returning
                PIL-converted samples, a ``DataLoader`` per client, ``copy.deepcopy`` of the global
                model per client, ``torch.optim.SGD``, and averaging of ``state_dict``s.
@@ -32,42 +32,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro import data, engine, models, partition
+from fedrepro.bench_settings import SETTINGS, BenchSetting  # noqa: F401 (re-export)
 from fedrepro.provenance import machine
 
 GOALS = {"cpu": {"reference_over_engine": 4.0, "engine_over_floor": 1.15},
          "cuda": {"reference_over_engine": 10.0, "engine_over_floor": 1.2}}
 
-
-@dataclass(frozen=True)
-class BenchSetting:
-    name: str
-    paper: str
-    dataset: str          # fmnist (real when present, else generated) or cifar10 (generated)
-    model: str
-    num_clients: int
-    per_round: int
-    epochs: int
-    batch_size: int
-    partition: str        # dirichlet (unequal sizes: sequential path) or shards/iid (equal sizes)
-    lr: float = 0.01
-
-    def quick(self) -> "BenchSetting":
-        """A CI-size version: a tenth of the clients, at least two per round."""
-        clients = max(4, self.num_clients // 10)
-        return BenchSetting(self.name, self.paper, self.dataset, self.model, clients,
-                            max(2, min(clients, self.per_round // 5)), 1, self.batch_size, self.partition, self.lr)
-
-    @property
-    def step_key(self) -> str:
-        """How ``fedrepro plan`` looks a step cost up: ``<dataset>/<model>:<batch size>``."""
-        return f"{self.dataset}/{self.model}:{self.batch_size}"
-
-
-SETTINGS = {
-    "fmnist_mlp": BenchSetting("fmnist_mlp", "FedLAW", "fmnist", "mlp", 20, 20, 3, 64, "dirichlet"),
-    "fmnist_cnn": BenchSetting("fmnist_cnn", "IMA", "fmnist", "cnn", 100, 10, 5, 50, "shards"),
-    "cifar_cnn": BenchSetting("cifar_cnn", "FedAWARE", "cifar10", "cnn", 100, 10, 3, 64, "iid"),
-}
 
 SHAPES = {"fmnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 TRAIN_SIZE = {"fmnist": 60000, "cifar10": 50000}
@@ -260,18 +230,17 @@ def bench_one(bench: BenchSetting, device_name: str, rounds: int, repeats: int, 
     torch.manual_seed(1)
     module = build_module(bench)
     seed = 1
-    equal = len({len(p) for p in parts}) == 1
 
     with tempfile.TemporaryDirectory(prefix="fedrepro-bench-") as run_dir:
         trainer = engine.Trainer(engine_setting(bench, device_name), run_dir, None, None,
                                  datasets=(data.TensorDataset(images, labels, 0.0, 1.0), test),
                                  parts=parts, module=copy.deepcopy(module))
-        # Where the cohort path applies both paths are timed, to show what it buys; (a) is the one
-        # the engine picks by itself ("auto").
+        # Both paths are timed (the batched one whatever the client sizes), to show what it buys; (a) is
+        # the one the engine picks by itself ("auto").
         trainer.cohort_mode = "auto"
         chosen = "cohort" if trainer.train_together(np.arange(bench.per_round), [bench.epochs] * bench.per_round) \
             else "sequential"
-        modes = {"sequential": "off", **({"cohort": "on"} if equal and bench.per_round > 1 else {})}
+        modes = {"sequential": "off", **({"cohort": "on"} if bench.per_round > 1 else {})}
         reference = ReferenceLoop(module, reference_dataset(bench, images, labels, origin, data_root), parts,
                                   bench, device, seed)
         floor = ComputeFloor(module, images, labels, bench, parts, device, seed)

@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -143,6 +144,7 @@ def cmd_train(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     setting = resolve(args.setting)
+    _check_run_folder(setting, args.out)
     if args.device:
         setting["device"] = args.device
     if setting["device"] != "cpu":  # several GPUs here: this job takes its own (fedrepro.slots)
@@ -161,6 +163,20 @@ def cmd_train(args) -> None:
                            keep_forks=args.keep_forks, history=args.fork_history, fork_from=args.fork_from,
                            accepts=lambda parent, rounds: forks.shares_prefix(setting, parent, rounds))
     print(json.dumps({k: summary.get(k) for k in ("run", "status", "final_acc", "best_acc", "runtime_s")}))
+
+
+RUN_FOLDER = re.compile(r".+-s-?\d+-[0-9a-f]{10}")
+
+
+def _check_run_folder(setting: dict, out: str) -> None:
+    """A run folder named by a run id holds the run of that id: a setting that now hashes to another id (the
+    code changed since the grid was expanded) must not train into it."""
+    from fedrepro.errors import SetupError
+    from fedrepro.identity import run_id
+    name = Path(out).name
+    if RUN_FOLDER.fullmatch(name) and run_id(setting) != name:
+        raise SetupError(f"--out {out}: the setting hashes to run id {run_id(setting)}, not to the folder's name; "
+                         f"the code or the setting changed since the grid was expanded: expand it again (snakemake -n)")
 
 
 def cmd_fork(args) -> None:
@@ -576,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="results/runs", help="the run folders")
     p.set_defaults(func=cmd_index)
 
-    from fedrepro.bench import SETTINGS as BENCH_SETTINGS
+    from fedrepro.bench_settings import SETTINGS as BENCH_SETTINGS
     p = sub.add_parser("collect", help="per experiment and variant: summary metrics (JSON) and mean curves (CSV) "
                        "for dvc metrics/plots")
     p.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fedrepro import streams
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
-from fedrepro.parts import ClientObjective, ClientRun, GradientCorrection
+from fedrepro.parts import ClientObjective, ClientRun, GradientCorrection, lr_schedule  # noqa: F401 (re-export)
 
 
 def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
@@ -34,18 +34,6 @@ def holdout_split(part: np.ndarray, fraction: float, seed: int, client: int) -> 
     order = np.asarray(part)[rng.permutation(len(part))]
     held = int(fraction * len(part))
     return order[held:], order[:held]
-
-
-def lr_schedule(setting: dict):
-    """The client lr of round t without plug-ins: lr * lr_decay^t, times lr_milestone_factor for every
-    fraction in lr_milestones that t has passed (FedNova: /10 at 50% and 75% of the rounds)."""
-    c, rounds = setting["client"], setting["rounds"]
-
-    def schedule(t: int) -> float:
-        passed = sum(t >= m * rounds for m in c.get("lr_milestones", ()))
-        return c["lr"] * c["lr_decay"] ** t * c.get("lr_milestone_factor", 0.1) ** passed
-
-    return schedule
 
 
 def num_steps(n_samples: int, epochs: int, batch_size: int) -> int:

@@ -25,12 +25,14 @@ import torch
 
 from fedrepro import algorithms, checkpoint, data, identity, metrics, models, partition, streams
 from fedrepro.client import LocalSGD, client_generator, holdout_split, lr_schedule as client_lr_schedule
-from fedrepro.cohort import CohortSGD, equal_steps, random_layers
+from fedrepro import batched
 # scoring lives below the engine, where the methods that score models use it too
 from fedrepro.evaluation import (eval_mode, evaluate, global_train_loss, proxy_indices, score, split_test,  # noqa: F401
                                  validation_set, validation_split)
-from fedrepro.identity import cohort_size, partition_id, partition_setting, stable_hash
+from fedrepro.catalog import cohort_size
+from fedrepro.identity import partition_id, partition_setting, stable_hash
 from fedrepro.flat import FlatModel
+from fedrepro.functional import FunctionalModel
 from fedrepro.parts import ClientRun, RoundUpdates
 from fedrepro.provenance import device_line, run_provenance
 from fedrepro.rundir import RunDir
@@ -201,10 +203,9 @@ class Trainer:
         # client.keep_momentum: every client's SGD momentum buffer lives across rounds (clients x P floats)
         self.client_momentum = (torch.zeros(setting["num_clients"], self.model.numel, device=self.device)
                                 if setting["client"].get("keep_momentum") else None)
-        # "auto": train equal-step cohorts together (cohort.py) where it pays; "on"/"off" force it
+        # "auto": train a round's clients together (batched.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"
-        self._cohort_sgd = None
-        self.random_layers = random_layers(self.model.module)  # dropout keeps clients sequential (cohort.py)
+        self._batched = None
         self.k = cohort_size(setting)
         self.rows: list[dict] = []
         self.cosines: dict[str, np.ndarray] = {}
@@ -241,8 +242,8 @@ class Trainer:
         client_epochs = [epochs(t, int(c)) if epochs else s["local_epochs"] for c in cohort]
         batch = getattr(self.algorithm, "batch_size", None)  # +random_batch
         client_batches = [batch(t, int(c), len(self.client_index[c])) if batch else s["batch_size"] for c in cohort]
-        if batch is None and self.train_together(cohort, client_epochs):
-            return self._cohort_training(t, cohort, x, lr, client_epochs[0])
+        if self.train_together(cohort, client_epochs):
+            return batched.train_round(self, t, cohort, x, lr, client_epochs, client_batches)
         # BatchNorm running statistics: every client starts from the global ones; the weighted mean of
         # its final ones (data-size weights, as the official FedAvg codes) is the next global statistics
         global_buffers = self.model.buffers.clone()
@@ -275,31 +276,12 @@ class Trainer:
         return client_generator(self.setting["seed"], t, client)
 
     def train_together(self, cohort: np.ndarray, client_epochs: list[int]) -> bool:
-        """The vmapped cohort path applies when every client runs the same steps, the method
-        changes no client's gradient and the model has no dropout; "auto" takes it on CUDA, where it
-        measurably pays."""
+        """The batched path (batched.py) takes the round unless the model, data or method has no batched
+        form; "auto" takes it on CUDA, where it measurably pays."""
         if self.cohort_mode == "off" or (self.cohort_mode == "auto" and self.device.type != "cuda"):
             return False
-        # on-device augmentation draws from the global RNG client after client; a batched draw
-        # would give other crops, so augmented data stays on the sequential path
-        # kept momentum buffers and BatchNorm running statistics are per-client state the vmapped
-        # path does not carry (a vmapped BatchNorm cannot update one module's buffers per client)
-        return (len(cohort) > 1 and self.client_momentum is None and not len(self.model.buffers)
-                and not self.algorithm.corrections and self.algorithm.objective is None
-                and not self.train.augment and self.train.batched_cohort
-                and not self.random_layers
-                and equal_steps([self.client_index[c] for c in cohort], client_epochs))
-
-    def _cohort_training(self, t: int, cohort: np.ndarray, x: torch.Tensor, lr: float, epochs: int) -> RoundUpdates:
-        s = self.setting
-        if self._cohort_sgd is None:
-            self._cohort_sgd = CohortSGD(self.model.module, self.local)
-        finals, steps, losses = self._cohort_sgd.train(
-            self.train, [self.client_index[c] for c in cohort], x, lr, epochs, s["batch_size"],
-            [self.shuffle_generator(t, int(c)) for c in cohort])
-        clients = torch.as_tensor(cohort, device=self.device)
-        steps_per_client = torch.full((len(cohort),), float(steps), device=self.device)
-        return RoundUpdates(t, clients, x - finals, self.client_sizes[clients], steps_per_client, losses, lr)
+        return len(cohort) > 1 and not batched.unsupported(self.model.module, self.train, self.algorithm.corrections,
+                                                           self.algorithm.objective)
 
     def round(self, t: int) -> dict:
         s = self.setting
@@ -379,8 +361,6 @@ class Trainer:
         import torch.nn.functional as F
 
         from fedrepro import hessian
-        from fedrepro.algorithms.proxy import FunctionalModel
-        from fedrepro.evaluation import eval_mode
         cfg = self.setting["hessian"]
         g = torch.Generator().manual_seed(self.setting["seed"])
         index = torch.randperm(len(self.train), generator=g)[:cfg["samples"]].to(self.device)
@@ -566,7 +546,8 @@ class Trainer:
         summary = {
             "run": self.paths.root.name, "status": status, "setting": self.setting,
             "setting_hash": stable_hash(self.setting), "partition": partition_id(self.setting),
-            "code_hash": identity.code_hash(self.setting["algorithm"], self.setting["plugins"]),
+            "code_hash": identity.code_hash(self.setting["algorithm"], self.setting["plugins"], self.setting["dataset"],
+                                            self.setting["model"]),
             "partition_hash": self.partition_hash,
             "final_acc": float(acc.tail(LAST_ROUNDS).mean()) if status == "finished" else float("nan"),
             "best_acc": float(acc.max()) if len(acc) else float("nan"),

@@ -44,7 +44,7 @@ def late_plugins(setting: dict) -> dict[str, tuple[int, int]]:
 def prefix_parents(setting: dict) -> list[tuple[dict, int, int]]:
     """The settings whose runs share this run's first rounds: (setting, rounds shared, models needed),
     the longest prefix first. Removing a plug-in also removes the sections only it reads (config.prune)."""
-    from fedrepro import config
+    from fedrepro import settings as config
 
     late, found = late_plugins(setting), []
     for size in range(1, len(late) + 1):

@@ -127,6 +127,59 @@ def check_cohort_matches_sequential(device: str) -> float:
     return gap
 
 
+# unequal client sizes (as a Dir(0.1) split gives): unequal step counts and last batches of 25, 10, 15, 25
+UNEQUAL_SIZES = (150, 35, 140, 75)
+
+
+def _unequal_parts(n_train: int) -> list[np.ndarray]:
+    order = np.random.default_rng(1).permutation(n_train)
+    bounds = np.cumsum((0, *UNEQUAL_SIZES))
+    return [order[bounds[i]:bounds[i + 1]] for i in range(len(UNEQUAL_SIZES))]
+
+
+def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) -> dict:
+    """One method (or FedAvg with one plug-in) on unequal clients, every client each round: the first
+    rounds one client after another in two trainers (so the method's state, c_i, l_i, momenta, anchors,
+    is not trivial), then the last round's local training batched (batched.py) in one and sequential in the
+    other, from the same state: the same client updates up to float rounding. Returns the path taken and
+    the largest difference of the updates relative to the largest update; a method without a batched form
+    reports the sequential path and why."""
+    from fedrepro import batched
+    algorithm, *plugins = method.split("+")
+    setting = {**BASE, "num_clients": len(UNEQUAL_SIZES), "participation": 1.0, "rounds": rounds,
+               "batch_size": 25, "algorithm": algorithm, "plugins": plugins, **METHOD_EXTRAS.get(method, {})}
+    datasets = tiny_fmnist()
+    last = rounds - 1
+    updates = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        for mode in ("off", "on"):
+            resolved = config.resolve({**setting, "device": device})
+            trainer = engine.Trainer(resolved, f"{run_dir}/{mode}", None, None, datasets=datasets,
+                                     parts=_unequal_parts(len(datasets[0])))
+            trainer.cohort_mode = "off"
+            torch.manual_seed(0)
+            for t in range(last):
+                trainer.round(t)
+            trainer.cohort_mode = mode
+            x = trainer.model.flat.clone()
+            cohort = engine.sample_cohort(resolved["seed"], last, resolved["num_clients"], trainer.k)
+            updates[mode] = trainer.local_training(last, cohort, x, trainer.client_lr(last))
+        why = batched.unsupported(trainer.model.module, trainer.train, trainer.algorithm.corrections,
+                                  trainer.algorithm.objective)
+    if why:
+        assert trainer._batched is None, f"{method} on {device}: batched although {why}"
+        return {"path": "sequential", "why": why}
+    assert trainer._batched is not None, f"{method} on {device}: the batched path was not taken"
+    off, on = updates["off"], updates["on"]
+    assert torch.equal(off.steps, on.steps), f"{method} on {device}: step counts {on.steps} != {off.steps}"
+    moved = float(off.deltas.abs().max())
+    gap = float((on.deltas - off.deltas).abs().max()) / moved
+    # float rounding of batched kernels is ~1e-6 of the update here; a wrong term, batch or step count
+    # moves an update by a sizeable fraction of it
+    assert moved > 0 and gap < 1e-4, f"{method} on {device}: batched and sequential updates differ by {gap:.2e} (relative)"
+    return {"path": "batched", "relative_gap": gap, "steps": off.steps.tolist()}
+
+
 def _final_model(run_dir) -> torch.Tensor:
     return torch.load(RunDir(run_dir).model, weights_only=False)["x"]
 
@@ -190,6 +243,8 @@ def run_checks(device: str, log=print) -> dict:
     checks = {"models": lambda: check_models(device),
               **{f"method:{m}": (lambda m=m: check_method(m, device)) for m in method_names()},
               "cohort_vs_sequential": lambda: check_cohort_matches_sequential(device),
+              **{f"batched_vs_sequential:{m}": (lambda m=m: check_batched_matches_sequential(m, device))
+                 for m in method_names()},
               "exact_resume": lambda: check_exact_resume(device), "fork_child": lambda: check_fork_child(device),
               "eval_mode": lambda: check_eval_mode(device)}
     results = {}

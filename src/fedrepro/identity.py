@@ -4,12 +4,19 @@ Light by design (the standard library only): the Snakefile names thousands of ru
 starts. The code a run depends on is read from the imports of the files that run it, not from a
 hand-kept list that goes stale when someone adds an import:
 
-    run        engine.py + the method's module + each plug-in's module, and what they import
-    partition  partition.py + data/__init__.py (the labels it splits), and what they import
+    run        engine.py + the method's and plug-ins' modules + the run's dataset and model families,
+               and what they import; the partition's code enters through the partition id
+    partition  partition.py + data/__init__.py (the labels it splits) + the dataset's family, and what
+               they import
 
-Imports are followed inside the package only, including those inside functions; a module loaded by
-name (``importlib.import_module``) is not followed, which is why the method's module is named here.
-A record-only module (``RECORD_ONLY``) is left out: it says where a run came from, never what it computes.
+A family package (data/, models/, algorithms/) dispatches to its members by name, so its ``__init__``
+imports every member; those imports are not followed. A run covers the members it uses (named above)
+and what they import, so editing another method's, dataset's or model's module renames no run.
+
+Code is hashed as its syntax tree without docstrings (``normalised``): comments, docstrings, blank lines
+and formatting do not rename runs; a changed expression does. Modules that name, record or lay out files
+(``OUTSIDE_RUNS``) are left out: they say where a run came from and where its files lie, never what it
+computes (a test holds them to importing nothing that computes).
 """
 from __future__ import annotations
 
@@ -17,26 +24,25 @@ import ast
 import functools
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any
+
+from fedrepro.catalog import DATASETS, MODELS
 
 PACKAGE = Path(__file__).resolve().parent
 RUN_ENTRY = ("engine.py",)
 PARTITION_ENTRY = ("partition.py", "data/__init__.py")
-# What a run's summary records about its origin (commit, versions, machine) may grow a field without renaming
-# and retraining every run. Such a module imports nothing of the package but its __init__ (a test holds it
-# to that), so leaving it out cannot leave out code that computes.
-RECORD_ONLY = frozenset({"provenance.py"})
+FAMILY_PACKAGES = ("data", "models", "algorithms")
+# Naming (this module), provenance, record files and the run folder's layout: what a summary records about its
+# origin may grow a field, and a helper may move, without renaming and retraining every run. partition.py is
+# in every run through the partition id, which hashes it with the partition's own closure.
+OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partition.py"})
+RECORD_ONLY = OUTSIDE_RUNS  # the name earlier code and tests use
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:length]
-
-
-def cohort_size(setting: dict) -> int:
-    return math.floor(setting["participation"] * setting["num_clients"] + 1e-9)
 
 
 # --------------------------------------------------------------------------- the code a run depends on
@@ -93,18 +99,27 @@ def _stamp(name: str) -> tuple[int, int]:
     return stat.st_mtime_ns, stat.st_size
 
 
-def code_closure(entries: tuple[str, ...]) -> list[str]:
-    """The package files that ``entries`` (paths relative to the package) run, their imports included."""
+def _dispatched(importer: str, imported: str) -> bool:
+    """A family package's ``__init__`` importing one of its members: a dispatch table, not code every run runs."""
+    package = Path(importer).parent
+    return (str(package) in FAMILY_PACKAGES and Path(importer).name == "__init__.py"
+            and Path(imported).parent == package and Path(imported).name != "__init__.py")
+
+
+def code_closure(entries: tuple[str, ...], outside: frozenset[str] = frozenset()) -> list[str]:
+    """The package files that ``entries`` (paths relative to the package) run, their imports included;
+    ``outside`` files are neither included nor followed (an entry is always included)."""
     seen: set[str] = set()
     todo = [e for entry in entries for e in (entry, *_package_inits(entry))]
+    named = set(todo)
     while todo:
         name = todo.pop()
-        if name in seen or name in RECORD_ONLY:
+        if name in seen or (name in outside and name not in named):
             continue
         if not (PACKAGE / name).is_file():
             raise FileNotFoundError(f"{PACKAGE / name}: named as code a run depends on, but there is no such file")
         seen.add(name)
-        todo.extend(_imports(name, *_stamp(name)) - seen)
+        todo.extend(i for i in _imports(name, *_stamp(name)) - seen if not _dispatched(name, i))
     return sorted(seen)
 
 
@@ -116,23 +131,60 @@ def files_hash(names: list[str]) -> str:
 def _files_hash(names: tuple, stamps: tuple) -> str:
     # cached on (name, mtime, size): expanding a grid of a thousand runs reads each file once
     digest = hashlib.sha256()
-    for name in names:
+    for name, stamp in zip(names, stamps):
         digest.update(name.encode())
-        digest.update((PACKAGE / name).read_bytes())
+        digest.update(_normalised(name, *stamp).encode())
     return digest.hexdigest()[:12]
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+@functools.lru_cache(maxsize=1024)
+def _normalised(name: str, mtime_ns: int, size: int) -> str:
+    """The file's syntax tree without docstrings, positions, comments or formatting."""
+    tree = ast.parse((PACKAGE / name).read_text(), filename=name)
+    return ast.dump(_without_docstrings(tree), annotate_fields=False, include_attributes=False)
+
+
+def normalised(name: str) -> str:
+    return _normalised(name, *_stamp(name))
 
 
 def method_modules(algorithm: str, plugins: list[str]) -> tuple[str, ...]:
     return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins])
 
 
-def code_hash(algorithm: str, plugins: list[str]) -> str:
-    """Hash of every package file a run of this method (with these plug-ins) executes."""
-    return files_hash(code_closure(RUN_ENTRY + method_modules(algorithm, plugins)))
+def family_modules(dataset: str, model: str | None = None) -> tuple[str, ...]:
+    """The members of the data and model packages a run of ``dataset`` (and ``model``) uses."""
+    return (f"data/{DATASETS[dataset]['family']}.py",) + ((f"models/{MODELS[model]['family']}.py",) if model else ())
 
 
-def partition_code_hash() -> str:
-    return files_hash(code_closure(PARTITION_ENTRY))
+def run_code(setting: dict) -> list[str]:
+    """The package files a run of this setting can execute (partition.py: through its partition id)."""
+    entries = RUN_ENTRY + method_modules(setting["algorithm"], setting["plugins"]) \
+        + family_modules(setting["dataset"], setting["model"])
+    return code_closure(entries, OUTSIDE_RUNS)
+
+
+def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str) -> str:
+    """Hash of every package file a run of this method (with these plug-ins, data and model) executes."""
+    return files_hash(run_code({"algorithm": algorithm, "plugins": plugins, "dataset": dataset, "model": model}))
+
+
+def partition_code(dataset: str) -> list[str]:
+    return code_closure(PARTITION_ENTRY + family_modules(dataset), OUTSIDE_RUNS - {"partition.py"})
+
+
+def partition_code_hash(dataset: str) -> str:
+    return files_hash(partition_code(dataset))
 
 
 # --------------------------------------------------------------------------- names
@@ -171,7 +223,7 @@ def identity_setting(setting: dict) -> dict:
 
 def partition_id(setting: dict) -> str:
     part = setting["partition"]
-    key = {**without_path(partition_setting(setting)), "code": partition_code_hash()}
+    key = {**without_path(partition_setting(setting)), "code": partition_code_hash(setting["dataset"])}
     desc = {"file": f"file{part.get('sha256', '')[:8]}", "iid": "iid", "dirichlet": f"dir{_fmt(part.get('alpha', 0))}",
             "inner_dirichlet": f"idir{_fmt(part.get('alpha', 0))}",
             "hybrid": f"hyb{_fmt(part.get('alpha_balanced', 0))}-{_fmt(part.get('alpha', 0))}",
@@ -191,6 +243,9 @@ def run_id(setting: dict) -> str:
     skips jobs downstream of an in-place rerun whose inputs are all ``ancient``, and the inputs must
     be ``ancient`` so that files restored by ``dvc pull`` with new mtimes rerun nothing.)"""
     algo = "+".join([setting["algorithm"], *setting["plugins"]])
-    desc = partition_id(setting).rsplit("-", 2)[0]
-    identity = {"setting": identity_setting(setting), "code": code_hash(setting["algorithm"], setting["plugins"])}
+    partition = partition_id(setting)
+    desc = partition.rsplit("-", 2)[0]
+    # the partition's id holds its code's hash: a changed split renames the runs that train on it
+    identity = {"setting": identity_setting(setting), "partition": partition,
+                "code": code_hash(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"])}
     return f"{algo}-{desc}-{setting['model']}-s{setting['seed']}-{stable_hash(identity)}"

@@ -180,3 +180,15 @@ class Algorithm:
     def load_state_dict(self, state: dict) -> None:
         for name, part in self.parts().items():
             part.load_state_dict(state.get(name, {}))
+
+
+def lr_schedule(setting: dict):
+    """The client lr of round t without plug-ins: lr * lr_decay^t, times lr_milestone_factor for every
+    fraction in lr_milestones that t has passed (FedNova: /10 at 50% and 75% of the rounds)."""
+    c, rounds = setting["client"], setting["rounds"]
+
+    def schedule(t: int) -> float:
+        passed = sum(t >= m * rounds for m in c.get("lr_milestones", ()))
+        return c["lr"] * c["lr_decay"] ** t * c.get("lr_milestone_factor", 0.1) ** passed
+
+    return schedule

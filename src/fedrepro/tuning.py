@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrepro import conditions, config, registry
+from fedrepro import conditions, registry, settings as config
 from fedrepro.errors import FedreproError
-from fedrepro.config import ConfigError, Run, deep_merge, grid_points, resolve, split_algorithm
+from fedrepro.settings import ConfigError, Run, deep_merge, grid_points, resolve, split_algorithm
 from fedrepro.identity import partition_id, run_id, stable_hash
 
 

@@ -27,6 +27,8 @@ def default_rho_eta(model: str) -> tuple[float, float]:
 
 
 class AdaptiveSharpness(ClientObjective):
+    forwards_per_step = 2  # two forward passes a step: a dropout model draws two masks (batched.py)
+
     def __init__(self, rho: float, eta: float):
         self.rho, self.eta = rho, eta
         self.weight_mask: torch.Tensor | None = None  # True on entries of "weight" parameters
@@ -47,6 +49,19 @@ class AdaptiveSharpness(ClientObjective):
         eps = scale * scaled * (self.rho / (scaled.norm() + 1e-16))  # 1e-16: a zero gradient gives eps = 0
         w.add_(eps)
         model.loss_and_grad(F.cross_entropy, inputs, labels)
+        w.sub_(eps)
+        return loss
+
+    def batched(self, view, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The same two passes for the (k, P) rows of clients training together (batched.py): each row's
+        ascent scaled by its own ||T_w g||."""
+        loss = view.loss_and_grad(inputs, labels)
+        w = view.x
+        scale = torch.where(self.weight_mask, w.abs() + self.eta, torch.ones_like(w))
+        scaled = scale * view.grad
+        eps = scale * scaled * (self.rho / (scaled.norm(dim=1, keepdim=True) + 1e-16))
+        w.add_(eps)
+        view.loss_and_grad(inputs, labels)
         w.sub_(eps)
         return loss
 

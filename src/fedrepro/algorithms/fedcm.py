@@ -26,6 +26,10 @@ class ClientMomentum(GradientCorrection):
     def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
         grad.mul_(self.alpha).add_(self.global_gradient, alpha=1 - self.alpha)
 
+    def batched(self, grad: torch.Tensor, view) -> None:
+        """Every row mixes with the same G_{t-1} (batched.py)."""
+        grad.mul_(self.alpha).add_(self.global_gradient, alpha=1 - self.alpha)
+
     def end_round(self, updates: RoundUpdates) -> None:
         scale = updates.weights / (updates.lr * updates.steps)
         self.global_gradient = scale @ updates.deltas

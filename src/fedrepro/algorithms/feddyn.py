@@ -35,6 +35,16 @@ class DynamicRegulariser(GradientCorrection):
         else:  # gradient of alpha/2 ||x - x_global||; zero at x = x_global (no sync: stays on the device)
             grad.add_(offset * (self.alpha / 2 / offset.norm().clamp_min(1e-30)))
 
+    def batched(self, grad: torch.Tensor, view) -> None:
+        """The same term for the (k, P) rows of clients training together (batched.py): each row's own
+        l_i and, in the norm form, its own ||x - x_global||."""
+        grad.sub_(self.grad_state[view.clients])
+        offset = view.x - view.x_global
+        if self.squared:
+            grad.add_(offset, alpha=self.alpha)
+        else:
+            grad.add_(offset * (self.alpha / 2 / offset.norm(dim=1, keepdim=True).clamp_min(1e-30)))
+
     def end(self, run: ClientRun) -> None:
         self.grad_state[run.client] += self.alpha * (run.x_global - run.model.flat)
 

@@ -100,6 +100,19 @@ class CrossClientVR(GradientCorrection):
         norm = a_norm(run.steps, run.lr, self.rho, self.mu)
         self.d_clients[run.client] = (run.x_global - run.model.flat) / (run.lr * norm) - self.current
 
+    # clients trained together (batched.py): c_i of every client of the group at once, row by row
+    def batched_begin(self, cohort) -> None:
+        self.currents = self.d_mean - self.d_clients[cohort.clients]
+
+    def batched(self, grad: torch.Tensor, view) -> None:
+        grad.add_(view.take(self.currents))
+
+    def batched_end(self, cohort) -> None:
+        for j, client in enumerate(cohort.clients.tolist()):
+            norm = a_norm(cohort.steps[j], cohort.lr, self.rho, self.mu)
+            self.d_clients[client] = (cohort.x_global - cohort.x[j]) / (cohort.lr * norm) - self.currents[j]
+        self.currents = None
+
     def end_round(self, updates: RoundUpdates) -> None:
         if len(updates.clients) != self.num_clients:
             raise RuntimeError(f"fednova.vr needs every client in every round (participation = 1); round "

@@ -16,6 +16,10 @@ class ProximalTerm(GradientCorrection):
     def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
         grad.add_(run.model.flat - run.x_global, alpha=self.mu)
 
+    def batched(self, grad: torch.Tensor, view) -> None:
+        """The same term for the (k, P) rows of clients training together (batched.py)."""
+        grad.add_(view.x - view.x_global, alpha=self.mu)
+
 
 def build(setting, ctx) -> Algorithm:
     mean = UniformMean() if setting["fedprox"].get("mean", "data_size") == "uniform" else WeightedMean()

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from fedrepro.client import lr_schedule as client_lr_schedule
-from fedrepro.parts import Algorithm, PostStep, RoundUpdates
+from fedrepro.parts import Algorithm, PostStep, RoundUpdates, lr_schedule as client_lr_schedule
 from fedrepro.catalog import ima_start_round as start_round
 
 

@@ -25,6 +25,11 @@ class ControlVariates(GradientCorrection):
     def __call__(self, grad: torch.Tensor, run: ClientRun) -> None:
         grad.sub_(self.c_clients[run.client]).add_(self.c)
 
+    def batched(self, grad: torch.Tensor, view) -> None:
+        """The same correction for the (k, P) rows of clients training together (batched.py); ``end`` runs
+        client by client there too, and c moves only in end_round."""
+        grad.sub_(self.c_clients[view.clients]).add_(self.c)
+
     def end(self, run: ClientRun) -> None:
         old = self.c_clients[run.client]
         new = old - self.c + (run.x_global - run.model.flat) / (run.steps * run.lr)

@@ -144,9 +144,23 @@ class ImageDataset:
         x = self.images[index]
         if self.augment:
             x = random_crop_flip(x, self.pad)
+        return self._normalised(x), self.labels[index]
+
+    def _normalised(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.float32).div_(255.0)
-        x = x.sub_(self.mean.view(1, -1, 1, 1)).div_(self.std.view(1, -1, 1, 1))
-        return x, self.labels[index]
+        return x.sub_(self.mean.view(-1, 1, 1)).div_(self.std.view(-1, 1, 1))
+
+    def augment_draws(self, n: int) -> tuple[torch.Tensor, ...]:
+        """The random numbers ``batch`` draws for a batch of n, drawn now (the batched path draws each
+        client's ahead, in the order the clients trained one after another would draw them)."""
+        return crop_flip_draws(n, self.pad, self.images.device)
+
+    def batch_drawn(self, index: torch.Tensor, draws: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch`` of a (K, b) index, row k cropped and flipped by ``draws[k]`` instead of new draws."""
+        k, b = index.shape
+        dy, dx, flip = (torch.cat(parts) for parts in zip(*draws))
+        x = crop_flip(self.images[index.reshape(-1)], dy, dx, flip, self.pad)
+        return self._normalised(x).view(k, b, *x.shape[1:]), self.labels[index]
 
     def to(self, device) -> "ImageDataset":
         return ImageDataset(self.images.to(device), self.labels.to(device), self.mean.to(device),
@@ -159,11 +173,21 @@ class ImageDataset:
 def random_crop_flip(x: torch.Tensor, pad: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
     """torchvision's RandomCrop(side, padding=pad) + RandomHorizontalFlip, batched on the device:
     one gather per batch instead of a Python loop over images."""
+    return crop_flip(x, *crop_flip_draws(len(x), pad, x.device, generator), pad)
+
+
+def crop_flip_draws(n: int, pad: int, device, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+    """The offsets and flips of n crops, in the order ``random_crop_flip`` has always drawn them."""
+    dy = torch.randint(0, 2 * pad + 1, (n,), device=device, generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (n,), device=device, generator=generator)
+    flip = torch.rand(n, device=device, generator=generator) < 0.5
+    return dy, dx, flip
+
+
+def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor, pad: int = 4) -> torch.Tensor:
+    """Each image padded by ``pad``, cropped at (dy, dx) to its size and mirrored where ``flip``."""
     n, c, h, w = x.shape
     padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
-    dx = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
-    flip = torch.rand(n, device=x.device, generator=generator) < 0.5
     rows = (dy[:, None] + torch.arange(h, device=x.device)[None, :])  # n x h
     cols = dx[:, None] + torch.arange(w, device=x.device)[None, :]    # n x w
     cols = torch.where(flip[:, None], cols.flip(1), cols)

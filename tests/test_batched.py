@@ -1,0 +1,328 @@
+"""The batched path (batched.py) against the sequential client loop (client.LocalSGD), the reference.
+
+Both start from the same Trainer state; each client draws its own batches, takes its own number of steps
+and applies its method's terms in both, so the client updates agree up to float32 rounding
+(``rounding_bound`` derives the tolerance), and what is elementwise or drawn (step counts, BatchNorm
+statistics of the first step, dropout masks, crops, the global generator afterwards) agrees exactly.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedrepro import batched, data, engine, models
+from fedrepro.config import resolve
+
+EPS32 = torch.finfo(torch.float32).eps
+BATCH = 16
+# unequal sizes, as a Dir(0.1) split gives: different step counts and last batches of 8, 7, 7, 0 (full), 5
+SIZES = [40, 7, 23, 64, 37]
+
+
+def _data(sizes, channels=1, side=28):
+    gen = torch.Generator().manual_seed(0)
+    n = sum(sizes)
+    images = torch.randint(0, 256, (n, channels, side, side), dtype=torch.uint8, generator=gen)
+    labels = torch.randint(0, 10, (n,), generator=gen)
+    # normalisation on: the batched path must apply it too
+    return data.TensorDataset(images, labels, 0.2860, 0.3530), data.TensorDataset(images[:64], labels[:64], 0.2860, 0.3530)
+
+
+def _trainer(tmp_path, mode: str, sizes=SIZES, model="mlp", module=None, datasets=None, **extra) -> engine.Trainer:
+    datasets = datasets or _data(sizes)
+    bounds = np.cumsum([0] + list(sizes))
+    parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
+    setting = {"model": model, "num_clients": len(sizes), "participation": 1.0, "local_epochs": 2,
+               "batch_size": BATCH, "device": "cpu", "rounds": 4, "eval_every": 1,
+               "client": {"lr": 0.05, "momentum": 0.5, "weight_decay": 1e-3}}
+    for key, value in extra.items():
+        setting[key] = {**setting.get(key, {}), **value} if isinstance(value, dict) else value
+    torch.manual_seed(3)
+    module = module() if module is not None else models.build(model, "fmnist")
+    trainer = engine.Trainer(resolve(setting), tmp_path / f"run-{mode}", None, None, datasets=datasets, parts=parts,
+                             module=module)
+    trainer.cohort_mode = mode
+    return trainer
+
+
+def _local(trainer, t=0, x=None):
+    """One round's local training from ``x`` (default: the initial model; the sequential loop leaves the
+    last client's parameters in the shared model, so a second call must not start from there)."""
+    cohort = engine.sample_cohort(trainer.setting["seed"], t, trainer.setting["num_clients"], trainer.k)
+    if not hasattr(trainer, "x0"):
+        trainer.x0 = trainer.model.flat.clone()
+    return trainer.local_training(t, cohort, (trainer.x0 if x is None else x).clone(), trainer.client_lr(t))
+
+
+def _pair(tmp_path, **kw):
+    return _trainer(tmp_path, "off", **kw), _trainer(tmp_path, "on", **kw)
+
+
+def rounding_bound(trainer, steps: int, lr: float, momentum: float, passes: int = 1) -> float:
+    """How far float32 rounding alone can put a batched client update from the sequential one.
+
+    Both paths compute each gradient entry as a float32 sum of the same R terms, added in another order
+    by a batched kernel. Two orders of R roundings, each within eps32/2 relative, differ by about
+    sqrt(R) eps32 of the largest partial sum (random walk), bounded here by G, the largest gradient entry
+    (measured on the sequential path's first batch, in this process). R is at most the batch size times
+    the largest activation of one sample (the longest reduction of a backward pass). So one step's
+    gradients differ by at most sqrt(R) eps32 G per pass (``passes``: ASAM's two), an update by lr / (1 - mu)
+    times that (momentum adds a discrepancy into later steps with weights mu^k), and ``steps`` steps
+    add up. Twice that covers what later gradients feed back over a few small steps (lr L < 1)."""
+    module, index = trainer.model.module, trainer.client_index[0][:BATCH]
+    x, y = trainer.train.batch(index)
+    widest = [x[0].numel()]
+    hooks = [m.register_forward_hook(lambda m, i, o: widest.append(o[0].numel()))
+             for m in module.modules() if not list(m.children())]
+    saved = {k: v.clone() for k, v in module.state_dict().items()}  # BatchNorm statistics and counters move
+    with torch.random.fork_rng():
+        trainer.model.loss_and_grad(F.cross_entropy, x, y)
+    for h in hooks:
+        h.remove()
+    module.load_state_dict(saved)  # in place: the flat buffers' views stay bound
+    g = float(trainer.model.grad.abs().max())
+    r = len(index) * max(widest)
+    return 2 * steps * passes * lr / (1 - momentum) * math.sqrt(r) * EPS32 * g
+
+
+def _assert_updates_equal(plain, fast, bound):
+    assert torch.equal(plain.clients, fast.clients)
+    assert torch.equal(plain.steps, fast.steps)
+    assert plain.deltas.abs().max() > 1000 * bound, "the bound does not separate moving from not moving"
+    gap = float((fast.deltas - plain.deltas).abs().max())
+    assert gap <= bound, f"batched and sequential updates differ by {gap:.3e} > {bound:.3e}"
+
+
+# ------------------------------------------------------------------ masked steps
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_unequal_clients_train_together_as_one_after_another(tmp_path, model):
+    plain, fast = _pair(tmp_path, model=model)
+    a, b = _local(plain), _local(fast)
+    assert fast._batched is not None, "the batched path was not taken"
+    assert a.steps.tolist() == [2 * math.ceil(n / BATCH) for n in SIZES]  # unequal: 6, 2, 4, 8, 6
+    bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
+    _assert_updates_equal(a, b, bound)
+    torch.testing.assert_close(b.losses, a.losses, rtol=0, atol=bound)
+
+
+def test_per_client_epochs_train_together(tmp_path):
+    """FedNova's random epochs: every client its own epoch count, drawn per round."""
+    plain, fast = _pair(tmp_path, plugins=["random_epochs"], random_epochs={"low": 1, "high": 3})
+    for t in range(2):
+        a, b = _local(plain, t), _local(fast, t)
+        assert len(set(a.steps.tolist())) > 2
+        _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
+
+
+def test_per_client_batch_sizes_train_together(tmp_path):
+    """+random_batch: every client its own batch size (one vmapped call per size at each step)."""
+    plain, fast = _pair(tmp_path, plugins=["random_batch"], random_batch={"low": 3})
+    a, b = _local(plain), _local(fast)
+    _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
+
+
+def test_whole_runs_agree_metric_for_metric(tmp_path):
+    rows = {}
+    for mode in ("off", "on"):
+        trainer = _trainer(tmp_path, mode, participation=0.6, local_epochs=1)
+        rows[mode] = [trainer.round(t) for t in range(3)]
+    bound = rounding_bound(_trainer(tmp_path, "x"), 3 * 4, 0.05, 0.5)
+    for plain, fast in zip(rows["off"], rows["on"]):
+        for key in ("train_loss", "global_norm", "step_norm", "update_norm_mean", "test_loss"):
+            assert fast[key] == pytest.approx(plain[key], abs=10 * bound), key
+
+
+def test_a_finished_client_gets_exactly_its_own_steps(tmp_path):
+    """The client with 7 samples takes 2 steps while others take up to 8; trained alone (a cohort of one,
+    sequential, with its own shuffling stream) it ends where its row of the batched round ends."""
+    _, fast = _pair(tmp_path)
+    b = _local(fast)
+    alone = _trainer(tmp_path, "off", sizes=[7], datasets=_data(SIZES))
+    alone.client_index = [fast.client_index[1]]
+    alone.shuffle_generator = lambda t, c: fast.shuffle_generator(t, 1)
+    one = alone.local_training(0, np.array([0]), fast.x0.clone(), 0.05)
+    assert one.steps.item() == b.steps[1].item() == 2
+    torch.testing.assert_close(one.deltas[0], b.deltas[1], rtol=0, atol=rounding_bound(alone, 2, 0.05, 0.5))
+
+
+def test_modes_and_fallbacks(tmp_path):
+    auto = _trainer(tmp_path, "auto")
+    assert not auto.train_together(np.arange(5), [2] * 5)  # CPU: sequential unless asked
+    fast = _trainer(tmp_path, "on")
+    assert fast.train_together(np.arange(5), [2] * 5)
+    fast.algorithm.corrections.append(type("Unbatched", (batched.ClientObjective.__base__,), {})())
+    assert not fast.train_together(np.arange(5), [2] * 5)
+    fast.train = type("Tokens", (), {"batched_cohort": False, "augment": False})()
+    assert batched.unsupported(fast.model.module, fast.train, [], None)
+
+
+# ------------------------------------------------------------------ methods' client terms
+
+# name: (setting, passes per step, the client state its end hooks keep (part, attribute) or None, and that
+# state's size per unit of update: Delta / (lr tau) for SCAFFOLD and FedNova-VR (tau, ||a||_1 >= 1), alpha Delta for FedDyn)
+METHODS = {
+    "fedprox": ({"algorithm": "fedprox", "fedprox": {"mu": 0.5}}, 1, None, 0),
+    "scaffold": ({"algorithm": "scaffold"}, 1, ("correction0", "c_clients"), 1 / 0.05),
+    "feddyn": ({"algorithm": "feddyn", "feddyn": {"alpha": 0.1}}, 1, ("correction0", "grad_state"), 0.1),
+    "feddyn_norm": ({"algorithm": "feddyn", "feddyn": {"alpha": 0.1, "form": "fedlaw_code"}}, 1,
+                    ("correction0", "grad_state"), 0.1),
+    "fedcm": ({"algorithm": "fedcm", "fedcm": {"alpha": 0.5}}, 1, None, 0),
+    "fednova_prox": ({"algorithm": "fednova", "fednova": {"mu": 0.5}}, 1, None, 0),
+    "fednova_vr": ({"algorithm": "fednova", "fednova": {"vr": True}, "client": {"momentum": 0.0}}, 1,
+                   ("correction0", "d_clients"), 1 / 0.05),
+    "fedasam": ({"algorithm": "fedasam", "fedasam": {"rho": 0.7, "eta": 0.2}}, 2, None, 0),
+}
+
+
+def _parts(trainer):
+    return trainer.algorithm.parts()
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_methods_client_terms_train_together(tmp_path, name):
+    """Round 0 sequentially in both trainers gives the methods' state (c_i, l_i, G, d_i) something to act with;
+    round 1's local training is then batched in one of them and compared, with the client state its
+    ``end`` hooks leave."""
+    setting, passes, kept, scale = METHODS[name]
+    plain, fast = _pair(tmp_path, **setting)
+    fast.cohort_mode = "off"
+    x0 = plain.model.flat.clone()
+    for trainer in (plain, fast):
+        trainer.round(0)
+    assert torch.equal(plain.model.flat, fast.model.flat)
+    fast.cohort_mode = "on"
+    x = plain.model.flat.clone()
+    a, b = _local(plain, 1, x), _local(fast, 1, x)
+    assert fast._batched is not None, "the batched path was not taken"
+    bound = rounding_bound(plain, int(a.steps.max()), 0.05, plain.setting["client"]["momentum"], passes)
+    _assert_updates_equal(a, b, bound)
+    if kept is not None:
+        part, attribute = kept
+        before = getattr(_parts(plain)[part], attribute)
+        after = getattr(_parts(fast)[part], attribute)
+        torch.testing.assert_close(after, before, rtol=0, atol=scale * bound)
+        assert before.abs().max() > 100 * scale * bound
+    assert not torch.equal(x0, x)
+
+
+# ------------------------------------------------------------------ optimiser state, BatchNorm, randomness
+
+
+def test_kept_client_momentum_trains_together(tmp_path):
+    """client.keep_momentum: each client's buffer continues from its last round (round 0 sequential in both
+    leaves them non-zero) and is written back after the batched round."""
+    plain, fast = _pair(tmp_path, client={"keep_momentum": True, "momentum": 0.9})
+    fast.cohort_mode = "off"
+    for trainer in (plain, fast):
+        trainer.round(0)
+    fast.cohort_mode = "on"
+    assert torch.equal(plain.client_momentum, fast.client_momentum) and plain.client_momentum.abs().max() > 0
+    x = plain.model.flat.clone()
+    a, b = _local(plain, 1, x), _local(fast, 1, x)
+    bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.9)
+    _assert_updates_equal(a, b, bound)
+    # a buffer is a sum of gradients with weights mu^k: its rounding gap is the update's divided by lr
+    torch.testing.assert_close(fast.client_momentum, plain.client_momentum, rtol=0, atol=bound / 0.05)
+    assert (fast.client_momentum - plain.client_momentum).abs().max() < 1e-3 * plain.client_momentum.abs().max()
+
+
+def _bn_module():
+    """A conv, a BatchNorm with running statistics and a linear head."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3, stride=2), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(16, 10))
+
+
+def test_batchnorm_statistics_per_client(tmp_path):
+    """Every client starts from the global running statistics and moves its own; the engine's average of the
+    final ones is the next global statistics, as after the sequential loop; the batch counter too."""
+    plain, fast = _pair(tmp_path, module=_bn_module)
+    assert len(plain.model.buffers)
+    a, b = _local(plain), _local(fast)
+    bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
+    _assert_updates_equal(a, b, bound)
+    assert a.buffers is not None and b.buffers is not None
+    # the statistics are means of activations the parameters' rounding gap moves by at most ~ bound times
+    # the activations' size per unit of weight (the inputs are normalised, of order 1)
+    assert not torch.equal(a.buffers[0], a.buffers[1])  # each client its own
+    torch.testing.assert_close(b.buffers, a.buffers, rtol=0, atol=10 * bound)
+    torch.testing.assert_close(fast.model.buffers, plain.model.buffers, rtol=0, atol=10 * bound)
+    counters = [dict(t.model.module.named_buffers())["1.num_batches_tracked"] for t in (plain, fast)]
+    assert counters[0].item() == counters[1].item() == int(a.steps.sum())
+
+
+def test_the_first_step_s_batchnorm_statistics_are_the_same_numbers(tmp_path):
+    """One step from the same start: the statistics are the same operations on the same inputs."""
+    plain, fast = _pair(tmp_path, module=_bn_module, sizes=[16, 16, 9], local_epochs=1)
+    a, b = _local(plain), _local(fast)
+    assert torch.equal(a.buffers, b.buffers)
+
+
+def _dropout_mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 32), nn.ReLU(),
+                         nn.Dropout(0.3), nn.Linear(32, 10))
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedasam"])
+def test_dropout_masks_are_each_clients_own(tmp_path, method):
+    """Each client sees the masks it draws when trained alone (FedASAM: two a step), and the global generator
+    ends where the sequential loop leaves it."""
+    extra = {"algorithm": method, **({"fedasam": {"rho": 0.7, "eta": 0.2}} if method == "fedasam" else {})}
+    plain, fast = _pair(tmp_path, module=_dropout_mlp, **extra)
+    states = []
+    for trainer in (plain, fast):
+        torch.manual_seed(11)
+        trainer.result = _local(trainer)
+        states.append(torch.get_rng_state())
+    a, b = plain.result, fast.result
+    _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5, 2 if method == "fedasam" else 1))
+    assert torch.equal(states[0], states[1])
+
+
+def _cifar_like(sizes, augment=True):
+    gen = torch.Generator().manual_seed(0)
+    n = sum(sizes)
+    images = torch.randint(0, 256, (n, 3, 12, 12), dtype=torch.uint8, generator=gen)
+    labels = torch.randint(0, 10, (n,), generator=gen)
+    mean, std = torch.tensor([0.49, 0.48, 0.45]), torch.tensor([0.25, 0.24, 0.26])
+    return (data.cifar.ImageDataset(images, labels, mean, std, augment),
+            data.cifar.ImageDataset(images[:32], labels[:32], mean, std, False))
+
+
+def _small_cnn():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(0.2),
+                         nn.Linear(16, 10))
+
+
+def test_augmentation_draws_are_each_clients_own(tmp_path):
+    """Crops and flips (and a dropout layer after them) as when each client trains alone; the global
+    generator ends where the sequential loop leaves it."""
+    datasets = _cifar_like(SIZES)
+    plain, fast = _pair(tmp_path, module=_small_cnn, datasets=datasets, dataset="cifar10", model="cnn")
+    assert fast.train.augment and fast.train_together(np.arange(5), [2] * 5)
+    states = []
+    for trainer in (plain, fast):
+        torch.manual_seed(12)
+        trainer.result = _local(trainer)
+        states.append(torch.get_rng_state())
+    a, b = plain.result, fast.result
+    _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
+    assert torch.equal(states[0], states[1])
+
+
+def test_drawn_ahead_crops_are_the_crops_batch_draws():
+    train, _ = _cifar_like([20])
+    index = torch.tensor([[3, 1, 4], [15, 9, 2]])
+    torch.manual_seed(5)
+    expected = [train.batch(row) for row in index]
+    torch.manual_seed(5)
+    draws = [train.augment_draws(3) for _ in index]
+    x, y = train.batch_drawn(index, draws)
+    for k, (ex, ey) in enumerate(expected):
+        assert torch.equal(x[k], ex) and torch.equal(y[k], ey)

@@ -1,0 +1,134 @@
+"""The package's import graph: no cycles, and no import that runs back up a layer.
+
+Read from the source (imports inside functions included), not from what happens to be loaded. A package's
+``__init__`` that dispatches to its members (data/, models/, algorithms/) is below nothing: a member reaching
+back into it would make a cycle, which this test refuses."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedrepro"
+
+# The layers, top first: a module may import its own layer's modules and those of the layers below it.
+LAYERS = {
+    "command line": {"cli.py", "__main__.py"},
+    "operations": {"plan.py", "bench.py", "bench_settings.py", "gpucheck.py", "slots.py"},
+    "reports": {"report.py", "index.py", "tables.py", "claims.py", "paper.py", "verification.py", "evidence.py",
+                "figures/*", "tracking.py"},
+    "settings": {"config.py", "settings.py", "tuning.py", "forks.py", "registry.py", "conditions.py"},
+    "run": {"engine.py", "client.py", "batched.py", "checkpoint.py", "hessian.py", "rundir.py", "provenance.py"},
+    "methods": {"algorithms/*"},
+    "inputs": {"data/*", "models/*", "partition.py"},
+    "ground": {"__init__.py", "parts.py", "server.py", "server_optim.py", "minnorm.py", "flat.py", "functional.py",
+               "identity.py", "catalog.py", "errors.py", "records.py", "streams.py", "metrics.py",
+               "evaluation.py"},
+}
+
+
+def _layer(name: str) -> str:
+    for layer, members in LAYERS.items():
+        if name in members or any(m.endswith("/*") and name.startswith(m[:-1]) for m in members):
+            return layer
+    raise AssertionError(f"{name}: in no layer of tests/test_import_rules.py; place it in one")
+
+
+def _module_file(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    if parts[0] != "fedrepro":
+        return None
+    rel = Path(*parts[1:]) if len(parts) > 1 else Path()
+    if len(parts) > 1 and (PACKAGE / rel).with_suffix(".py").is_file():
+        return str(rel.with_suffix(".py"))
+    if (PACKAGE / rel / "__init__.py").is_file():
+        return str(rel / "__init__.py")
+    return None
+
+
+def imports(name: str) -> set[str]:
+    """The package modules ``name`` names in an import statement (not the package inits Python runs first)."""
+    tree = ast.parse((PACKAGE / name).read_text())
+    here = ["fedrepro", *Path(name).parent.parts]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(here[:len(here) - node.level + 1]) + ("." + node.module if node.module else "") \
+                if node.level else (node.module or "")
+            # `from pkg import x`: the module pkg.x when there is one, else the package pkg
+            targets = [f"{base}.{a.name}" if _module_file(f"{base}.{a.name}") else base for a in node.names]
+        else:
+            continue
+        found.update(f for f in map(_module_file, targets) if f is not None and f != name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {str(p.relative_to(PACKAGE)): imports(str(p.relative_to(PACKAGE))) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_has_no_cycle():
+    assert cycles(graph()) == []
+
+
+def test_no_import_runs_back_up_a_layer():
+    order = list(LAYERS)
+    upward = [f"{a} ({_layer(a)}) imports {b} ({_layer(b)})" for a, targets in graph().items() for b in targets
+              if order.index(_layer(b)) < order.index(_layer(a))]
+    assert upward == []
+
+
+def test_the_checks_see_a_cycle_and_an_upward_import():
+    assert cycles({"a.py": {"b.py"}, "b.py": {"c.py"}, "c.py": {"a.py"}, "d.py": {"a.py"}}) == [["a.py", "b.py", "c.py"]]
+    assert "settings.py" in imports("tuning.py") and "parts.py" in imports("algorithms/ima.py")
+    assert _layer("algorithms/fedavg.py") == "methods" and _layer("engine.py") == "run"
+
+
+@pytest.mark.parametrize("name", ["--version", "expand"])
+def test_the_command_line_imports_no_torch_to_answer(name, tmp_path):
+    """`fedrepro --version` and expanding a params file answer without loading torch (seconds and memory)."""
+    import subprocess
+    import sys
+    params = tmp_path / "p.yaml"
+    params.write_text("experiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n")
+    argv = ["--version"] if name == "--version" else ["expand", "--configfile", str(params)]
+    code = ("import sys; from fedrepro import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO TORCH')")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert out.stdout.strip().splitlines()[-1] == "NO TORCH", out.stdout + out.stderr
