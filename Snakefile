@@ -32,7 +32,7 @@ CONFIG_NAME = Path(CONFIG_FILE).stem
 try:
     # Snakemake's own loader lets a repeated key win silently and knows no file of ours by name;
     # ours refuses what `fedrepro expand` refuses. (A YTE template ran already when Snakemake read it:
-    # see the README's trust section.)
+    # see docs/guarantees.md.)
     for path in CONFIG_PATHS:
         fconfig.read_yaml(path)
     fconfig.check_name(CONFIG_NAME, "params file name")

@@ -138,16 +138,17 @@ def test_params_file_validates_and_expands_to_the_papers_grid(name):
     assert all(r.setting["dataset"] in registry.DATASETS for r in runs)
 
 
-def test_the_readme_states_each_params_files_run_count():
-    """The README's table of params files gives the number of distinct runs each one trains (the tuning stage's
-    runs included: as `fedrepro plan` counts them)."""
+@pytest.mark.parametrize("doc", ["README.md", "docs/configuration.md"])
+def test_the_docs_state_each_params_files_run_count(doc):
+    """The tables of params files (README.md, docs/configuration.md) give the number of distinct runs each one
+    trains (the tuning stage's runs included: as `fedrepro plan` counts them)."""
     from fedrepro import plan
 
-    table = dict(re.findall(r"^\| `params/(\w+)\.yaml` \|.*\| (\d+) \|$", (ROOT / "README.md").read_text(), re.M))
+    table = dict(re.findall(r"^\| `params/(\w+)\.yaml` \|.*\| (\d+) \|$", (ROOT / doc).read_text(), re.M))
     assert set(table) == set(EXPECTED) | {"default"}, table
     for name, stated in table.items():
         runs = plan.plan(config.load_params(ROOT / "params" / f"{name}.yaml"), runs_dir=ROOT / "no-such-folder")["unique_runs"]
-        assert int(stated) == runs, f"README says params/{name}.yaml has {stated} runs; it has {runs}"
+        assert int(stated) == runs, f"{doc} says params/{name}.yaml has {stated} runs; it has {runs}"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

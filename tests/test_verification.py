@@ -1,5 +1,6 @@
-"""The verification matrix: generated from evidence/ alone, the README holds exactly its output, and it
-counts, per paper table, the cells the paper-protocol evidence reproduces within the allowed gap."""
+"""The verification matrix: generated from evidence/ alone, docs/verification.md holds exactly its output and
+README.md exactly its summary per paper, and it counts, per paper table, the cells the paper-protocol evidence
+reproduces within the allowed gap."""
 from __future__ import annotations
 
 import json
@@ -140,12 +141,36 @@ def test_a_figure_only_table_is_judged_by_its_claims_on_our_runs(tmp_path, fedla
     assert ("No claim check evaluated on our runs fails." in text) is holds
 
 
-def test_readme_holds_the_generated_matrix():
-    """`fedrepro evidence matrix --write-readme` writes this block; a stale README fails here."""
+def test_the_docs_hold_the_generated_matrix_and_the_readme_its_summary():
+    """`fedrepro evidence matrix --write-readme` writes the matrix into docs/verification.md and its summary per
+    paper into README.md; a stale page fails here."""
     out = subprocess.run([sys.executable, "-m", "fedrepro.cli", "evidence", "matrix"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
+    page = (ROOT / "docs" / "verification.md").read_text()
+    assert verification.readme_block(page) == out, "run: fedrepro evidence matrix --write-readme"
     readme = (ROOT / "README.md").read_text()
-    assert verification.readme_block(readme) == out, "run: fedrepro evidence matrix --write-readme"
+    assert verification.README_START not in readme, "the whole matrix lives in docs/verification.md"
+    summary = verification.generated_block(readme, verification.GLANCE_START, verification.GLANCE_END)
+    assert summary == verification.glance(verification.matrix()), "run: fedrepro evidence matrix --write-readme"
+
+
+def test_the_summary_counts_per_paper_the_cells_within_1_5_points_and_within_the_allowed_gap():
+    rows = [verification.Row("toy_table1", "Toy Table 1", paper="toy", reported=4, runnable=4, run=3, seeds=[3, 3, 3],
+                             within=3, deltas=[0.4, -1.6, 2.1]),
+            verification.Row("toy_fig5", "Toy Fig. 5", paper="toy", figure_only=True, runnable=2, run=2, seeds=[3, 3]),
+            verification.Row("other_table1", "Other Table 1", paper="other", reported=5)]
+    text = verification.glance(rows)
+    assert "| toy | 2 | 2 | 3 (+2 in figures) | 1/3 | 3/3 | — | [docs/papers/toy.md](docs/papers/toy.md) |" in text
+    assert "| other | 1 | 0 | 0 | — | — | — | [docs/papers/other.md](docs/papers/other.md) |" in text
+
+
+def test_write_readme_rewrites_only_the_blocks_between_the_markers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(f"before\n{verification.README_START}\nold\n{verification.README_END}\nafter\n")
+    verification.write_readme("new\n", page)
+    assert page.read_text() == f"before\n{verification.README_START}\nnew\n{verification.README_END}\nafter\n"
+    with pytest.raises(ValueError, match="markers"):
+        verification.write_block(page, "x\n", verification.GLANCE_START, verification.GLANCE_END)
 
 
 def test_a_manifest_kept_from_before_the_switches_flag_gets_it_from_todays_params_files():
@@ -160,12 +185,13 @@ def test_a_manifest_kept_from_before_the_switches_flag_gets_it_from_todays_param
 
 
 def test_the_progress_the_readmes_state_is_the_evidence_folders():
-    """A row of README.md or evidence/README.md that names an evidence folder and says "N of M so far" (or,
-    once complete, "all M run") must say what that folder's manifest holds: progress is typed by hand there,
-    so staleness fails here."""
+    """A row of README.md, docs/verification.md or evidence/README.md that names an evidence folder and says
+    "N of M so far" (or, once complete, "all M run") must say what that folder's manifest holds: progress is
+    typed by hand there, so staleness fails here."""
     import re
     stated = []
-    for doc, prefix in ((ROOT / "README.md", "evidence/"), (ROOT / "evidence" / "README.md", "")):
+    for doc, prefix in ((ROOT / "README.md", "evidence/"), (ROOT / "docs" / "verification.md", "evidence/"),
+                        (ROOT / "evidence" / "README.md", "")):
         for row in (line for line in doc.read_text().splitlines() if line.startswith("|")):
             progress = re.search(r"(\d+) of (\d+) so far", row) or re.search(r"all ((\d+)) run\b", row)
             folders = [f for f in re.findall(r"`" + prefix + r"([\w.]+)/`", row) if (ROOT / "evidence" / f).is_dir()]

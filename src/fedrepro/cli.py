@@ -351,10 +351,13 @@ def cmd_evidence(args) -> None:
     from fedrepro import evidence
     if args.action == "matrix":
         from fedrepro import verification
-        block = verification.markdown(verification.matrix(args.root))
+        rows = verification.matrix(args.root)
+        block = verification.markdown(rows)
         if args.write_readme:
             verification.write_readme(block)
-            print("README.md: verification matrix rewritten")
+            verification.write_block(verification.README, verification.glance(rows), verification.GLANCE_START,
+                                     verification.GLANCE_END)
+            print("docs/verification.md: verification matrix rewritten; README.md: its summary rewritten")
         else:
             print(block, end="")
         return
@@ -395,7 +398,7 @@ def _print_comparison(rows: list[dict], folder: str, tolerance: float) -> int:
           f"{len(differ)} beyond the tolerance {tolerance:g}")
     if any(r["max_abs_diff"] and r["kept_cpu_kernels"] != r["rerun_cpu_kernels"] for r in compared):
         print("runs whose CPU kernels differ (or were not recorded) move in float32's last bits: judge them by the "
-              "cell's spread over seeds, not bit for bit (README: Checking a kept run by rerunning it)")
+              "cell's spread over seeds, not bit for bit (docs/verification.md: Checking a kept run by rerunning it)")
     if not compared:
         print("nothing compared: rerun the params files' runs first (snakemake --configfile ...)", file=sys.stderr)
         return 2
@@ -651,7 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = actions.add_parser("matrix", help="the verification matrix: the papers' cells that the paper-protocol "
                            "evidence reproduces, per table (Markdown)")
     a.add_argument("--root", default="evidence", help="where evidence folders live")
-    a.add_argument("--write-readme", action="store_true", help="rewrite the README's generated matrix section")
+    a.add_argument("--write-readme", action="store_true",
+                   help="rewrite the matrix in docs/verification.md and its summary in README.md")
     a.set_defaults(func=cmd_evidence)
     a = actions.add_parser("report", help="rebuild the report page of an evidence folder from that folder alone")
     a.add_argument("folder", type=_existing("folder"), help="an evidence folder (made by `fedrepro evidence keep`)")

@@ -3,7 +3,7 @@
 Each check takes a device and raises AssertionError on a wrong result; tests/test_gpu.py runs them
 on CUDA (marker ``gpu``) and at CI size on the CPU. The command runs them all on CUDA without
 pytest, then the benchmark with several runs per GPU, and writes everything to one JSON file
-(results/bench/gpu_check.json) that the README cites. It imports only torch, numpy and the package
+(results/bench/gpu_check.json) that docs/benchmark.md cites. It imports only torch, numpy and the package
 (never snakemake or mlflow), so it runs on a GPU node with a site PyTorch and ``PYTHONPATH=src``.
 """
 from __future__ import annotations

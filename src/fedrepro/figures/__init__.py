@@ -1,4 +1,4 @@
-"""The papers' analysis figures, computed from our runs (issue #13; docs/figures.md).
+"""The papers' analysis figures, computed from our runs (docs/figures.md).
 
 A params file lists its figures in a ``figures:`` section, name -> spec. A spec names its ``kind``
 (one of ``KINDS``), the ``experiment`` whose runs it reads, a ``select`` (partial run setting, as in
