@@ -25,10 +25,11 @@ TABLE = {"tables": {"toy_table1": {
               "values": [60.0, None]}]}}}
 
 
-def _run(folder, run_id: str, algorithm: str, acc: float, status: str = "finished", seed: int | None = None) -> dict:
+def _run(folder, run_id: str, algorithm: str, acc: float, status: str = "finished", seed: int | None = None,
+         curve=None) -> dict:
     out = folder / "runs" / run_id
     out.mkdir(parents=True)
-    accs = np.full(12, acc)
+    accs = np.full(12, acc) if curve is None else np.asarray(curve)
     pd.DataFrame({"round": np.arange(1, 13), "test_acc": accs}).to_csv(out / "metrics.csv", index=False)
     seed = int(run_id.rsplit("s", 1)[1]) if seed is None else seed
     setting = {"algorithm": algorithm, "plugins": [], "dataset": "fmnist", "partition": {"alpha": 0.1}, "seed": seed}
@@ -76,14 +77,19 @@ def test_counts_gaps_and_explanations_from_paper_protocol_evidence(tmp_path, res
     assert sorted(row.seeds) == [1, 3] and row.within == 1
     # FedLAW: one seed at 82.00 against 85.00: delta -3.00 > 1.5, with its explanation
     assert row.outside == [{"row": "FMNIST a=0.1", "column": "FedLAW", "delta": pytest.approx(-3.0),
-                            "allowed": 1.5, "explanation": "a named, tested difference, at length",
+                            "allowed": 1.5, "interval": None, "verdict": "no interval", "collapsed": [],
+                            "explanation": "a named, tested difference, at length",
                             "summary": "a named, tested difference"}]
     assert row.largest["column"] == "FedLAW" and row.folders == ["a", "b"]
+    # FedAvg: 78, 80, 82 -> s = 2, t(0.975, 2) = 4.303: the interval ±4.97 holds the paper's 80.0
+    assert (row.with_interval, row.consistent, row.noise_only) == (1, 1, 0)
     text = verification.markdown([row])
-    assert ("| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference | "
-            "— | `evidence/a/`, `evidence/b/` |") in text
+    assert text.startswith("**Reproduced: 1 of the 2 cells run**")
+    assert ("| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | 1/1 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference | "
+            "none | — | `evidence/a/`, `evidence/b/` |") in text
     # the matrix shows the summary; the list below it the whole text
-    assert "- toy_table1, FMNIST a=0.1 / FedLAW: -3.00 (allowed ±1.50). a named, tested difference, at length" in text
+    assert ("- toy_table1, FMNIST a=0.1 / FedLAW: -3.00 (strict ±1.50; one seed: no interval). a named, tested "
+            "difference, at length") in text
 
 
 def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cells_count(tmp_path, results):
@@ -92,7 +98,7 @@ def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cell
     (row,) = verification.matrix(root, results)
     assert row.within == 0 and row.diverged == 1
     text = verification.markdown([row])
-    assert "+10.00 (allowed ±2.00). unexplained" in text  # one seed: 2 x the paper's std 1.0
+    assert "+10.00 (strict ±1.50; one seed: no interval). unexplained" in text  # the paper's std widens nothing
     assert "FMNIST a=0.1 / FedLAW: all seeds diverged. unexplained" in text
 
 
@@ -134,10 +140,46 @@ def test_a_figure_only_table_is_judged_by_its_claims_on_our_runs(tmp_path, fedla
     # one comparison (FMNIST); the CIFAR row waits: mean 70 against 90 holds, against 50 does not
     assert (check.ours.holds, check.ours.total, check.pending) == (int(holds), 1, 1)
     text = verification.markdown([row])
-    assert f"| Toy Fig. 5 (figure only) | figure | 2 | 2 | 2 | — | — | {int(holds)}/1 | `evidence/a/` |" in text
+    assert f"| Toy Fig. 5 (figure only) | figure | 2 | 2 | 2 | — | — | — | none | {int(holds)}/1 | `evidence/a/` |" in text
     failing = "- toy_fig5: FedLAW beats FedAvg in every row: 0/1"
     assert (failing in text) is not holds
     assert ("No claim check evaluated on our runs fails." in text) is holds
+
+
+def test_a_collapsed_run_is_flagged_in_its_cell_and_in_the_list_of_cells_not_reproduced(tmp_path, results):
+    root = tmp_path / "evidence"
+    # seed 2 of FedLAW climbs to 85% and falls to 10% (chance) at round 4, then ends at 82%: a collapse
+    fall = [0.5, 0.7, 0.85, 0.10, 0.6, 0.8] + [0.82] * 6
+    _folder(root, "a", [("fedavg-s1", "fedavg", 0.80), ("fedlaw-s1", "fedlaw", 0.82),
+                        ("fedlaw-s2", "fedlaw", 0.0, "finished", None, fall)])
+    (row,) = verification.matrix(root, results)
+    assert [(f["column"], f["seed"]) for f in row.collapsed] == [("FedLAW", 2)]
+    (outside,) = row.outside
+    assert outside["collapsed"][0]["record"]["episodes"][0]["low_round"] == 4
+    text = verification.markdown([row])
+    assert "| ⚠ 1 runs in 1 cells |" in text
+    assert "Collapsed: seed 2 to 10.00% at round 4 (best before 85.00%)." in text
+    assert "- toy_table1, FMNIST a=0.1 / FedLAW, seed 2: to 10.00% at round 4 (best before 85.00%)" in text
+    # the same cell without the fall: nothing flagged
+    steady = tmp_path / "steady"
+    _folder(steady, "a", [("fedavg-s1", "fedavg", 0.80), ("fedlaw-s1", "fedlaw", 0.82), ("fedlaw-s2", "fedlaw", 0.82)])
+    (row,) = verification.matrix(steady, results)
+    assert row.collapsed == [] and "No run of a cell collapsed." in verification.markdown([row])
+
+
+def test_what_chance_alone_gives_is_the_binomial_count_of_interval_misses():
+    """19 cells with an interval, 11 outside: 0.05 x 19 = 0.95 expected, and P(at least 11) from the binomial sum
+    written out by hand."""
+    import math
+    row = verification.Row("t", "T", noise=[{"n": 3, "sd": 1.0, "tolerance": 1.5, "consistent": i >= 11}
+                                            for i in range(19)])
+    c = verification.chance([row])
+    assert (c["cells"], c["misses"]) == (19, 11) and c["expected"] == pytest.approx(0.95)
+    by_hand = sum(math.comb(19, k) * 0.05 ** k * 0.95 ** (19 - k) for k in range(11, 20))
+    assert c["p_at_least"] == pytest.approx(by_hand, rel=1e-9)
+    # three seeds of spread 1: P(|t(2)| > 1.5 / (1 / sqrt 3)) = P(|t(2)| > 2.598) = 0.1217 each
+    assert c["strict_expected"] == pytest.approx(19 * 0.12168, rel=1e-3)
+    assert "0.95 of them would be expected outside it" in verification._chance_text([row])
 
 
 def test_readme_holds_the_generated_matrix():

@@ -2,11 +2,15 @@
 
 Built from ``evidence/`` and ``params/paper_results.yaml`` alone (never typed by hand): one row per paper
 table, with the cells the paper reports, those runnable on a machine without internet, those run at the
-paper's settings (kept as evidence), the seeds per cell, how many land within the allowed gap, and the
-largest gap with its explanation, and the table's claim checks evaluated on our runs (for a figure the
-paper prints no numbers for, they are the whole verification: its cells count as runnable and run, none as
-reported). The README holds the command's output between two markers, and a test
-checks that they agree.
+paper's settings (kept as evidence), the seeds per cell, and two verdicts that are counted apart and never
+merged: *reproduced*, |ours − paper| <= 1.5 points (the table's tolerance; our spread never widens it), and
+*consistent within seed noise*, the paper's value inside the 95% t interval of our mean (of the difference of
+means where the paper prints a std; paper.noise_interval). Then the largest gap with its explanation, the runs
+that collapsed (fedrepro.collapses), and the table's claim checks evaluated on our runs (for a figure the paper
+prints no numbers for, they are the whole verification: its cells count as runnable and run, none as
+reported). Below the table: every cell not reproduced, with its explanation, and how many misses seed noise
+alone would give at this number of cells. The README holds the command's output between two markers, and a
+test checks that they agree.
 
 Only evidence kept under the paper's protocol counts: a folder kept from params files that include an
 ``*_official_protocol`` subset is the authors' code's protocol (docs/parity.md compares those). A run counts
@@ -18,12 +22,13 @@ the most recently kept counts.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from fedrepro import claims, paper
+from fedrepro import claims, collapses, paper
 from fedrepro.config import ROOT, ConfigError
 
 EVIDENCE = ROOT / "evidence"
@@ -54,10 +59,16 @@ class Row:
     runnable: int = 0
     run: int = 0
     seeds: list[int] = field(default_factory=list)
-    within: int = 0
+    within: int = 0                      # reproduced: |delta| <= the table's tolerance (strict)
+    tolerance: float = paper.MIN_GAP
+    with_interval: int = 0               # cells run at two or more seeds: a t interval exists
+    consistent: int = 0                  # of those, the paper's value inside the interval
+    noise_only: int = 0                  # not reproduced, but inside the interval: our spread alone admits it
     diverged: int = 0
     largest: dict | None = None          # {row, column, delta, allowed, explanation}
-    outside: list[dict] = field(default_factory=list)
+    outside: list[dict] = field(default_factory=list)  # every cell not reproduced
+    collapsed: list[dict] = field(default_factory=list)  # {row, column, seed, record} per flagged run
+    noise: list[dict] = field(default_factory=list)  # per cell with an interval: {n, sd, tolerance, consistent}
     folders: list[str] = field(default_factory=list)
     checks: list[claims.Verdict] = field(default_factory=list)
 
@@ -141,7 +152,8 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 runs.pop(run["id"], None)  # kept again later: it counts as of its latest keep
                 runs[run["id"]] = {**run, "folder": folder.name}
         joined = paper.join({name: table}, list(runs.values()))
-        row = Row(name, table["title"], figure_only=all(cell.value is None for cell in joined))
+        row = Row(name, table["title"], figure_only=all(cell.value is None for cell in joined),
+                  tolerance=paper.tolerance(table))
         for cell in joined:
             if cell.ours or cell.diverged:
                 _one_per_seed(cell, runs)
@@ -155,26 +167,61 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             row.run += 1
             row.seeds.append(len(cell.ours) + len(cell.diverged))
             key = (name, cell.row, cell.column)
+            flagged = sorted(({"row": cell.row, "column": cell.column, "seed": runs[r]["setting"]["seed"], "run": r,
+                               "record": cell.collapses[r]} for r in cell.runs + cell.diverged if r in cell.collapses),
+                             key=lambda f: f["seed"])
+            listed = {f["run"] for f in row.collapsed}  # a run two rows read (two metrics of one figure) once
+            row.collapsed.extend(f for f in flagged if f["run"] not in listed)
             if not cell.ours:  # every seed diverged
                 row.diverged += 1
                 row.outside.append({"row": cell.row, "column": cell.column, "delta": None, "allowed": None,
+                                    "interval": None, "verdict": "diverged", "collapsed": flagged,
                                     **_explained(explain, key)})
                 continue
             if row.figure_only:  # no number to be near; the claims below judge it
                 continue
-            allowed = paper.allowed_gap(paper.tolerance(table), cell.std, cell.ours_std)
+            allowed = cell.metric.get("tolerance", row.tolerance)
+            interval = paper.noise_interval(cell.ours, cell.std, table.get("paper_seeds"))
             entry = {"row": cell.row, "column": cell.column, "delta": cell.delta, "allowed": allowed,
-                     **_explained(explain, key)}
-            if abs(cell.delta) <= allowed:
+                     "interval": interval, "verdict": paper.verdict(cell.delta, allowed, interval),
+                     "collapsed": flagged, **_explained(explain, key)}
+            if interval is not None:
+                row.with_interval += 1
+                inside = paper.consistent(cell.delta, interval)
+                row.consistent += inside
+                row.noise.append({"n": len(cell.ours), "sd": cell.ours_std, "tolerance": allowed,
+                                  "paper_std": cell.std, "paper_seeds": table.get("paper_seeds"),
+                                  "consistent": inside})
+            if paper.reproduced(cell.delta, allowed):
                 row.within += 1
             else:
                 row.outside.append(entry)
+                row.noise_only += entry["verdict"] == "seed noise only"
             if row.largest is None or abs(cell.delta) > abs(row.largest["delta"]):
                 row.largest = entry
         row.checks = claims.evaluate_table(name, table, joined)
         row.folders = sorted(used)
         rows.append(row)
     return rows
+
+
+def chance(rows: list[Row], confidence: float = paper.CONFIDENCE) -> dict:
+    """How many misses seed noise alone would give at this number of cells, were each paper value the true mean
+    of our runs. Interval: each of the n cells with a t interval misses with probability 1 − confidence, so
+    the misses are Binomial(n, 0.05): their expectation and the chance of at least as many as we have. Strict
+    gap: a cell of n seeds with spread s misses 1.5 points with probability P(|t(n−1)| > 1.5 / (s / sqrt(n)))
+    (our s standing in for the true spread); their sum is the expected number of strict misses from noise."""
+    from scipy import stats
+
+    cells = [c for r in rows for c in r.noise]
+    n, misses = len(cells), sum(not c["consistent"] for c in cells)
+    strict_expected = 0.0
+    for c in cells:
+        se = (c["sd"] or 0.0) / math.sqrt(c["n"])
+        strict_expected += 2 * stats.t.sf(c["tolerance"] / se, c["n"] - 1) if se > 0 else 0.0
+    return {"cells": n, "misses": misses, "expected": (1 - confidence) * n,
+            "p_at_least": float(stats.binom.sf(misses - 1, n, 1 - confidence)) if n else 1.0,
+            "strict_expected": strict_expected}
 
 
 def _seeds(seeds: list[int]) -> str:
@@ -209,27 +256,95 @@ def _agreement(verdict: claims.Verdict) -> str:
     return f"; agrees with the paper's numbers in {agree}{same}"
 
 
+def _consistent(row: Row) -> str:
+    if row.figure_only:
+        return "—"
+    text = f"{row.consistent}/{row.with_interval}"
+    return text + (f" ({row.noise_only} only so)" if row.noise_only else "")
+
+
+def _collapsed(row: Row) -> str:
+    if not row.collapsed:
+        return "—" if not row.run else "none"
+    cells = {(c["row"], c["column"]) for c in row.collapsed}
+    return f"⚠ {len(row.collapsed)} runs in {len(cells)} cells"
+
+
+def _flagged(flagged: list[dict]) -> str:
+    """'Collapsed: seed 10 to 10.01% at round 23 (best before 76.84%).' for an entry's flagged runs."""
+    if not flagged:
+        return ""
+    return " Collapsed: " + "; ".join(f"seed {f['seed']} {collapses.describe(f['record'], limit=2)}"
+                                      for f in flagged) + "."
+
+
+def _verdict_text(o: dict) -> str:
+    if o["delta"] is None:
+        return "all seeds diverged"
+    strict = f"{o['delta']:+.2f} (strict ±{o['allowed']:.2f}"
+    if o["interval"] is None:
+        return strict + "; one seed: no interval)"
+    where = "inside it: seed noise only" if o["verdict"] == "seed noise only" else "outside it"
+    return strict + f"; 95% t interval ±{o['interval']:.2f}, the paper's value {where})"
+
+
+def _chance_text(rows: list[Row]) -> str:
+    c = chance(rows)
+    if not c["cells"]:
+        return "No cell has two or more seeds yet: there is no interval to count misses of."
+    return (f"**What chance alone gives.** {c['cells']} cells have a 95% t interval (two or more seeds). Were every "
+            f"paper value the true mean of our runs, {c['expected']:.2f} of them would be expected outside it "
+            f"(Binomial({c['cells']}, 0.05)); {c['misses']} are, and at least {c['misses']} misses happen by chance "
+            f"with probability {c['p_at_least']:.2g}. For the strict gap, our seeds' own spread would put "
+            f"{c['strict_expected']:.2f} of those {c['cells']} cells more than 1.5 points from a true paper value "
+            f"(sum over the cells of P(|t(n−1)| > 1.5 / (s/√n)), our s standing in for the true spread); "
+            f"{sum(1 for r in rows for o in r.outside if o['interval'] is not None)} are.")
+
+
 def markdown(rows: list[Row]) -> str:
-    lines = ["| paper table | cells reported | runnable here | run at full settings | seeds per cell | "
-             "within the allowed gap | largest gap (ours − paper) and its explanation | claim checks that hold on "
-             "our runs | evidence |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    run = sum(r.run for r in rows if not r.figure_only)
+    within = sum(r.within for r in rows if not r.figure_only)
+    consistent = sum(r.consistent for r in rows)
+    with_interval = sum(r.with_interval for r in rows)
+    noise_only = sum(r.noise_only for r in rows)
+    lines = [f"**Reproduced: {within} of the {run} cells run** (|ours − paper| ≤ 1.5 points, the table's "
+             f"tolerance; 20 rounds for rounds-to-target). Separately, consistent within seed noise: {consistent} of "
+             f"the {with_interval} cells with two or more seeds (the paper's value inside the 95% t interval of our "
+             f"mean), {noise_only} of them only so.",
+             "",
+             "| paper table | cells reported | runnable here | run at full settings | seeds per cell | "
+             "reproduced (\\|Δ\\| ≤ 1.5) | consistent within seed noise (95% t) | largest gap (ours − paper) and "
+             "its explanation | collapsed runs | claim checks that hold on our runs | evidence |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         largest_within = r.largest is not None and all(o is not r.largest for o in r.outside)
         folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or "—"
-        reported, within = ("figure", "—") if r.figure_only else (r.reported, f"{r.within}/{r.run}")
+        reported, within_text = ("figure", "—") if r.figure_only else (r.reported, f"{r.within}/{r.run}")
         lines.append(f"| {r.title} | {reported} | {r.runnable} | {r.run} | {_seeds(r.seeds)} | "
-                     f"{within} | {_gap(r.largest, largest_within)} | {_checks(r)} | {folders} |")
+                     f"{within_text} | {_consistent(r)} | {_gap(r.largest, largest_within)} | {_collapsed(r)} | "
+                     f"{_checks(r)} | {folders} |")
     outside = [(r, o) for r in rows for o in r.outside]
     lines.append("")
+    lines.append(_chance_text(rows))
+    lines.append("")
     if outside:
-        lines.append("Cells outside the allowed gap:")
+        lines.append("Cells not reproduced (every cell run whose |ours − paper| exceeds 1.5 points, with its "
+                     "95% t interval and its explanation):")
         lines.append("")
         for r, o in outside:
-            delta = "all seeds diverged" if o["delta"] is None else f"{o['delta']:+.2f} (allowed ±{o['allowed']:.2f})"
-            lines.append(f"- {r.table}, {o['row']} / {o['column']}: {delta}. {o['explanation']}")
+            lines.append(f"- {r.table}, {o['row']} / {o['column']}: {_verdict_text(o)}.{_flagged(o['collapsed'])} "
+                         f"{o['explanation']}")
     else:
-        lines.append("No cell that was run lies outside the allowed gap.")
+        lines.append("Every cell that was run is reproduced.")
+    flagged = [(r, f) for r in rows for f in r.collapsed]
+    lines.append("")
+    if flagged:
+        lines.append(f"Runs flagged as collapsed ({collapses.RULE}; every episode at its lowest round):")
+        lines.append("")
+        lines.extend(f"- {r.table}, {f['row']} / {f['column']}, seed {f['seed']}: "
+                     f"{collapses.describe(f['record'], limit=None)}" for r, f in flagged)
+    else:
+        lines.append("No run of a cell collapsed.")
     failing = [(r, v) for r in rows for v in r.checks_failing]
     lines.append("")
     if failing:
