@@ -3,6 +3,7 @@ counts, per paper table, the cells the paper-protocol evidence reproduces within
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -159,7 +160,9 @@ def test_a_collapsed_run_is_flagged_in_its_cell_and_in_the_list_of_cells_not_rep
     text = verification.markdown([row])
     assert "| ⚠ 1 runs in 1 cells |" in text
     assert "Collapsed: seed 2 to 10.00% at round 4 (best before 85.00%)." in text
-    assert "- toy_table1, FMNIST a=0.1 / FedLAW, seed 2: to 10.00% at round 4 (best before 85.00%)" in text
+    assert "- toy_table1, FMNIST a=0.1 / FedLAW: seed 2 to 10.00% at round 4 (best before 85.00%). *unexplained*" in text
+    assert verification.unnamed_collapses([row]) == [
+        "toy_table1, FMNIST a=0.1 / FedLAW, seed 2: its explanation does not name its fall to 10.00% at round 4"]
     # the same cell without the fall: nothing flagged
     steady = tmp_path / "steady"
     _folder(steady, "a", [("fedavg-s1", "fedavg", 0.80), ("fedlaw-s1", "fedlaw", 0.82), ("fedlaw-s2", "fedlaw", 0.82)])
@@ -180,6 +183,49 @@ def test_what_chance_alone_gives_is_the_binomial_count_of_interval_misses():
     # three seeds of spread 1: P(|t(2)| > 1.5 / (1 / sqrt 3)) = P(|t(2)| > 2.598) = 0.1217 each
     assert c["strict_expected"] == pytest.approx(19 * 0.12168, rel=1e-3)
     assert "0.95 of them would be expected outside it" in verification._chance_text([row])
+
+
+def test_every_collapsed_run_of_the_matrix_is_named_by_its_cells_explanation():
+    assert verification.unnamed_collapses(verification.matrix()) == []
+
+
+def test_every_number_the_explanations_state_is_cited_and_its_source_agrees():
+    """evidence/explanations.yaml: each two-decimal number of a text or summary is among its entry's cites, and
+    each cite is recomputed from the kept runs (or the paper's table, or the kept file it names)."""
+    assert verification.check_cites() == []
+
+
+def _explanations_with(tmp_path, entry: dict):
+    root = tmp_path / "evidence"
+    shutil.copytree(ROOT / "evidence", root, ignore=shutil.ignore_patterns("official_code", "gpu", "bench"))
+    (root / "official_code").mkdir()
+    shutil.copy(ROOT / "evidence" / "official_code" / "FACTS.md", root / "official_code" / "FACTS.md")
+    (root / verification.EXPLANATIONS).write_text(yaml.safe_dump({"fedlaw_table3": [entry]}, allow_unicode=True))
+    return root
+
+
+@pytest.mark.parametrize("text, cites, problem", [
+    # a final accuracy one hundredth off
+    ("FedDF ends at 72.92.", [{"value": "72.92", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
+     "states 72.92, its source gives 72.91"),
+    # a number the text states without a cite
+    ("FedDF ends at 72.91 and 72.45.", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
+     "72.45 is stated and not cited"),
+    # the accuracy at a round, and the paper's number
+    ("to 10.02% at round 23", [{"value": "10.02", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s10-4d568d9ecd",
+                                "of": "round", "round": 23}], "states 10.02, its source gives 10.01"),
+    ("paper 78.49", [{"value": "78.49", "paper": ["fedlaw_table3", "FedDF", "FMNIST α=0.1 mlp"]}], "states 78.49"),
+    # a pattern naming two runs where one is meant
+    ("72.91", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s*"}], "names 3 kept runs"),
+])
+def test_a_changed_or_uncited_number_fails_the_check(tmp_path, text, cites, problem):
+    root = _explanations_with(tmp_path, {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": text, "cites": cites})
+    problems = verification.check_cites(root)
+    assert len(problems) == 1 and problem in problems[0], problems
+    # the same entry with the number its source gives passes
+    right = {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": "ends at 72.91",
+             "cites": [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}]}
+    assert verification.check_cites(_explanations_with(tmp_path / "ok", right)) == []
 
 
 def test_readme_holds_the_generated_matrix():

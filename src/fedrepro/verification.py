@@ -168,8 +168,8 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             row.seeds.append(len(cell.ours) + len(cell.diverged))
             key = (name, cell.row, cell.column)
             flagged = sorted(({"row": cell.row, "column": cell.column, "seed": runs[r]["setting"]["seed"], "run": r,
-                               "record": cell.collapses[r]} for r in cell.runs + cell.diverged if r in cell.collapses),
-                             key=lambda f: f["seed"])
+                               "record": cell.collapses[r], **_explained(explain, key)}
+                              for r in cell.runs + cell.diverged if r in cell.collapses), key=lambda f: f["seed"])
             listed = {f["run"] for f in row.collapsed}  # a run two rows read (two metrics of one figure) once
             row.collapsed.extend(f for f in flagged if f["run"] not in listed)
             if not cell.ours:  # every seed diverged
@@ -203,6 +203,18 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
         row.folders = sorted(used)
         rows.append(row)
     return rows
+
+
+def unnamed_collapses(rows: list[Row]) -> list[str]:
+    """The flagged runs whose cell's explanation does not name their deepest fall ('10.01%'), one line each."""
+    out = []
+    for r in rows:
+        for f in r.collapsed:
+            deepest = min(f["record"]["episodes"], key=lambda e: e["low_acc"])
+            if f"{deepest['low_acc']:.2f}%" not in f["explanation"]:
+                out.append(f"{r.table}, {f['row']} / {f['column']}, seed {f['seed']}: its explanation does not name "
+                           f"its fall to {deepest['low_acc']:.2f}% at round {deepest['low_round']}")
+    return out
 
 
 def chance(rows: list[Row], confidence: float = paper.CONFIDENCE) -> dict:
@@ -339,10 +351,15 @@ def markdown(rows: list[Row]) -> str:
     flagged = [(r, f) for r in rows for f in r.collapsed]
     lines.append("")
     if flagged:
-        lines.append(f"Runs flagged as collapsed ({collapses.RULE}; every episode at its lowest round):")
+        lines.append(f"Runs flagged as collapsed ({collapses.RULE}; every episode at its lowest round), per cell, with "
+                     f"the summary of the cell's explanation:")
         lines.append("")
-        lines.extend(f"- {r.table}, {f['row']} / {f['column']}, seed {f['seed']}: "
-                     f"{collapses.describe(f['record'], limit=None)}" for r, f in flagged)
+        cells: dict = {}
+        for r, f in flagged:
+            cells.setdefault((r.table, f["row"], f["column"]), []).append(f)
+        for (table, row_label, column), runs_of_cell in cells.items():
+            seeds = "; ".join(f"seed {f['seed']} {collapses.describe(f['record'], limit=None)}" for f in runs_of_cell)
+            lines.append(f"- {table}, {row_label} / {column}: {seeds}. *{runs_of_cell[0]['summary']}*")
     else:
         lines.append("No run of a cell collapsed.")
     failing = [(r, v) for r in rows for v in r.checks_failing]
@@ -372,3 +389,93 @@ def write_readme(block: str, readme: str | Path = ROOT / "README.md") -> None:
     if start < 0 or end < start:
         raise ValueError(f"{readme} has no verification matrix markers")
     readme.write_text(text[:start + len(README_START)] + "\n" + block + text[end:])
+
+
+# ---------------------------------------------------------------------------------------- cited numbers
+
+NUMBER = r"(?<![\d.])\d+\.\d{2}(?![\d])"  # a number with two decimals, as accuracies and std are written
+
+
+def _cited_runs(root: Path, ref: str) -> list[Path]:
+    """'folder/run id pattern' -> the kept run folders it names (``*`` is a wildcard)."""
+    folder, pattern = ref.split("/", 1)
+    return sorted(p for p in (root / folder / "runs").glob(pattern) if p.is_dir())
+
+
+def _run_number(run: Path, cite: dict) -> float | None:
+    """One kept run's number as a cite names it: ``of`` final (the summary's final accuracy), best, round (the
+    test accuracy at ``round``), column (``column`` over ``rounds`` [first, last], reduced by ``stat``: median,
+    mean, min, max), or setting (the dotted ``setting`` key of the resolved setting). Accuracies in points."""
+    import pandas as pd
+
+    summary = json.loads((run / "summary.json").read_text())
+    of = cite.get("of", "final")
+    if of == "final":
+        return summary["final_acc"] * 100
+    if of == "best":
+        return summary["best_acc"] * 100
+    if of == "setting":
+        value = summary["setting"]
+        for part in cite["setting"].split("."):
+            value = value[part]
+        return float(value)
+    frame = pd.read_csv(run / "metrics.csv")
+    if of == "round":
+        return float(frame.loc[frame["round"] == cite["round"], "test_acc"].iloc[0]) * 100
+    if of == "column":
+        first, last = cite.get("rounds", [frame["round"].min(), frame["round"].max()])
+        values = frame[(frame["round"] >= first) & (frame["round"] <= last)][cite["column"]].dropna()
+        return float(getattr(values, cite.get("stat", "mean"))()) * cite.get("scale", 1)
+    raise ValueError(f"unknown cite kind of: {of}")
+
+
+def cited_value(cite: dict, root: Path = EVIDENCE, results: Path = paper.RESULTS_FILE) -> float:
+    """The number a cite names, from the kept runs (``run``: one; ``runs``: their mean), the paper's table
+    (``paper``: [table, row, column]), or a kept file whose text holds it (``file``; then the cited value itself
+    when the file holds its text)."""
+    if "paper" in cite:
+        table, row, column = cite["paper"]
+        (cell,) = [c for c in paper.cells(paper.load_results(results), [table]) if (c.row, c.column) == (row, column)]
+        return cell.std if cite.get("of") == "std" else cell.value
+    if "file" in cite:
+        text = (root.parent / cite["file"]).read_text()
+        if str(cite["value"]) not in text:
+            raise ValueError(f"{cite['file']} does not hold {cite['value']}")
+        return float(cite["value"])
+    ref = cite.get("run") or cite.get("runs")
+    runs = _cited_runs(root, ref)
+    if not runs or ("run" in cite and len(runs) != 1):
+        raise ValueError(f"{ref} names {len(runs)} kept runs, not {'one' if 'run' in cite else 'any'}")
+    values = [_run_number(r, cite) for r in runs]
+    return sum(values) / len(values)
+
+
+def check_cites(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE) -> list[str]:
+    """Every number with two decimals that an explanation states (its text and summary) must be among its
+    ``cites``, and every cite must equal, at the decimals it is written with, the number its source gives.
+    Returns the problems, one line each (none: every cited number comes from a kept run or the paper)."""
+    import re
+
+    root, results = Path(root), Path(results)
+    data = yaml.safe_load((root / EXPLANATIONS).read_text()) or {}
+    problems = []
+    for table, entries in data.items():
+        for e in entries:
+            where = f"{table} / {e.get('row')} / {e.get('column')}"
+            cites = e.get("cites", [])
+            written = {str(c["value"]) for c in cites}
+            for number in re.findall(NUMBER, e.get("text", "") + " " + e.get("summary", "")):
+                if number not in written:
+                    problems.append(f"{where}: {number} is stated and not cited")
+            for c in cites:
+                text = str(c["value"])
+                decimals = len(text.split(".")[1]) if "." in text else 0
+                try:
+                    value = cited_value(c, root, results)
+                except (ValueError, KeyError, IndexError, OSError) as err:
+                    problems.append(f"{where}: {text}: {err}")
+                    continue
+                if value is None or abs(value - float(text)) > 0.5 * 10 ** -decimals + 1e-9:
+                    given = "nothing" if value is None else f"{value:.{decimals}f}"
+                    problems.append(f"{where}: states {text}, its source gives {given}")
+    return problems
