@@ -101,7 +101,7 @@ TABLE_SHAPES = {
     "ima_fig6c": (5, 16, 80),
     "ima_fig7a": (6, 5, 30),
     "ima_fig7b": (2, 5, 10),
-    "fedaware_fig4": (10, 6, 60),
+    "fedaware_fig4": (11, 6, 66),  # FedAWARE and FedAWARE-NA at 5 alphas, and FedAvg-Full
     "fedaware_fig2": (4, 2, 8),
     "fednova_fig5": (6, 2, 12),     # the final loss and its mean over rounds 1-50, 3 settings each
     "fednova_table1_convergence": (7, 2, 14),  # Table I's rows where FedAvg has a number, in rounds
