@@ -122,6 +122,8 @@ def test_unknown_kind_and_axis_are_refused_by_name():
 # encodes its claim wrongly shows up here as the paper contradicting itself.
 EXPECTED_ON_PAPER = {
     ("ima_table1", "+IMA beats FMA (per method and setting)"): (96, 96),
+    ("ima_table1", '"we observe a greater performance gain with IMA on PACS than Digit Five" (α = 0.1, mean gain over '
+                   'the methods)'): (1, 1),
     ("ima_table2", "IMA from every t_s reaches the target sooner than FMA"): (24, 24),
     ("ima_table2", "from t_s = 200 on, a later start reaches the target later"): (12, 12),
     ("ima_table1", "FedFA + IMA is the best method on FMNIST #C=2 (88.06%)"): (1, 1),
@@ -349,3 +351,31 @@ def test_fedaware_fig4_marginal_improvement_over_fedavg_full(na, holds):
     spec, joined = _fedaware_fig4(ours)
     verdict = claims.evaluate(_check(spec, '"Compared with FedAvg-Full'), "fedaware_fig4", joined).ours
     assert (verdict.holds, verdict.total) == (int(holds), 1)
+
+
+def test_ima_pacs_gain_above_digit_five_gain_holds_on_the_papers_numbers_and_fails_on_a_changed_value():
+    """IMA section 5: a greater gain with IMA on PACS than on Digit Five (α = 0.1), the gain averaged over the
+    methods. The paper's numbers hold it; lower every PACS +IMA number to its FMA number and it fails."""
+    spec = paper.load_results()["ima_table1"]
+    (check,) = [c for c in spec["checks"] if c["kind"] == "gain_order"]
+    joined = paper.cells({"ima_table1": spec})
+    assert claims.evaluate(check, "ima_table1", joined).paper.holds == 1
+    fma = {c.column: c.value for c in joined if c.row == "PACS (AlexNet) α=0.1 (+FS), FMA"}
+    for c in joined:
+        if c.row == "PACS (AlexNet) α=0.1 (+FS), +IMA":
+            c.value = fma[c.column]  # no gain on PACS
+    verdict = claims.evaluate(check, "ima_table1", joined)
+    assert (verdict.paper.holds, verdict.paper.total) == (0, 1)
+
+
+def test_gain_order_by_hand():
+    # line c1: gain of A 5, of B 2; line c2: A 1, B 3. Per line: holds, fails; averaged: 3 against 2.5, holds
+    values = {("A+", "c1"): 15, ("A", "c1"): 10, ("B+", "c1"): 12, ("B", "c1"): 10,
+              ("A+", "c2"): 11, ("A", "c2"): 10, ("B+", "c2"): 13, ("B", "c2"): 10}
+    check = {"text": "", "kind": "gain_order", "axis": "rows", "first": ["A+", "A"], "second": ["B+", "B"]}
+    per_line = claims.evaluate(check, "t", table(values))
+    assert (per_line.paper.holds, per_line.paper.total) == (1, 2)
+    assert claims.evaluate({**check, "average": True}, "t", table(values)).paper.holds == 1
+    assert claims.evaluate({**check, "average": True, "margin": 0.5}, "t", table(values)).paper.holds == 0
+    with pytest.raises(ValueError, match="not labels"):
+        claims.evaluate({**check, "first": ["A+", "Z"]}, "t", table(values))
