@@ -187,6 +187,37 @@ def test_quadratic_fednova_reaches_the_true_minimiser_and_fedavg_the_biased_poin
     assert float((x_avg - biased).norm()) < 0.02 * gap
 
 
+def test_fedprox_alpha_terms_by_hand():
+    """FedNova Fig. 4, eqs. 8-10, for two clients with tau = 1 and 3, p = 1/2, alpha = 1/2: ||a_2||_1 = 1 + 1/2 + 1/4
+    = 7/4, tau_eff = 11/8, w = (4/11, 7/11), chi^2 = (3/22)^2 (11/4 + 11/7) = 0.080357, slowdown 2 / (11/8) = 16/11,
+    A = 2 (11/8) [(4/11)^2 + (7/11)^2 (21/16) / (49/16)] = 0.840909; alpha = 0 is FedAvg (w = tau_i / sum tau)."""
+    from fedrepro.figures import fednova
+    terms = fednova.fedprox_terms(0.5, [1, 3], [0.5, 0.5])
+    assert terms["tau_eff"] == pytest.approx(11 / 8) and terms["w"] == pytest.approx([4 / 11, 7 / 11])
+    assert terms["weight_bias"] == pytest.approx(0.0803571, rel=1e-6)
+    assert terms["slowdown"] == pytest.approx(16 / 11) and terms["A"] == pytest.approx(0.8409091, rel=1e-6)
+    fedavg = fednova.fedprox_terms(0.0, [1, 3], [0.5, 0.5])
+    assert fedavg["w"] == pytest.approx([0.25, 0.75]) and fedavg["slowdown"] == pytest.approx(1.0)
+    # alpha -> 0 approaches FedAvg continuously
+    assert fednova.fedprox_terms(1e-9, [1, 3], [0.5, 0.5])["w"] == pytest.approx([0.25, 0.75], abs=1e-8)
+
+
+def test_fedprox_alpha_claim_holds_on_the_curves_and_fails_on_a_changed_value():
+    """Fig. 4's claim in the paper's words: the weight bias falls with alpha, the slowdown rises, and alpha = 1
+    gives objective consistency with tau_eff = 1. Each check is seen to fail on a changed curve."""
+    from fedrepro.figures import OPTIONS, fednova
+    curves = fednova.fedprox_alpha_curves(OPTIONS["fedprox_alpha"])
+    checks = fednova.fedprox_alpha_checks(curves)
+    assert [c["holds"] for c in checks] == [True, True, True]
+    assert curves["slowdown"][-1] == pytest.approx(curves["tau"].mean())  # alpha = 1: tau_bar / 1
+    for key, index, value in (("weight_bias", 30, 1.0), ("slowdown", 30, 0.5), ("tau_eff", -1, 2.0)):
+        changed = {k: np.array(v, dtype=float) for k, v in curves.items()}
+        changed[key][index] = value
+        failing = [c["text"] for c in fednova.fedprox_alpha_checks(changed) if not c["holds"]]
+        assert len(failing) == 1, (key, failing)
+    assert "FEDPROX achieves objective consistency" in fednova.FEDPROX_ALPHA_CLAIM
+
+
 def test_quadratic_fedprox_local_model_is_the_exact_gd_iterate():
     e, _, tau = _heterogeneous()
     x0 = torch.ones(3, dtype=torch.float64)
@@ -247,6 +278,7 @@ SPECS = {
     "cosines": {"experiment": "tiny_snap", "rounds": [1, 2]},
     "coherence_lud": {"experiment": "tiny"},
     "quadratic": {"rounds": 50, "decay_rounds": [20], "clients": 5, "dim": 3},
+    "fedprox_alpha": {"alphas": [0.001, 0.01, 0.1, 0.5, 1.0]},
     "loss_curves": {"experiment": "tiny"},
     "split_dynamics": {"experiment": "tiny"},
     "momentum_ablation": {"experiment": "tiny_alpha"},

@@ -101,7 +101,7 @@ TABLE_SHAPES = {
     "ima_fig6c": (5, 16, 80),
     "ima_fig7a": (6, 5, 30),
     "ima_fig7b": (2, 5, 10),
-    "fedaware_fig4": (10, 6, 60),
+    "fedaware_fig4": (11, 6, 66),  # FedAWARE and FedAWARE-NA at 5 alphas, and FedAvg-Full
     "fedaware_fig2": (4, 2, 8),
     "fednova_fig5": (6, 2, 12),     # the final loss and its mean over rounds 1-50, 3 settings each
     "fednova_table1_convergence": (7, 2, 14),  # Table I's rows where FedAvg has a number, in rounds
@@ -441,3 +441,25 @@ def test_ima_fig10_rows_each_select_one_run_and_the_first_is_the_landscape_figur
     cross_device = next(r for r in runs if r.experiment == "ima_figures_landscape" and r.setting["num_clients"] == 100
                         and r.setting["algorithm"] == "fedavg" and not r.setting["plugins"])
     assert chosen[0][0].id == cross_device.id  # trained once, read by Figs. 1, 9 and 10
+
+
+@pytest.mark.parametrize("params_file, table, cells", [
+    # Table 2's FMA column: the FMA runs are Table 1's CIFAR-10 CNN runs at Dir(0.1); the untuned methods (a tuned
+    # method's final runs exist once its tuning has chosen)
+    ("ima.yaml", "ima_table2", [(m, c) for m in ("FedAvg", "FedAdam", "FedYogi", "FedGMA")
+                                for c in ("t_s=150", "t_s=200", "t_s=250", "t_s=300", "FMA")]),
+    # FedNova's numbers in the text: hybrid and server-only momentum, both among Table I's U(2,5) runs
+    ("fednova.yaml", "fednova_prose", [("hybrid momentum (local + server)", "accuracy"),
+                                       ("server momentum alone", "accuracy")]),
+])
+def test_a_tables_cells_read_runs_its_experiments_declare(params_file, table, cells):
+    """Each cell finds the paper's three seeds among the runs of the experiments the table reads
+    (paper.table_experiments), so the report can ever compare it."""
+    runs = config.expand(config.load_params(ROOT / "params" / params_file))
+    spec = paper.load_results()[table]
+    experiments = paper.table_experiments(table, spec, sorted({r.experiment for r in runs}))
+    mine = [r for r in runs if r.experiment in experiments]
+    by_label = {(c.row, c.column): c for c in paper.cells({table: spec})}
+    for key in cells:
+        found = {r.id: r.setting["seed"] for r in mine if paper.matches(r.setting, by_label[key].match)}
+        assert sorted(found.values()) == [1, 2, 3], (table, key, experiments)

@@ -56,17 +56,19 @@ def test_report_puts_paper_numbers_beside_ours_and_lists_missing(tmp_path, ima_f
     html = out.read_text()
 
     assert "IMA Table 1" in html
-    # ours emphasised; two seeds: the allowed gap is twice our std (2 x 1.41) when the paper gives none
+    # ours emphasised; the strict gap is 1.5 whatever our spread; two seeds: the 95% t interval is
+    # t(0.975, 1) x 1.41 / sqrt(2) = 12.71
     fedavg_cell = ('<td class="ok"><b class="ours">81.00</b> ± 1.41 <span class="muted">(n=2)</span>'
-                   '<small>paper 81.17</small><small>Δ -0.17 (allowed ±2.83)</small></td>')
+                   '<small>paper 81.17</small><small>Δ -0.17 (strict ±1.50; 95% t ±12.71)</small></td>')
     assert fedavg_cell in html, "the FedAvg #C=2 FMA cell: ours 81.00 ± 1.41 over 2 seeds, paper 81.17, Δ -0.17"
     assert ('<td class="off"><b class="ours">90.00</b> <span class="muted">(n=1)</span><small>paper 84.68</small>'
-            '<small>Δ +5.32 (allowed ±1.50)</small></td>') in html
+            '<small>Δ +5.32 (strict ±1.50)</small></td>') in html
     # 95 comparisons lack a cell of ours: 15 of them in this experiment's scope (not run yet), 80 need
     # CIFAR/other cells that this params file (only=ima_table1_fmnist) never runs
     assert ('<td>+IMA beats FMA (per method and setting)</td><td>96/96</td><td class="ok">1/1</td>'
             '<td class="ok">1/1</td><td>15 <small>(+80 outside this params file)</small></td>') in html
-    assert "1/2 cells run so far are within the allowed gap" in html
+    assert ("1/2 cells run so far are reproduced (|Δ| ≤ 1.5 points). Separately, 1/1 with two or more seeds are "
+            "consistent within seed noise") in html
     # the other cells and runs of the experiment are reported as missing, not dropped
     assert html.count('class="none"') > 0
     n_missing = len(config.unique_runs(runs)) - 3
@@ -78,7 +80,7 @@ def test_report_without_any_finished_run_still_builds(tmp_path, ima_fmnist_runs)
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
     html = report.build(manifest_path, tmp_path / "runs", tmp_path / "partitions", tmp_path / "r.html").read_text()
-    assert "0/" in html and "0/0 cells run so far are within the allowed gap" in html
+    assert "0/" in html and "0/0 cells run so far are reproduced" in html
     # nothing has run: no empty provenance rows for commits, machines, versions or time
     provenance = html[html.index('id="provenance"'):]
     assert "params hash" in provenance
@@ -133,7 +135,7 @@ def test_a_diverged_run_shows_in_its_paper_cell(tmp_path, ima_fmnist_runs):
     html = report.build(manifest_path, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
     assert '<td class="diverged"><b>diverged</b> (1 seed)<small>paper 79.78</small></td>' in html
     # run, and outside the gap: the verification matrix counts it so too
-    assert "0/1 cells run so far are within the allowed gap (1 diverged at every seed; " in html
+    assert "0/1 cells run so far are reproduced (|Δ| ≤ 1.5 points); 1 diverged at every seed." in html
 
 
 def test_index_counts_every_experiments_runs_by_state(tmp_path):
@@ -182,21 +184,34 @@ def test_index_counts_every_experiments_runs_by_state(tmp_path):
     assert [e["state"] for e in done["experiments"]] == ["done", "missing"] and done["report"] == "two.html"
 
 
-def test_allowed_gap_depends_on_the_seeds_we_have():
-    """allowed = max(tolerance, 2 sqrt(paper std² + ours std²)); one seed of ours has no std. Hand-computed:
-    2 x 1.05 = 2.10; seeds 62, 64 -> mean 63, std sqrt(2), 2 sqrt(1.05² + 2) = 3.5228."""
+def test_two_verdicts_the_strict_gap_and_the_seed_noise_interval_never_merge():
+    """Reproduced: |Δ| <= 1.5 whatever our spread. Consistent within seed noise: the paper's value inside the 95%
+    t interval of our mean (and of the difference of means where the paper prints a std). Hand-computed:
+    seeds 62, 64 -> mean 63, s sqrt(2), t(0.975, 1) = 12.706: half width 12.706, so Δ +2.32 is noise only;
+    seeds 62.0, 62.2, 62.4 -> s 0.2, t(0.975, 2) = 4.303: half width 4.303 x 0.2 / sqrt(3) = 0.497, so Δ +1.52
+    is neither. The interval agrees with scipy's own t tests: inside exactly when p >= 0.05."""
+    from scipy import stats
     from fedrepro import paper
-    cells = [paper.Cell("t", "p", "FedAvg", "a", {}, {}, 60.68, 1.05, ours=[62.5]),
-             paper.Cell("t", "p", "FedAvg", "b", {}, {}, 60.68, 1.05, ours=[63.0]),
-             paper.Cell("t", "p", "FedAvg", "c", {}, {}, 60.68, 1.05, ours=[62.0, 64.0]),
-             paper.Cell("t", "p", "FedAvg", "d", {}, {}, 60.68, None, ours=[62.0]),
-             paper.Cell("t", "p", "FedAvg", "e", {}, {}, 60.68, None, ours=[62.5])]
-    frame = paper.table_frame(cells, "t", tolerance=1.5).set_index("column")
-    assert frame.loc["a", "allowed"] == pytest.approx(2.10) and frame.loc["a", "within"]  # |1.82| <= 2.10
-    assert not frame.loc["b", "within"]  # |2.32| > 2.10
-    assert frame.loc["c", "allowed"] == pytest.approx(3.5228, abs=1e-4) and frame.loc["c", "within"]  # 2.32
-    assert frame.loc["d", "allowed"] == 1.5 and frame.loc["d", "within"]  # no std anywhere: the tolerance, |1.32|
-    assert not frame.loc["e", "within"]  # |1.82| > 1.5
+    cells = [paper.Cell("t", "p", "FedAvg", "a", {}, {}, 60.68, None, ours=[62.0, 64.0]),
+             paper.Cell("t", "p", "FedAvg", "b", {}, {}, 60.68, None, ours=[62.0, 62.2, 62.4]),
+             paper.Cell("t", "p", "FedAvg", "c", {}, {}, 60.68, None, ours=[62.5]),
+             paper.Cell("t", "p", "FedAvg", "d", {}, {}, 60.68, None, ours=[61.5, 61.9]),
+             paper.Cell("t", "p", "FedAvg", "e", {}, {}, 60.68, 1.05, ours=[62.0, 64.0])]
+    frame = paper.table_frame(cells, "t", tolerance=1.5, paper_seeds=3).set_index("column")
+    assert frame.loc["a", "interval"] == pytest.approx(12.706, abs=1e-3)
+    assert list(frame["allowed"]) == [1.5] * 5  # our spread never widens the strict gap
+    assert frame.loc["b", "interval"] == pytest.approx(0.4969, abs=1e-4)
+    assert list(frame["verdict"]) == ["seed noise only", "neither", "no interval", "reproduced", "seed noise only"]
+    assert list(frame["within"]) == [False, False, False, True, False]
+    assert frame.loc["c", "consistent"] is None or pd.isna(frame.loc["c", "consistent"])
+    # one sample against the paper's value; Welch's two samples where the paper prints a std (3 seeds)
+    for column, values in (("a", [62.0, 64.0]), ("b", [62.0, 62.2, 62.4]), ("d", [61.5, 61.9])):
+        p = stats.ttest_1samp(values, 60.68).pvalue
+        assert bool(frame.loc[column, "consistent"]) == (p >= 0.05), column
+    welch = stats.ttest_ind_from_stats(63.0, 2 ** 0.5, 2, 60.68, 1.05, 3, equal_var=False).pvalue
+    assert bool(frame.loc["e", "consistent"]) == (welch >= 0.05)
+    # the Welch interval is the difference's, not our mean's alone
+    assert frame.loc["e", "interval"] != pytest.approx(frame.loc["a", "interval"])
 
 
 def test_short_labels_drop_what_every_line_shares():

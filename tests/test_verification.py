@@ -4,6 +4,7 @@ reproduces within the allowed gap."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -26,10 +27,11 @@ TABLE = {"tables": {"toy_table1": {
               "values": [60.0, None]}]}}}
 
 
-def _run(folder, run_id: str, algorithm: str, acc: float, status: str = "finished", seed: int | None = None) -> dict:
+def _run(folder, run_id: str, algorithm: str, acc: float, status: str = "finished", seed: int | None = None,
+         curve=None) -> dict:
     out = folder / "runs" / run_id
     out.mkdir(parents=True)
-    accs = np.full(12, acc)
+    accs = np.full(12, acc) if curve is None else np.asarray(curve)
     pd.DataFrame({"round": np.arange(1, 13), "test_acc": accs}).to_csv(out / "metrics.csv", index=False)
     seed = int(run_id.rsplit("s", 1)[1]) if seed is None else seed
     setting = {"algorithm": algorithm, "plugins": [], "dataset": "fmnist", "partition": {"alpha": 0.1}, "seed": seed}
@@ -77,14 +79,19 @@ def test_counts_gaps_and_explanations_from_paper_protocol_evidence(tmp_path, res
     assert sorted(row.seeds) == [1, 3] and row.within == 1
     # FedLAW: one seed at 82.00 against 85.00: delta -3.00 > 1.5, with its explanation
     assert row.outside == [{"row": "FMNIST a=0.1", "column": "FedLAW", "delta": pytest.approx(-3.0),
-                            "allowed": 1.5, "explanation": "a named, tested difference, at length",
+                            "allowed": 1.5, "interval": None, "verdict": "no interval", "collapsed": [],
+                            "explanation": "a named, tested difference, at length",
                             "summary": "a named, tested difference"}]
     assert row.largest["column"] == "FedLAW" and row.folders == ["a", "b"]
+    # FedAvg: 78, 80, 82 -> s = 2, t(0.975, 2) = 4.303: the interval ±4.97 holds the paper's 80.0
+    assert (row.with_interval, row.consistent, row.noise_only) == (1, 1, 0)
     text = verification.markdown([row])
-    assert ("| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference | "
-            "— | `evidence/a/`, `evidence/b/` |") in text
+    assert text.startswith("**Reproduced: 1 of the 2 cells run**")
+    assert ("| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | 1/1 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference | "
+            "none | — | `evidence/a/`, `evidence/b/` |") in text
     # the matrix shows the summary; the list below it the whole text
-    assert "- toy_table1, FMNIST a=0.1 / FedLAW: -3.00 (allowed ±1.50). a named, tested difference, at length" in text
+    assert ("- toy_table1, FMNIST a=0.1 / FedLAW: -3.00 (strict ±1.50; one seed: no interval). a named, tested "
+            "difference, at length") in text
 
 
 def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cells_count(tmp_path, results):
@@ -93,7 +100,7 @@ def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cell
     (row,) = verification.matrix(root, results)
     assert row.within == 0 and row.diverged == 1
     text = verification.markdown([row])
-    assert "+10.00 (allowed ±2.00). unexplained" in text  # one seed: 2 x the paper's std 1.0
+    assert "+10.00 (strict ±1.50; one seed: no interval). unexplained" in text  # the paper's std widens nothing
     assert "FMNIST a=0.1 / FedLAW: all seeds diverged. unexplained" in text
 
 
@@ -135,10 +142,91 @@ def test_a_figure_only_table_is_judged_by_its_claims_on_our_runs(tmp_path, fedla
     # one comparison (FMNIST); the CIFAR row waits: mean 70 against 90 holds, against 50 does not
     assert (check.ours.holds, check.ours.total, check.pending) == (int(holds), 1, 1)
     text = verification.markdown([row])
-    assert f"| Toy Fig. 5 (figure only) | figure | 2 | 2 | 2 | — | — | {int(holds)}/1 | `evidence/a/` |" in text
+    assert f"| Toy Fig. 5 (figure only) | figure | 2 | 2 | 2 | — | — | — | none | {int(holds)}/1 | `evidence/a/` |" in text
     failing = "- toy_fig5: FedLAW beats FedAvg in every row: 0/1"
     assert (failing in text) is not holds
     assert ("No claim check evaluated on our runs fails." in text) is holds
+
+
+def test_a_collapsed_run_is_flagged_in_its_cell_and_in_the_list_of_cells_not_reproduced(tmp_path, results):
+    root = tmp_path / "evidence"
+    # seed 2 of FedLAW climbs to 85% and falls to 10% (chance) at round 4, then ends at 82%: a collapse
+    fall = [0.5, 0.7, 0.85, 0.10, 0.6, 0.8] + [0.82] * 6
+    _folder(root, "a", [("fedavg-s1", "fedavg", 0.80), ("fedlaw-s1", "fedlaw", 0.82),
+                        ("fedlaw-s2", "fedlaw", 0.0, "finished", None, fall)])
+    (row,) = verification.matrix(root, results)
+    assert [(f["column"], f["seed"]) for f in row.collapsed] == [("FedLAW", 2)]
+    (outside,) = row.outside
+    assert outside["collapsed"][0]["record"]["episodes"][0]["low_round"] == 4
+    text = verification.markdown([row])
+    assert "| ⚠ 1 runs in 1 cells |" in text
+    assert "Collapsed: seed 2 to 10.00% at round 4 (best before 85.00%)." in text
+    assert "- toy_table1, FMNIST a=0.1 / FedLAW: seed 2 to 10.00% at round 4 (best before 85.00%). *unexplained*" in text
+    assert verification.unnamed_collapses([row]) == [
+        "toy_table1, FMNIST a=0.1 / FedLAW, seed 2: its explanation does not name its fall to 10.00% at round 4"]
+    # the same cell without the fall: nothing flagged
+    steady = tmp_path / "steady"
+    _folder(steady, "a", [("fedavg-s1", "fedavg", 0.80), ("fedlaw-s1", "fedlaw", 0.82), ("fedlaw-s2", "fedlaw", 0.82)])
+    (row,) = verification.matrix(steady, results)
+    assert row.collapsed == [] and "No run of a cell collapsed." in verification.markdown([row])
+
+
+def test_what_chance_alone_gives_is_the_binomial_count_of_interval_misses():
+    """19 cells with an interval, 11 outside: 0.05 x 19 = 0.95 expected, and P(at least 11) from the binomial sum
+    written out by hand."""
+    import math
+    row = verification.Row("t", "T", noise=[{"n": 3, "sd": 1.0, "tolerance": 1.5, "consistent": i >= 11}
+                                            for i in range(19)])
+    c = verification.chance([row])
+    assert (c["cells"], c["misses"]) == (19, 11) and c["expected"] == pytest.approx(0.95)
+    by_hand = sum(math.comb(19, k) * 0.05 ** k * 0.95 ** (19 - k) for k in range(11, 20))
+    assert c["p_at_least"] == pytest.approx(by_hand, rel=1e-9)
+    # three seeds of spread 1: P(|t(2)| > 1.5 / (1 / sqrt 3)) = P(|t(2)| > 2.598) = 0.1217 each
+    assert c["strict_expected"] == pytest.approx(19 * 0.12168, rel=1e-3)
+    assert "0.95 of them would be expected outside it" in verification._chance_text([row])
+
+
+def test_every_collapsed_run_of_the_matrix_is_named_by_its_cells_explanation():
+    assert verification.unnamed_collapses(verification.matrix()) == []
+
+
+def test_every_number_the_explanations_state_is_cited_and_its_source_agrees():
+    """evidence/explanations.yaml: each two-decimal number of a text or summary is among its entry's cites, and
+    each cite is recomputed from the kept runs (or the paper's table, or the kept file it names)."""
+    assert verification.check_cites() == []
+
+
+def _explanations_with(tmp_path, entry: dict):
+    root = tmp_path / "evidence"
+    shutil.copytree(ROOT / "evidence", root, ignore=shutil.ignore_patterns("official_code", "gpu", "bench"))
+    (root / "official_code").mkdir()
+    shutil.copy(ROOT / "evidence" / "official_code" / "FACTS.md", root / "official_code" / "FACTS.md")
+    (root / verification.EXPLANATIONS).write_text(yaml.safe_dump({"fedlaw_table3": [entry]}, allow_unicode=True))
+    return root
+
+
+@pytest.mark.parametrize("text, cites, problem", [
+    # a final accuracy one hundredth off
+    ("FedDF ends at 72.92.", [{"value": "72.92", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
+     "states 72.92, its source gives 72.91"),
+    # a number the text states without a cite
+    ("FedDF ends at 72.91 and 72.45.", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
+     "72.45 is stated and not cited"),
+    # the accuracy at a round, and the paper's number
+    ("to 10.02% at round 23", [{"value": "10.02", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s10-4d568d9ecd",
+                                "of": "round", "round": 23}], "states 10.02, its source gives 10.01"),
+    ("paper 78.49", [{"value": "78.49", "paper": ["fedlaw_table3", "FedDF", "FMNIST α=0.1 mlp"]}], "states 78.49"),
+    # a pattern naming two runs where one is meant
+    ("72.91", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s*"}], "names 3 kept runs"),
+])
+def test_a_changed_or_uncited_number_fails_the_check(tmp_path, text, cites, problem):
+    root = _explanations_with(tmp_path, {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": text, "cites": cites})
+    problems = verification.check_cites(root)
+    assert len(problems) == 1 and problem in problems[0], problems
+    # the same entry with the number its source gives passes
+    right = {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": "ends at 72.91",
+             "cites": [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}]}
+    assert verification.check_cites(_explanations_with(tmp_path / "ok", right)) == []
 
 
 def test_the_docs_hold_the_generated_matrix_and_the_readme_its_summary():
@@ -154,13 +242,13 @@ def test_the_docs_hold_the_generated_matrix_and_the_readme_its_summary():
     assert summary == verification.glance(verification.matrix()), "run: fedrepro evidence matrix --write-readme"
 
 
-def test_the_summary_counts_per_paper_the_cells_within_1_5_points_and_within_the_allowed_gap():
-    rows = [verification.Row("toy_table1", "Toy Table 1", paper="toy", reported=4, runnable=4, run=3, seeds=[3, 3, 3],
-                             within=3, deltas=[0.4, -1.6, 2.1]),
-            verification.Row("toy_fig5", "Toy Fig. 5", paper="toy", figure_only=True, runnable=2, run=2, seeds=[3, 3]),
-            verification.Row("other_table1", "Other Table 1", paper="other", reported=5)]
+def test_the_summary_counts_per_paper_the_reproduced_and_the_consistent_cells_apart():
+    rows = [verification.Row("toy_table1", "Toy Table 1", paper_key="toy", reported=4, runnable=4, run=3, seeds=[3, 3, 3],
+                             within=1, with_interval=3, consistent=2),
+            verification.Row("toy_fig5", "Toy Fig. 5", paper_key="toy", figure_only=True, runnable=2, run=2, seeds=[3, 3]),
+            verification.Row("other_table1", "Other Table 1", paper_key="other", reported=5)]
     text = verification.glance(rows)
-    assert "| toy | 2 | 2 | 3 (+2 in figures) | 1/3 | 3/3 | — | [docs/papers/toy.md](docs/papers/toy.md) |" in text
+    assert "| toy | 2 | 2 | 3 (+2 in figures) | 1/3 | 2/3 | — | [docs/papers/toy.md](docs/papers/toy.md) |" in text
     assert "| other | 1 | 0 | 0 | — | — | — | [docs/papers/other.md](docs/papers/other.md) |" in text
 
 

@@ -19,6 +19,10 @@ per line of the other axis (``lines``: patterns restricting those, default all):
   gain_size    per pair, the gain on every one of ``lines`` lies ``within`` [low, high] ("a gain of around
          5 points"); one comparison per pair.
 
+  gain_order   the gain of the ``first`` pair of labels ([winner, loser]) is larger than the gain of the
+         ``second`` pair by more than ``margin`` (default 0), on each line, or (``average: true``) of their
+         gains averaged over the lines ("a greater gain with IMA on PACS than Digit Five"): one comparison.
+
 ``average: true`` (gain kinds) averages the gains of all pairs on each line first, and makes one comparison
 of those mean gains: for a claim the paper makes of "the gain" over its methods, not of each method. It
 waits until every pair has its cells.
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 
 from fedrepro.paper import Cell
 
-KINDS = ("beats", "ties", "best", "order", "gain_ratio", "gain_spread", "gain_size")
+KINDS = ("beats", "ties", "best", "order", "gain_ratio", "gain_spread", "gain_size", "gain_order")
 ACROSS_LINES = ("gain_ratio", "gain_spread", "gain_size")  # kinds that compare gains of one pair across lines
 
 
@@ -173,6 +177,8 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
         return grid[(line, label)] if axis == "columns" else grid[(label, line)]
 
     stated = check.get("stated", "")
+    if check["kind"] == "gain_order":
+        return _evaluate_gain_order(check, labels, lines, cell, stated)
     if check["kind"] in ACROSS_LINES:
         return _evaluate_gains(check, labels, lines, cell, stated)
     paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
@@ -245,6 +251,43 @@ def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stat
                 outside += 1
             continue
         ours_holds = _gains_hold(check, gains(comparison, lambda c: _ours(c, check)))
+        ours.total += 1
+        ours.holds += ours_holds
+        _tally(agree, paper_holds, ours_holds)
+    return Verdict(check["text"], paper, ours, pending, outside, stated, agree)
+
+
+def _evaluate_gain_order(check: dict, labels: list[str], lines: list[str], cell, stated: str) -> Verdict:
+    """gain_order: per line (or once, averaged over the lines) the first pair's gain against the second's."""
+    pairs = [check["first"], check["second"]]
+    unknown = [label for pair in pairs for label in pair if label not in labels]
+    if unknown:
+        raise ValueError(f"check '{check['text']}': {', '.join(unknown)} not labels of the table")
+    sign = -1 if check.get("better", "higher") == "lower" else 1
+    groups = [lines] if check.get("average") else [[line] for line in lines]
+    paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
+
+    def holds(group, value) -> bool:
+        gains = [sum(sign * (value(cell(line, w)) - value(cell(line, l))) for line in group) / len(group)
+                 for w, l in pairs]
+        return all(math.isfinite(g) for g in gains) and gains[0] > gains[1] + check.get("margin", 0)
+
+    for group in groups:
+        involved = [cell(line, label) for line in group for pair in pairs for label in pair]
+        paper_holds = None
+        if not stated and all(c.value is not None for c in involved):
+            paper_holds = holds(group, lambda c: c.value)
+            paper.total += 1
+            paper.holds += paper_holds
+        elif not stated:
+            continue
+        if any(_ours(c, check) is None for c in involved):
+            if all(c.in_scope for c in involved):
+                pending += 1
+            else:
+                outside += 1
+            continue
+        ours_holds = holds(group, lambda c: _ours(c, check))
         ours.total += 1
         ours.holds += ours_holds
         _tally(agree, paper_holds, ours_holds)

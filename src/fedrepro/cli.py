@@ -111,7 +111,8 @@ EXAMPLES = {
                 "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html\n"
                 "  fedrepro evidence matrix --write-readme\n"
                 "  fedrepro evidence compare evidence/fednova_fig5_synthetic --configfile params/fednova.yaml "
-                "params/subsets/verify_fednova_fig5_synthetic.yaml",
+                "params/subsets/verify_fednova_fig5_synthetic.yaml\n"
+                "  fedrepro evidence collapses evidence/fedlaw_table3_fmnist_mlp --write",
 }
 
 
@@ -347,6 +348,13 @@ def cmd_collect(args) -> None:
     print(f"collect: {args.metrics}, {args.curves}")
 
 
+def _kept_run(run: Path) -> tuple[dict, object]:
+    import pandas as pd
+    from fedrepro import config
+    metrics = run / "metrics.csv"
+    return config.read_json(run / "summary.json"), pd.read_csv(metrics) if metrics.is_file() else None
+
+
 def cmd_evidence(args) -> None:
     from fedrepro import evidence
     if args.action == "matrix":
@@ -360,6 +368,15 @@ def cmd_evidence(args) -> None:
             print("docs/verification.md: verification matrix rewritten; README.md: its summary rewritten")
         else:
             print(block, end="")
+        return
+    if args.action == "collapses":
+        from fedrepro import collapses
+        for folder in args.folder:
+            rows = evidence.record_collapses(folder) if args.write else [
+                {"run": r.name, "record": collapses.of_run(*_kept_run(r))} for r in sorted(Path(folder, "runs").glob("*"))]
+            for row in rows:
+                if row["record"] and row["record"]["collapsed"]:
+                    print(f"{folder}: {row['run']}: {collapses.describe(row['record'], limit=None)}")
         return
     if args.action == "compare":
         raise SystemExit(_print_comparison(evidence.compare(args.folder, args.configfile, args.runs_dir,
@@ -673,9 +690,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest |difference| of any metric in any round that still confirms (default 0: bit for "
                         "bit, what the same machine gives; another CPU or a GPU may differ in the last bits)")
     a.set_defaults(func=cmd_evidence)
+    a = actions.add_parser("collapses", help="the kept runs that collapsed (test accuracy more than 20 points below "
+                           "its best so far, or to chance), from their metrics.csv; --write records each run's "
+                           "record in its kept summary.json")
+    a.add_argument("folder", nargs="+", type=_existing("folder"), help="evidence folders")
+    a.add_argument("--write", action="store_true", help="write the record (key collapse) into each kept summary.json")
+    a.set_defaults(func=cmd_evidence)
     for action, a in actions.choices.items():
         a.epilog = "example:\n  " + EXAMPLES["evidence"].splitlines()[
-            ["keep", "report", "matrix", "compare"].index(action)].strip()
+            ["keep", "report", "matrix", "compare", "collapses"].index(action)].strip()
         a.formatter_class = argparse.RawDescriptionHelpFormatter
 
     for p in [*sub.choices.values(), *actions.choices.values()]:  # also after the sub-command

@@ -12,6 +12,11 @@ page from such a folder alone, so every number a page states can be regenerated 
       params/                the params files, as they were when kept
       runs/<run id>/         summary.json, metrics.csv
       partitions/<id>/       partition.json, counts.csv, heatmap.png
+
+A kept summary.json is the trainer's plus one key the keep adds, ``collapse``: the run's collapse record
+(``fedrepro.collapses``), computed from its metrics.csv when it is kept, so the trainer (whose code is part of
+every run id) never computes it. ``record_collapses`` writes it into folders kept before the record existed;
+a test checks that every kept record equals what the rule computes today.
 """
 from __future__ import annotations
 
@@ -87,11 +92,13 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
             shutil.copy(path, staging / "params" / f"{i}_{path.name}")
     for run_id in finished:
         _copy(runs_dir / run_id, staging / "runs" / run_id, RUN_FILES)
+        _record_collapse(staging / "runs" / run_id)
     partitions = sorted({declared[r] for r in finished})
     for pid in partitions:
         _copy(partitions_dir / pid, staging / "partitions" / pid, PARTITION_FILES)
     for c in carried.values():
         _copy(c["folder"] / "runs" / c["id"], staging / "runs" / c["id"], RUN_FILES)
+        _record_collapse(staging / "runs" / c["id"])
         _copy(c["folder"] / "partitions" / c["partition"], staging / "partitions" / c["partition"], PARTITION_FILES)
     if carry:
         command += " --carry " + " ".join(map(str, carry))
@@ -111,6 +118,34 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     return {"folder": str(folder), "runs": len(finished) + len(carried), "carried": len(carried),
             "partitions": len(set(partitions) | {c["partition"] for c in carried.values()}),
             "bytes": sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()), "unchanged": unchanged}
+
+
+def _record_collapse(run: Path) -> dict | None:
+    """Write the run's collapse record (fedrepro.collapses, from its metrics.csv) into its kept summary.json,
+    as the key ``collapse``; the file is rewritten only when the record changes. Returns the record."""
+    from fedrepro import collapses, config
+
+    summary_path, metrics_path = run / rundir.SUMMARY, run / rundir.METRICS
+    if not summary_path.is_file() or not metrics_path.is_file():
+        return None
+    import pandas as pd
+
+    summary = config.read_json(summary_path)
+    record = collapses.of_run(summary, pd.read_csv(metrics_path))
+    if summary.get("collapse") != record:
+        summary["collapse"] = record
+        summary_path.write_text(json.dumps(summary, indent=2, default=float))  # as the trainer writes it
+    return record
+
+
+def record_collapses(folder: str | Path) -> list[dict]:
+    """Write each kept run's collapse record into its summary.json (``_record_collapse``); one row per run:
+    run id and record."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST})")
+    return [{"run": run.name, "record": _record_collapse(run)} for run in sorted((folder / "runs").glob("*"))
+            if run.is_dir()]
 
 
 def _same_records(new: Path, old: Path) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro import rundir
+from fedrepro import collapses, rundir
 from fedrepro.config import ROOT, CorruptFileError
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
@@ -35,6 +35,7 @@ class Cell:
     runs: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)  # matching runs whose loss became NaN/inf
     in_scope: bool = True  # False: the params file (e.g. a subset) declares no run for this cell
+    collapses: dict = field(default_factory=dict)  # run id -> its collapse record (fedrepro.collapses), flagged runs
 
     @property
     def ours_mean(self) -> float | None:
@@ -172,7 +173,8 @@ def weight_correlation(summary: dict, frame, factor: str) -> float | None:
 
 
 def load_runs(runs_dir: str | Path, ids: set[str] | None = None) -> list[dict]:
-    """Every run folder with a summary (or only those named in ``ids``): setting, summary, metrics."""
+    """Every run folder with a summary (or only those named in ``ids``): setting, summary, metrics, and its
+    collapse record computed from the metrics (``fedrepro.collapses``; a kept summary's own record is the same)."""
     runs = []
     for run_dir in rundir.finished_runs(runs_dir):
         if ids is not None and run_dir.id not in ids:
@@ -183,7 +185,8 @@ def load_runs(runs_dir: str | Path, ids: set[str] | None = None) -> list[dict]:
         except CorruptFileError as err:  # one damaged run must not hide the others' numbers
             print(f"warning: skipped: {err}", file=sys.stderr)
             continue
-        runs.append({"id": run_dir.id, "setting": summary["setting"], "summary": summary, "metrics": metrics})
+        runs.append({"id": run_dir.id, "setting": summary["setting"], "summary": summary, "metrics": metrics,
+                     "collapse": collapses.of_run(summary, metrics)})
     return runs
 
 
@@ -195,6 +198,8 @@ def join(tables: dict, runs: list[dict], names: list[str] | None = None) -> list
             if matches(run["setting"], cell.match):
                 if run["summary"].get("status") == "diverged":
                     cell.diverged.append(run["id"])
+                if (run.get("collapse") or {}).get("collapsed"):
+                    cell.collapses[run["id"]] = run["collapse"]
                 value = run_metric(cell.metric, run["summary"], run["metrics"])
                 if value is not None:
                     cell.ours.append(value)
@@ -202,37 +207,89 @@ def join(tables: dict, runs: list[dict], names: list[str] | None = None) -> list
     return out
 
 
-MIN_GAP = 1.5  # points of accuracy: the least distance from the paper's mean that still counts as reproduced
+MIN_GAP = 1.5  # points of accuracy: the largest distance from the paper's mean that counts as reproduced
+CONFIDENCE = 0.95  # of the t interval that says whether our seeds' spread alone admits the paper's value
 
 
 def tolerance(table: dict) -> float:
-    """The floor of a table's allowed gap: its own ``tolerance``, else 1.5 points (20 rounds for a
-    rounds-to-target table, IMA Table 2)."""
+    """The strict verdict's gap: a table's own ``tolerance``, else 1.5 points (20 rounds for a rounds-to-target
+    table, IMA Table 2). Our spread never widens it: a noisy cell is judged by ``noise_interval`` instead."""
     return table.get("tolerance", 20.0 if table["metric"]["kind"] == "rounds_to_target" else MIN_GAP)
 
 
-def allowed_gap(tolerance: float, paper_std: float | None, ours_std: float | None) -> float:
-    """How far our mean may sit from the paper's and still count as reproduced: max(tolerance, 2 standard
-    deviations of the paper's and ours together), together being sqrt(paper_std² + ours_std²) (a side
-    without a std, e.g. one seed of ours, adds nothing)."""
-    return max(tolerance, 2 * math.hypot(paper_std or 0.0, ours_std or 0.0))
+def reproduced(delta: float | None, tolerance: float) -> bool | None:
+    """The strict verdict: |ours − paper| <= tolerance (1.5 points); None where a side is missing."""
+    return None if delta is None else abs(delta) <= tolerance
 
 
-def table_frame(joined: list[Cell], table: str, tolerance: float = MIN_GAP):
+def noise_interval(ours: list[float], paper_std: float | None = None, paper_seeds: int | None = None,
+                   confidence: float = CONFIDENCE) -> float | None:
+    """Half the width of the t-based ``confidence`` interval that decides "consistent within seed noise".
+
+    Without the paper's std: the interval of our mean, t(n−1) · s / sqrt(n) over our n seeds; the paper's
+    value is consistent with our runs when it lies inside it. Where the paper prints a std over
+    ``paper_seeds`` runs: the interval of the difference of the two means (Welch), t(ν) · sqrt(s²/n + s_p²/n_p)
+    with Welch–Satterthwaite's ν. None with fewer than two seeds of ours (no spread to judge by), or a
+    finite-valued spread that is missing (a rounds-to-target cell one seed never reached)."""
+    from scipy import stats
+
+    values = [v for v in ours if v is not None]
+    n = len(values)
+    if n < 2 or not all(math.isfinite(v) for v in values):
+        return None
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    q = 0.5 + confidence / 2
+    if paper_std is None or not paper_seeds or paper_seeds < 2:
+        return float(stats.t.ppf(q, n - 1) * math.sqrt(var / n))
+    a, b = var / n, paper_std ** 2 / paper_seeds
+    if a + b == 0:
+        return 0.0
+    dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (paper_seeds - 1))
+    return float(stats.t.ppf(q, dof) * math.sqrt(a + b))
+
+
+def consistent(delta: float | None, interval: float | None) -> bool | None:
+    """The second verdict: the paper's value lies inside our interval (|Δ| <= its half width); None where there
+    is no interval (one seed) or no delta."""
+    if delta is None or interval is None or not math.isfinite(delta):
+        return None
+    return abs(delta) <= interval
+
+
+def verdict(delta: float | None, tolerance: float, interval: float | None) -> str:
+    """The cell's label: 'reproduced' (strict), 'seed noise only' (outside the strict gap, inside our interval:
+    the spread of our seeds alone admits the paper's value), 'neither', 'no interval' (outside the strict gap,
+    one seed: no spread to judge by), or '' where nothing is compared."""
+    if delta is None:
+        return ""
+    if reproduced(delta, tolerance):
+        return "reproduced"
+    inside = consistent(delta, interval)
+    return "no interval" if inside is None else ("seed noise only" if inside else "neither")
+
+
+def table_frame(joined: list[Cell], table: str, tolerance: float = MIN_GAP, paper_seeds: int | None = None):
     """One paper table as rows x columns of 'paper ± std | ours ± std (n) | Δ', for the report page.
 
-    ``within`` is True where |Δ| <= ``allowed`` (allowed_gap: points of accuracy, or rounds for IMA
-    Table 2; a metric's own ``tolerance`` where its unit is another, e.g. FedLAW's learned gamma), None
-    where a side is missing."""
+    Two verdicts, never merged: ``within`` is True where |Δ| <= ``allowed`` (the strict tolerance: points of
+    accuracy, rounds for IMA Table 2, a metric's own ``tolerance`` where its unit is another, e.g. FedLAW's
+    learned gamma); ``consistent`` where |Δ| <= ``interval`` (``noise_interval``: our seeds' t interval, and the
+    paper's std over ``paper_seeds`` where it prints one). Each is None where it cannot be judged."""
     import pandas as pd
 
     records = []
     for c in joined:
         if c.table != table:
             continue
-        allowed = allowed_gap(c.metric.get("tolerance", tolerance), c.std, c.ours_std)
+        allowed = c.metric.get("tolerance", tolerance)
+        interval = noise_interval(c.ours, c.std, paper_seeds)
         records.append({"row": c.row, "column": c.column, "paper": c.value, "paper_std": c.std,
                         "ours": c.ours_mean, "ours_std": c.ours_std, "seeds": len(c.ours), "delta": c.delta,
                         "diverged": len(c.diverged), "in_scope": c.in_scope, "allowed": allowed,
-                        "within": None if c.delta is None else abs(c.delta) <= allowed})
+                        "within": reproduced(c.delta, allowed), "interval": interval,
+                        "consistent": consistent(c.delta, interval),
+                        "verdict": verdict(c.delta, allowed, interval),
+                        "collapsed": len(c.collapses),
+                        "collapse_text": "; ".join(collapses.describe(r) for r in c.collapses.values())})
     return pd.DataFrame.from_records(records)

@@ -195,6 +195,25 @@ def coincide_note(a: str, b: str, variants: dict[str, dict]) -> str:
             f"of every seed; its curve is drawn dashed over {a}'s.{why}")
 
 
+def collapse_points(curve: pd.DataFrame) -> pd.DataFrame:
+    """One row per collapse episode (fedrepro.collapses) of each run in ``curve`` (its rows per run and round):
+    run, method (when the frame has one), seed, round and accuracy (points) of the episode's lowest round."""
+    from fedrepro import catalog, collapses
+
+    rows = []
+    if curve.empty or "test_acc" not in curve:
+        return pd.DataFrame(columns=["run", "method", "seed", "round", "acc", "text"])
+    for run, part in curve.groupby("run", sort=False):
+        dataset = str(part["partition"].iloc[0]).split("-")[0] if "partition" in part else ""
+        classes = catalog.DATASETS.get(dataset, {}).get("num_classes", 10)
+        record = collapses.detect(part["round"].tolist(), part["test_acc"].tolist(), classes)
+        for e in record["episodes"]:
+            rows.append({"run": run, "method": part["method"].iloc[0] if "method" in part else None,
+                         "seed": part["seed"].iloc[0] if "seed" in part else None,
+                         "round": e["low_round"], "acc": e["low_acc"], "text": collapses.describe({**record, "episodes": [e]})})
+    return pd.DataFrame(rows, columns=["run", "method", "seed", "round", "acc", "text"])
+
+
 def curves_figure(curve: pd.DataFrame, same_as: dict[str, str] | None = None) -> str | None:
     """One row per partition (so a panel compares methods on the same data), one column per metric.
 
@@ -220,6 +239,7 @@ def curves_figure(curve: pd.DataFrame, same_as: dict[str, str] | None = None) ->
     methods = list(dict.fromkeys(curve["method"]))
     palette = dict(zip(methods, sns.color_palette("tab10", len(methods))))
     fig, axes = plt.subplots(len(splits), len(CURVES), figsize=(14, 3.2 * len(splits)), squeeze=False)
+    collapsed: set[str] = set()
     for row, split in zip(axes, splits):
         part = curve[curve["split"] == split]
         for ax, (column, title, scale) in zip(row, CURVES):
@@ -237,9 +257,18 @@ def curves_figure(curve: pd.DataFrame, same_as: dict[str, str] | None = None) ->
                     line.set_linestyle((0, (4, 3)))
                     line.set_linewidth(2.2)
                     line.set_zorder(5)
+            if column == "test_acc":  # each collapse at its lowest round, in its method's colour
+                for (method, _), lows in collapse_points(part).groupby(["method", "run"]):
+                    collapsed.add(method)
+                    ax.scatter(lows["round"], lows["acc"], marker="v", s=36, color=palette[method],
+                               edgecolors="black", linewidths=0.6, zorder=6)
             ax.set_ylabel("")
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles = [matplotlib.lines.Line2D([], [], color=palette[m], label=m) for m in methods]
+    if collapsed:
+        handles.append(matplotlib.lines.Line2D([], [], color="grey", marker="v", linestyle="", markeredgecolor="black",
+                                               label="collapse: a run's accuracy more than 20 points\nbelow its best "
+                                                     "so far, or at chance (its lowest round)"))
     if dashed:
         handles.append(matplotlib.lines.Line2D([], [], color="grey", linestyle="--",
                                                label="dashed: same curve as another line"))
@@ -277,7 +306,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
             cell.in_scope = any(paper.matches(setting, cell.match) for setting in scope)
         metric = table["metric"]["kind"]
         tolerance = paper.tolerance(table)
-        frame = paper.table_frame(joined, name, tolerance)
+        frame = paper.table_frame(joined, name, tolerance, table.get("paper_seeds"))
         columns = [c["label"] for c in table["columns"]]
         rows = []
         for label in dict.fromkeys(frame["row"]):
@@ -289,9 +318,15 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         # a cell whose every seed diverged was run and is outside the gap, as the verification matrix counts it
         all_diverged = int((frame["paper"].notna() & frame["ours"].isna() & (frame["diverged"] > 0)).sum())
         in_scope = frame.dropna(subset=["paper"])["in_scope"]
-        verdict = (f"{int(compared['within'].sum())}/{len(compared) + all_diverged} cells run so far are within"
-                   f" the allowed gap ({f'{all_diverged} diverged at every seed; ' if all_diverged else ''}"
-                   f"{int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope)")
+        noise = compared[compared["verdict"] == "seed noise only"]
+        with_interval = compared["consistent"].notna()
+        verdict = (f"{int(compared['within'].sum())}/{len(compared) + all_diverged} cells run so far are reproduced"
+                   f" (|Δ| ≤ {tolerance:g} {table.get('unit', 'rounds' if metric == 'rounds_to_target' else 'points')})"
+                   f"{f'; {all_diverged} diverged at every seed' if all_diverged else ''}. Separately, "
+                   f"{int(compared.loc[with_interval, 'consistent'].astype(bool).sum())}/{int(with_interval.sum())} "
+                   f"with two or more seeds are consistent within seed noise (the paper's value inside the "
+                   f"{paper.CONFIDENCE:.0%} t interval){f', {len(noise)} of them only so' if len(noise) else ''}. "
+                   f"{int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope.")
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
                     "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
                     "experiments": experiments, "tolerance": tolerance, "best_among": table.get("best_among", "rows"),
@@ -481,6 +516,12 @@ def write_figures(sections: list[dict], folder: Path) -> list[Path]:
     return written
 
 
+def _collapse_list(curve: pd.DataFrame) -> list[dict]:
+    """The section's collapsed runs, one entry per run: its id and every episode in words."""
+    points = collapse_points(curve)
+    return [{"run": run, "text": "; ".join(part["text"])} for run, part in points.groupby("run", sort=True)]
+
+
 def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str | Path, out: str | Path,
           figures_dir: str | Path | None = None, paper_figures_dir: str | Path | None = None) -> Path:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -514,6 +555,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
             "tunings": tuning_sections(manifest, exp_name),
             "missing": [r for r in exp_runs.to_dict("records") if r["status"] == "missing"],
             "diverged": [r["run"] for r in exp_runs.to_dict("records") if r["status"] == "diverged"],
+            "collapsed": _collapse_list(exp_curve),
             "runtime_total": float(done["runtime_s"].sum()) if "runtime_s" in done else 0.0,
             "switches": switch_effects(exp_runs) if exp.get("switches") and len(exp_runs) else None,
         })

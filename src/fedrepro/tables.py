@@ -16,7 +16,8 @@ from pathlib import Path
 
 FORMATS = {"csv": "csv", "latex": "tex", "md": "md"}  # --format -> file suffix
 CSV_FIELDS = ["table", "row", "column", "ours", "ours_std", "seeds", "paper", "paper_std", "delta", "allowed",
-              "within", "diverged", "in_scope", "best_ours", "best_paper"]
+              "within", "interval", "consistent", "verdict", "collapsed", "diverged", "in_scope", "best_ours",
+              "best_paper"]
 NOTE = ("Ours: mean ± std over seeds; in parentheses the paper's value (± its std); the best in bold; "
         "— not run (or outside this params file).")
 

@@ -2,11 +2,15 @@
 
 Built from ``evidence/`` and ``params/paper_results.yaml`` alone (never typed by hand): one row per paper
 table, with the cells the paper reports, those runnable on a machine without internet, those run at the
-paper's settings (kept as evidence), the seeds per cell, how many land within the allowed gap, and the
-largest gap with its explanation, and the table's claim checks evaluated on our runs (for a figure the
-paper prints no numbers for, they are the whole verification: its cells count as runnable and run, none as
-reported). docs/verification.md holds the command's output between two markers, README.md a summary per
-paper (``glance``) between two more, and a test checks that both agree with the evidence.
+paper's settings (kept as evidence), the seeds per cell, and two verdicts that are counted apart and never
+merged: *reproduced*, |ours − paper| <= 1.5 points (the table's tolerance; our spread never widens it), and
+*consistent within seed noise*, the paper's value inside the 95% t interval of our mean (of the difference of
+means where the paper prints a std; paper.noise_interval). Then the largest gap with its explanation, the runs
+that collapsed (fedrepro.collapses), and the table's claim checks evaluated on our runs (for a figure the paper
+prints no numbers for, they are the whole verification: its cells count as runnable and run, none as
+reported). Below the table: every cell not reproduced, with its explanation, and how many misses seed noise
+alone would give at this number of cells. docs/verification.md holds the command's output between two markers,
+README.md a summary per paper (``glance``) between two more, and a test checks that both agree with the evidence.
 
 Only evidence kept under the paper's protocol counts: a folder kept from params files that include an
 ``*_official_protocol`` subset is the authors' code's protocol (docs/parity.md compares those). A run counts
@@ -18,12 +22,13 @@ the most recently kept counts.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from fedrepro import claims, paper
+from fedrepro import claims, collapses, paper
 from fedrepro.config import ROOT, ConfigError
 
 EVIDENCE = ROOT / "evidence"
@@ -56,16 +61,22 @@ def protocol(manifest: dict) -> str:
 class Row:
     table: str
     title: str
-    paper: str = ""                      # the table's paper (params/paper_results.yaml: ``paper``)
+    paper_key: str = ""                    # the table's paper (params/paper_results.yaml: ``paper``)
     figure_only: bool = False            # the paper prints no numbers: only its claims can be checked
     reported: int = 0
     runnable: int = 0
     run: int = 0
     seeds: list[int] = field(default_factory=list)
-    within: int = 0
+    within: int = 0                      # reproduced: |delta| <= the table's tolerance (strict)
+    tolerance: float = paper.MIN_GAP
+    with_interval: int = 0               # cells run at two or more seeds: a t interval exists
+    consistent: int = 0                  # of those, the paper's value inside the interval
+    noise_only: int = 0                  # not reproduced, but inside the interval: our spread alone admits it
     diverged: int = 0
     largest: dict | None = None          # {row, column, delta, allowed, explanation}
-    outside: list[dict] = field(default_factory=list)
+    outside: list[dict] = field(default_factory=list)  # every cell not reproduced
+    collapsed: list[dict] = field(default_factory=list)  # {row, column, seed, record} per flagged run
+    noise: list[dict] = field(default_factory=list)  # per cell with an interval: {n, sd, tolerance, consistent}
     folders: list[str] = field(default_factory=list)
     checks: list[claims.Verdict] = field(default_factory=list)
     deltas: list[float] = field(default_factory=list)  # ours − paper of every cell run with a number
@@ -150,8 +161,8 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 runs.pop(run["id"], None)  # kept again later: it counts as of its latest keep
                 runs[run["id"]] = {**run, "folder": folder.name}
         joined = paper.join({name: table}, list(runs.values()))
-        row = Row(name, table["title"], paper=table.get("paper", name.split("_")[0]),
-                  figure_only=all(cell.value is None for cell in joined))
+        row = Row(name, table["title"], paper_key=table.get("paper", name.split("_")[0]),
+                  figure_only=all(cell.value is None for cell in joined), tolerance=paper.tolerance(table))
         for cell in joined:
             if cell.ours or cell.diverged:
                 _one_per_seed(cell, runs)
@@ -165,27 +176,74 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             row.run += 1
             row.seeds.append(len(cell.ours) + len(cell.diverged))
             key = (name, cell.row, cell.column)
+            flagged = sorted(({"row": cell.row, "column": cell.column, "seed": runs[r]["setting"]["seed"], "run": r,
+                               "record": cell.collapses[r], **_explained(explain, key)}
+                              for r in cell.runs + cell.diverged if r in cell.collapses), key=lambda f: f["seed"])
+            listed = {f["run"] for f in row.collapsed}  # a run two rows read (two metrics of one figure) once
+            row.collapsed.extend(f for f in flagged if f["run"] not in listed)
             if not cell.ours:  # every seed diverged
                 row.diverged += 1
                 row.outside.append({"row": cell.row, "column": cell.column, "delta": None, "allowed": None,
+                                    "interval": None, "verdict": "diverged", "collapsed": flagged,
                                     **_explained(explain, key)})
                 continue
             if row.figure_only:  # no number to be near; the claims below judge it
                 continue
-            allowed = paper.allowed_gap(paper.tolerance(table), cell.std, cell.ours_std)
+            allowed = cell.metric.get("tolerance", row.tolerance)
+            interval = paper.noise_interval(cell.ours, cell.std, table.get("paper_seeds"))
             entry = {"row": cell.row, "column": cell.column, "delta": cell.delta, "allowed": allowed,
-                     **_explained(explain, key)}
+                     "interval": interval, "verdict": paper.verdict(cell.delta, allowed, interval),
+                     "collapsed": flagged, **_explained(explain, key)}
+            if interval is not None:
+                row.with_interval += 1
+                inside = paper.consistent(cell.delta, interval)
+                row.consistent += inside
+                row.noise.append({"n": len(cell.ours), "sd": cell.ours_std, "tolerance": allowed,
+                                  "paper_std": cell.std, "paper_seeds": table.get("paper_seeds"),
+                                  "consistent": inside})
             row.deltas.append(cell.delta)
-            if abs(cell.delta) <= allowed:
+            if paper.reproduced(cell.delta, allowed):
                 row.within += 1
             else:
                 row.outside.append(entry)
+                row.noise_only += entry["verdict"] == "seed noise only"
             if row.largest is None or abs(cell.delta) > abs(row.largest["delta"]):
                 row.largest = entry
         row.checks = claims.evaluate_table(name, table, joined)
         row.folders = sorted(used)
         rows.append(row)
     return rows
+
+
+def unnamed_collapses(rows: list[Row]) -> list[str]:
+    """The flagged runs whose cell's explanation does not name their deepest fall ('10.01%'), one line each."""
+    out = []
+    for r in rows:
+        for f in r.collapsed:
+            deepest = min(f["record"]["episodes"], key=lambda e: e["low_acc"])
+            if f"{deepest['low_acc']:.2f}%" not in f["explanation"]:
+                out.append(f"{r.table}, {f['row']} / {f['column']}, seed {f['seed']}: its explanation does not name "
+                           f"its fall to {deepest['low_acc']:.2f}% at round {deepest['low_round']}")
+    return out
+
+
+def chance(rows: list[Row], confidence: float = paper.CONFIDENCE) -> dict:
+    """How many misses seed noise alone would give at this number of cells, were each paper value the true mean
+    of our runs. Interval: each of the n cells with a t interval misses with probability 1 − confidence, so
+    the misses are Binomial(n, 0.05): their expectation and the chance of at least as many as we have. Strict
+    gap: a cell of n seeds with spread s misses 1.5 points with probability P(|t(n−1)| > 1.5 / (s / sqrt(n)))
+    (our s standing in for the true spread); their sum is the expected number of strict misses from noise."""
+    from scipy import stats
+
+    cells = [c for r in rows for c in r.noise]
+    n, misses = len(cells), sum(not c["consistent"] for c in cells)
+    strict_expected = 0.0
+    for c in cells:
+        se = (c["sd"] or 0.0) / math.sqrt(c["n"])
+        strict_expected += 2 * stats.t.sf(c["tolerance"] / se, c["n"] - 1) if se > 0 else 0.0
+    return {"cells": n, "misses": misses, "expected": (1 - confidence) * n,
+            "p_at_least": float(stats.binom.sf(misses - 1, n, 1 - confidence)) if n else 1.0,
+            "strict_expected": strict_expected}
 
 
 def _seeds(seeds: list[int]) -> str:
@@ -220,27 +278,100 @@ def _agreement(verdict: claims.Verdict) -> str:
     return f"; agrees with the paper's numbers in {agree}{same}"
 
 
+def _consistent(row: Row) -> str:
+    if row.figure_only:
+        return "—"
+    text = f"{row.consistent}/{row.with_interval}"
+    return text + (f" ({row.noise_only} only so)" if row.noise_only else "")
+
+
+def _collapsed(row: Row) -> str:
+    if not row.collapsed:
+        return "—" if not row.run else "none"
+    cells = {(c["row"], c["column"]) for c in row.collapsed}
+    return f"⚠ {len(row.collapsed)} runs in {len(cells)} cells"
+
+
+def _flagged(flagged: list[dict]) -> str:
+    """'Collapsed: seed 10 to 10.01% at round 23 (best before 76.84%).' for an entry's flagged runs."""
+    if not flagged:
+        return ""
+    return " Collapsed: " + "; ".join(f"seed {f['seed']} {collapses.describe(f['record'], limit=2)}"
+                                      for f in flagged) + "."
+
+
+def _verdict_text(o: dict) -> str:
+    if o["delta"] is None:
+        return "all seeds diverged"
+    strict = f"{o['delta']:+.2f} (strict ±{o['allowed']:.2f}"
+    if o["interval"] is None:
+        return strict + "; one seed: no interval)"
+    where = "inside it: seed noise only" if o["verdict"] == "seed noise only" else "outside it"
+    return strict + f"; 95% t interval ±{o['interval']:.2f}, the paper's value {where})"
+
+
+def _chance_text(rows: list[Row]) -> str:
+    c = chance(rows)
+    if not c["cells"]:
+        return "No cell has two or more seeds yet: there is no interval to count misses of."
+    return (f"**What chance alone gives.** {c['cells']} cells have a 95% t interval (two or more seeds). Were every "
+            f"paper value the true mean of our runs, {c['expected']:.2f} of them would be expected outside it "
+            f"(Binomial({c['cells']}, 0.05)); {c['misses']} are, and at least {c['misses']} misses happen by chance "
+            f"with probability {c['p_at_least']:.2g}. For the strict gap, our seeds' own spread would put "
+            f"{c['strict_expected']:.2f} of those {c['cells']} cells more than 1.5 points from a true paper value "
+            f"(sum over the cells of P(|t(n−1)| > 1.5 / (s/√n)), our s standing in for the true spread); "
+            f"{sum(1 for r in rows for o in r.outside if o['interval'] is not None)} are.")
+
+
 def markdown(rows: list[Row]) -> str:
-    lines = ["| paper table | cells reported | runnable here | run at full settings | seeds per cell | "
-             "within the allowed gap | largest gap (ours − paper) and its explanation | claim checks that hold on "
-             "our runs | evidence |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    run = sum(r.run for r in rows if not r.figure_only)
+    within = sum(r.within for r in rows if not r.figure_only)
+    consistent = sum(r.consistent for r in rows)
+    with_interval = sum(r.with_interval for r in rows)
+    noise_only = sum(r.noise_only for r in rows)
+    lines = [f"**Reproduced: {within} of the {run} cells run** (|ours − paper| ≤ 1.5 points, the table's "
+             f"tolerance; 20 rounds for rounds-to-target). Separately, consistent within seed noise: {consistent} of "
+             f"the {with_interval} cells with two or more seeds (the paper's value inside the 95% t interval of our "
+             f"mean), {noise_only} of them only so.",
+             "",
+             "| paper table | cells reported | runnable here | run at full settings | seeds per cell | "
+             "reproduced (\\|Δ\\| ≤ 1.5) | consistent within seed noise (95% t) | largest gap (ours − paper) and "
+             "its explanation | collapsed runs | claim checks that hold on our runs | evidence |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         largest_within = r.largest is not None and all(o is not r.largest for o in r.outside)
         folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or "—"
-        reported, within = ("figure", "—") if r.figure_only else (r.reported, f"{r.within}/{r.run}")
+        reported, within_text = ("figure", "—") if r.figure_only else (r.reported, f"{r.within}/{r.run}")
         lines.append(f"| {r.title} | {reported} | {r.runnable} | {r.run} | {_seeds(r.seeds)} | "
-                     f"{within} | {_gap(r.largest, largest_within)} | {_checks(r)} | {folders} |")
+                     f"{within_text} | {_consistent(r)} | {_gap(r.largest, largest_within)} | {_collapsed(r)} | "
+                     f"{_checks(r)} | {folders} |")
     outside = [(r, o) for r in rows for o in r.outside]
     lines.append("")
+    lines.append(_chance_text(rows))
+    lines.append("")
     if outside:
-        lines.append("Cells outside the allowed gap:")
+        lines.append("Cells not reproduced (every cell run whose |ours − paper| exceeds 1.5 points, with its "
+                     "95% t interval and its explanation):")
         lines.append("")
         for r, o in outside:
-            delta = "all seeds diverged" if o["delta"] is None else f"{o['delta']:+.2f} (allowed ±{o['allowed']:.2f})"
-            lines.append(f"- {r.table}, {o['row']} / {o['column']}: {delta}. {o['explanation']}")
+            lines.append(f"- {r.table}, {o['row']} / {o['column']}: {_verdict_text(o)}.{_flagged(o['collapsed'])} "
+                         f"{o['explanation']}")
     else:
-        lines.append("No cell that was run lies outside the allowed gap.")
+        lines.append("Every cell that was run is reproduced.")
+    flagged = [(r, f) for r in rows for f in r.collapsed]
+    lines.append("")
+    if flagged:
+        lines.append(f"Runs flagged as collapsed ({collapses.RULE}; every episode at its lowest round), per cell, with "
+                     f"the summary of the cell's explanation:")
+        lines.append("")
+        cells: dict = {}
+        for r, f in flagged:
+            cells.setdefault((r.table, f["row"], f["column"]), []).append(f)
+        for (table, row_label, column), runs_of_cell in cells.items():
+            seeds = "; ".join(f"seed {f['seed']} {collapses.describe(f['record'], limit=None)}" for f in runs_of_cell)
+            lines.append(f"- {table}, {row_label} / {column}: {seeds}. *{runs_of_cell[0]['summary']}*")
+    else:
+        lines.append("No run of a cell collapsed.")
     failing = [(r, v) for r in rows for v in r.checks_failing]
     lines.append("")
     if failing:
@@ -254,28 +385,31 @@ def markdown(rows: list[Row]) -> str:
 
 
 def glance(rows: list[Row]) -> str:
-    """The README's summary of the matrix: per paper, its tables, those with runs kept, the cells run, how many
-    lie within 1.5 points of the paper and how many within the allowed gap, the claim checks that hold."""
-    lines = ["| paper | tables and figures | with kept runs | cells run | within 1.5 points | within the allowed gap "
-             "| claim checks that hold | page |",
+    """The README's summary of the matrix: per paper, its tables, those with runs kept, the cells run, how many are
+    reproduced (within the table's tolerance, 1.5 points), how many are consistent within seed noise (of the cells
+    run at two or more seeds), and the claim checks that hold. The two verdicts are never merged."""
+    lines = ["| paper | tables and figures | with kept runs | cells run | reproduced (within 1.5 points) "
+             "| consistent within seed noise | claim checks that hold | page |",
              "|---|---|---|---|---|---|---|---|"]
     papers: dict[str, list[Row]] = {}
     for r in rows:
-        papers.setdefault(r.paper, []).append(r)
+        papers.setdefault(r.paper_key, []).append(r)
     for paper_key, group in papers.items():
         numbered = [r for r in group if not r.figure_only]
         run = sum(r.run for r in numbered)
-        strict = sum(abs(d) <= STRICT_POINTS for r in numbered for d in r.deltas)
-        within = sum(r.within for r in numbered)
+        reproduced = sum(r.within for r in numbered)
+        with_interval = sum(r.with_interval for r in numbered)
+        consistent = sum(r.consistent for r in numbered)
         evaluated = sum(len(r.checks_evaluated) for r in group)
         holding = evaluated - sum(len(r.checks_failing) for r in group)
         kept = sum(r.run > 0 for r in group)
         in_figures = sum(r.run for r in group if r.figure_only)
         cells = f"{run}" + (f" (+{in_figures} in figures)" if in_figures else "")
-        ratio = (lambda n: f"{n}/{run}") if run else (lambda n: "—")
         page = f"[docs/papers/{paper_key}.md](docs/papers/{paper_key}.md)"
-        lines.append(f"| {PAPER_NAMES.get(paper_key, paper_key)} | {len(group)} | {kept} | {cells} | {ratio(strict)} | "
-                     f"{ratio(within)} | {f'{holding}/{evaluated}' if evaluated else '—'} | {page} |")
+        lines.append(f"| {PAPER_NAMES.get(paper_key, paper_key)} | {len(group)} | {kept} | {cells} | "
+                     f"{f'{reproduced}/{run}' if run else '—'} | "
+                     f"{f'{consistent}/{with_interval}' if with_interval else '—'} | "
+                     f"{f'{holding}/{evaluated}' if evaluated else '—'} | {page} |")
     return "\n".join(lines) + "\n"
 
 
@@ -304,3 +438,93 @@ def write_block(path: str | Path, block: str, start_marker: str = README_START, 
 def write_readme(block: str, readme: str | Path = MATRIX_DOC) -> None:
     """Write the matrix into docs/verification.md (or ``readme``)."""
     write_block(readme, block)
+
+
+# ---------------------------------------------------------------------------------------- cited numbers
+
+NUMBER = r"(?<![\d.])\d+\.\d{2}(?![\d])"  # a number with two decimals, as accuracies and std are written
+
+
+def _cited_runs(root: Path, ref: str) -> list[Path]:
+    """'folder/run id pattern' -> the kept run folders it names (``*`` is a wildcard)."""
+    folder, pattern = ref.split("/", 1)
+    return sorted(p for p in (root / folder / "runs").glob(pattern) if p.is_dir())
+
+
+def _run_number(run: Path, cite: dict) -> float | None:
+    """One kept run's number as a cite names it: ``of`` final (the summary's final accuracy), best, round (the
+    test accuracy at ``round``), column (``column`` over ``rounds`` [first, last], reduced by ``stat``: median,
+    mean, min, max), or setting (the dotted ``setting`` key of the resolved setting). Accuracies in points."""
+    import pandas as pd
+
+    summary = json.loads((run / "summary.json").read_text())
+    of = cite.get("of", "final")
+    if of == "final":
+        return summary["final_acc"] * 100
+    if of == "best":
+        return summary["best_acc"] * 100
+    if of == "setting":
+        value = summary["setting"]
+        for part in cite["setting"].split("."):
+            value = value[part]
+        return float(value)
+    frame = pd.read_csv(run / "metrics.csv")
+    if of == "round":
+        return float(frame.loc[frame["round"] == cite["round"], "test_acc"].iloc[0]) * 100
+    if of == "column":
+        first, last = cite.get("rounds", [frame["round"].min(), frame["round"].max()])
+        values = frame[(frame["round"] >= first) & (frame["round"] <= last)][cite["column"]].dropna()
+        return float(getattr(values, cite.get("stat", "mean"))()) * cite.get("scale", 1)
+    raise ValueError(f"unknown cite kind of: {of}")
+
+
+def cited_value(cite: dict, root: Path = EVIDENCE, results: Path = paper.RESULTS_FILE) -> float:
+    """The number a cite names, from the kept runs (``run``: one; ``runs``: their mean), the paper's table
+    (``paper``: [table, row, column]), or a kept file whose text holds it (``file``; then the cited value itself
+    when the file holds its text)."""
+    if "paper" in cite:
+        table, row, column = cite["paper"]
+        (cell,) = [c for c in paper.cells(paper.load_results(results), [table]) if (c.row, c.column) == (row, column)]
+        return cell.std if cite.get("of") == "std" else cell.value
+    if "file" in cite:
+        text = (root.parent / cite["file"]).read_text()
+        if str(cite["value"]) not in text:
+            raise ValueError(f"{cite['file']} does not hold {cite['value']}")
+        return float(cite["value"])
+    ref = cite.get("run") or cite.get("runs")
+    runs = _cited_runs(root, ref)
+    if not runs or ("run" in cite and len(runs) != 1):
+        raise ValueError(f"{ref} names {len(runs)} kept runs, not {'one' if 'run' in cite else 'any'}")
+    values = [_run_number(r, cite) for r in runs]
+    return sum(values) / len(values)
+
+
+def check_cites(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE) -> list[str]:
+    """Every number with two decimals that an explanation states (its text and summary) must be among its
+    ``cites``, and every cite must equal, at the decimals it is written with, the number its source gives.
+    Returns the problems, one line each (none: every cited number comes from a kept run or the paper)."""
+    import re
+
+    root, results = Path(root), Path(results)
+    data = yaml.safe_load((root / EXPLANATIONS).read_text()) or {}
+    problems = []
+    for table, entries in data.items():
+        for e in entries:
+            where = f"{table} / {e.get('row')} / {e.get('column')}"
+            cites = e.get("cites", [])
+            written = {str(c["value"]) for c in cites}
+            for number in re.findall(NUMBER, e.get("text", "") + " " + e.get("summary", "")):
+                if number not in written:
+                    problems.append(f"{where}: {number} is stated and not cited")
+            for c in cites:
+                text = str(c["value"])
+                decimals = len(text.split(".")[1]) if "." in text else 0
+                try:
+                    value = cited_value(c, root, results)
+                except (ValueError, KeyError, IndexError, OSError) as err:
+                    problems.append(f"{where}: {text}: {err}")
+                    continue
+                if value is None or abs(value - float(text)) > 0.5 * 10 ** -decimals + 1e-9:
+                    given = "nothing" if value is None else f"{value:.{decimals}f}"
+                    problems.append(f"{where}: states {text}, its source gives {given}")
+    return problems

@@ -75,10 +75,11 @@ KINDS = {
     "split_dynamics": ("fedaware", "split_dynamics"),
     "momentum_ablation": ("fedaware", "momentum_ablation"),
     "quadratic": ("fednova", "quadratic"),
+    "fedprox_alpha": ("fednova", "fedprox_alpha"),
     "loss_curves": ("fednova", "loss_curves"),
 }
 # kinds that read no runs (pure mathematics)
-NO_RUNS = {"quadratic"}
+NO_RUNS = {"quadratic", "fedprox_alpha"}
 # kinds that evaluate models on the test set: their rule asks for a GPU
 EVALUATES = {"landscape", "landscape_rows", "interpolation", "client_averages"}
 COMMON_KEYS = {"kind", "experiment", "select", "reproduces", "differs", "title"}
@@ -109,6 +110,8 @@ OPTIONS = {  # the options each kind reads, with their defaults
     "quadratic": {"clients": 30, "dim": 20, "rounds": 1200, "lr": 0.05, "decay_rounds": [600, 900],
                   "decay": 5.0, "tau": 30, "tau_range": [1, 96], "tau_std": 20.0, "mu": 1.0, "seed": 0},
     "loss_curves": {"panels": [], "column": "global_train_loss"},
+    "fedprox_alpha": {"clients": 30, "tau": 20.0, "tau_std": 20 ** 0.5, "seed": 0,
+                      "alphas": [round(10 ** (-3 + 3 * i / 60), 6) for i in range(61)]},
 }
 
 CHOICES = {  # options with a closed set of values
