@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedrepro"
 LAYERS = {
     "command line": {"cli.py", "__main__.py"},
     "operations": {"plan.py", "bench.py", "bench_settings.py", "gpucheck.py", "slots.py"},
-    "reports": {"report.py", "index.py", "tables.py", "claims.py", "paper.py", "verification.py", "evidence.py",
+    "reports": {"report.py", "index.py", "tables.py", "claims.py", "paper.py", "verification.py", "evidence.py", "collapses.py",
                 "figures/*", "tracking.py"},
     "settings": {"config.py", "settings.py", "tuning.py", "forks.py", "registry.py", "conditions.py"},
     "run": {"engine.py", "client.py", "batched.py", "checkpoint.py", "hessian.py", "rundir.py", "provenance.py"},
