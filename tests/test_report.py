@@ -634,3 +634,23 @@ def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tm
     with pytest.raises(SystemExit):  # another draw of the clients is not the kept run's rerun
         cli.main(compare)
     assert f"{earlier[0].id}: not declared" in capsys.readouterr().out
+
+
+def test_the_provenance_names_the_gpu_stack_and_the_determinism_switches(tmp_path, ima_fmnist_runs):
+    params, runs = ima_fmnist_runs
+    runs_dir = tmp_path / "runs"
+    run = shards_run(runs, "fedavg", [], 1)
+    fabricate(run, runs_dir, 0.8)
+    summary = json.loads((runs_dir / run.id / "summary.json").read_text())
+    summary["accelerator"] = {"torch": "2.15.0+cu132", "cuda": "13.2", "cudnn": 92600,
+                              "gpu": {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_gib": 79.2,
+                                      "driver": "570.86.15"},
+                              "determinism": {"deterministic_algorithms": False, "cudnn_benchmark": False,
+                                              "matmul_allow_tf32": False, "cudnn_allow_tf32": True}}
+    (runs_dir / run.id / "summary.json").write_text(json.dumps(summary))
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    html = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    provenance = html[html.index('id="provenance"'):]
+    assert ("<td>GPU stack and determinism switches</td><td>torch 2.15.0+cu132, CUDA 13.2, cuDNN 92600, GPU NVIDIA "
+            "H100 80GB HBM3 (compute 9.0), driver 570.86.15; deterministic algorithms off, TF32 cuDNN</td>") in provenance

@@ -57,7 +57,8 @@ def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFram
                                    f"{summary.get('cpu_threads', '?')} CPU threads"
                                    + (f", {summary['cpu_kernels']} kernels" if "cpu_kernels" in summary else ""),
                          "git_commit": summary["git_commit"], "rounds_done": summary["rounds_done"],
-                         "versions": summary.get("versions", {})})
+                         "versions": summary.get("versions", {}),
+                         "accelerator": accelerator_text(summary.get("accelerator"))})
             metrics = run_dir.read_metrics()
             metrics = metrics.assign(**base)
             curves.append(metrics)
@@ -445,6 +446,24 @@ def sizes_text(sizes: dict) -> str:
     return f"client sizes {sizes['min']:,} to {sizes['max']:,} samples (mean {sizes['mean']:,.0f})"
 
 
+def accelerator_text(record: dict | None) -> str | None:
+    """A summary's ``accelerator`` record (fedrepro.provenance) as one line: torch, CUDA, cuDNN, the GPU and its
+    driver, and the determinism switches that differ from a bit-for-bit setting; None for a summary without one."""
+    if not record:
+        return None
+    gpu = record.get("gpu")
+    flags = record.get("determinism", {})
+    parts = [f"torch {record.get('torch')}", f"CUDA {record.get('cuda') or 'none'}",
+             f"cuDNN {record.get('cudnn') or 'none'}",
+             f"GPU {gpu['name']} (compute {gpu.get('capability')}), driver {gpu.get('driver') or 'unknown'}" if gpu
+             else "no GPU"]
+    switches = [f"deterministic algorithms {'on' if flags.get('deterministic_algorithms') else 'off'}"]
+    switches += [name for key, name in (("cudnn_benchmark", "cuDNN benchmark on"),
+                                        ("matmul_allow_tf32", "TF32 matmul"), ("cudnn_allow_tf32", "TF32 cuDNN"))
+                 if flags.get(key)]
+    return ", ".join(parts) + "; " + ", ".join(switches) if flags else ", ".join(parts)
+
+
 def provenance_rows(manifest: dict, finished: pd.DataFrame, total: int) -> list[tuple[str, str]]:
     """(what, value) rows of the provenance table, only those with a value."""
     column = lambda name: sorted(set(finished[name].dropna())) if name in finished else []
@@ -459,6 +478,7 @@ def provenance_rows(manifest: dict, finished: pd.DataFrame, total: int) -> list[
         ("git commit(s) of the runs", " ".join(column("git_commit"))),
         ("machine(s): host, device", ", ".join(column("device"))),
         ("package versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
+        ("GPU stack and determinism switches", " | ".join(column("accelerator"))),
         ("total training time", f"{finished['runtime_s'].sum():.0f} s over {len(finished)} of {total} runs"
          if "runtime_s" in finished and len(finished) else ""),
     ]
