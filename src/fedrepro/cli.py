@@ -122,7 +122,7 @@ def cmd_download(args) -> None:
 
 
 def cmd_partition(args) -> None:
-    from fedrepro import data, partition, registry
+    from fedrepro import data, partition, partition_records, registry
     setting = args.setting  # parsed and checked by the parser
     labels = data.train_labels(setting["dataset"], args.data_root)
     groups = None
@@ -131,8 +131,9 @@ def cmd_partition(args) -> None:
         groups = synthetic.train_groups(setting["dataset"], args.data_root)
     # a multi-domain dataset (digit5, pacs): each domain is split over its own clients
     parts = partition.make(labels, setting, groups, data.train_domains(setting["dataset"], args.data_root))
-    info = partition.save(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
-    print(f"partition {Path(args.out).name}: {info['content_hash']}, client sizes {info['sizes']}")
+    info = partition_records.write(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
+    print(f"partition {Path(args.out).name}: {info['content_hash']}, client sizes {info['sizes']}, "
+          f"{partition_records.caption(info['heterogeneity'])}")
 
 
 def cmd_train(args) -> None:

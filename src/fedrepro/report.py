@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedrepro import records, tables
+from fedrepro import partition_records, records, tables
 from fedrepro.config import stable_hash
 from fedrepro.rundir import RunDir
 
@@ -516,8 +516,10 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
         for pid in dict.fromkeys(r["partition"] for r in exp["runs"]):
             info_path = partitions_dir / pid / "partition.json"
             info = json.loads(info_path.read_text()) if info_path.exists() else {}
+            stat = partition_records.of_folder(partitions_dir / pid)
             partitions.append({"id": pid, "png": _file_png(partitions_dir / pid / "heatmap.png"),
-                               "hash": info.get("content_hash", "missing"), "sizes": sizes_text(info.get("sizes", {}))})
+                               "hash": info.get("content_hash", "missing"), "sizes": sizes_text(info.get("sizes", {})),
+                               "heterogeneity": partition_records.caption(stat) if stat else ""})
         done = exp_runs[exp_runs["status"] != "missing"] if len(exp_runs) else exp_runs
         variants = {r["label"]: r["variant"] for r in exp["runs"]}
         pairs = coinciding(exp_curve)
