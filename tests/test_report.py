@@ -654,3 +654,15 @@ def test_the_provenance_names_the_gpu_stack_and_the_determinism_switches(tmp_pat
     provenance = html[html.index('id="provenance"'):]
     assert ("<td>GPU stack and determinism switches</td><td>torch 2.15.0+cu132, CUDA 13.2, cuDNN 92600, GPU NVIDIA "
             "H100 80GB HBM3 (compute 9.0), driver 570.86.15; deterministic algorithms off, TF32 cuDNN</td>") in provenance
+
+
+def test_each_paper_table_states_the_compute_its_runs_took_and_the_plans_estimate(tmp_path, ima_fmnist_runs):
+    params, runs = ima_fmnist_runs
+    runs_dir = tmp_path / "runs"
+    fabricate(shards_run(runs, "fedavg", [], 1), runs_dir, 0.80)  # 1.0 s of runtime each
+    fabricate(shards_run(runs, "fedavg", [], 2), runs_dir, 0.82)
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    html = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    assert re.search(r"<b>Compute</b> of the runs these cells count: 0\.0 device-hours over 2 runs \(CPU 0\.0 h\); "
+                     r"the plan(?:'|&#39;)s estimate: \d+\.\d h", html)

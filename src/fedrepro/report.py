@@ -262,7 +262,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     ``experiments``, or else from those named ``T`` or ``T_*`` (e.g. ``ima_table1`` from
     ``ima_table1_fmnist``), so ablation runs that happen to share a cell's settings never leak into it.
     """
-    from fedrepro import claims, paper, tuning
+    from fedrepro import claims, compute, paper, tuning
 
     tables = paper.load_results()
     out = []
@@ -293,7 +293,9 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         verdict = (f"{int(compared['within'].sum())}/{len(compared) + all_diverged} cells run so far are within"
                    f" the allowed gap ({f'{all_diverged} diverged at every seed; ' if all_diverged else ''}"
                    f"{int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope)")
+        counted = dict.fromkeys(runs_dir / r for cell in joined for r in cell.runs + cell.diverged)
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
+                    "compute": compute.text(compute.of_runs(list(counted))),
                     "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
                     "experiments": experiments, "tolerance": tolerance, "best_among": table.get("best_among", "rows"),
                     "unit": table.get("unit", "rounds" if metric == "rounds_to_target" else "%")})
