@@ -656,6 +656,36 @@ def test_the_provenance_names_the_gpu_stack_and_the_determinism_switches(tmp_pat
             "H100 80GB HBM3 (compute 9.0), driver 570.86.15; deterministic algorithms off, TF32 cuDNN</td>") in provenance
 
 
+def test_the_index_opens_with_the_verified_results_of_the_evidence(tmp_path):
+    """Built from evidence/ alone: per paper table the matrix's verdicts, each cell run beside the paper's number,
+    the compute, and the evidence pages (linked where built, else the command that builds them)."""
+    from markupsafe import escape
+
+    from fedrepro import index, verification
+
+    reports = tmp_path / "reports"
+    (reports / "evidence").mkdir(parents=True)
+    (reports / "evidence" / "fedlaw_table3_fmnist_mlp.html").write_text("a page")
+    out = index.build(reports / "index.html", [ROOT / "params" / "default.yaml"], tmp_path / "runs",
+                      evidence=ROOT / "evidence")
+    html = out.read_text()
+    assert html.index('id="verified"') < html.index('id="runs"'), "the verified results come first"
+    rows = [r for r in verification.matrix() if r.run]
+    assert rows
+    for row in rows:
+        assert str(escape(row.title)) in html
+        if not row.figure_only:
+            assert f">{row.within}/{row.run}</td>" in html
+    assert html.count(">within ±") == sum(r.within for r in rows)
+    assert html.count(">outside ±") == sum(len([o for o in r.outside if o["delta"] is not None]) for r in rows)
+    assert html.count("device-hours over") >= 2 * len(rows)  # the summary table and each table's section
+    assert '<a href="evidence/fedlaw_table3_fmnist_mlp.html">fedlaw_table3_fmnist_mlp</a>' in html
+    assert f"fedrepro evidence report {ROOT / 'evidence' / 'ima_table1_fmnist'} --out" in html
+    # without evidence, the page is the survey of the runs alone
+    bare = index.build(reports / "bare.html", [ROOT / "params" / "default.yaml"], tmp_path / "runs").read_text()
+    assert 'id="verified"' not in bare and 'id="runs"' in bare
+
+
 def test_each_paper_table_states_the_compute_its_runs_took_and_the_plans_estimate(tmp_path, ima_fmnist_runs):
     params, runs = ima_fmnist_runs
     runs_dir = tmp_path / "runs"

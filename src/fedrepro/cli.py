@@ -321,7 +321,9 @@ def cmd_figures(args) -> None:
 
 def cmd_index(args) -> None:
     from fedrepro import index
-    out = index.build(args.out, args.params, args.runs_dir)
+    from fedrepro.config import ROOT
+    evidence = None if args.no_evidence else (args.evidence or ROOT / "evidence")
+    out = index.build(args.out, args.params, args.runs_dir, evidence=evidence)
     print(f"index: {Path(out).resolve()}")
 
 
@@ -572,6 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", nargs="+", type=_existing("file"),
                    help="params files to survey (default: params/*.yaml of the project)")
     p.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    p.add_argument("--evidence",
+                   help="the evidence folders whose verified results open the page (default: the project's evidence/)")
+    p.add_argument("--no-evidence", action="store_true", help="leave the verified results out")
     p.set_defaults(func=cmd_index)
 
     from fedrepro.bench import SETTINGS as BENCH_SETTINGS

@@ -60,6 +60,8 @@ class Row:
     outside: list[dict] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
     checks: list[claims.Verdict] = field(default_factory=list)
+    cells: list[dict] = field(default_factory=list)   # every cell run: ours beside the paper's, and the verdict
+    run_dirs: list[Path] = field(default_factory=list)  # the kept runs the cells count
 
     @property
     def checks_evaluated(self) -> list[claims.Verdict]:
@@ -154,11 +156,18 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 continue
             row.run += 1
             row.seeds.append(len(cell.ours) + len(cell.diverged))
+            row.run_dirs.extend(root / runs[r]["folder"] / "runs" / r for r in cell.runs + cell.diverged)
             key = (name, cell.row, cell.column)
+            shown = {"row": cell.row, "column": cell.column, "ours": cell.ours_mean, "ours_std": cell.ours_std,
+                     "seeds": len(cell.ours), "diverged": len(cell.diverged), "paper": cell.value,
+                     "paper_std": cell.std, "delta": cell.delta, "allowed": None, "verdict": "figure",
+                     "summary": ""}
+            row.cells.append(shown)
             if not cell.ours:  # every seed diverged
                 row.diverged += 1
                 row.outside.append({"row": cell.row, "column": cell.column, "delta": None, "allowed": None,
                                     **_explained(explain, key)})
+                shown.update(verdict="diverged", summary=row.outside[-1]["summary"])
                 continue
             if row.figure_only:  # no number to be near; the claims below judge it
                 continue
@@ -167,10 +176,13 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                      **_explained(explain, key)}
             if abs(cell.delta) <= allowed:
                 row.within += 1
+                shown.update(allowed=allowed, verdict="within")
             else:
                 row.outside.append(entry)
+                shown.update(allowed=allowed, verdict="outside", summary=entry["summary"])
             if row.largest is None or abs(cell.delta) > abs(row.largest["delta"]):
                 row.largest = entry
+        row.run_dirs = list(dict.fromkeys(row.run_dirs))  # a run two cells count is one run's compute
         row.checks = claims.evaluate_table(name, table, joined)
         row.folders = sorted(used)
         rows.append(row)

@@ -103,6 +103,40 @@ rule report:
         "--paper-figures {params.paper_figures:q} > {log:q} 2>&1"
 
 
+# The page of each evidence folder of the repository (the kept records of runs at the papers' settings), rebuilt
+# from the folder alone, no training; reports/index.html opens with their verified results and links them.
+# Built where the workflow runs in the repository itself (`make run`, `snakemake` in its root), beside the
+# repository's own results; run in another working directory (--directory), the workflow leaves them out
+# and the index names the command that builds each (`fedrepro evidence report`).
+EVIDENCE_PAGES = (
+    [f.name for f in findex.evidence_folders(Path(workflow.basedir) / "evidence")]
+    if Path.cwd().resolve() == Path(workflow.basedir).resolve()
+    else []
+)
+
+
+localrules: evidence_page
+
+
+rule evidence_page:
+    input:
+        # the folder's every file: a record kept again, added or removed rebuilds its page
+        lambda w: sorted(str(p) for p in Path("evidence", w.name).rglob("*") if p.is_file()),
+    output:
+        page="reports/evidence/{name}.html",
+        tables=directory("reports/evidence/{name}_tables"),
+    wildcard_constraints:
+        name="[A-Za-z0-9_.-]+",
+    params:
+        folder=lambda w: f"evidence/{w.name}",
+    log:
+        "logs/evidence_page/{name}.log",
+    benchmark:
+        "benchmarks/evidence_page/{name}.tsv"
+    shell:
+        "{FEDREPRO} evidence report {params.folder:q} --out {output.page:q} > {log:q} 2>&1"
+
+
 # reports/index.html surveys every params file, so every params file's workflow writes it: it is no
 # declared output (Snakemake would refuse to run two params files side by side, each locking it),
 # `fedrepro index` replaces it atomically (the last writer wins with a whole page), and this rule's
@@ -113,6 +147,7 @@ rule index:
         # ancient: the index only has to follow them, and files restored by `dvc pull` carry new mtimes
         page=ancient(f"reports/{CONFIG_NAME}.html"),
         tracking=ancient(f"results/tracking/{CONFIG_NAME}.json"),
+        evidence_pages=expand("reports/evidence/{name}.html", name=EVIDENCE_PAGES),
     output:
         # a marker DVC keeps with the results (dvc.yaml), so a pulled clone has nothing left to do
         touch(f"results/index/{CONFIG_NAME}.done"),
