@@ -83,6 +83,7 @@ def verified(root: str | Path, reports_dir: Path) -> dict:
     from fedrepro import compute, verification
 
     root = Path(root)
+    shown = root.resolve().relative_to(config.ROOT) if root.resolve().is_relative_to(config.ROOT) else root
     page = lambda name: evidence_page(name) if (reports_dir / evidence_page(name)).is_file() else None  # noqa: E731
     tables, rows = [], verification.matrix(root)
     for row in rows:
@@ -104,8 +105,9 @@ def verified(root: str | Path, reports_dir: Path) -> dict:
         folders.append({"name": folder.name, "page": page(folder.name), "protocol": verification.protocol(manifest),
                         "runs": kept.get("runs_kept"), "declared": kept.get("runs_declared"),
                         "titles": [e.get("title", n) for n, e in manifest.get("experiments", {}).items()],
-                        "command": f"fedrepro evidence report {folder} --out {reports_dir / evidence_page(folder.name)}"})
-    return {"tables": tables, "waiting": waiting, "folders": folders, "root": str(root)}
+                        "command": f"fedrepro evidence report {shown / folder.name} "
+                                   f"--out {reports_dir / evidence_page(folder.name)}"})
+    return {"tables": tables, "waiting": waiting, "folders": folders, "root": str(shown)}
 
 
 def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str | Path = "results/runs",
