@@ -1,7 +1,13 @@
 # Every rule calls the fedrepro of the Python that runs Snakemake (so `.venv/bin/snakemake` works without
 # activating the environment, and Slurm jobs, which rerun this file there, do likewise), never a `fedrepro`
-# found on PATH.
-FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"
+# found on PATH. In a container (`--software-deployment-method apptainer`, the Snakefile's `container:`),
+# the image's Python, which holds the locked dependencies, runs this checkout's code.
+from snakemake.settings.types import DeploymentMethod
+
+if DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method:
+    FEDREPRO = "PYTHONPATH=" + shlex.quote(str(Path(workflow.basedir) / "src")) + " python -m fedrepro"
+else:
+    FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"
 
 
 def run_setting(wildcards):
