@@ -54,6 +54,7 @@ MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
 CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=True)
 MANIFEST_PATH = fconfig.manifest_path(fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME))
 
+
 # The image every job runs in under `--software-deployment-method apptainer` (ignored otherwise, and then no
 # part of any job's software record): fedrepro.sif in the working directory, built from the Apptainer
 # definition in workflow/container/ (docs/environment.md). One image for every rule: they all run `fedrepro`.
@@ -85,7 +86,14 @@ include: "workflow/rules/bench.smk"
 report: "workflow/report/workflow.rst"
 
 
-localrules: all, download, manifest, track, report, index, collect
+localrules:
+    all,
+    download,
+    manifest,
+    track,
+    report,
+    index,
+    collect,
 
 
 rule all:

@@ -31,7 +31,9 @@ def figure_runs(wildcards):
         return []
     # a run two experiments share is in both (EXPERIMENT_RUNS); a tuning run belongs to no figure
     own = [i for i in EXPERIMENT_RUNS.get(spec["experiment"], []) if i not in TUNING_RUNS]
-    return own + ([i for i in final_runs() if RUNS[i].experiment == spec["experiment"]] if figure_tuned(wildcards) else [])
+    return own + (
+        [i for i in final_runs() if RUNS[i].experiment == spec["experiment"]] if figure_tuned(wildcards) else []
+    )
 
 
 def figure_manifest(wildcards):

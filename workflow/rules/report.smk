@@ -21,11 +21,13 @@ rule manifest:
 # REPORT_MANIFEST (tune.smk) is MANIFEST_PATH, or where the params file tunes, the manifest with the final
 # runs, written once they are trained and tracked.
 
+
 # MLflow: each training job logs its own run live; these steps reconcile MLflow with the files
 # afterwards. One job per run, so that a failed run blocks only its own: the others are tracked
 # (a run the training job logged completely costs no store call). A job whose store is unreachable
 # fails without writing its output, and the next snakemake call retries it.
-localrules: track_run
+localrules:
+    track_run,
 
 
 rule track_run:
@@ -34,12 +36,12 @@ rule track_run:
         summary=ancient("results/runs/{run}/summary.json"),
     output:
         f"results/tracking/{CONFIG_NAME}/{{run}}.json",
-    params:
-        enabled=config["tracking"]["enabled"],
     log:
         f"logs/track/{CONFIG_NAME}/{{run}}.log",
     benchmark:
         f"benchmarks/track_run/{CONFIG_NAME}/{{run}}.tsv"
+    params:
+        enabled=config["tracking"]["enabled"],
     shell:
         "if [ {params.enabled} = True ]; then "
         "{FEDREPRO} track --manifest {input.manifest:q} --run {wildcards.run:q} --out {output:q} > {log:q} 2>&1; "
@@ -53,12 +55,12 @@ rule track:
         runs=ancient(expand(f"results/tracking/{CONFIG_NAME}/{{run}}.json", run=OWN_RUNS)),  # tune.smk
     output:
         f"results/tracking/{CONFIG_NAME}.json",
-    params:
-        enabled=config["tracking"]["enabled"],
     log:
         f"logs/track/{CONFIG_NAME}.log",
     benchmark:
         f"benchmarks/track/{CONFIG_NAME}.tsv"
+    params:
+        enabled=config["tracking"]["enabled"],
     shell:
         "if [ {params.enabled} = True ]; then {FEDREPRO} track --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1; "
         "else echo '{{\"disabled\": true}}' > {output:q}; fi"
@@ -115,7 +117,8 @@ EVIDENCE_PAGES = (
 )
 
 
-localrules: evidence_page
+localrules:
+    evidence_page,
 
 
 rule evidence_page:
@@ -125,14 +128,14 @@ rule evidence_page:
     output:
         page="reports/evidence/{name}.html",
         tables=directory("reports/evidence/{name}_tables"),
-    wildcard_constraints:
-        name="[A-Za-z0-9_.-]+",
-    params:
-        folder=lambda w: f"evidence/{w.name}",
     log:
         "logs/evidence_page/{name}.log",
     benchmark:
         "benchmarks/evidence_page/{name}.tsv"
+    wildcard_constraints:
+        name="[A-Za-z0-9_.-]+",
+    params:
+        folder=lambda w: f"evidence/{w.name}",
     shell:
         "{FEDREPRO} evidence report {params.folder:q} --out {output.page:q} > {log:q} 2>&1"
 
