@@ -68,3 +68,50 @@ def test_make_setup_installs_from_the_lock_only():
     assert "pip install -q --require-hashes -r $(LOCK)" in recipe
     assert "--no-deps" in recipe and "-e ." in recipe
     assert "'.[test]'" not in recipe  # resolving again would bypass the lock
+
+
+def _lint_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lint_workflow", ROOT / "scripts" / "lint_workflow.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LINT_OUTPUT = """Lints for snakefile /x/workflow/rules/train.smk:
+    * Mixed rules and functions in same snakefile.:
+      Small one-liner functions used only once should be defined as lambda
+
+Lints for rule download (line 6, /x/workflow/rules/data.smk):
+    * Shell command directly uses variable FEDREPRO from outside of the rule:
+      It is recommended to pass all files as input and output, and non-file
+"""
+
+
+def test_the_lint_check_fails_on_a_warning_the_snakefile_does_not_explain():
+    lint = _lint_script()
+    assert lint.unexplained(LINT_OUTPUT) == []
+    other = LINT_OUTPUT.replace("variable FEDREPRO", "variable SOMETHING").replace("train.smk", "report.smk")
+    assert lint.unexplained(other) == [
+        "Lints for snakefile /x/workflow/rules/report.smk: Mixed rules and functions in same snakefile.",
+        "Lints for rule download (line 6, /x/workflow/rules/data.smk): Shell command directly uses variable "
+        "SOMETHING from outside of the rule"]
+    snakefile = (ROOT / "Snakefile").read_text()
+    for variable in ("FEDREPRO", "TRACK_LIVE", "MIRRORS", "DATA_ROOT", "data_root", "paper_figures"):
+        assert variable in snakefile[snakefile.index("`snakemake --lint` warnings left on purpose"):]
+
+
+def test_ci_runs_the_format_and_lint_checks_before_the_tests():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.index("make lint") < ci.index("make test")
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile[makefile.index("\nlint:"):].split("\n\n")[0]
+    assert "snakefmt --check Snakefile workflow/rules/*.smk" in recipe and "scripts/lint_workflow.py" in recipe
+
+
+def test_the_container_recipes_install_the_lock_with_its_hashes():
+    for recipe in ("workflow/container/Dockerfile", "workflow/container/fedrepro.def"):
+        text = (ROOT / recipe).read_text()
+        assert "--require-hashes -r /opt/fedrepro/requirements.lock" in text, recipe
+        assert "python:3.11" in text  # the interpreter the lock was made for
+    assert 'container: "fedrepro.sif"' in (ROOT / "Snakefile").read_text()
