@@ -115,3 +115,12 @@ def test_the_container_recipes_install_the_lock_with_its_hashes():
         assert "--require-hashes -r /opt/fedrepro/requirements.lock" in text, recipe
         assert "python:3.11" in text  # the interpreter the lock was made for
     assert 'container: "fedrepro.sif"' in (ROOT / "Snakefile").read_text()
+
+
+def test_the_citation_file_has_cffs_required_keys_and_the_packages_version():
+    import yaml
+
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert {"cff-version", "message", "title", "authors"} <= set(citation)
+    assert all("name" in a or "family-names" in a for a in citation["authors"])
+    assert citation["version"] == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
