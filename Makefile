@@ -6,16 +6,29 @@ export PATH := $(BIN):$(PATH)
 PROFILE ?= workflow/profiles/local
 CONFIG ?= params/default.yaml
 
-.PHONY: setup run test test-fast dry-run clean-results
+.PHONY: setup run test test-fast dry-run clean-results lock lint
 
 setup: $(VENV)/.installed fmnist-data
 
-# torch comes as PyPI's default wheel (with its CUDA libraries; it runs on CPU too).
-$(VENV)/.installed: pyproject.toml
+# Every package at the version and with the hashes requirements.lock names (the test tools included), then
+# fedrepro itself with nothing more. torch comes as PyPI's default wheel (with its CUDA libraries; it runs
+# on CPU too). The lock was made for CPython 3.11 on x86-64 Linux.
+LOCK := requirements.lock
+$(VENV)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
+
+# Rewrite requirements.lock from pyproject.toml's pins (the test extra included). uv keeps every version the
+# lock holds that still fits, so only what pyproject.toml changed moves; delete the lock to take the newest
+# versions of everything it does not pin.
+LOCK_TOOLS := .lock-tools
+UV_VERSION := 0.13.9
+lock:
+	@[ -x $(LOCK_TOOLS)/bin/uv ] || { $(PYTHON) -m venv $(LOCK_TOOLS) && $(LOCK_TOOLS)/bin/pip install -q uv==$(UV_VERSION); }
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra test --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' -o $(LOCK)
 
 # Real Fashion-MNIST without internet: Debian's package, when we may install it.
 .PHONY: fmnist-data
@@ -63,3 +76,9 @@ test: setup
 
 test-fast: setup
 	pytest -q -m "not slow and not slurm" -n $(TEST_WORKERS) --dist loadfile
+
+# The reviewer's checks: Snakefile and rules as snakefmt writes them, and every `snakemake --lint` warning one the
+# Snakefile explains (scripts/lint_workflow.py).
+lint: setup
+	snakefmt --check Snakefile workflow/rules/*.smk
+	python scripts/lint_workflow.py

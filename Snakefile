@@ -54,10 +54,19 @@ MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
 CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=True)
 MANIFEST_PATH = fconfig.manifest_path(fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME))
 
+
+# The image every job runs in under `--software-deployment-method apptainer` (ignored otherwise, and then no
+# part of any job's software record): fedrepro.sif in the working directory, built from the Apptainer
+# definition in workflow/container/ (docs/environment.md). One image for every rule: they all run `fedrepro`.
+container: "fedrepro.sif"
+
+
 # `snakemake --lint` warnings left on purpose:
-# - "Specify a conda environment or container for each rule": every rule runs the `fedrepro` command
-#   of the project's own package, installed once by `make setup` (pyproject.toml pins it); a second,
-#   per-rule environment would duplicate that one and could drift from it.
+# - "Shell command directly uses variable FEDREPRO from outside of the rule": FEDREPRO is how a job calls
+#   fedrepro (the interpreter that runs Snakemake, or the image's), not a value it computes with; as a param it
+#   would rerun every job whenever the virtual environment moved.
+# - "Mixed rules and functions in same snakefile" (train.smk, tune.smk): their input functions serve the rules
+#   beside them and no other file; common.smk holds the ones several files share.
 # - "Shell command directly uses variable TRACK_LIVE / MIRRORS / DATA_ROOT from outside of the rule":
 #   deliberately no params, since params are a rerun trigger: where the data lives, the mirrors it
 #   came from and how a run is grouped in MLflow are no part of what a run computes.
@@ -77,7 +86,14 @@ include: "workflow/rules/bench.smk"
 report: "workflow/report/workflow.rst"
 
 
-localrules: all, download, manifest, track, report, index, collect
+localrules:
+    all,
+    download,
+    manifest,
+    track,
+    report,
+    index,
+    collect,
 
 
 rule all:

@@ -15,9 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedrepro"
 # The layers, top first: a module may import its own layer's modules and those of the layers below it.
 LAYERS = {
     "command line": {"cli.py", "__main__.py"},
-    "operations": {"plan.py", "bench.py", "bench_settings.py", "gpucheck.py", "slots.py"},
     "reports": {"report.py", "index.py", "tables.py", "claims.py", "paper.py", "verification.py", "evidence.py", "collapses.py",
+                "compute.py", "partition_records.py",
                 "figures/*", "tracking.py"},
+    "operations": {"plan.py", "bench.py", "bench_settings.py", "gpucheck.py", "slots.py"},
     "settings": {"config.py", "settings.py", "tuning.py", "forks.py", "registry.py", "conditions.py"},
     "run": {"engine.py", "client.py", "batched.py", "checkpoint.py", "hessian.py", "rundir.py", "provenance.py"},
     "methods": {"algorithms/*"},

@@ -649,3 +649,65 @@ def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tm
     with pytest.raises(SystemExit):  # another draw of the clients is not the kept run's rerun
         cli.main(compare)
     assert f"{earlier[0].id}: not declared" in capsys.readouterr().out
+
+
+def test_the_provenance_names_the_gpu_stack_and_the_determinism_switches(tmp_path, ima_fmnist_runs):
+    params, runs = ima_fmnist_runs
+    runs_dir = tmp_path / "runs"
+    run = shards_run(runs, "fedavg", [], 1)
+    fabricate(run, runs_dir, 0.8)
+    summary = json.loads((runs_dir / run.id / "summary.json").read_text())
+    summary["accelerator"] = {"torch": "2.15.0+cu132", "cuda": "13.2", "cudnn": 92600,
+                              "gpu": {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_gib": 79.2,
+                                      "driver": "570.86.15"},
+                              "determinism": {"deterministic_algorithms": False, "cudnn_benchmark": False,
+                                              "matmul_allow_tf32": False, "cudnn_allow_tf32": True}}
+    (runs_dir / run.id / "summary.json").write_text(json.dumps(summary))
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    html = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    provenance = html[html.index('id="provenance"'):]
+    assert ("<td>GPU stack and determinism switches</td><td>torch 2.15.0+cu132, CUDA 13.2, cuDNN 92600, GPU NVIDIA "
+            "H100 80GB HBM3 (compute 9.0), driver 570.86.15; deterministic algorithms off, TF32 cuDNN</td>") in provenance
+
+
+def test_the_index_opens_with_the_verified_results_of_the_evidence(tmp_path):
+    """Built from evidence/ alone: per paper table the matrix's verdicts, each cell run beside the paper's number,
+    the compute, and the evidence pages (linked where built, else the command that builds them)."""
+    from markupsafe import escape
+
+    from fedrepro import index, verification
+
+    reports = tmp_path / "reports"
+    (reports / "evidence").mkdir(parents=True)
+    (reports / "evidence" / "fedlaw_table3_fmnist_mlp.html").write_text("a page")
+    out = index.build(reports / "index.html", [ROOT / "params" / "default.yaml"], tmp_path / "runs",
+                      evidence=ROOT / "evidence")
+    html = out.read_text()
+    assert html.index('id="verified"') < html.index('id="runs"'), "the verified results come first"
+    rows = [r for r in verification.matrix() if r.run]
+    assert rows
+    for row in rows:
+        assert str(escape(row.title)) in html
+        if not row.figure_only:
+            assert f">{row.within}/{row.run}</td>" in html
+    assert html.count(">within ±") == sum(r.within for r in rows)
+    assert html.count(">outside ±") == sum(len([o for o in r.outside if o["delta"] is not None]) for r in rows)
+    assert html.count("device-hours over") >= 2 * len(rows)  # the summary table and each table's section
+    assert '<a href="evidence/fedlaw_table3_fmnist_mlp.html">fedlaw_table3_fmnist_mlp</a>' in html
+    assert "fedrepro evidence report evidence/ima_table1_fmnist --out" in html
+    # without evidence, the page is the survey of the runs alone
+    bare = index.build(reports / "bare.html", [ROOT / "params" / "default.yaml"], tmp_path / "runs").read_text()
+    assert 'id="verified"' not in bare and 'id="runs"' in bare
+
+
+def test_each_paper_table_states_the_compute_its_runs_took_and_the_plans_estimate(tmp_path, ima_fmnist_runs):
+    params, runs = ima_fmnist_runs
+    runs_dir = tmp_path / "runs"
+    fabricate(shards_run(runs, "fedavg", [], 1), runs_dir, 0.80)  # 1.0 s of runtime each
+    fabricate(shards_run(runs, "fedavg", [], 2), runs_dir, 0.82)
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    html = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    assert re.search(r"<b>Compute</b> of the runs these cells count: 0\.0 device-hours over 2 runs \(CPU 0\.0 h\); "
+                     r"the plan(?:'|&#39;)s estimate: \d+\.\d h", html)

@@ -124,7 +124,7 @@ def cmd_download(args) -> None:
 
 
 def cmd_partition(args) -> None:
-    from fedrepro import data, partition, registry
+    from fedrepro import data, partition, partition_records, registry
     setting = args.setting  # parsed and checked by the parser
     labels = data.train_labels(setting["dataset"], args.data_root)
     groups = None
@@ -133,8 +133,9 @@ def cmd_partition(args) -> None:
         groups = synthetic.train_groups(setting["dataset"], args.data_root)
     # a multi-domain dataset (digit5, pacs): each domain is split over its own clients
     parts = partition.make(labels, setting, groups, data.train_domains(setting["dataset"], args.data_root))
-    info = partition.save(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
-    print(f"partition {Path(args.out).name}: {info['content_hash']}, client sizes {info['sizes']}")
+    info = partition_records.write(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
+    print(f"partition {Path(args.out).name}: {info['content_hash']}, client sizes {info['sizes']}, "
+          f"{partition_records.caption(info['heterogeneity'])}")
 
 
 def cmd_train(args) -> None:
@@ -338,7 +339,9 @@ def cmd_figures(args) -> None:
 
 def cmd_index(args) -> None:
     from fedrepro import index
-    out = index.build(args.out, args.params, args.runs_dir)
+    from fedrepro.config import ROOT
+    evidence = None if args.no_evidence else (args.evidence or ROOT / "evidence")
+    out = index.build(args.out, args.params, args.runs_dir, evidence=evidence)
     print(f"index: {Path(out).resolve()}")
 
 
@@ -610,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", nargs="+", type=_existing("file"),
                    help="params files to survey (default: params/*.yaml of the project)")
     p.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    p.add_argument("--evidence",
+                   help="the evidence folders whose verified results open the page (default: the project's evidence/)")
+    p.add_argument("--no-evidence", action="store_true", help="leave the verified results out")
     p.set_defaults(func=cmd_index)
 
     from fedrepro.bench_settings import SETTINGS as BENCH_SETTINGS

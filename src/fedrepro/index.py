@@ -1,4 +1,9 @@
-"""reports/index.html: every experiment of every params file with its state, whatever has run.
+"""reports/index.html: the verified results first, then every experiment of every params file with its state.
+
+The verified results are built from ``evidence/`` alone (no training, nothing in results/): per paper table the
+verification matrix's verdicts (fedrepro.verification), each cell run beside the paper's number, the compute the
+table's runs took with the plan's estimate (fedrepro.compute), and a link to each evidence folder's page
+(``reports/evidence/<folder>.html``, ``fedrepro evidence report``), or the command that builds it.
 
 A run's state (done, diverged, interrupted, missing) is rundir's. An experiment is done when all its
 runs have a summary. Each params file links to its report page when one exists, and says how to make
@@ -7,6 +12,7 @@ it otherwise, so a partial grid is one command from a report.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -58,10 +64,59 @@ def unlisted_runs(runs_dir: Path, listed: set[str]) -> list[str]:
     return sorted(p.name for p in runs_dir.iterdir() if p.is_dir() and p.name not in listed)
 
 
+EVIDENCE_PAGES = "evidence"  # reports/evidence/<folder>.html
+
+
+def evidence_folders(root: str | Path) -> list[Path]:
+    """The evidence folders (each with its manifest.json), by name."""
+    return sorted(p.parent for p in Path(root).glob("*/manifest.json"))
+
+
+def evidence_page(name: str) -> str:
+    """An evidence folder's page, relative to reports/."""
+    return f"{EVIDENCE_PAGES}/{name}.html"
+
+
+def verified(root: str | Path, reports_dir: Path) -> dict:
+    """The index's first section: the verification matrix's rows with their cells and compute, and the
+    evidence folders with their pages."""
+    from fedrepro import compute, verification
+
+    root = Path(root)
+    shown = root.resolve().relative_to(config.ROOT) if root.resolve().is_relative_to(config.ROOT) else root
+    page = lambda name: evidence_page(name) if (reports_dir / evidence_page(name)).is_file() else None  # noqa: E731
+    tables, rows = [], verification.matrix(root)
+    for row in rows:
+        if not row.run:
+            continue
+        cost = compute.of_runs(row.run_dirs)
+        tables.append({"name": row.table, "title": row.title, "figure_only": row.figure_only,
+                       "reported": row.reported, "run": row.run, "within": row.within, "diverged": row.diverged,
+                       "with_interval": row.with_interval, "consistent": row.consistent,
+                       "seeds": sorted(set(row.seeds)), "cells": row.cells,
+                       "checks": [{"text": v.text, "ours": str(v.ours), "holds": v.ours.holds == v.ours.total}
+                                  for v in row.checks_evaluated],
+                       "compute": compute.text(cost), "estimate_source": cost["estimate_source"],
+                       "folders": [{"name": f, "page": page(f)} for f in row.folders]})
+    waiting = [row.title for row in rows if not row.run]
+    folders = []
+    for folder in evidence_folders(root):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        kept = manifest.get("evidence", {})
+        folders.append({"name": folder.name, "page": page(folder.name), "protocol": verification.protocol(manifest),
+                        "runs": kept.get("runs_kept"), "declared": kept.get("runs_declared"),
+                        "titles": [e.get("title", n) for n, e in manifest.get("experiments", {}).items()],
+                        "command": f"fedrepro evidence report {shown / folder.name} "
+                                   f"--out {reports_dir / evidence_page(folder.name)}"})
+    return {"tables": tables, "waiting": waiting, "folders": folders, "root": str(shown)}
+
+
 def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str | Path = "results/runs",
-          reports_dir: str | Path | None = None) -> Path:
+          reports_dir: str | Path | None = None, evidence: str | Path | None = None) -> Path:
+    """The index page; with ``evidence`` (an evidence root, e.g. evidence/), its verified results first."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+    from fedrepro import tables
     from fedrepro.report import TEMPLATES
 
     out = Path(out)
@@ -72,8 +127,10 @@ def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str
     listed = {f"{f['name']}.html" for f in files} | {out.name}
     others = sorted(p.name for p in reports_dir.glob("*.html") if p.name not in listed)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
+    env.filters["num"] = tables.number
     html = env.get_template("index.html.j2").render(
         files=files, others=others, unlisted=unlisted, runs_dir=str(runs_dir),
+        verified=verified(evidence, reports_dir) if evidence else None,
         generated=datetime.datetime.now().isoformat(timespec="seconds"))
     out.parent.mkdir(parents=True, exist_ok=True)
     # several params files' workflows write this page: each replaces it whole, never half-written

@@ -68,11 +68,76 @@ def cpu_kernels() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+NVIDIA_PROC = Path("/proc/driver/nvidia/version")
+
+
+def driver_version(proc: Path = NVIDIA_PROC) -> str | None:
+    """The NVIDIA driver's release (``550.54.15``): what the kernel module says, else nvidia-smi; None without one."""
+    try:
+        text = proc.read_text()
+        for word in text.split():
+            if word.count(".") >= 1 and word.replace(".", "").isdigit():
+                return word
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        first = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+        return first or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def gpu_record(device) -> dict | None:
+    """The GPU a run used, as the driver reports it: name, compute capability, memory, driver release; None on
+    the CPU. Read once per run, when its summary is written."""
+    import torch
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return {"name": props.name, "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1), "driver": driver_version()}
+
+
+def determinism() -> dict:
+    """The switches in force that decide whether a rerun repeats a run bit for bit (none of them is set by
+    fedrepro: these are torch's defaults unless the environment changed them)."""
+    import torch
+    backends = torch.backends
+    flags = {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_enabled": backends.cudnn.enabled,
+        "cudnn_deterministic": backends.cudnn.deterministic,
+        "cudnn_benchmark": backends.cudnn.benchmark,
+        "matmul_allow_tf32": backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    }
+    conv = getattr(getattr(backends.cudnn, "conv", None), "fp32_precision", None)
+    if conv is not None:  # torch >= 2.9 names the precision of cuDNN's float32 convolutions ("tf32" by default)
+        flags["cudnn_conv_fp32_precision"] = conv
+    return flags
+
+
+def accelerator(device) -> dict:
+    """torch and the CUDA stack a run used: torch's build, its CUDA and cuDNN, the GPU (``gpu_record``), and the
+    determinism switches in force."""
+    import torch
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn,
+            "gpu": gpu_record(device), "determinism": determinism()}
+
+
 def run_provenance(device) -> dict:
     """What a run's summary records about where and with what it ran."""
     import torch
     return {"device": device_name(device), "host": platform.node(), "cpu": cpu_model(), "cpu_kernels": cpu_kernels(),
-            "cpu_threads": torch.get_num_threads(), "versions": versions(), "git_commit": git_commit()}
+            "cpu_threads": torch.get_num_threads(), "versions": versions(), "accelerator": accelerator(device),
+            "git_commit": git_commit()}
 
 
 def machine() -> dict:

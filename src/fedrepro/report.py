@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedrepro import records, tables
+from fedrepro import partition_records, records, tables
 from fedrepro.config import stable_hash
 from fedrepro.rundir import RunDir
 
@@ -57,7 +57,8 @@ def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFram
                                    f"{summary.get('cpu_threads', '?')} CPU threads"
                                    + (f", {summary['cpu_kernels']} kernels" if "cpu_kernels" in summary else ""),
                          "git_commit": summary["git_commit"], "rounds_done": summary["rounds_done"],
-                         "versions": summary.get("versions", {})})
+                         "versions": summary.get("versions", {}),
+                         "accelerator": accelerator_text(summary.get("accelerator"))})
             metrics = run_dir.read_metrics()
             metrics = metrics.assign(**base)
             curves.append(metrics)
@@ -290,7 +291,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     ``experiments``, or else from those named ``T`` or ``T_*`` (e.g. ``ima_table1`` from
     ``ima_table1_fmnist``), so ablation runs that happen to share a cell's settings never leak into it.
     """
-    from fedrepro import claims, paper, tuning
+    from fedrepro import claims, compute, paper, tuning
 
     tables = paper.load_results()
     out = []
@@ -327,7 +328,9 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
                    f"with two or more seeds are consistent within seed noise (the paper's value inside the "
                    f"{paper.CONFIDENCE:.0%} t interval){f', {len(noise)} of them only so' if len(noise) else ''}. "
                    f"{int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope.")
+        counted = dict.fromkeys(runs_dir / r for cell in joined for r in cell.runs + cell.diverged)
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
+                    "compute": compute.text(compute.of_runs(list(counted))),
                     "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
                     "experiments": experiments, "tolerance": tolerance, "best_among": table.get("best_among", "rows"),
                     "unit": table.get("unit", "rounds" if metric == "rounds_to_target" else "%")})
@@ -480,6 +483,24 @@ def sizes_text(sizes: dict) -> str:
     return f"client sizes {sizes['min']:,} to {sizes['max']:,} samples (mean {sizes['mean']:,.0f})"
 
 
+def accelerator_text(record: dict | None) -> str | None:
+    """A summary's ``accelerator`` record (fedrepro.provenance) as one line: torch, CUDA, cuDNN, the GPU and its
+    driver, and the determinism switches that differ from a bit-for-bit setting; None for a summary without one."""
+    if not record:
+        return None
+    gpu = record.get("gpu")
+    flags = record.get("determinism", {})
+    parts = [f"torch {record.get('torch')}", f"CUDA {record.get('cuda') or 'none'}",
+             f"cuDNN {record.get('cudnn') or 'none'}",
+             f"GPU {gpu['name']} (compute {gpu.get('capability')}), driver {gpu.get('driver') or 'unknown'}" if gpu
+             else "no GPU"]
+    switches = [f"deterministic algorithms {'on' if flags.get('deterministic_algorithms') else 'off'}"]
+    switches += [name for key, name in (("cudnn_benchmark", "cuDNN benchmark on"),
+                                        ("matmul_allow_tf32", "TF32 matmul"), ("cudnn_allow_tf32", "TF32 cuDNN"))
+                 if flags.get(key)]
+    return ", ".join(parts) + "; " + ", ".join(switches) if flags else ", ".join(parts)
+
+
 def provenance_rows(manifest: dict, finished: pd.DataFrame, total: int) -> list[tuple[str, str]]:
     """(what, value) rows of the provenance table, only those with a value."""
     column = lambda name: sorted(set(finished[name].dropna())) if name in finished else []
@@ -494,6 +515,7 @@ def provenance_rows(manifest: dict, finished: pd.DataFrame, total: int) -> list[
         ("git commit(s) of the runs", " ".join(column("git_commit"))),
         ("machine(s): host, device", ", ".join(column("device"))),
         ("package versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
+        ("GPU stack and determinism switches", " | ".join(column("accelerator"))),
         ("total training time", f"{finished['runtime_s'].sum():.0f} s over {len(finished)} of {total} runs"
          if "runtime_s" in finished and len(finished) else ""),
     ]
@@ -537,8 +559,10 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
         for pid in dict.fromkeys(r["partition"] for r in exp["runs"]):
             info_path = partitions_dir / pid / "partition.json"
             info = json.loads(info_path.read_text()) if info_path.exists() else {}
+            stat = partition_records.of_folder(partitions_dir / pid)
             partitions.append({"id": pid, "png": _file_png(partitions_dir / pid / "heatmap.png"),
-                               "hash": info.get("content_hash", "missing"), "sizes": sizes_text(info.get("sizes", {}))})
+                               "hash": info.get("content_hash", "missing"), "sizes": sizes_text(info.get("sizes", {})),
+                               "heterogeneity": partition_records.caption(stat) if stat else ""})
         done = exp_runs[exp_runs["status"] != "missing"] if len(exp_runs) else exp_runs
         variants = {r["label"]: r["variant"] for r in exp["runs"]}
         pairs = coinciding(exp_curve)

@@ -80,6 +80,8 @@ class Row:
     folders: list[str] = field(default_factory=list)
     checks: list[claims.Verdict] = field(default_factory=list)
     deltas: list[float] = field(default_factory=list)  # ours − paper of every cell run with a number
+    cells: list[dict] = field(default_factory=list)   # every cell run: ours beside the paper's, and the verdict
+    run_dirs: list[Path] = field(default_factory=list)  # the kept runs the cells count
 
     @property
     def checks_evaluated(self) -> list[claims.Verdict]:
@@ -175,17 +177,24 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 continue
             row.run += 1
             row.seeds.append(len(cell.ours) + len(cell.diverged))
+            row.run_dirs.extend(root / runs[r]["folder"] / "runs" / r for r in cell.runs + cell.diverged)
             key = (name, cell.row, cell.column)
             flagged = sorted(({"row": cell.row, "column": cell.column, "seed": runs[r]["setting"]["seed"], "run": r,
                                "record": cell.collapses[r], **_explained(explain, key)}
                               for r in cell.runs + cell.diverged if r in cell.collapses), key=lambda f: f["seed"])
             listed = {f["run"] for f in row.collapsed}  # a run two rows read (two metrics of one figure) once
             row.collapsed.extend(f for f in flagged if f["run"] not in listed)
+            shown = {"row": cell.row, "column": cell.column, "ours": cell.ours_mean, "ours_std": cell.ours_std,
+                     "seeds": len(cell.ours), "diverged": len(cell.diverged), "paper": cell.value,
+                     "paper_std": cell.std, "delta": cell.delta, "allowed": None, "verdict": "figure",
+                     "summary": "", "interval": None, "consistent": None, "noise_only": False}
+            row.cells.append(shown)
             if not cell.ours:  # every seed diverged
                 row.diverged += 1
                 row.outside.append({"row": cell.row, "column": cell.column, "delta": None, "allowed": None,
                                     "interval": None, "verdict": "diverged", "collapsed": flagged,
                                     **_explained(explain, key)})
+                shown.update(verdict="diverged", summary=row.outside[-1]["summary"])
                 continue
             if row.figure_only:  # no number to be near; the claims below judge it
                 continue
@@ -194,9 +203,11 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             entry = {"row": cell.row, "column": cell.column, "delta": cell.delta, "allowed": allowed,
                      "interval": interval, "verdict": paper.verdict(cell.delta, allowed, interval),
                      "collapsed": flagged, **_explained(explain, key)}
+            shown.update(interval=interval)
             if interval is not None:
                 row.with_interval += 1
                 inside = paper.consistent(cell.delta, interval)
+                shown.update(consistent=inside)
                 row.consistent += inside
                 row.noise.append({"n": len(cell.ours), "sd": cell.ours_std, "tolerance": allowed,
                                   "paper_std": cell.std, "paper_seeds": table.get("paper_seeds"),
@@ -204,11 +215,15 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             row.deltas.append(cell.delta)
             if paper.reproduced(cell.delta, allowed):
                 row.within += 1
+                shown.update(allowed=allowed, verdict="within")
             else:
                 row.outside.append(entry)
                 row.noise_only += entry["verdict"] == "seed noise only"
+                shown.update(allowed=allowed, verdict="outside", summary=entry["summary"],
+                             noise_only=entry["verdict"] == "seed noise only")
             if row.largest is None or abs(cell.delta) > abs(row.largest["delta"]):
                 row.largest = entry
+        row.run_dirs = list(dict.fromkeys(row.run_dirs))  # a run two cells count is one run's compute
         row.checks = claims.evaluate_table(name, table, joined)
         row.folders = sorted(used)
         rows.append(row)

@@ -11,16 +11,16 @@ rule bench:
     output:
         json="results/bench/bench.json",
         page="reports/bench.html",
-    params:
-        data_root=f"{DATA_ROOT}/fmnist",
-        rounds=BENCH_ROUNDS,
-        repeats=BENCH_REPEATS,
-    # every core (Snakemake caps threads at --cores); workflow.cores is undefined under a cluster executor
-    threads: os.cpu_count() or 1
     log:
         "logs/bench/bench.log",
     benchmark:
         "benchmarks/bench/bench.tsv"
+    # every core (Snakemake caps threads at --cores); workflow.cores is undefined under a cluster executor
+    threads: os.cpu_count() or 1
+    params:
+        data_root=f"{DATA_ROOT}/fmnist",
+        rounds=BENCH_ROUNDS,
+        repeats=BENCH_REPEATS,
     shell:
         "{FEDREPRO} bench --rounds {params.rounds} --repeats {params.repeats} --threads {threads} "
         "--data-root {params.data_root:q} --out {output.json:q} --html {output.page:q} > {log:q} 2>&1"

@@ -1,7 +1,13 @@
 # Every rule calls the fedrepro of the Python that runs Snakemake (so `.venv/bin/snakemake` works without
 # activating the environment, and Slurm jobs, which rerun this file there, do likewise), never a `fedrepro`
-# found on PATH.
-FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"
+# found on PATH. In a container (`--software-deployment-method apptainer`, the Snakefile's `container:`),
+# the image's Python, which holds the locked dependencies, runs this checkout's code.
+from snakemake.settings.types import DeploymentMethod
+
+if DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method:
+    FEDREPRO = "PYTHONPATH=" + shlex.quote(str(Path(workflow.basedir) / "src")) + " python -m fedrepro"
+else:
+    FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"
 
 
 def run_setting(wildcards):
@@ -25,7 +31,9 @@ def figure_runs(wildcards):
         return []
     # a run two experiments share is in both (EXPERIMENT_RUNS); a tuning run belongs to no figure
     own = [i for i in EXPERIMENT_RUNS.get(spec["experiment"], []) if i not in TUNING_RUNS]
-    return own + ([i for i in final_runs() if RUNS[i].experiment == spec["experiment"]] if figure_tuned(wildcards) else [])
+    return own + (
+        [i for i in final_runs() if RUNS[i].experiment == spec["experiment"]] if figure_tuned(wildcards) else []
+    )
 
 
 def figure_manifest(wildcards):

@@ -6,12 +6,12 @@ MIRRORS = json.dumps(config["data"]["mirrors"], sort_keys=True)
 rule download:
     output:
         f"{DATA_ROOT}/{{dataset}}/download.json",
-    params:
-        root=lambda w: f"{DATA_ROOT}/{w.dataset}",
     log:
         "logs/download/{dataset}.log",
     benchmark:
         "benchmarks/download/{dataset}.tsv"
+    params:
+        root=lambda w: f"{DATA_ROOT}/{w.dataset}",
     shell:
         "{FEDREPRO} download --dataset {wildcards.dataset:q} --root {params.root:q} --mirror-map {MIRRORS:q} "
         "--out {output:q} > {log:q} 2>&1"

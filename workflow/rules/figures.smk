@@ -21,19 +21,19 @@ rule figure:
     output:
         png=f"{FIGURES_DIR}/{{figure}}.png",
         caption=f"{FIGURES_DIR}/{{figure}}.json",
+    log:
+        f"logs/figures/{CONFIG_NAME}/{{figure}}.log",
+    benchmark:
+        f"benchmarks/figure/{CONFIG_NAME}/{{figure}}.tsv"
     wildcard_constraints:
         figure="[A-Za-z0-9_]+",
-    params:
-        spec=lambda w: json.dumps(FIGURES[w.figure], sort_keys=True),
     # landscapes evaluate hundreds of models: both cores of a small machine
     threads: lambda w: 2 if FIGURES[w.figure]["kind"] in ffigures.EVALUATES else 1
     resources:
         # landscapes and interpolations evaluate models: a GPU on a cluster, the CPU otherwise
         gpu=lambda w: int(FIGURES[w.figure]["kind"] in ffigures.EVALUATES),
-    log:
-        f"logs/figures/{CONFIG_NAME}/{{figure}}.log",
-    benchmark:
-        f"benchmarks/figure/{CONFIG_NAME}/{{figure}}.tsv"
+    params:
+        spec=lambda w: json.dumps(FIGURES[w.figure], sort_keys=True),
     shell:
         "{FEDREPRO} figures --name {wildcards.figure:q} --spec {params.spec:q} --manifest {input.manifest:q} "
         "--data-root {DATA_ROOT:q} --threads {threads} --out {output.png:q} > {log:q} 2>&1"

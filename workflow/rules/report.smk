@@ -21,11 +21,13 @@ rule manifest:
 # REPORT_MANIFEST (tune.smk) is MANIFEST_PATH, or where the params file tunes, the manifest with the final
 # runs, written once they are trained and tracked.
 
+
 # MLflow: each training job logs its own run live; these steps reconcile MLflow with the files
 # afterwards. One job per run, so that a failed run blocks only its own: the others are tracked
 # (a run the training job logged completely costs no store call). A job whose store is unreachable
 # fails without writing its output, and the next snakemake call retries it.
-localrules: track_run
+localrules:
+    track_run,
 
 
 rule track_run:
@@ -34,12 +36,12 @@ rule track_run:
         summary=ancient("results/runs/{run}/summary.json"),
     output:
         f"results/tracking/{CONFIG_NAME}/{{run}}.json",
-    params:
-        enabled=config["tracking"]["enabled"],
     log:
         f"logs/track/{CONFIG_NAME}/{{run}}.log",
     benchmark:
         f"benchmarks/track_run/{CONFIG_NAME}/{{run}}.tsv"
+    params:
+        enabled=config["tracking"]["enabled"],
     shell:
         "if [ {params.enabled} = True ]; then "
         "{FEDREPRO} track --manifest {input.manifest:q} --run {wildcards.run:q} --out {output:q} > {log:q} 2>&1; "
@@ -53,12 +55,12 @@ rule track:
         runs=ancient(expand(f"results/tracking/{CONFIG_NAME}/{{run}}.json", run=OWN_RUNS)),  # tune.smk
     output:
         f"results/tracking/{CONFIG_NAME}.json",
-    params:
-        enabled=config["tracking"]["enabled"],
     log:
         f"logs/track/{CONFIG_NAME}.log",
     benchmark:
         f"benchmarks/track/{CONFIG_NAME}.tsv"
+    params:
+        enabled=config["tracking"]["enabled"],
     shell:
         "if [ {params.enabled} = True ]; then {FEDREPRO} track --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1; "
         "else echo '{{\"disabled\": true}}' > {output:q}; fi"
@@ -103,6 +105,41 @@ rule report:
         "--paper-figures {params.paper_figures:q} > {log:q} 2>&1"
 
 
+# The page of each evidence folder of the repository (the kept records of runs at the papers' settings), rebuilt
+# from the folder alone, no training; reports/index.html opens with their verified results and links them.
+# Built where the workflow runs in the repository itself (`make run`, `snakemake` in its root), beside the
+# repository's own results; run in another working directory (--directory), the workflow leaves them out
+# and the index names the command that builds each (`fedrepro evidence report`).
+EVIDENCE_PAGES = (
+    [f.name for f in findex.evidence_folders(Path(workflow.basedir) / "evidence")]
+    if Path.cwd().resolve() == Path(workflow.basedir).resolve()
+    else []
+)
+
+
+localrules:
+    evidence_page,
+
+
+rule evidence_page:
+    input:
+        # the folder's every file: a record kept again, added or removed rebuilds its page
+        lambda w: sorted(str(p) for p in Path("evidence", w.name).rglob("*") if p.is_file()),
+    output:
+        page="reports/evidence/{name}.html",
+        tables=directory("reports/evidence/{name}_tables"),
+    log:
+        "logs/evidence_page/{name}.log",
+    benchmark:
+        "benchmarks/evidence_page/{name}.tsv"
+    wildcard_constraints:
+        name="[A-Za-z0-9_.-]+",
+    params:
+        folder=lambda w: f"evidence/{w.name}",
+    shell:
+        "{FEDREPRO} evidence report {params.folder:q} --out {output.page:q} > {log:q} 2>&1"
+
+
 # reports/index.html surveys every params file, so every params file's workflow writes it: it is no
 # declared output (Snakemake would refuse to run two params files side by side, each locking it),
 # `fedrepro index` replaces it atomically (the last writer wins with a whole page), and this rule's
@@ -113,6 +150,7 @@ rule index:
         # ancient: the index only has to follow them, and files restored by `dvc pull` carry new mtimes
         page=ancient(f"reports/{CONFIG_NAME}.html"),
         tracking=ancient(f"results/tracking/{CONFIG_NAME}.json"),
+        evidence_pages=expand("reports/evidence/{name}.html", name=EVIDENCE_PAGES),
     output:
         # a marker DVC keeps with the results (dvc.yaml), so a pulled clone has nothing left to do
         touch(f"results/index/{CONFIG_NAME}.done"),

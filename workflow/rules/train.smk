@@ -2,8 +2,14 @@
 # the manifest) comes from globals, not params: it is no part of the run's identity, and a run that
 # several params files share must not rerun because another file tracks it.
 TRACK_LIVE = (
-    shlex.join(["--mlflow-experiment", f"{config['tracking']['experiment_prefix']}/{CONFIG_NAME}",
-                "--mlflow-manifest", MANIFEST_PATH])
+    shlex.join(
+        [
+            "--mlflow-experiment",
+            f"{config['tracking']['experiment_prefix']}/{CONFIG_NAME}",
+            "--mlflow-manifest",
+            MANIFEST_PATH,
+        ]
+    )
     if config["tracking"]["enabled"] and config["tracking"]["live"]
     else ""
 )
@@ -127,12 +133,10 @@ rule train:
         summary="results/runs/{run}/summary.json",
         metrics="results/runs/{run}/metrics.csv",
         model="results/runs/{run}/model.pt",
-    params:
-        setting=lambda w: json.dumps(run_setting(w), sort_keys=True),
-        data_root=lambda w: f"{DATA_ROOT}/{run_setting(w)['dataset']}",
-        partition_dir=lambda w: f"results/partitions/{run_partition(w)}",
-        out=lambda w: f"results/runs/{w.run}",
-        forks=fork_args,
+    log:
+        "logs/train/{run}.log",
+    benchmark:
+        "benchmarks/train/{run}.tsv"
     threads: 1
     resources:
         # "1" as a string: a Slurm group of runs sharing one GPU asks for one, not one per run. A device: cpu
@@ -143,10 +147,12 @@ rule train:
         gpu_slot=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
         mem_mb=lambda w, attempt: 4000 * attempt,
         runtime=train_minutes,
-    log:
-        "logs/train/{run}.log",
-    benchmark:
-        "benchmarks/train/{run}.tsv"
+    params:
+        setting=lambda w: json.dumps(run_setting(w), sort_keys=True),
+        data_root=lambda w: f"{DATA_ROOT}/{run_setting(w)['dataset']}",
+        partition_dir=lambda w: f"results/partitions/{run_partition(w)}",
+        out=lambda w: f"results/runs/{w.run}",
+        forks=fork_args,
     # exec: the shell becomes `fedrepro train`, whose parent is then Snakemake itself, so that it stops
     # (checkpoint first, as on SIGTERM) when Snakemake is killed (engine.die_with_parent)
     shell:
@@ -165,13 +171,12 @@ rule fork:
         summary=ancient("results/runs/{run}/summary.json"),
     output:
         temp("results/runs/{run}/fork/{round}.pt"),
+    log:
+        "logs/fork/{run}-{round}.log",
+    benchmark:
+        "benchmarks/fork/{run}-{round}.tsv"
     wildcard_constraints:
         round=r"\d+",
-    params:
-        setting=lambda w: json.dumps(run_setting(w), sort_keys=True),
-        data_root=lambda w: f"{DATA_ROOT}/{run_setting(w)['dataset']}",
-        partition_dir=lambda w: f"results/partitions/{run_partition(w)}",
-        history=fork_history,
     threads: 1
     resources:
         gpu=lambda w: 0 if run_setting(w)["device"] == "cpu" else 1,
@@ -179,10 +184,11 @@ rule fork:
         mem_mb=lambda w, attempt: 4000 * attempt,
         # at most the parent's first {round} rounds again (moving a kept state takes none of it)
         runtime=lambda w, attempt: fork_minutes(w, int(w.round)) * attempt,
-    log:
-        "logs/fork/{run}-{round}.log",
-    benchmark:
-        "benchmarks/fork/{run}-{round}.tsv"
+    params:
+        setting=lambda w: json.dumps(run_setting(w), sort_keys=True),
+        data_root=lambda w: f"{DATA_ROOT}/{run_setting(w)['dataset']}",
+        partition_dir=lambda w: f"results/partitions/{run_partition(w)}",
+        history=fork_history,
     shell:
         "exec {FEDREPRO} fork --setting {params.setting:q} --run-dir results/runs/{wildcards.run:q} "
         "--round {wildcards.round} --history {params.history} --partition {params.partition_dir:q} "

@@ -37,7 +37,8 @@ def tuning_run_summaries(wildcards):
     return [f"results/runs/{run_id}/summary.json" for c in selection["candidates"] for run_id in c["runs"]]
 
 
-localrules: tune
+localrules:
+    tune,
 
 
 # The choice of one tuning. Its path is a hash of the candidates' runs and the criterion: a changed tuning
@@ -48,19 +49,20 @@ rule tune:
         summaries=ancient(tuning_run_summaries),
     output:
         "results/tuning/{tuning}.json",
-    wildcard_constraints:
-        tuning="tune-[A-Za-z0-9_.+-]+",
     log:
         "logs/tune/{tuning}.log",
     benchmark:
         "benchmarks/tune/{tuning}.tsv"
+    wildcard_constraints:
+        tuning="tune-[A-Za-z0-9_.+-]+",
     shell:
         "{FEDREPRO} tune select --manifest {input.manifest:q} --tuning {wildcards.tuning:q} --out {output:q} > {log:q} 2>&1"
 
 
 if TUNINGS:
 
-    localrules: tuned_manifest
+    localrules:
+        tuned_manifest,
 
     checkpoint tuned_manifest:
         input:
@@ -77,7 +79,8 @@ if TUNINGS:
             "{FEDREPRO} tune manifest --manifest {input.manifest:q} --choices {input.choices:q} --out {output:q} "
             "> {log:q} 2>&1"
 
-    localrules: tuned_runs
+    localrules:
+        tuned_runs,
 
     # Once the final runs are trained and tracked: the manifest with them, for the steps after.
     rule tuned_runs:
