@@ -52,7 +52,9 @@ MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
 # only --config's values: Snakemake's overwrite_config also holds the --configfile contents, which the
 # directive's spelling lacks
 CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=True)
-MANIFEST_PATH = fconfig.manifest_path(fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME))
+MANIFEST_PATH = fconfig.manifest_path(
+    fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME, (EXPANDED, TUNINGS))
+)
 
 
 # The image every job runs in under `--software-deployment-method apptainer` (ignored otherwise, and then no

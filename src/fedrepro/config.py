@@ -80,11 +80,12 @@ def _code_read_once():
     Outside, identity follows the imports and stats the files at every call, so an edit is seen at once;
     that walk was a third of expanding a grid. The memo wraps identity's functions from here because
     identity.py is part of every run's code: an edit there would rename every run and partition."""
-    from fedrepro import identity
+    from fedrepro import identity, registry
     if getattr(identity.code_hash, "read_once", False):  # an expansion inside an expansion
         yield
         return
-    originals = identity.code_hash, identity.partition_code_hash
+    # registry._stamps: the fragments' mtimes, which every resolve checked anew (a third of a big grid's time)
+    originals = identity.code_hash, identity.partition_code_hash, registry._stamps
     hashes: dict = {}
 
     def once(function):
@@ -96,11 +97,11 @@ def _code_read_once():
         read_once.read_once = True
         return read_once
 
-    identity.code_hash, identity.partition_code_hash = map(once, originals)
+    identity.code_hash, identity.partition_code_hash, registry._stamps = map(once, originals)
     try:
         yield
     finally:
-        identity.code_hash, identity.partition_code_hash = originals
+        identity.code_hash, identity.partition_code_hash, registry._stamps = originals
 
 
 def _expand(params: dict, tunings: dict | None) -> list[Run]:
@@ -206,14 +207,21 @@ def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = No
     return out
 
 
-def run_manifest(params: dict, configfiles: list[str | Path], command: str, name: str | None = None) -> dict:
+def run_manifest(params: dict, configfiles: list[str | Path], command: str, name: str | None = None,
+                 expanded: tuple[list[Run], dict] | None = None) -> dict:
     """The manifest of a params file as every producer writes it (the workflow's manifest step, the
-    report and tracking of a partial grid, evidence): the runs, the files it came from and the command."""
+    report and tracking of a partial grid, evidence): the runs, the files it came from and the command.
+    ``expanded``: the runs and tunings ``expand`` already gave for these params (the Snakefile's), not
+    expanded again."""
     configfiles = [str(p) for p in configfiles]
     name = name or Path(configfiles[-1]).stem
-    tunings: dict = {}
-    runs = expand(params, tunings)
-    return {**manifest(params, runs, name, tunings), "configfiles": configfiles, "command": command}
+    with _code_read_once():
+        if expanded is None:
+            tunings: dict = {}
+            runs = expand(params, tunings)
+        else:
+            runs, tunings = expanded
+        return {**manifest(params, runs, name, tunings), "configfiles": configfiles, "command": command}
 
 
 def manifest_path(manifest: dict, folder: str = "results/manifests") -> str:
