@@ -24,6 +24,7 @@ STEP_COSTS = fplan.step_costs_by_device()
 def run_step_costs(setting):
     return STEP_COSTS[fplan.run_device(setting)]
 
+
 # Grids as trees (fedrepro.forks): a run whose first rounds another run of this invocation trains (an +ima
 # run, its host's run up to t_s) starts from that run's state there. The parent keeps it while it trains,
 # the fork rule makes it a temporary output, removed once every child is done.
