@@ -691,8 +691,13 @@ def test_the_index_opens_with_the_verified_results_of_the_evidence(tmp_path):
         assert str(escape(row.title)) in html
         if not row.figure_only:
             assert f">{row.within}/{row.run}</td>" in html
-    assert html.count(">within ±") == sum(r.within for r in rows)
-    assert html.count(">outside ±") == sum(len([o for o in r.outside if o["delta"] is not None]) for r in rows)
+    assert html.count(">reproduced (±") == sum(r.within for r in rows)
+    assert html.count(">not reproduced (±") == sum(len([o for o in r.outside if o["delta"] is not None]) for r in rows)
+    # the second verdict, counted apart: the cells whose paper value lies inside our 95% t interval
+    assert html.count("· inside the 95% t interval") == sum(r.consistent for r in rows)
+    for row in rows:
+        if row.with_interval:
+            assert f"<td>{row.consistent}/{row.with_interval}</td>" in html
     assert html.count("device-hours over") >= 2 * len(rows)  # the summary table and each table's section
     assert '<a href="evidence/fedlaw_table3_fmnist_mlp.html">fedlaw_table3_fmnist_mlp</a>' in html
     assert "fedrepro evidence report evidence/ima_table1_fmnist --out" in html
