@@ -84,7 +84,7 @@ def _error_classes():
     import importlib
     import re
     from pathlib import Path
-    src = Path(cli.__file__).parent
+    src = Path(cli.__file__).parents[1]
     found = {}
     for path in sorted(src.rglob("*.py")):
         module = ".".join(("fedrepro", *path.relative_to(src).with_suffix("").parts)).removesuffix(".__init__")
@@ -112,7 +112,7 @@ def test_each_error_ends_in_one_line_with_status_2(capsys, monkeypatch, name):
 
     def raising(args):
         raise cls(f"results/x.json: what went wrong ({name}); what to do")
-    monkeypatch.setattr(cli, "cmd_index", raising)
+    monkeypatch.setattr(cli.reports, "cmd_index", raising)  # the module that adds the index command
     monkeypatch.delenv("FEDREPRO_DEBUG", raising=False)
     assert fails(capsys, ["index"]).splitlines() == [f"fedrepro index: results/x.json: what went wrong ({name}); "
                                                      "what to do"]

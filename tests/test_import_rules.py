@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedrepro"
 
 # The layers, top first: a module may import its own layer's modules and those of the layers below it.
 LAYERS = {
-    "command line": {"cli.py", "__main__.py"},
+    "command line": {"cli/*", "__main__.py"},
     "reports": {"report.py", "index.py", "tables.py", "claims.py", "paper.py", "verification.py", "evidence.py", "collapses.py",
                 "compute.py", "partition_records.py",
                 "figures/*", "tracking.py"},

@@ -1,0 +1,36 @@
+"""The ``fedrepro`` command: every step a Snakemake rule runs, each with --help."""
+from __future__ import annotations
+
+import argparse
+
+from fedrepro.cli import data, evidence, grid, manifest, ops, reports, run
+from fedrepro.cli.common import (  # noqa: F401 (the names callers import from fedrepro.cli)
+    DEBUG_HELP, DEBUG_VARIABLE, EXAMPLES, _debugging, _existing, _json_arg, _number)
+from fedrepro.cli.run import RUN_FOLDER, _check_run_folder  # noqa: F401
+
+# One module per command group, each command's arguments beside its handler; in this order in --help.
+GROUPS = (data, run, grid, manifest, reports, ops, evidence)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fedrepro import __version__
+    parser = argparse.ArgumentParser(prog="fedrepro", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fedrepro {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in GROUPS:
+        group.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from fedrepro.errors import FedreproError
+    try:
+        args.func(args)
+    except FedreproError as err:
+        # raised on purpose: its message names the file or setting and what to do; a rule's log ends with it
+        if _debugging(args):
+            raise
+        parser.exit(2, f"fedrepro {args.command}: {err}\n")

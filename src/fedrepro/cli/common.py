@@ -1,0 +1,111 @@
+"""What the command groups share: argument types, each sub-command's example, the --debug switch."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+
+
+def _json_arg(text: str):
+    """A JSON object given inline or as a file; anything else is a usage error naming what was given."""
+    path = Path(text)
+    if not text.lstrip().startswith("{"):
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"'{text}' is neither a JSON object nor an existing JSON file")
+        text = path.read_text()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object {{...}}, not {type(value).__name__}")
+    return value
+
+
+def _number(kind, minimum, strict: bool = False):
+    """An argparse type: ``kind`` (int or float) at least ``minimum`` (above it when ``strict``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):  # nan compares false with any bound, so the bound alone would let it through
+            raise argparse.ArgumentTypeError(f"'{text}' is not a finite number")
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"{value} must be {'>' if strict else '>='} {minimum}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _existing(kind: str):
+    """An argparse type: a path that exists now and is a ``file`` or a ``folder``."""
+    def parse(text: str) -> str:
+        path = Path(text)
+        if not (path.is_file() if kind == "file" else path.is_dir()):
+            raise argparse.ArgumentTypeError(f"no such {kind}: {text}")
+        return text
+    return parse
+
+
+# One worked example per sub-command, shown at the end of its --help.
+EXAMPLES = {
+    "download": "fedrepro download --dataset fmnist --root data/fmnist --mirror /usr/share/datasets/fashion-mnist/",
+    "partition": "fedrepro partition --setting '{\"dataset\": \"fmnist\", \"kind\": \"dirichlet\", \"alpha\": 0.1, "
+                 "\"num_clients\": 20, \"seed\": 1}' --data-root data/fmnist --out results/partitions/p1",
+    "train": "fedrepro train --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
+             "--partition results/partitions/p1 --data-root data/fmnist --out results/runs/r1",
+    "fork": "fedrepro fork --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
+            "--run-dir results/runs/r1 --round 3 --history 2 --partition results/partitions/p1 --data-root data/fmnist "
+            "--out results/runs/r1/fork/3.pt",
+    "expand": "fedrepro expand --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml",
+    "plan": "fedrepro plan --configfile params/ima.yaml --only 'ima_table1_*'",
+    "track": "fedrepro track --manifest results/manifests/default.json --out results/tracking/default.json",
+    "manifest": "fedrepro manifest --configfile params/default.yaml",
+    "tune": "fedrepro tune select --manifest results/manifests/ima-0123456789.json "
+            "--tuning tune-fedprox-fmnist-dir0.1-cnn-fedprox.mu-0123456789 --out results/tuning/choice.json",
+    "report": "fedrepro report --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml "
+              "--out reports/fedlaw_subset.html",
+    "index": "fedrepro index --out reports/index.html",
+    "collect": "fedrepro collect --manifest results/manifests/default.json --metrics results/metrics/default "
+               "--curves results/curves/default",
+    "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
+    "check-gpu": "fedrepro check-gpu --out results/bench/gpu_check.json --throughput 2 4 8",
+    "tables": "fedrepro tables --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
+              "--format latex",
+    "figures": "fedrepro figures --name quadratic --spec '{\"kind\": \"quadratic\"}' --out reports/default_figures/quadratic.png",
+    "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
+                "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
+                "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html\n"
+                "  fedrepro evidence matrix --write-readme\n"
+                "  fedrepro evidence compare evidence/fednova_fig5_synthetic --configfile params/fednova.yaml "
+                "params/subsets/verify_fednova_fig5_synthetic.yaml\n"
+                "  fedrepro evidence collapses evidence/fedlaw_table3_fmnist_mlp --write",
+}
+
+
+DEBUG_VARIABLE = "FEDREPRO_DEBUG"
+DEBUG_HELP = f"on an error fedrepro raises on purpose, show the traceback too (or set {DEBUG_VARIABLE}=1)"
+
+
+def _debugging(args) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+
+
+def finish(p: argparse.ArgumentParser, example: str) -> None:
+    """The last touch on a sub-command's parser: --debug (also accepted after the sub-command), and its
+    example at the end of its --help."""
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    p.epilog = "example:\n  " + example
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def _manifest_of(args, command: str) -> dict:
+    """The manifest a command reads: --manifest as written, or the one of --configfile's params files."""
+    from fedrepro import config, records
+    if args.manifest:
+        return records.read_json(args.manifest)
+    return config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+                               f"fedrepro {command} --configfile " + " ".join(args.configfile))
