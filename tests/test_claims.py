@@ -181,6 +181,17 @@ EXPECTED_STATED = {
                      "over rounds 1-50)"): 3,
     ("fednova_table1_convergence", "FedNova reaches FedAvg's final Table I accuracy in fewer rounds than FedAvg, "
                                    "for every local solver"): 7,
+    ('fedlaw_fig3_fig11', '"the ratio of two gradient terms remains steady at around 19" (Fig. 3: r in [15.2, 22.8] in rounds 1-20, 90-110 and 181-200)'): 3,
+    ('fedlaw_fig3_fig11', '"the distribution of r can be approximated into a Gaussian distribution with its mean around 20.5" (Fig. 11: the mean r of every run of Figs. 2 and 9 in [16.4, 24.6])'): 1,
+    ('fedlaw_fig2', '"adaptive GWS is more beneficial when the number of local epochs is small" (IID, α=100: the gain at E=1 above the gain at E=5)'): 1,
+    ('fedlaw_fig2', '"adaptive GWS is more beneficial when the number of local epochs is small" (NonIID, α=1: the gain at E=1 above the gain at E=5)'): 1,
+    ('fedlaw_fig9', '"In all settings, adaptive GWS can bring performance gains" (adaptive GWS above FedAvg at every α)'): 6,
+    ('fedlaw_fig9', '"it has a smaller benefit when the system is extremely NonIID (i.e., α = 0.1)" (the gain at α=0.1 below the gain at every other α)'): 5,
+    ('fedlaw_fig6', '"After the critical point, the coherence of FEDAVG goes down below zero" (FedAvg\'s mean coherence over rounds 101-200 at or below 0)'): 1,
+    ('fedlaw_fig6', '"adaptive GWS maintains coherence above zero" (adaptive GWS\'s mean coherence over rounds 101-200 at or above 0)'): 1,
+    ('fedlaw_fig6', 'FedAvg reaches the critical point within rounds 1-100 (so that rounds 101-200 lie after it)'): 1,
+    ('fedlaw_fig5', '"we discover a critical point exists" (the coherence\'s 5-round moving average reaches 0 within rounds 1-100)'): 2,
+    ('fedlaw_fig5', '"After the critical point ... the coherence is kept negative but close to zero" (mean coherence over rounds 101-200 in [-0.1, 0])'): 2,
 }
 
 
@@ -379,3 +390,142 @@ def test_gain_order_by_hand():
     assert claims.evaluate({**check, "average": True, "margin": 0.5}, "t", table(values)).paper.holds == 0
     with pytest.raises(ValueError, match="not labels"):
         claims.evaluate({**check, "first": ["A+", "Z"]}, "t", table(values))
+
+
+# ------------------------------------------------------------------ FedLAW's figure claims, from run metrics
+
+def _run(setting: dict, seed: int = 8, rounds: int = 200, **columns) -> dict:
+    """A finished run whose metrics.csv has ``columns``: each a value per round (a list) or a function of the
+    round (1-based)."""
+    import pandas as pd
+
+    frame = {"round": list(range(1, rounds + 1))}
+    for name, values in columns.items():
+        frame[name] = [values(t) for t in frame["round"]] if callable(values) else list(values)
+    return {"id": f"{setting['algorithm']}-{len(frame)}-{seed}-{sorted(setting.items())}", "setting": {**setting, "seed": seed},
+            "summary": {"status": "finished"}, "metrics": pd.DataFrame(frame)}
+
+
+def _fedlaw_verdicts(name: str, runs: list[dict]) -> dict[str, tuple[int, int]]:
+    """Each check of a FedLAW figure table, counted on ``runs``: {the check's text: (holds, total)}."""
+    spec = paper.load_results()[name]
+    joined = paper.join({name: spec}, runs)
+    return {v.text: (v.ours.holds, v.ours.total) for v in claims.evaluate_table(name, spec, joined)}
+
+
+GWS = {"algorithm": "fedlaw", "fedlaw": {"variant": "adaptive_gws", "learn_rounds": 0}}
+
+
+def _gws(alpha, epochs, **extra):
+    return {**GWS, "partition": {"alpha": alpha}, "local_epochs": epochs, **extra}
+
+
+def _fedavg(alpha, epochs):
+    return {"algorithm": "fedavg", "partition": {"alpha": alpha}, "local_epochs": epochs}
+
+
+def _ratio_runs(fig3, others: float) -> list[dict]:
+    """Fig. 3's run (alpha 1, E 2) with r(t) = fig3(t) and two other GWS runs of the sweep with r = ``others``."""
+    return [_run(_gws(1, 2), gws_norm=lambda t: 0.5, global_grad_norm=lambda t: 0.5 * fig3(t)),
+            _run(_gws(100, 1), gws_norm=lambda t: 2.0, global_grad_norm=lambda t: 2.0 * others),
+            _run(_gws(0.1, 2), gws_norm=lambda t: 1.0, global_grad_norm=lambda t: others)]
+
+
+def test_fedlaw_fig3_r_steady_at_around_19_and_fig11_mean_around_20_5_fail_on_changed_values():
+    fig3, fig11 = "\"the ratio of two gradient terms remains steady", "\"the distribution of r"
+    found = _fedlaw_verdicts("fedlaw_fig3_fig11", _ratio_runs(lambda t: 19.0, 21.0))
+    assert found[next(k for k in found if k.startswith(fig3))] == (3, 3)  # three windows of the run
+    assert found[next(k for k in found if k.startswith(fig11))] == (1, 1)  # the pooled mean (19 + 21 + 21) / 3
+    # not steady: r climbs to 25 in the last 50 rounds; Fig. 11's pooled mean 21.7 still holds
+    found = _fedlaw_verdicts("fedlaw_fig3_fig11", _ratio_runs(lambda t: 19.0 if t <= 150 else 25.0, 21.0))
+    assert found[next(k for k in found if k.startswith(fig3))] == (2, 3)
+    # steady, but not around 19: 23 everywhere (above 22.8)
+    found = _fedlaw_verdicts("fedlaw_fig3_fig11", _ratio_runs(lambda t: 23.0, 21.0))
+    assert found[next(k for k in found if k.startswith(fig3))] == (0, 3)
+    # Fig. 11: the pooled mean (19 + 26 + 26) / 3 = 23.7 holds, (19 + 28 + 28) / 3 = 25 does not; 15 does not
+    for others, holds in [(26.0, 1), (28.0, 0), (13.0, 0)]:
+        found = _fedlaw_verdicts("fedlaw_fig3_fig11", _ratio_runs(lambda t: 19.0, others))
+        assert found[next(k for k in found if k.startswith(fig11))] == (holds, 1), others
+
+
+def _accuracy_runs(gains: dict, fedavg: float = 0.60) -> list[dict]:
+    """FedAvg at ``fedavg`` and adaptive GWS ``gains[(alpha, E)]`` points above it, constant over rounds."""
+    runs = []
+    for (alpha, epochs), gain in gains.items():
+        runs.append(_run(_fedavg(alpha, epochs), test_acc=lambda t: fedavg))
+        runs.append(_run(_gws(alpha, epochs), test_acc=lambda t, g=gain: fedavg + g / 100))
+    return runs
+
+
+def test_fedlaw_fig2_larger_gain_at_small_e_fails_when_the_gain_grows_with_e():
+    gains = {(a, e): g for a in (100, 1) for e, g in [(1, 4.0), (2, 3.0), (3, 2.0), (5, 1.0)]}
+    found = _fedlaw_verdicts("fedlaw_fig2", _accuracy_runs(gains))
+    assert set(found.values()) == {(1, 1)} and len(found) == 2
+    found = _fedlaw_verdicts("fedlaw_fig2", _accuracy_runs({**gains, (1, 5): 4.5}))  # NonIID: E=5 gains more
+    assert sorted(found.values()) == [(0, 1), (1, 1)]
+    assert found[next(k for k in found if "NonIID" in k)] == (0, 1)
+
+
+def test_fedlaw_fig9_gains_everywhere_and_least_at_alpha_0_1_fail_on_changed_values():
+    base = {(a, 2): 2.0 for a in (100, 10, 1, 0.5, 0.2)}
+    every, least = "\"In all settings", "\"it has a smaller benefit"
+    found = _fedlaw_verdicts("fedlaw_fig9", _accuracy_runs({**base, (0.1, 2): 0.5}))
+    assert found[next(k for k in found if k.startswith(every))] == (6, 6)
+    assert found[next(k for k in found if k.startswith(least))] == (5, 5)
+    # alpha 0.2 gains less than alpha 0.1: one of the five comparisons fails
+    found = _fedlaw_verdicts("fedlaw_fig9", _accuracy_runs({**base, (0.2, 2): 0.4, (0.1, 2): 0.5}))
+    assert found[next(k for k in found if k.startswith(least))] == (4, 5)
+    # adaptive GWS loses at alpha 0.1: a smaller benefit still, but not a gain in all settings
+    found = _fedlaw_verdicts("fedlaw_fig9", _accuracy_runs({**base, (0.1, 2): -0.5}))
+    assert found[next(k for k in found if k.startswith(every))] == (5, 6)
+    assert found[next(k for k in found if k.startswith(least))] == (5, 5)
+
+
+def _coherence(before: float, after: float, turn: int = 20):
+    return lambda t: before if t <= turn else after
+
+
+def test_fedlaw_fig6_coherence_after_the_critical_point_fails_on_changed_values():
+    hybrid = {"partition": {"alpha": 0.1}, "local_epochs": 3}
+
+    def verdicts(fedavg, gws):
+        return _fedlaw_verdicts("fedlaw_fig6", [_run({"algorithm": "fedavg", **hybrid}, coherence=fedavg),
+                                                _run({**GWS, **hybrid}, coherence=gws)])
+    below, above, critical = "\"After the critical point", "\"adaptive GWS maintains", "FedAvg reaches the critical"
+    found = verdicts(_coherence(0.3, -0.02), _coherence(0.3, 0.02))
+    assert set(found.values()) == {(1, 1)} and len(found) == 3
+    found = verdicts(_coherence(0.3, -0.02), _coherence(0.3, -0.01))  # GWS's coherence falls below zero too
+    assert found[next(k for k in found if k.startswith(above))] == (0, 1)
+    found = verdicts(_coherence(0.3, 0.05), _coherence(0.3, 0.02))  # FedAvg never reaches the critical point
+    assert found[next(k for k in found if k.startswith(below))] == (0, 1)
+    assert found[next(k for k in found if k.startswith(critical))] == (0, 1)
+    found = verdicts(_coherence(0.3, -0.02, turn=150), _coherence(0.3, 0.02))  # a critical point after round 100
+    assert found[next(k for k in found if k.startswith(critical))] == (0, 1)
+
+
+def test_fedlaw_fig5_critical_point_and_coherence_close_to_zero_fail_on_changed_values():
+    hybrid = {"partition": {"alpha": 0.1}, "local_epochs": 3}
+    attentive = {"algorithm": "fedlaw", "fedlaw": {"variant": "attentive", "learn_rounds": 0}, **hybrid}
+
+    def verdicts(fedavg, law):
+        return _fedlaw_verdicts("fedlaw_fig5", [_run({"algorithm": "fedavg", **hybrid}, coherence=fedavg),
+                                                _run(attentive, coherence=law)])
+    exists, close = "\"we discover a critical point", "\"After the critical point"
+    found = verdicts(_coherence(0.4, -0.03), _coherence(0.5, -0.05))
+    assert found[next(k for k in found if k.startswith(exists))] == (2, 2)
+    assert found[next(k for k in found if k.startswith(close))] == (2, 2)
+    found = verdicts(_coherence(0.4, -0.03), _coherence(0.5, -0.2))  # attentive LAW: negative, not close to zero
+    assert found[next(k for k in found if k.startswith(close))] == (1, 2)
+    found = verdicts(_coherence(0.4, 0.03), _coherence(0.5, -0.05))  # FedAvg stays positive: no critical point
+    assert found[next(k for k in found if k.startswith(exists))] == (1, 2)
+    assert found[next(k for k in found if k.startswith(close))] == (1, 2)
+
+
+def test_critical_round_is_the_first_round_the_moving_average_reaches_zero():
+    import math
+
+    rounds = list(range(1, 11))
+    # moving average of 5 over [1, 1, 1, 1, 1, -1, -1, -1, -1, -1]: 1, 0.6, 0.2, -0.2 -> at rounds 5..8: round 8
+    assert paper.critical_round(rounds, [1] * 5 + [-1] * 5) == 8.0
+    assert paper.critical_round(rounds, [1] * 10) == math.inf
+    assert paper.critical_round(rounds[:3], [-1] * 3) == math.inf  # shorter than the window

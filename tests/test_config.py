@@ -148,6 +148,30 @@ def test_run_ids_are_content_hashes():
     assert sorted(r.id for r in a) == sorted(r.id for r in d)
 
 
+
+def test_partition_seed_run_is_the_runs_own_seed_written_out():
+    """``partition.seed: run`` draws a partition per training seed (FedLAW App. D.4); the resolved setting, the
+    run id and the partition id hold the number, so it names the same runs as the seeds written out."""
+    base = {"partition": {"kind": "dirichlet", "alpha": 0.5, "seed": "run"}}
+    tied = config.expand(_params(base, {"seed": [3, 4]}))
+    assert [r.setting["partition"]["seed"] for r in tied] == [3, 4]
+    written = [r for seed in (3, 4) for r in config.expand(
+        _params({"partition": {"kind": "dirichlet", "alpha": 0.5, "seed": seed}}, {"seed": [seed]}))]
+    assert [(r.id, r.partition) for r in tied] == [(r.id, r.partition) for r in written]
+    assert len({r.partition for r in tied}) == 2
+    shared = config.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.5}}, {"seed": [3, 4]}))
+    assert len({r.partition for r in shared}) == 1  # the default stays one fixed draw (seed 1)
+
+
+@pytest.mark.parametrize("value, allowed", [("runs", "must be of type integer or must be 'run'"),
+                                            (-1, "must be >= 0 or must be 'run'")])
+def test_a_bad_partition_seed_names_the_key_and_both_forms(value, allowed):
+    with pytest.raises(config.ConfigError) as err:
+        config.expand(_params({"partition": {"seed": value}}, {"seed": [1]}))
+    assert f"setting 'partition.seed' = {value!r} is not allowed: {allowed}" in str(err.value)
+    assert len(str(err.value).splitlines()) == 1
+
+
 GRID_FILES = [p for p in sorted((ROOT / "params").glob("*.yaml")) if p.name != "paper_results.yaml"]
 
 

@@ -104,6 +104,11 @@ TABLE_SHAPES = {
     "fedaware_fig4": (11, 6, 66),  # FedAWARE and FedAWARE-NA at 5 alphas, and FedAvg-Full
     "fedaware_fig2": (4, 2, 8),
     "fednova_fig5": (6, 2, 12),     # the final loss and its mean over rounds 1-50, 3 settings each
+    "fedlaw_fig3_fig11": (2, 3, 6),  # r of Fig. 3's run and of every run of Figs. 2 and 9, in three windows
+    "fedlaw_fig2": (4, 4, 16),      # {IID, NonIID} x {FedAvg, adaptive GWS} x E = 1, 2, 3, 5
+    "fedlaw_fig9": (2, 6, 12),      # {FedAvg, adaptive GWS} x 6 alphas
+    "fedlaw_fig6": (2, 2, 4),       # {FedAvg, adaptive GWS} x {coherence after the critical point, critical round}
+    "fedlaw_fig5": (2, 2, 4),       # {FedAvg, attentive LAW} x {critical round, coherence after it}
     "fednova_table1_convergence": (7, 2, 14),  # Table I's rows where FedAvg has a number, in rounds
 }
 
@@ -341,12 +346,17 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
     tables = {n: t for n, t in paper.load_results().items() if t["paper"] == "fedlaw"}
     assert {"fedlaw_table2", "fedlaw_table10", "fedlaw_table5", "fedlaw_table4", "fedlaw_table7", "fedlaw_table8", "fedlaw_table6",
             "fedlaw_table11"} <= set(tables)
+    experiments = list(dict.fromkeys(r.experiment for r in runs))
+    # the figures' tables: Figs. 5 and 6 run seed 8 only; Fig. 11 pools every adaptive GWS run of the sweeps (12 settings)
+    seeds_of = {"fedlaw_fig5": [8], "fedlaw_fig6": [8]}
     for name in tables:
-        mine = [r for r in runs if r.experiment == name or r.experiment.startswith(name + "_")]
+        mine = [r for r in runs if r.experiment in paper.table_experiments(name, tables[name], experiments)]
         for cell in paper.cells(tables, [name]):
             found = [r for r in mine if paper.matches(r.setting, cell.match)]
             per_seed = 2 if cell.column == "E=1 & E=5" else 1  # Table 11's pooled column: both E's runs
-            assert sorted(r.setting["seed"] for r in found) == sorted([8, 9, 10] * per_seed), (name, cell.row, cell.column)
+            per_seed = 12 if cell.row.startswith("Fig. 11:") else per_seed
+            expected = sorted(seeds_of.get(name, [8, 9, 10]) * per_seed)
+            assert sorted(r.setting["seed"] for r in found) == expected, (name, cell.row, cell.column)
 
 
 def test_fedams_server_lr_on_cifar10_is_tuned_and_its_aware_runs_follow_fedawares_scripts():

@@ -10,6 +10,9 @@ per line of the other axis (``lines``: patterns restricting those, default all):
   ties   as beats, but a comparison holds when the two are within ``tolerance`` of each other.
   best   per line, the best of the ``winner`` labels beats every other label of the line.
   order  per line and per neighbouring pair of the ``order`` labels: the first is at least as good.
+  in_range  per line, every label matching ``winner`` has a value ``within`` [low, high] ("the ratio
+         remains steady at around 19", "the coherence stays above zero"): a claim of a value, not of an
+         ordering; the bounds are the tolerance, stated with the check.
 
   gain_ratio   per pair of labels as beats pairs them, the gain (winner minus loser) on the first of the
          two ``lines`` divided by the gain on the second lies ``within`` [low, high] ("participation 0.05
@@ -22,6 +25,8 @@ per line of the other axis (``lines``: patterns restricting those, default all):
   gain_order   the gain of the ``first`` pair of labels ([winner, loser]) is larger than the gain of the
          ``second`` pair by more than ``margin`` (default 0), on each line, or (``average: true``) of their
          gains averaged over the lines ("a greater gain with IMA on PACS than Digit Five"): one comparison.
+         ``first`` may list several pairs ([[w, l], ...]): each is one comparison with ``second`` ("a smaller
+         benefit at alpha 0.1" than at every other alpha).
 
 ``average: true`` (gain kinds) averages the gains of all pairs on each line first, and makes one comparison
 of those mean gains: for a claim the paper makes of "the gain" over its methods, not of each method. It
@@ -49,7 +54,7 @@ from dataclasses import dataclass, field
 
 from fedrepro.paper import Cell
 
-KINDS = ("beats", "ties", "best", "order", "gain_ratio", "gain_spread", "gain_size", "gain_order")
+KINDS = ("beats", "ties", "best", "order", "in_range", "gain_ratio", "gain_spread", "gain_size", "gain_order")
 ACROSS_LINES = ("gain_ratio", "gain_spread", "gain_size")  # kinds that compare gains of one pair across lines
 
 
@@ -112,6 +117,8 @@ def _comparisons(check: dict, labels: list[str]) -> list[tuple[list[str], list[s
     if kind == "best":
         winners = list(_select(labels, check["winner"]))
         return [(winners, [l for l in labels if l not in winners])]
+    if kind == "in_range":
+        return [([w], []) for w in _select(labels, check["winner"])]
     if kind == "order":
         unknown = [l for l in check["order"] if l not in labels]
         if unknown:
@@ -140,6 +147,9 @@ def _holds(check: dict, better: list[float], worse: list[float]) -> bool:
     sign = -1 if check.get("better", "higher") == "lower" else 1
     if check["kind"] == "ties":
         return abs(better[0] - worse[0]) <= check["tolerance"]
+    if check["kind"] == "in_range":
+        low, high = check["within"]  # a value never reached (inf) or a diverged cell is outside any range
+        return math.isfinite(better[0]) and low <= better[0] <= high
     best = max(sign * v for v in better)
     if best == -math.inf:  # nothing on the winning side reached anything
         return False
@@ -259,24 +269,24 @@ def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stat
 
 def _evaluate_gain_order(check: dict, labels: list[str], lines: list[str], cell, stated: str) -> Verdict:
     """gain_order: per line (or once, averaged over the lines) the first pair's gain against the second's."""
-    pairs = [check["first"], check["second"]]
-    unknown = [label for pair in pairs for label in pair if label not in labels]
+    firsts = check["first"] if isinstance(check["first"][0], list) else [check["first"]]
+    unknown = [label for pair in firsts + [check["second"]] for label in pair if label not in labels]
     if unknown:
         raise ValueError(f"check '{check['text']}': {', '.join(unknown)} not labels of the table")
     sign = -1 if check.get("better", "higher") == "lower" else 1
     groups = [lines] if check.get("average") else [[line] for line in lines]
     paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
 
-    def holds(group, value) -> bool:
+    def holds(group, pairs, value) -> bool:
         gains = [sum(sign * (value(cell(line, w)) - value(cell(line, l))) for line in group) / len(group)
                  for w, l in pairs]
         return all(math.isfinite(g) for g in gains) and gains[0] > gains[1] + check.get("margin", 0)
 
-    for group in groups:
+    for group, pairs in [(g, [first, check["second"]]) for g in groups for first in firsts]:
         involved = [cell(line, label) for line in group for pair in pairs for label in pair]
         paper_holds = None
         if not stated and all(c.value is not None for c in involved):
-            paper_holds = holds(group, lambda c: c.value)
+            paper_holds = holds(group, pairs, lambda c: c.value)
             paper.total += 1
             paper.holds += paper_holds
         elif not stated:
@@ -287,7 +297,7 @@ def _evaluate_gain_order(check: dict, labels: list[str], lines: list[str], cell,
             else:
                 outside += 1
             continue
-        ours_holds = holds(group, lambda c: _ours(c, check))
+        ours_holds = holds(group, pairs, lambda c: _ours(c, check))
         ours.total += 1
         ours.holds += ours_holds
         _tally(agree, paper_holds, ours_holds)

@@ -136,15 +136,37 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
     if kind == "mean_last_logged":  # a column logged every k rounds (global_train_loss): its last values
         return float(frame[metric["column"]].dropna().tail(metric.get("rounds", 1)).mean()) * scale
     if kind == "mean_round_range":  # FedLAW's section 4 indicators: the mean over rounds 90-110 (App. D.5)
-        inside = frame[(frame["round"] >= metric["first"]) & (frame["round"] <= metric["last"])][metric["column"]]
-        inside = inside.dropna()
+        window = frame[(frame["round"] >= metric["first"]) & (frame["round"] <= metric["last"])]
+        if metric["column"] not in window or (metric.get("divide_by") and metric["divide_by"] not in window):
+            return None  # the run does not log it (a method without the indicator)
+        inside = window[metric["column"]]
+        if metric.get("divide_by"):  # a per-round ratio (FedLAW's r = ||gamma eta_g g_g|| / ||(1 - gamma) w_g||)
+            inside = inside / window[metric["divide_by"]]
+        inside = inside[inside.abs() != math.inf].dropna()
         return float(inside.mean()) * scale if len(inside) else None
+    if kind == "critical_round":  # FedLAW section 5: the first round the coherence's moving average is <= 0
+        if metric["column"] not in frame:
+            return None
+        logged = frame[["round", metric["column"]]].dropna()
+        return critical_round(logged["round"].to_numpy(), logged[metric["column"]].to_numpy(), metric.get("window", 5))
     if kind == "weight_correlation":
         return weight_correlation(summary, frame, metric["factor"])
     if kind == "rounds_to_target":
         hit = frame[frame["test_acc"] >= metric["target"]]
         return float(hit["round"].iloc[0]) if len(hit) else math.inf
     raise ValueError(f"unknown metric kind '{kind}'")
+
+
+def critical_round(rounds, values, window: int = 5) -> float:
+    """The first round at which the ``window``-round moving average of ``values`` is <= 0 (FedLAW's critical
+    point of the coherence, as its figure marks it); inf when it never is within the run."""
+    import numpy as np
+
+    if len(values) < window:
+        return math.inf
+    smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+    below = np.flatnonzero(smooth <= 0)
+    return float(rounds[below[0] + window - 1]) if len(below) else math.inf
 
 
 def client_factors(class_counts) -> dict:

@@ -122,6 +122,11 @@ def _allowed(error: jsonschema.ValidationError) -> str:
     if kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         return f"{error.message}; allowed keys: {', '.join(allowed)}"
+    if kind == "const":
+        return f"must be {value!r}"
+    if kind in ("anyOf", "oneOf") and error.context:
+        # one line naming every form the key takes (partition.seed: an integer in range, or 'run')
+        return " or ".join(dict.fromkeys(_allowed(e) for e in error.context))
     return error.message
 
 
@@ -283,6 +288,9 @@ def prune(setting: dict) -> dict:
 def derive_defaults(setting: dict) -> dict:
     """Defaults that depend on other values, made explicit before the run is named: two settings that
     compute the same run get the same id, and training code reads values instead of re-deriving them."""
+    if setting["partition"].get("seed") == "run":
+        # a new draw per training seed (FedLAW App. D.4): the run and its partition are named by the number
+        setting["partition"] = {**setting["partition"], "seed": setting["seed"]}
     if "ima" in setting and setting["ima"].get("start_round") is None:
         setting["ima"] = {**setting["ima"], "start_round": registry.ima_start_round(setting)}  # 0.75 R
     return setting
