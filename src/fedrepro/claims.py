@@ -244,12 +244,21 @@ def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stat
     def gains(comparison, value) -> list[float]:  # per line, the mean gain of the comparison's pairs
         return [sign * sum(value(w) - value(l) for w, l in per_line) / len(per_line) for per_line in comparison]
 
+    return _judged(check, stated, (
+        ([c for per_line in comparison for pair in per_line for c in pair],
+         lambda value, comparison=comparison: _gains_hold(check, gains(comparison, value)))
+        for comparison in pairs))
+
+
+def _judged(check: dict, stated: str, comparisons) -> Verdict:
+    """The verdict of whole comparisons, each ``(involved cells, holds)`` where ``holds(value)`` judges it with
+    ``value(cell)`` as each cell's number: the paper's side when it printed every involved cell (a stated claim
+    has none), ours when every involved cell has a run."""
     paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
-    for comparison in pairs:
-        involved = [c for per_line in comparison for pair in per_line for c in pair]
+    for involved, holds in comparisons:
         paper_holds = None
         if not stated and all(c.value is not None for c in involved):
-            paper_holds = _gains_hold(check, gains(comparison, lambda c: c.value))
+            paper_holds = holds(lambda c: c.value)
             paper.total += 1
             paper.holds += paper_holds
         elif not stated:
@@ -260,7 +269,7 @@ def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stat
             else:
                 outside += 1
             continue
-        ours_holds = _gains_hold(check, gains(comparison, lambda c: _ours(c, check)))
+        ours_holds = holds(lambda c: _ours(c, check))
         ours.total += 1
         ours.holds += ours_holds
         _tally(agree, paper_holds, ours_holds)
@@ -275,33 +284,16 @@ def _evaluate_gain_order(check: dict, labels: list[str], lines: list[str], cell,
         raise ValueError(f"check '{check['text']}': {', '.join(unknown)} not labels of the table")
     sign = -1 if check.get("better", "higher") == "lower" else 1
     groups = [lines] if check.get("average") else [[line] for line in lines]
-    paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
 
     def holds(group, pairs, value) -> bool:
         gains = [sum(sign * (value(cell(line, w)) - value(cell(line, l))) for line in group) / len(group)
                  for w, l in pairs]
         return all(math.isfinite(g) for g in gains) and gains[0] > gains[1] + check.get("margin", 0)
 
-    for group, pairs in [(g, [first, check["second"]]) for g in groups for first in firsts]:
-        involved = [cell(line, label) for line in group for pair in pairs for label in pair]
-        paper_holds = None
-        if not stated and all(c.value is not None for c in involved):
-            paper_holds = holds(group, pairs, lambda c: c.value)
-            paper.total += 1
-            paper.holds += paper_holds
-        elif not stated:
-            continue
-        if any(_ours(c, check) is None for c in involved):
-            if all(c.in_scope for c in involved):
-                pending += 1
-            else:
-                outside += 1
-            continue
-        ours_holds = holds(group, pairs, lambda c: _ours(c, check))
-        ours.total += 1
-        ours.holds += ours_holds
-        _tally(agree, paper_holds, ours_holds)
-    return Verdict(check["text"], paper, ours, pending, outside, stated, agree)
+    return _judged(check, stated, (
+        ([cell(line, label) for line in group for pair in pairs for label in pair],
+         lambda value, group=group, pairs=pairs: holds(group, pairs, value))
+        for group, pairs in [(g, [first, check["second"]]) for g in groups for first in firsts]))
 
 
 def evaluate_table(table_name: str, table: dict, joined: list[Cell]) -> list[Verdict]:
