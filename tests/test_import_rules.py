@@ -5,12 +5,11 @@ Read from the source (imports inside functions included), not from what happens 
 back into it would make a cycle, which this test refuses."""
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedrepro"
+from fedrepro import identity
+
+PACKAGE = identity.PACKAGE
 
 # The layers, top first: a module may import its own layer's modules and those of the layers below it.
 LAYERS = {
@@ -36,39 +35,11 @@ def _layer(name: str) -> str:
     raise AssertionError(f"{name}: in no layer of tests/test_import_rules.py; place it in one")
 
 
-def _module_file(dotted: str) -> str | None:
-    parts = dotted.split(".")
-    if parts[0] != "fedrepro":
-        return None
-    rel = Path(*parts[1:]) if len(parts) > 1 else Path()
-    if len(parts) > 1 and (PACKAGE / rel).with_suffix(".py").is_file():
-        return str(rel.with_suffix(".py"))
-    if (PACKAGE / rel / "__init__.py").is_file():
-        return str(rel / "__init__.py")
-    return None
-
-
-def imports(name: str) -> set[str]:
-    """The package modules ``name`` names in an import statement (not the package inits Python runs first)."""
-    tree = ast.parse((PACKAGE / name).read_text())
-    here = ["fedrepro", *Path(name).parent.parts]
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = ".".join(here[:len(here) - node.level + 1]) + ("." + node.module if node.module else "") \
-                if node.level else (node.module or "")
-            # `from pkg import x`: the module pkg.x when there is one, else the package pkg
-            targets = [f"{base}.{a.name}" if _module_file(f"{base}.{a.name}") else base for a in node.names]
-        else:
-            continue
-        found.update(f for f in map(_module_file, targets) if f is not None and f != name)
-    return found
-
-
 def graph() -> dict[str, set[str]]:
-    return {str(p.relative_to(PACKAGE)): imports(str(p.relative_to(PACKAGE))) for p in sorted(PACKAGE.rglob("*.py"))}
+    """Each module's imports by name (identity.named_imports: imports inside functions too, not the package inits
+    Python runs first, so a member importing its package's base module is no cycle through the package)."""
+    return {str(p.relative_to(PACKAGE)): set(identity.named_imports(str(p.relative_to(PACKAGE))))
+            for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -116,7 +87,8 @@ def test_no_import_runs_back_up_a_layer():
 
 def test_the_checks_see_a_cycle_and_an_upward_import():
     assert cycles({"a.py": {"b.py"}, "b.py": {"c.py"}, "c.py": {"a.py"}, "d.py": {"a.py"}}) == [["a.py", "b.py", "c.py"]]
-    assert "settings.py" in imports("tuning.py") and "parts.py" in imports("algorithms/ima.py")
+    assert "settings.py" in identity.named_imports("tuning.py")
+    assert "parts.py" in identity.named_imports("algorithms/ima.py")
     assert _layer("algorithms/fedavg.py") == "methods" and _layer("engine.py") == "run"
 
 

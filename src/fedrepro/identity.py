@@ -70,8 +70,9 @@ def _package_inits(name: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _imports(name: str, mtime_ns: int, size: int) -> frozenset[str]:
-    """The package files that file ``name`` imports (cached on its stamp, so edits are seen)."""
+def _named(name: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """The package files that file ``name`` names in its import statements, those inside functions too (cached on
+    its stamp, so edits are seen); not the package inits Python runs first."""
     tree = ast.parse((PACKAGE / name).read_text(), filename=name)
     here = [PACKAGE.name, *Path(name).parent.parts]
     found = set()
@@ -81,15 +82,24 @@ def _imports(name: str, mtime_ns: int, size: int) -> frozenset[str]:
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(here[:len(here) - node.level + 1]) + ("." + node.module if node.module else "") \
                 if node.level else (node.module or "")
-            # `from pkg import x` imports the module pkg.x when there is one, else the name x of pkg
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            # `from pkg import x`: the module pkg.x when there is one, else the name x of pkg
+            targets = [f"{base}.{alias.name}" if _module_file(f"{base}.{alias.name}") else base for alias in node.names]
         else:
             continue
-        for target in targets:
-            file = _module_file(target)
-            if file is not None:
-                found.add(file)
-                found.update(_package_inits(file))
+        found.update(f for f in map(_module_file, targets) if f is not None)
+    found.discard(name)
+    return frozenset(found)
+
+
+def named_imports(name: str) -> frozenset[str]:
+    """The package files ``name`` imports by name (the import graph tests/test_import_rules.py checks)."""
+    return _named(name, *_stamp(name))
+
+
+@functools.lru_cache(maxsize=1024)
+def _imports(name: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """The package files that importing file ``name`` runs: those it names and their package inits."""
+    found = {init for file in _named(name, mtime_ns, size) for init in (file, *_package_inits(file))}
     found.discard(name)
     return frozenset(found)
 
