@@ -269,18 +269,23 @@ def _dropout_mlp():
                          nn.Dropout(0.3), nn.Linear(32, 10))
 
 
+def _from_one_global_seed(trainers, seed: int):
+    """Each trainer's local round started from the same global generator state, and the state it leaves."""
+    results, states = [], []
+    for trainer in trainers:
+        torch.manual_seed(seed)
+        results.append(_local(trainer))
+        states.append(torch.get_rng_state())
+    return results, states
+
+
 @pytest.mark.parametrize("method", ["fedavg", "fedasam"])
 def test_dropout_masks_are_each_clients_own(tmp_path, method):
     """Each client sees the masks it draws when trained alone (FedASAM: two a step), and the global generator
     ends where the sequential loop leaves it."""
     extra = {"algorithm": method, **({"fedasam": {"rho": 0.7, "eta": 0.2}} if method == "fedasam" else {})}
     plain, fast = _pair(tmp_path, module=_dropout_mlp, **extra)
-    states = []
-    for trainer in (plain, fast):
-        torch.manual_seed(11)
-        trainer.result = _local(trainer)
-        states.append(torch.get_rng_state())
-    a, b = plain.result, fast.result
+    (a, b), states = _from_one_global_seed((plain, fast), 11)
     _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5, 2 if method == "fedasam" else 1))
     assert torch.equal(states[0], states[1])
 
@@ -306,12 +311,7 @@ def test_augmentation_draws_are_each_clients_own(tmp_path):
     datasets = _cifar_like(SIZES)
     plain, fast = _pair(tmp_path, module=_small_cnn, datasets=datasets, dataset="cifar10", model="cnn")
     assert fast.train.augment and fast.train_together(np.arange(5), [2] * 5)
-    states = []
-    for trainer in (plain, fast):
-        torch.manual_seed(12)
-        trainer.result = _local(trainer)
-        states.append(torch.get_rng_state())
-    a, b = plain.result, fast.result
+    (a, b), states = _from_one_global_seed((plain, fast), 12)
     _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
     assert torch.equal(states[0], states[1])
 
