@@ -37,7 +37,6 @@ FAMILY_PACKAGES = ("data", "models", "algorithms")
 # origin may grow a field, and a helper may move, without renaming and retraining every run. partition.py is
 # in every run through the partition id, which hashes it with the partition's own closure.
 OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partition.py"})
-RECORD_ONLY = OUTSIDE_RUNS  # the name earlier code and tests use
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:
