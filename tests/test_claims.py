@@ -2,8 +2,8 @@
 paper's own numbers (a wrong transcription or a wrong check shows up as the paper contradicting itself)."""
 import pytest
 
-from fedrepro import claims, paper
-from fedrepro.paper import Cell
+from fedrepro.report import claims, paper
+from fedrepro.report.paper import Cell
 
 
 def table(values: dict, ours: dict | None = None) -> list[Cell]:
@@ -311,10 +311,10 @@ def test_a_null_match_selects_runs_that_leave_the_key_unset_and_a_logged_column_
 
 
 def test_a_table_takes_the_experiments_it_names_or_those_its_name_prefixes(tmp_path):
-    from fedrepro import report
+    from fedrepro.report import page
     manifest = {"experiments": {"ima_table2_start_round": {"runs": []}, "ima_fig7b_window": {"runs": []},
                                 "fedaware_table2_agnews": {"runs": []}}}
-    found = {c["name"]: c["experiments"] for c in report.paper_comparisons(manifest, tmp_path)}
+    found = {c["name"]: c["experiments"] for c in page.paper_comparisons(manifest, tmp_path)}
     assert found == {"ima_table2": ["ima_table2_start_round"], "ima_fig7a": ["ima_table2_start_round"],
                      "ima_fig7b": ["ima_fig7b_window"], "fedaware_table2": ["fedaware_table2_agnews"],
                      "fedaware_fig2": ["fedaware_table2_agnews"]}

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from fedrepro import collapses, evidence
+from fedrepro.report import collapses, evidence
 from fedrepro.config import ROOT
 
 

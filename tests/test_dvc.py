@@ -87,7 +87,8 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     `dvc params diff` sees an edit to a paper's params file, not only to the default one."""
     import re
 
-    from fedrepro import config, report
+    from fedrepro import config
+    from fedrepro.report import frames
     from test_report import fabricate
 
     env = subprocess_env(f"sqlite:///{tmp_path / 'mlflow.db'}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
@@ -105,7 +106,7 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
         fabricate(run, repo / "results" / "runs", 0.5 + 0.01 * run.setting["seed"], rounds=rounds)
     manifest = repo / "manifest.json"
     manifest.write_text(json.dumps(config.manifest(params, runs, "default")))
-    report.collect(manifest, repo / "results" / "runs", repo / "results" / "metrics" / "default",
+    frames.collect(manifest, repo / "results" / "runs", repo / "results" / "metrics" / "default",
                    repo / "results" / "curves" / "default")
     variants = {run.label for run in runs}
     assert len(variants) == 15

@@ -1,4 +1,4 @@
-"""The papers' analysis figures (fedrepro.figures): the geometry and the closed forms they rest on,
+"""The papers' analysis figures (fedrepro.report.figures): the geometry and the closed forms they rest on,
 the snapshots a run keeps for them, and every kind drawn from tiny real runs."""
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import checkpoint, cli, config, engine, figures, partition
-from fedrepro.figures import fednova as quad
-from fedrepro.figures import fedlaw as fedlaw_figures
-from fedrepro.figures import ima
+from fedrepro import checkpoint, cli, config, engine, partition
+from fedrepro.report import figures
+from fedrepro.report.figures import fednova as quad
+from fedrepro.report.figures import fedlaw as fedlaw_figures
+from fedrepro.report.figures import ima
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
         "batch_size": 64, "device": "cpu", "client": {"lr": 0.05},
@@ -191,7 +192,7 @@ def test_fedprox_alpha_terms_by_hand():
     """FedNova Fig. 4, eqs. 8-10, for two clients with tau = 1 and 3, p = 1/2, alpha = 1/2: ||a_2||_1 = 1 + 1/2 + 1/4
     = 7/4, tau_eff = 11/8, w = (4/11, 7/11), chi^2 = (3/22)^2 (11/4 + 11/7) = 0.080357, slowdown 2 / (11/8) = 16/11,
     A = 2 (11/8) [(4/11)^2 + (7/11)^2 (21/16) / (49/16)] = 0.840909; alpha = 0 is FedAvg (w = tau_i / sum tau)."""
-    from fedrepro.figures import fednova
+    from fedrepro.report.figures import fednova
     terms = fednova.fedprox_terms(0.5, [1, 3], [0.5, 0.5])
     assert terms["tau_eff"] == pytest.approx(11 / 8) and terms["w"] == pytest.approx([4 / 11, 7 / 11])
     assert terms["weight_bias"] == pytest.approx(0.0803571, rel=1e-6)
@@ -205,7 +206,7 @@ def test_fedprox_alpha_terms_by_hand():
 def test_fedprox_alpha_claim_holds_on_the_curves_and_fails_on_a_changed_value():
     """Fig. 4's claim in the paper's words: the weight bias falls with alpha, the slowdown rises, and alpha = 1
     gives objective consistency with tau_eff = 1. Each check is seen to fail on a changed curve."""
-    from fedrepro.figures import OPTIONS, fednova
+    from fedrepro.report.figures import OPTIONS, fednova
     curves = fednova.fedprox_alpha_curves(OPTIONS["fedprox_alpha"])
     checks = fednova.fedprox_alpha_checks(curves)
     assert [c["holds"] for c in checks] == [True, True, True]
@@ -345,7 +346,7 @@ def test_the_elud_figure_draws_each_runs_e_lud(tiny, monkeypatch):
 
 
 def test_loss_curves_draw_the_logged_rounds_of_the_global_loss_or_the_local_one(tiny):
-    from fedrepro.figures import fednova
+    from fedrepro.report.figures import fednova
     runs = figures.finished(figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
                                                 {"experiment": "tiny", "select": {"algorithm": "fedavg"}}))
     logged = runs[0].metrics.dropna(subset=["global_train_loss"])["round"].tolist()
@@ -483,10 +484,10 @@ def test_the_cli_draws_a_figure_and_the_report_embeds_it(tiny, tmp_path):
     cli.main(["figures", "--name", "elud", "--spec", json.dumps({"kind": "elud", "experiment": "tiny"}),
               "--manifest", str(manifest), "--runs-dir", str(tiny["work"] / "runs"), "--out", str(folder / "elud.png")])
     assert json.loads((folder / "elud.json").read_text())["drawn"]
-    from fedrepro import report
-    page = report.build(manifest, tiny["work"] / "runs", tmp_path / "partitions", tmp_path / "tiny.html",
-                        tmp_path / "page_figures", folder)
-    html = page.read_text()
+    from fedrepro.report import page
+    out = page.build(manifest, tiny["work"] / "runs", tmp_path / "partitions", tmp_path / "tiny.html",
+                     tmp_path / "page_figures", folder)
+    html = out.read_text()
     assert "The papers' analysis figures" in html and "e-LUD" in html
     assert (tmp_path / "page_figures" / "paper.elud.png").exists()
 
@@ -549,7 +550,7 @@ def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates
     assert always.loc[2, columns].to_numpy(dtype=float) != pytest.approx(sizes / sizes.sum(), abs=1e-3)
     # the first two rounds are the same run until the stop
     assert stopped.loc[:1, columns].to_numpy() == pytest.approx(always.loc[:1, columns].to_numpy(), abs=1e-6)
-    from fedrepro.figures.curves import method
+    from fedrepro.report.figures.curves import method
     assert method(done[2]) == "fedlaw (attentive, learned until round 2)" and method(done[0]) == "fedlaw (attentive)"
     captions = {}
     for name, kind in (("w", "client_weights"), ("a", "accuracy")):

@@ -378,7 +378,7 @@ def _two_params_files(tmp_path):
 
 
 def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
-    from fedrepro import index
+    from fedrepro.report import index
     files, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     for run in runs.values():
@@ -393,7 +393,8 @@ def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
 
 
 def test_a_truncated_summary_is_named_by_the_report(tmp_path):
-    from fedrepro import config, report
+    from fedrepro import config
+    from fedrepro.report import frames
     files, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     fabricate(runs["one"], runs_dir, 0.7)
@@ -402,11 +403,11 @@ def test_a_truncated_summary_is_named_by_the_report(tmp_path):
     params = config.load_params(files[0])
     manifest = config.manifest(params, config.expand(params), "one")
     with pytest.raises(config.CorruptFileError, match=str(bad)):
-        report.load_runs(manifest, runs_dir)
+        frames.load_runs(manifest, runs_dir)
 
 
 def test_paper_numbers_skip_a_truncated_summary(tmp_path, capsys):
-    from fedrepro import paper
+    from fedrepro.report import paper
     _, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     for run in runs.values():

@@ -85,8 +85,8 @@ def test_the_real_runs_depend_on_training_code_only():
         assert {"engine.py", "client.py", "parts.py", f"algorithms/{setting['algorithm']}.py"} <= files
         assert {f"data/{identity.DATASETS[setting['dataset']]['family']}.py",
                 f"models/{identity.MODELS[setting['model']]['family']}.py"} <= files
-        assert not {"registry.py", "config.py", "report.py", "tracking.py", "cli/__init__.py", "cli/run.py",
-                    "plan.py", "provenance.py", "identity.py", "partition.py", "verification.py", "evidence.py",
+        assert not {"registry.py", "config.py", "report/page.py", "tracking.py", "cli/__init__.py", "cli/run.py",
+                    "plan.py", "provenance.py", "identity.py", "partition.py", "report/verification.py", "report/evidence.py",
                     "bench.py"} & files
         others = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \
             | {f"models/{m['family']}.py" for m in identity.MODELS.values()}
@@ -155,7 +155,7 @@ def test_comments_docstrings_and_blank_lines_rename_no_run(real_copy):
 def test_an_edit_of_another_method_dataset_or_model_renames_no_run(real_copy):
     fedavg = SETTINGS[0]
     before = _hashes([fedavg])
-    for name in ("algorithms/fedprox.py", "data/cifar.py", "models/resnet.py", "provenance.py", "report.py"):
+    for name in ("algorithms/fedprox.py", "data/cifar.py", "models/resnet.py", "provenance.py", "report/page.py"):
         _edit(real_copy / name, lambda text: text + "\nCHANGED = 1\n")
     assert _hashes([fedavg]) == before
     _edit(real_copy / "models" / "mlp.py", lambda text: text + "\nCHANGED = 1\n")

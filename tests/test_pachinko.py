@@ -172,7 +172,7 @@ def test_settings_resolve_name_and_check_pachinko():
 def test_ima_cifar100_runs_are_pachinko_and_join_the_papers_pa_rows():
     from pathlib import Path
 
-    from fedrepro import paper
+    from fedrepro.report import paper
     params = config.load_params(Path(__file__).resolve().parents[1] / "params" / "ima.yaml")
     params["only"] = "ima_table1_cifar100_*"
     from fedrepro import plan

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedrepro import claims, config, paper, registry
+from fedrepro import config, registry
+from fedrepro.report import claims, paper
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT.parent / "shared" / "specs"
@@ -339,7 +340,7 @@ def test_fednova_step_decay_of_the_client_lr():
 
 
 def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
-    # a table T takes the runs of the experiments T and T_* (report.paper_comparisons); each cell must find
+    # a table T takes the runs of the experiments T and T_* (report.page.paper_comparisons); each cell must find
     # exactly the paper's 3 seeds there (Tables 1, 9: SimpleCNN, AlexNet, ResNet8; Tables 2, 10: a row's
     # FedAvg and adaptive GWS runs share their settings but for the algorithm)
     runs = config.expand(config.load_params(ROOT / "params" / "fedlaw.yaml"))
@@ -431,7 +432,7 @@ def test_fednova_converges_faster_checks_count_rounds_to_table_is_accuracy_and_t
 
 
 def test_ima_fig10_rows_each_select_one_run_and_the_first_is_the_landscape_figures_run():
-    from fedrepro import figures
+    from fedrepro.report import figures
     ima = config.load_params(ROOT / "params" / "ima.yaml")
     ima["only"] = "ima_figures_landscape,ima_fig10_landscapes"
     runs = config.expand(ima)

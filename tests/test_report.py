@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedrepro import config, report, tuning
+from fedrepro import config, tuning
+from fedrepro.report import page, plots
 from fedrepro.config import ROOT
 
 
@@ -52,7 +53,7 @@ def test_report_puts_paper_numbers_beside_ours_and_lists_missing(tmp_path, ima_f
     fabricate(shards_run(runs, "fedavg", ["ima"], 1), runs_dir, 0.90)
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
-    out = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "reports" / "ima.html")
+    out = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "reports" / "ima.html")
     html = out.read_text()
 
     assert "IMA Table 1" in html
@@ -79,7 +80,7 @@ def test_report_without_any_finished_run_still_builds(tmp_path, ima_fmnist_runs)
     params, runs = ima_fmnist_runs
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
-    html = report.build(manifest_path, tmp_path / "runs", tmp_path / "partitions", tmp_path / "r.html").read_text()
+    html = page.build(manifest_path, tmp_path / "runs", tmp_path / "partitions", tmp_path / "r.html").read_text()
     assert "0/" in html and "0/0 cells run so far are reproduced" in html
     # nothing has run: no empty provenance rows for commits, machines, versions or time
     provenance = html[html.index('id="provenance"'):]
@@ -122,7 +123,7 @@ def test_ablation_plot_for_numeric_grid_axes(tmp_path):
             fabricate(run, tmp_path / "runs", 0.6 + 0.01 * run.setting["ima"]["window"])
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
-    html = report.build(manifest_path, tmp_path / "runs", tmp_path / "partitions", tmp_path / "r.html").read_text()
+    html = page.build(manifest_path, tmp_path / "runs", tmp_path / "partitions", tmp_path / "r.html").read_text()
     assert 'alt="ablation plot of ima_fig7b_window"' in html
     assert 'alt="ablation plot of ima_table1_fmnist"' not in html
 
@@ -132,14 +133,14 @@ def test_a_diverged_run_shows_in_its_paper_cell(tmp_path, ima_fmnist_runs):
     fabricate(shards_run(runs, "fedprox", [], 1), tmp_path / "runs", float("nan"), status="diverged")
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
-    html = report.build(manifest_path, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
+    html = page.build(manifest_path, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
     assert '<td class="diverged"><b>diverged</b> (1 seed)<small>paper 79.78</small></td>' in html
     # run, and outside the gap: the verification matrix counts it so too
     assert "0/1 cells run so far are reproduced (|Δ| ≤ 1.5 points); 1 diverged at every seed." in html
 
 
 def test_index_counts_every_experiments_runs_by_state(tmp_path):
-    from fedrepro import index
+    from fedrepro.report import index
 
     params = {"title": "two experiments", "experiments": {
         "first": {"base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "rounds": 2},
@@ -191,7 +192,7 @@ def test_two_verdicts_the_strict_gap_and_the_seed_noise_interval_never_merge():
     seeds 62.0, 62.2, 62.4 -> s 0.2, t(0.975, 2) = 4.303: half width 4.303 x 0.2 / sqrt(3) = 0.497, so Δ +1.52
     is neither. The interval agrees with scipy's own t tests: inside exactly when p >= 0.05."""
     from scipy import stats
-    from fedrepro import paper
+    from fedrepro.report import paper
     cells = [paper.Cell("t", "p", "FedAvg", "a", {}, {}, 60.68, None, ours=[62.0, 64.0]),
              paper.Cell("t", "p", "FedAvg", "b", {}, {}, 60.68, None, ours=[62.0, 62.2, 62.4]),
              paper.Cell("t", "p", "FedAvg", "c", {}, {}, 60.68, None, ours=[62.5]),
@@ -215,14 +216,14 @@ def test_two_verdicts_the_strict_gap_and_the_seed_noise_interval_never_merge():
 
 
 def test_short_labels_drop_what_every_line_shares():
-    short, common = report.short_labels(["fedavg · dir0.1 · client.lr=0.01", "fedlaw · dir0.1 · client.lr=0.01",
+    short, common = plots.short_labels(["fedavg · dir0.1 · client.lr=0.01", "fedlaw · dir0.1 · client.lr=0.01",
                                          "fednova · dir0.1 · client.lr=0.01"])
     assert short == {"fedavg · dir0.1 · client.lr=0.01": "fedavg", "fedlaw · dir0.1 · client.lr=0.01": "fedlaw",
                      "fednova · dir0.1 · client.lr=0.01": "fednova"}
     assert common == ["dir0.1", "client.lr=0.01"]
-    assert report.short_labels(["fedavg · a"]) == ({"fedavg · a": "fedavg · a"}, [])
-    assert "95%" not in report.band_text(2) and "lowest to highest" in report.band_text(2)
-    assert report.band_text(1) == "one seed per line, no band"
+    assert plots.short_labels(["fedavg · a"]) == ({"fedavg · a": "fedavg · a"}, [])
+    assert "95%" not in plots.band_text(2) and "lowest to highest" in plots.band_text(2)
+    assert plots.band_text(1) == "one seed per line, no band"
 
 
 def _two_method_params(tmp_path):
@@ -245,7 +246,7 @@ def test_methods_that_coincide_are_named_not_hidden(tmp_path):
         fabricate(run, tmp_path / "runs", {"fedavg": 0.7, "fednova": 0.7, "fedprox": 0.6}[run.setting["algorithm"]])
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps(config.manifest(params, runs, "two")))
-    html = report.build(manifest, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
+    html = page.build(manifest, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
     assert ('<p class="note">fednova coincides with fedavg: the same test accuracy (within 0.2 points) in every '
             'round of every seed') in html and "FedNova normalises each client&#39;s update" in html
     assert '<td>fednova <small class="muted">(= fedavg, identical curves)</small></td>' in html
@@ -365,7 +366,7 @@ def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
             fabricate(run, runs_dir, accs[run.label])
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "switches")))
-    html = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
     table = html[html.index("What each switch does"):]
     table = table[:table.index("</table>")]
     rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", table)
@@ -404,7 +405,7 @@ def _page_cells(html: str, table: str, marked: set | None = None) -> dict:
 
 def _latex_cells(tex: str):
     """The same from a LaTeX export, and the (row, column, side) cells set in bold."""
-    from fedrepro.tables import latex_text
+    from fedrepro.report.tables import latex_text
     lines = tex.splitlines()
     head = lines[lines.index(r"\toprule") + 1]
     columns = [c.strip() for c in head.removesuffix(r" \\").split(" & ")[1:]]
@@ -435,8 +436,7 @@ def test_every_paper_table_is_exported_as_latex_csv_and_markdown_with_the_pages_
     fabricate(shards_run(runs, "fedavg", ["ima"], 1), runs_dir, 0.90)
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
-    page = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "reports" / "ima.html")
-    html = page.read_text()
+    html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "reports" / "ima.html").read_text()
     folder = tmp_path / "reports" / "ima_tables"
     assert sorted(p.name for p in folder.iterdir()) == ["ima_table1.csv", "ima_table1.md", "ima_table1.tex"]
     for suffix in ("tex", "csv", "md"):
@@ -448,7 +448,7 @@ def test_every_paper_table_is_exported_as_latex_csv_and_markdown_with_the_pages_
     on_page = {(latex_text(r), latex_text(c)): v for (r, c), v in _page_cells(html, "ima_table1", marked).items()}
     assert len(on_page) == 3 and latex == on_page
     assert {(latex_text(r), latex_text(c), side) for r, c, side in marked} == bold, "the page marks the export's bests"
-    row, paper_row = latex_text("FMNIST (CNN) #C=2, FMA"), report.paper_comparisons(
+    row, paper_row = latex_text("FMNIST (CNN) #C=2, FMA"), page.paper_comparisons(
         json.loads(manifest_path.read_text()), runs_dir)[0]["rows"][0]
     assert latex[(row, "FedAvg")] == ("81.00", "1.41", "81.17"), "mean ± std over the two seeds, then the paper's"
     # IMA Table 1 has its methods as columns: the best of each row is bold, ours and the paper's apart
@@ -496,11 +496,11 @@ def _latex_is_installed() -> str | None:
 def test_every_shipped_paper_table_compiles_with_latex(tmp_path):
     """Every table of params/paper_results.yaml (their labels' #, %, α, γ, ×, ±), bold cells included."""
     import subprocess
-    from fedrepro import paper, tables
+    from fedrepro.report import paper, tables
     results = paper.load_results()
     names = set(results) | {e for table in results.values() for e in table.get("experiments", [])}
     manifest = {"experiments": {name: {"runs": []} for name in names}}
-    comparisons = report.paper_comparisons(manifest, tmp_path / "runs")
+    comparisons = page.paper_comparisons(manifest, tmp_path / "runs")
     assert len(comparisons) == len(paper.load_results())
     body = tables.render(comparisons, "latex")
     assert r"\mathbf{" in body, "the papers' best numbers are bold"
@@ -522,12 +522,12 @@ def test_a_loss_table_bolds_the_lowest_and_an_accuracy_table_the_highest():
                 {"label": "C=0.3", "cells": [{"ours": 0.33, "paper": None}, {"ours": 0.25, "paper": None}]}]
     fig5 = yaml.safe_load((ROOT / "params" / "paper_results.yaml").read_text())["tables"]["fednova_fig5"]
     loss = rows()
-    report.mark_best(loss, fig5["best_among"], [report.lower_is_better(fig5, fig5["metric"])] * 2)
+    page.mark_best(loss, fig5["best_among"], [page.lower_is_better(fig5, fig5["metric"])] * 2)
     assert [[c["best_ours"] for c in r["cells"]] for r in loss] == [[False, True], [False, True]]
     accuracy = rows()
-    report.mark_best(accuracy, "columns", [report.lower_is_better({}, {"kind": "mean_last_rounds"})] * 2)
+    page.mark_best(accuracy, "columns", [page.lower_is_better({}, {"kind": "mean_last_rounds"})] * 2)
     assert [[c["best_ours"] for c in r["cells"]] for r in accuracy] == [[True, False], [True, False]]
-    assert report.lower_is_better({}, {"kind": "rounds_to_target"})
+    assert page.lower_is_better({}, {"kind": "rounds_to_target"})
 
 
 def test_evidence_carries_equal_runs_from_an_earlier_keep_and_nothing_else(tmp_path):
@@ -535,7 +535,8 @@ def test_evidence_carries_equal_runs_from_an_earlier_keep_and_nothing_else(tmp_p
     their partition's content equal a declared run's; a run kept on another partition draw is not carried."""
     from types import SimpleNamespace
 
-    from fedrepro import cli, evidence
+    from fedrepro import cli
+    from fedrepro.report import evidence
     path = _two_method_params(tmp_path)
     params = config.load_params(path)
     runs = config.expand(params)
@@ -586,7 +587,7 @@ def _partition_record(folder, pid, content):
 def _keep_as_earlier(tmp_path, params, path, runs, earlier, then):
     """Keep the runs finished in ``then`` as evidence folder ev/two, by the manifest an earlier commit wrote:
     today's runs under their ``earlier`` ids and partitions."""
-    from fedrepro import evidence
+    from fedrepro.report import evidence
     manifest = config.run_manifest(params, [str(path)], "earlier", "two")
     for exp in manifest["experiments"].values():
         for entry in exp["runs"]:
@@ -665,7 +666,7 @@ def test_the_provenance_names_the_gpu_stack_and_the_determinism_switches(tmp_pat
     (runs_dir / run.id / "summary.json").write_text(json.dumps(summary))
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
-    html = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
     provenance = html[html.index('id="provenance"'):]
     assert ("<td>GPU stack and determinism switches</td><td>torch 2.15.0+cu132, CUDA 13.2, cuDNN 92600, GPU NVIDIA "
             "H100 80GB HBM3 (compute 9.0), driver 570.86.15; deterministic algorithms off, TF32 cuDNN</td>") in provenance
@@ -676,7 +677,7 @@ def test_the_index_opens_with_the_verified_results_of_the_evidence(tmp_path):
     the compute, and the evidence pages (linked where built, else the command that builds them)."""
     from markupsafe import escape
 
-    from fedrepro import index, verification
+    from fedrepro.report import index, verification
 
     reports = tmp_path / "reports"
     (reports / "evidence").mkdir(parents=True)
@@ -713,6 +714,6 @@ def test_each_paper_table_states_the_compute_its_runs_took_and_the_plans_estimat
     fabricate(shards_run(runs, "fedavg", [], 2), runs_dir, 0.82)
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
-    html = report.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
     assert re.search(r"<b>Compute</b> of the runs these cells count: 0\.0 device-hours over 2 runs \(CPU 0\.0 h\); "
                      r"the plan(?:'|&#39;)s estimate: \d+\.\d h", html)

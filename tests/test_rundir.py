@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedrepro import paper, rundir
+from fedrepro import rundir
+from fedrepro.report import paper
 from fedrepro.config import CorruptFileError
 
 SETTING = {"algorithm": "fedavg", "dataset": "fmnist"}

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedrepro import verification
+from fedrepro.report import verification
 from fedrepro.config import ROOT
 
 # A two-column table: cells match runs by algorithm; alpha selects the row.
@@ -262,7 +262,7 @@ def test_write_readme_rewrites_only_the_blocks_between_the_markers(tmp_path):
 
 
 def test_a_manifest_kept_from_before_the_switches_flag_gets_it_from_todays_params_files():
-    from fedrepro import evidence
+    from fedrepro.report import evidence
     manifest = {"configfiles": ["params/fedlaw.yaml", "params/subsets/fedlaw_protocol_switches.yaml"],
                 "experiments": {"fedlaw_protocol_switches": {"runs": []}, "other": {"runs": []}}}
     evidence._mark_switches(manifest)

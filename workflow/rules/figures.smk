@@ -1,6 +1,6 @@
 # The papers' analysis figures (docs/figures.md): one job per entry of the params file's `figures:`
 # section, each a call of `fedrepro figures`. Figures of experiments left out by `only` are skipped.
-from fedrepro import figures as ffigures
+from fedrepro.report import figures as ffigures
 
 try:
     FIGURES = {

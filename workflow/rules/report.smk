@@ -66,7 +66,7 @@ rule track:
         "else echo '{{\"disabled\": true}}' > {output:q}; fi"
 
 
-from fedrepro import index as findex
+from fedrepro.report import index as findex
 
 # The index surveys every params file of the project, and this run's own when it lives elsewhere.
 INDEX_PARAMS = [str(p) for p in findex.params_files(Path(workflow.basedir) / "params")]

@@ -78,9 +78,9 @@ def add_parsers(sub) -> None:
 
 
 def cmd_evidence(args) -> None:
-    from fedrepro import evidence
+    from fedrepro.report import evidence
     if args.action == "matrix":
-        from fedrepro import verification
+        from fedrepro.report import verification
         rows = verification.matrix(args.root)
         block = verification.markdown(rows)
         if args.write_readme:
@@ -92,7 +92,7 @@ def cmd_evidence(args) -> None:
             print(block, end="")
         return
     if args.action == "collapses":
-        from fedrepro import collapses
+        from fedrepro.report import collapses
         for folder in args.folder:
             rows = evidence.record_collapses(folder) if args.write else [
                 {"run": r.name, "record": collapses.of_run(*_kept_run(r))} for r in sorted(Path(folder, "runs").glob("*"))]

@@ -35,7 +35,8 @@ def add_report(sub) -> None:
 
 
 def cmd_report(args) -> None:
-    from fedrepro import config, report
+    from fedrepro import config
+    from fedrepro.report import page
     manifest = args.manifest
     if manifest is None:  # straight from the params files: a partial grid, while runs are missing
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +47,7 @@ def cmd_report(args) -> None:
         if content.get("tunings"):  # the final runs of the tunings that chose already; the others are missing
             content = tuning.tuned_manifest(content, tuning.choices_on_disk(content, Path(args.runs_dir).parent / "tuning"))
         manifest.write_text(json.dumps(content))
-    out = report.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures, args.paper_figures)
+    out = page.build(manifest, args.runs_dir, args.partitions_dir, args.out, args.figures, args.paper_figures)
     print(f"report: {Path(out).resolve()}")
 
 
@@ -67,9 +68,10 @@ def add_tables(sub) -> None:
 
 
 def cmd_tables(args) -> None:
-    from fedrepro import config, report, tables
+    from fedrepro import config
+    from fedrepro.report import page, tables
     manifest = _manifest_of(args, "tables")
-    comparisons = report.paper_comparisons(manifest, Path(args.runs_dir))
+    comparisons = page.paper_comparisons(manifest, Path(args.runs_dir))
     if args.table:
         unknown = sorted(set(args.table) - {c["name"] for c in comparisons})
         if unknown:
@@ -95,7 +97,8 @@ def add_figures(sub) -> None:
 
 
 def cmd_figures(args) -> None:
-    from fedrepro import figures, records
+    from fedrepro import records
+    from fedrepro.report import figures
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -122,7 +125,7 @@ def add_index(sub) -> None:
 
 
 def cmd_index(args) -> None:
-    from fedrepro import index
+    from fedrepro.report import index
     from fedrepro.config import ROOT
     evidence = None if args.no_evidence else (args.evidence or ROOT / "evidence")
     out = index.build(args.out, args.params, args.runs_dir, evidence=evidence)
@@ -142,6 +145,6 @@ def add_collect(sub) -> None:
 
 
 def cmd_collect(args) -> None:
-    from fedrepro import report
-    report.collect(args.manifest, args.runs_dir, args.metrics, args.curves)
+    from fedrepro.report import frames
+    frames.collect(args.manifest, args.runs_dir, args.metrics, args.curves)
     print(f"collect: {args.metrics}, {args.curves}")

@@ -6,7 +6,7 @@ paper's settings (kept as evidence), the seeds per cell, and two verdicts that a
 merged: *reproduced*, |ours − paper| <= 1.5 points (the table's tolerance; our spread never widens it), and
 *consistent within seed noise*, the paper's value inside the 95% t interval of our mean (of the difference of
 means where the paper prints a std; paper.noise_interval). Then the largest gap with its explanation, the runs
-that collapsed (fedrepro.collapses), and the table's claim checks evaluated on our runs (for a figure the paper
+that collapsed (fedrepro.report.collapses), and the table's claim checks evaluated on our runs (for a figure the paper
 prints no numbers for, they are the whole verification: its cells count as runnable and run, none as
 reported). Below the table: every cell not reproduced, with its explanation, and how many misses seed noise
 alone would give at this number of cells. docs/verification.md holds the command's output between two markers,
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro import claims, collapses, paper
+from fedrepro.report import claims, collapses, paper
 from fedrepro.config import ROOT, ConfigError
 
 EVIDENCE = ROOT / "evidence"

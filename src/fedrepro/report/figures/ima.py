@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro.figures import MissingInput, finished, legend_outside
-from fedrepro.figures.curves import over_rounds
+from fedrepro.report.figures import MissingInput, finished, legend_outside
+from fedrepro.report.figures.curves import over_rounds
 
 SHOWS = {
     "landscape": "Test loss (nats) and test error (%) of the models on the plane through three models: "
@@ -187,7 +187,7 @@ def landscape_rows(spec, runs, context):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-    from fedrepro import paper
+    from fedrepro.report import paper
 
     quantity = spec["quantity"]
     unit = {"loss": "test loss (nats)", "error": "test error (%)"}[quantity]
@@ -262,7 +262,7 @@ def interpolation(spec, runs, context):
     ``rounds``: the global models of those rounds of one run, each to the last (IMA Fig. 5b)."""
     import matplotlib.pyplot as plt
 
-    from fedrepro import paper
+    from fedrepro.report import paper
 
     done = finished(runs)
     alphas = np.linspace(-spec["extend"], 1 + spec["extend"], spec["points"])

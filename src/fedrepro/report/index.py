@@ -1,8 +1,8 @@
 """reports/index.html: the verified results first, then every experiment of every params file with its state.
 
 The verified results are built from ``evidence/`` alone (no training, nothing in results/): per paper table the
-verification matrix's verdicts (fedrepro.verification), each cell run beside the paper's number, the compute the
-table's runs took with the plan's estimate (fedrepro.compute), and a link to each evidence folder's page
+verification matrix's verdicts (fedrepro.report.verification), each cell run beside the paper's number, the compute the
+table's runs took with the plan's estimate (fedrepro.report.compute), and a link to each evidence folder's page
 (``reports/evidence/<folder>.html``, ``fedrepro evidence report``), or the command that builds it.
 
 A run's state (done, diverged, interrupted, missing) is rundir's. An experiment is done when all its
@@ -80,7 +80,7 @@ def evidence_page(name: str) -> str:
 def verified(root: str | Path, reports_dir: Path) -> dict:
     """The index's first section: the verification matrix's rows with their cells and compute, and the
     evidence folders with their pages."""
-    from fedrepro import compute, verification
+    from fedrepro.report import compute, verification
 
     root = Path(root)
     shown = root.resolve().relative_to(config.ROOT) if root.resolve().is_relative_to(config.ROOT) else root
@@ -116,8 +116,8 @@ def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str
     """The index page; with ``evidence`` (an evidence root, e.g. evidence/), its verified results first."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-    from fedrepro import tables
-    from fedrepro.report import TEMPLATES
+    from fedrepro.report import tables
+    from fedrepro.report.page import TEMPLATES
 
     out = Path(out)
     reports_dir = Path(reports_dir) if reports_dir else out.parent

@@ -1,7 +1,7 @@
 """Per-round quantities of metrics.csv drawn per method: the shared body of the metrics figures."""
 from __future__ import annotations
 
-from fedrepro.figures import MissingInput, finished
+from fedrepro.report.figures import MissingInput, finished
 
 
 def method(run) -> str:

@@ -14,7 +14,7 @@ page from such a folder alone, so every number a page states can be regenerated 
       partitions/<id>/       partition.json, counts.csv, heatmap.png
 
 A kept summary.json is the trainer's plus one key the keep adds, ``collapse``: the run's collapse record
-(``fedrepro.collapses``), computed from its metrics.csv when it is kept, so the trainer (whose code is part of
+(``fedrepro.report.collapses``), computed from its metrics.csv when it is kept, so the trainer (whose code is part of
 every run id) never computes it. ``record_collapses`` writes it into folders kept before the record existed;
 a test checks that every kept record equals what the rule computes today.
 """
@@ -60,7 +60,8 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     records of a run kept there whose setting, resolved by today's code, is the declared one, on a partition
     of the same content. It keeps its own id and summary (which name the commit it ran with); the manifest
     says which runs were carried and from where."""
-    from fedrepro import config, verification
+    from fedrepro import config
+    from fedrepro.report import verification
 
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
     if manifest is not None:
@@ -121,9 +122,10 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
 
 
 def _record_collapse(run: Path) -> dict | None:
-    """Write the run's collapse record (fedrepro.collapses, from its metrics.csv) into its kept summary.json,
+    """Write the run's collapse record (fedrepro.report.collapses, from its metrics.csv) into its kept summary.json,
     as the key ``collapse``; the file is rewritten only when the record changes. Returns the record."""
-    from fedrepro import collapses, config
+    from fedrepro import config
+    from fedrepro.report import collapses
 
     summary_path, metrics_path = run / rundir.SUMMARY, run / rundir.METRICS
     if not summary_path.is_file() or not metrics_path.is_file():
@@ -317,7 +319,7 @@ def _copy(src: Path, dst: Path, names: tuple[str, ...]) -> None:
 
 def report(folder: str | Path, out: str | Path, figures_dir: str | Path | None = None) -> Path:
     """The report page of an evidence folder, built from that folder alone."""
-    from fedrepro import report as page
+    from fedrepro.report import page
 
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrepro.figures import MissingInput, finished, legend_outside
-from fedrepro.figures.curves import frame, method, over_rounds, split
+from fedrepro.report.figures import MissingInput, finished, legend_outside
+from fedrepro.report.figures.curves import frame, method, over_rounds, split
 
 SHOWS = {
     "elud": "Empirical local update diversity e-LUD = sqrt(mean_i ||Delta_i||^2 / ||mean_i Delta_i||^2) "
@@ -120,7 +120,7 @@ def momentum_ablation(spec, runs, context):
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from fedrepro import paper
+    from fedrepro.report import paper
 
     records = []
     for run in finished(runs):

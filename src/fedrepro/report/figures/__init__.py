@@ -170,7 +170,7 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
 
 def select_runs(manifest: dict, runs_dir: Path, spec: dict) -> list[Run]:
     """The experiment's finished or diverged runs whose setting matches ``spec['select']``."""
-    from fedrepro import paper
+    from fedrepro.report import paper
 
     exp = manifest["experiments"].get(spec["experiment"])
     if exp is None:
@@ -227,7 +227,7 @@ def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out
     import matplotlib.pyplot as plt
 
     kind = spec["kind"]
-    module = importlib.import_module(f"fedrepro.figures.{family(kind)}")
+    module = importlib.import_module(f"fedrepro.report.figures.{family(kind)}")
     title = spec.get("title") or f"{spec.get('reproduces') or kind}"
     try:
         runs = [] if kind in NO_RUNS else select_runs(manifest, Path(runs_dir), spec)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro import collapses, rundir
+from fedrepro import rundir
+from fedrepro.report import collapses
 from fedrepro.config import ROOT, CorruptFileError
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
@@ -35,7 +36,7 @@ class Cell:
     runs: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)  # matching runs whose loss became NaN/inf
     in_scope: bool = True  # False: the params file (e.g. a subset) declares no run for this cell
-    collapses: dict = field(default_factory=dict)  # run id -> its collapse record (fedrepro.collapses), flagged runs
+    collapses: dict = field(default_factory=dict)  # run id -> its collapse record (fedrepro.report.collapses), flagged runs
 
     @property
     def ours_mean(self) -> float | None:
@@ -196,7 +197,7 @@ def weight_correlation(summary: dict, frame, factor: str) -> float | None:
 
 def load_runs(runs_dir: str | Path, ids: set[str] | None = None) -> list[dict]:
     """Every run folder with a summary (or only those named in ``ids``): setting, summary, metrics, and its
-    collapse record computed from the metrics (``fedrepro.collapses``; a kept summary's own record is the same)."""
+    collapse record computed from the metrics (``fedrepro.report.collapses``; a kept summary's own record is the same)."""
     runs = []
     for run_dir in rundir.finished_runs(runs_dir):
         if ids is not None and run_dir.id not in ids:

@@ -1,6 +1,6 @@
 """The paper-vs-ours tables as files a researcher pastes: CSV, LaTeX (booktabs) and Markdown.
 
-They render the comparisons of ``report.paper_comparisons``, the one owner of the table data, which
+They render the comparisons of ``page.paper_comparisons``, the one owner of the table data, which
 the report page renders too: the same rows, columns and numbers. A cell reads "ours (the paper's)":
 our mean ± std over seeds, then the paper's value (± its std where it gives one); the best number
 of ours and the best of the paper's in each group the paper compares (``best_among``) in bold.
@@ -102,7 +102,7 @@ def cell_text(cell: dict, latex: bool) -> str:
 def to_latex(comparison: dict) -> str:
     """One table as a booktabs ``table`` environment (needs ``\\usepackage{booktabs}``)."""
     columns = comparison["columns"]
-    lines = [f"% {comparison['name']}, written by fedrepro (report.paper_comparisons); needs \\usepackage{{booktabs}}",
+    lines = [f"% {comparison['name']}, written by fedrepro (page.paper_comparisons); needs \\usepackage{{booktabs}}",
              r"\begin{table}[ht]", r"\centering",
              rf"\caption{{{latex_text(comparison['title'])}. {latex_text(NOTE)}}}",
              rf"\label{{tab:{re.sub(r'[^A-Za-z0-9]+', '-', comparison['name'])}}}",

@@ -52,7 +52,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from fedrepro.paper import Cell
+from fedrepro.report.paper import Cell
 
 KINDS = ("beats", "ties", "best", "order", "in_range", "gain_ratio", "gain_spread", "gain_size", "gain_order")
 ACROSS_LINES = ("gain_ratio", "gain_spread", "gain_size")  # kinds that compare gains of one pair across lines

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedrepro.figures import MissingInput, finished, legend_outside
+from fedrepro.report.figures import MissingInput, finished, legend_outside
 
 SHOWS = {
     "quadratic": "Optimality gap F(x) - F(x*) (log scale) of the global model over rounds on the quadratic "
@@ -241,7 +241,7 @@ def loss_curves(spec: dict, runs, context):
     import pandas as pd
     import seaborn as sns
 
-    from fedrepro import paper
+    from fedrepro.report import paper
 
     column = spec["column"]  # one of LOSS_COLUMNS (figures.CHOICES refuses others before work)
     what = LOSS_COLUMNS[column]

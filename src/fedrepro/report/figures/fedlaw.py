@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrepro.figures import MissingInput, finished, legend_outside
-from fedrepro.figures.curves import frame, method, methods_legend, over_rounds, split
+from fedrepro.report.figures import MissingInput, finished, legend_outside
+from fedrepro.report.figures.curves import frame, method, methods_legend, over_rounds, split
 
 SHOWS = {
     "coherence": "Client (cohort) coherence, the mean pairwise cosine of the client updates, over rounds per "
@@ -174,8 +174,8 @@ def model_norm(spec, runs, context):
 
 def critical_point(rounds, coherence, window: int = 5) -> float:
     """First round at which the moving average of the coherence is <= 0 (nan if it never is); the one
-    definition the claim checks read too (fedrepro.paper.critical_round)."""
-    from fedrepro.paper import critical_round
+    definition the claim checks read too (fedrepro.report.paper.critical_round)."""
+    from fedrepro.report.paper import critical_round
 
     found = critical_round(rounds, coherence, window)
     return found if np.isfinite(found) else float("nan")
