@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedrepro.report import verification
+from fedrepro.report import cites, matrix_text, verification
 from fedrepro.config import ROOT
 
 # A two-column table: cells match runs by algorithm; alpha selects the row.
@@ -85,7 +85,7 @@ def test_counts_gaps_and_explanations_from_paper_protocol_evidence(tmp_path, res
     assert row.largest["column"] == "FedLAW" and row.folders == ["a", "b"]
     # FedAvg: 78, 80, 82 -> s = 2, t(0.975, 2) = 4.303: the interval ±4.97 holds the paper's 80.0
     assert (row.with_interval, row.consistent, row.noise_only) == (1, 1, 0)
-    text = verification.markdown([row])
+    text = matrix_text.markdown([row])
     assert text.startswith("**Reproduced: 1 of the 2 cells run**")
     assert ("| Toy Table 1 | 3 | 2 | 2 | 1–3 | 1/2 | 1/1 | -3.00 (FMNIST a=0.1 / FedLAW): a named, tested difference | "
             "none | — | `evidence/a/`, `evidence/b/` |") in text
@@ -99,7 +99,7 @@ def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cell
     _folder(root, "a", [("fedavg-s1", "fedavg", 0.90), ("fedlaw-s1", "fedlaw", 0.0, "diverged")])
     (row,) = verification.matrix(root, results)
     assert row.within == 0 and row.diverged == 1
-    text = verification.markdown([row])
+    text = matrix_text.markdown([row])
     assert "+10.00 (strict ±1.50; one seed: no interval). unexplained" in text  # the paper's std widens nothing
     assert "FMNIST a=0.1 / FedLAW: all seeds diverged. unexplained" in text
 
@@ -141,7 +141,7 @@ def test_a_figure_only_table_is_judged_by_its_claims_on_our_runs(tmp_path, fedla
     (check,) = row.checks
     # one comparison (FMNIST); the CIFAR row waits: mean 70 against 90 holds, against 50 does not
     assert (check.ours.holds, check.ours.total, check.pending) == (int(holds), 1, 1)
-    text = verification.markdown([row])
+    text = matrix_text.markdown([row])
     assert f"| Toy Fig. 5 (figure only) | figure | 2 | 2 | 2 | — | — | — | none | {int(holds)}/1 | `evidence/a/` |" in text
     failing = "- toy_fig5: FedLAW beats FedAvg in every row: 0/1"
     assert (failing in text) is not holds
@@ -158,7 +158,7 @@ def test_a_collapsed_run_is_flagged_in_its_cell_and_in_the_list_of_cells_not_rep
     assert [(f["column"], f["seed"]) for f in row.collapsed] == [("FedLAW", 2)]
     (outside,) = row.outside
     assert outside["collapsed"][0]["record"]["episodes"][0]["low_round"] == 4
-    text = verification.markdown([row])
+    text = matrix_text.markdown([row])
     assert "| ⚠ 1 runs in 1 cells |" in text
     assert "Collapsed: seed 2 to 10.00% at round 4 (best before 85.00%)." in text
     assert "- toy_table1, FMNIST a=0.1 / FedLAW: seed 2 to 10.00% at round 4 (best before 85.00%). *unexplained*" in text
@@ -168,7 +168,7 @@ def test_a_collapsed_run_is_flagged_in_its_cell_and_in_the_list_of_cells_not_rep
     steady = tmp_path / "steady"
     _folder(steady, "a", [("fedavg-s1", "fedavg", 0.80), ("fedlaw-s1", "fedlaw", 0.82), ("fedlaw-s2", "fedlaw", 0.82)])
     (row,) = verification.matrix(steady, results)
-    assert row.collapsed == [] and "No run of a cell collapsed." in verification.markdown([row])
+    assert row.collapsed == [] and "No run of a cell collapsed." in matrix_text.markdown([row])
 
 
 def test_what_chance_alone_gives_is_the_binomial_count_of_interval_misses():
@@ -183,7 +183,7 @@ def test_what_chance_alone_gives_is_the_binomial_count_of_interval_misses():
     assert c["p_at_least"] == pytest.approx(by_hand, rel=1e-9)
     # three seeds of spread 1: P(|t(2)| > 1.5 / (1 / sqrt 3)) = P(|t(2)| > 2.598) = 0.1217 each
     assert c["strict_expected"] == pytest.approx(19 * 0.12168, rel=1e-3)
-    assert "0.95 of them would be expected outside it" in verification._chance_text([row])
+    assert "0.95 of them would be expected outside it" in matrix_text._chance_text([row])
 
 
 def test_every_collapsed_run_of_the_matrix_is_named_by_its_cells_explanation():
@@ -193,7 +193,7 @@ def test_every_collapsed_run_of_the_matrix_is_named_by_its_cells_explanation():
 def test_every_number_the_explanations_state_is_cited_and_its_source_agrees():
     """evidence/explanations.yaml: each two-decimal number of a text or summary is among its entry's cites, and
     each cite is recomputed from the kept runs (or the paper's table, or the kept file it names)."""
-    assert verification.check_cites() == []
+    assert cites.check_cites() == []
 
 
 def _explanations_with(tmp_path, entry: dict):
@@ -205,7 +205,7 @@ def _explanations_with(tmp_path, entry: dict):
     return root
 
 
-@pytest.mark.parametrize("text, cites, problem", [
+@pytest.mark.parametrize("text, cited, problem", [
     # a final accuracy one hundredth off
     ("FedDF ends at 72.92.", [{"value": "72.92", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
      "states 72.92, its source gives 72.91"),
@@ -219,14 +219,14 @@ def _explanations_with(tmp_path, entry: dict):
     # a pattern naming two runs where one is meant
     ("72.91", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s*"}], "names 3 kept runs"),
 ])
-def test_a_changed_or_uncited_number_fails_the_check(tmp_path, text, cites, problem):
-    root = _explanations_with(tmp_path, {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": text, "cites": cites})
-    problems = verification.check_cites(root)
+def test_a_changed_or_uncited_number_fails_the_check(tmp_path, text, cited, problem):
+    root = _explanations_with(tmp_path, {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": text, "cites": cited})
+    problems = cites.check_cites(root)
     assert len(problems) == 1 and problem in problems[0], problems
     # the same entry with the number its source gives passes
     right = {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": "ends at 72.91",
              "cites": [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}]}
-    assert verification.check_cites(_explanations_with(tmp_path / "ok", right)) == []
+    assert cites.check_cites(_explanations_with(tmp_path / "ok", right)) == []
 
 
 def test_the_docs_hold_the_generated_matrix_and_the_readme_its_summary():
@@ -235,11 +235,11 @@ def test_the_docs_hold_the_generated_matrix_and_the_readme_its_summary():
     out = subprocess.run([sys.executable, "-m", "fedrepro.cli", "evidence", "matrix"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     page = (ROOT / "docs" / "verification.md").read_text()
-    assert verification.readme_block(page) == out, "run: fedrepro evidence matrix --write-readme"
+    assert matrix_text.readme_block(page) == out, "run: fedrepro evidence matrix --write-readme"
     readme = (ROOT / "README.md").read_text()
-    assert verification.README_START not in readme, "the whole matrix lives in docs/verification.md"
-    summary = verification.generated_block(readme, verification.GLANCE_START, verification.GLANCE_END)
-    assert summary == verification.glance(verification.matrix()), "run: fedrepro evidence matrix --write-readme"
+    assert matrix_text.README_START not in readme, "the whole matrix lives in docs/verification.md"
+    summary = matrix_text.generated_block(readme, matrix_text.GLANCE_START, matrix_text.GLANCE_END)
+    assert summary == matrix_text.glance(verification.matrix()), "run: fedrepro evidence matrix --write-readme"
 
 
 def test_the_summary_counts_per_paper_the_reproduced_and_the_consistent_cells_apart():
@@ -247,18 +247,18 @@ def test_the_summary_counts_per_paper_the_reproduced_and_the_consistent_cells_ap
                              within=1, with_interval=3, consistent=2),
             verification.Row("toy_fig5", "Toy Fig. 5", paper_key="toy", figure_only=True, runnable=2, run=2, seeds=[3, 3]),
             verification.Row("other_table1", "Other Table 1", paper_key="other", reported=5)]
-    text = verification.glance(rows)
+    text = matrix_text.glance(rows)
     assert "| toy | 2 | 2 | 3 (+2 in figures) | 1/3 | 2/3 | — | [docs/papers/toy.md](docs/papers/toy.md) |" in text
     assert "| other | 1 | 0 | 0 | — | — | — | [docs/papers/other.md](docs/papers/other.md) |" in text
 
 
 def test_write_readme_rewrites_only_the_blocks_between_the_markers(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text(f"before\n{verification.README_START}\nold\n{verification.README_END}\nafter\n")
-    verification.write_readme("new\n", page)
-    assert page.read_text() == f"before\n{verification.README_START}\nnew\n{verification.README_END}\nafter\n"
+    page.write_text(f"before\n{matrix_text.README_START}\nold\n{matrix_text.README_END}\nafter\n")
+    matrix_text.write_readme("new\n", page)
+    assert page.read_text() == f"before\n{matrix_text.README_START}\nnew\n{matrix_text.README_END}\nafter\n"
     with pytest.raises(ValueError, match="markers"):
-        verification.write_block(page, "x\n", verification.GLANCE_START, verification.GLANCE_END)
+        matrix_text.write_block(page, "x\n", matrix_text.GLANCE_START, matrix_text.GLANCE_END)
 
 
 def test_a_manifest_kept_from_before_the_switches_flag_gets_it_from_todays_params_files():

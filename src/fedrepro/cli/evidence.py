@@ -80,13 +80,13 @@ def add_parsers(sub) -> None:
 def cmd_evidence(args) -> None:
     from fedrepro.report import evidence
     if args.action == "matrix":
-        from fedrepro.report import verification
+        from fedrepro.report import matrix_text, verification
         rows = verification.matrix(args.root)
-        block = verification.markdown(rows)
+        block = matrix_text.markdown(rows)
         if args.write_readme:
-            verification.write_readme(block)
-            verification.write_block(verification.README, verification.glance(rows), verification.GLANCE_START,
-                                     verification.GLANCE_END)
+            matrix_text.write_readme(block)
+            matrix_text.write_block(matrix_text.README, matrix_text.glance(rows), matrix_text.GLANCE_START,
+                                    matrix_text.GLANCE_END)
             print("docs/verification.md: verification matrix rewritten; README.md: its summary rewritten")
         else:
             print(block, end="")
