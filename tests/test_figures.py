@@ -12,6 +12,7 @@ import torch
 
 from conftest import make_partition
 from fedrepro import checkpoint, cli, config, engine, partition
+from fedrepro.errors import FedreproError
 from fedrepro.report import figures
 from fedrepro.report.figures import fednova as quad
 from fedrepro.report.figures import fedlaw as fedlaw_figures
@@ -206,8 +207,8 @@ def test_fedprox_alpha_terms_by_hand():
 def test_fedprox_alpha_claim_holds_on_the_curves_and_fails_on_a_changed_value():
     """Fig. 4's claim in the paper's words: the weight bias falls with alpha, the slowdown rises, and alpha = 1
     gives objective consistency with tau_eff = 1. Each check is seen to fail on a changed curve."""
-    from fedrepro.report.figures import OPTIONS, fednova
-    curves = fednova.fedprox_alpha_curves(OPTIONS["fedprox_alpha"])
+    from fedrepro.report.figures import KINDS, fednova
+    curves = fednova.fedprox_alpha_curves(KINDS["fedprox_alpha"]["options"])
     checks = fednova.fedprox_alpha_checks(curves)
     assert [c["holds"] for c in checks] == [True, True, True]
     assert curves["slowdown"][-1] == pytest.approx(curves["tau"].mean())  # alpha = 1: tau_bar / 1
@@ -304,6 +305,30 @@ def _plotted(fig) -> list[np.ndarray]:
         arrays += [np.asarray(c.get_array(), dtype=float) for c in ax.collections if c.get_array() is not None]
         arrays += [np.asarray(im.get_array(), dtype=float) for im in ax.get_images()]
     return [a[np.isfinite(a)] for a in arrays if np.isfinite(a).sum() >= 2]
+
+
+def test_every_declared_kind_is_drawn_by_the_function_of_its_name():
+    """A kind is its family's ``<family>.yaml`` entry plus the function of its name in ``<family>.py``."""
+    import importlib
+    assert {"landscape", "coherence", "elud", "quadratic"} <= set(figures.KINDS)
+    for kind, declaration in figures.KINDS.items():
+        module = importlib.import_module(f"fedrepro.report.figures.{declaration['family']}")
+        assert callable(getattr(module, kind, None)), f"{declaration['family']}.py has no function {kind}"
+        assert set(declaration["choices"]) <= set(declaration["options"]), kind
+    assert figures.NO_RUNS == {"quadratic", "fedprox_alpha"}
+    assert figures.EVALUATES == {"landscape", "landscape_rows", "interpolation", "client_averages"}
+
+
+def test_a_kind_is_found_from_its_declaration_and_a_second_or_malformed_one_is_refused(tmp_path):
+    (tmp_path / "one.yaml").write_text("spiral:\n  shows: a spiral\n  options: {turns: 3}\n  reads_runs: false\n")
+    assert figures.declared(tmp_path) == {"spiral": {"family": "one", "shows": "a spiral", "options": {"turns": 3},
+                                                     "choices": {}, "reads_runs": False, "evaluates": False}}
+    (tmp_path / "two.yaml").write_text("spiral:\n  shows: another spiral\n")
+    with pytest.raises(FedreproError, match="two.yaml: figure kind spiral is declared in one.yaml too"):
+        figures.declared(tmp_path)
+    (tmp_path / "two.yaml").write_text("wave:\n  shows: a wave\n  evalutes: true\n")
+    with pytest.raises(FedreproError, match="two.yaml: figure kind wave declares"):
+        figures.declared(tmp_path)
 
 
 @pytest.mark.parametrize("kind", sorted(set(figures.KINDS) - {"fixed_gamma"}))

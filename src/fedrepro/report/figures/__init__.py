@@ -5,10 +5,11 @@ A params file lists its figures in a ``figures:`` section, name -> spec. A spec 
 params/paper_results.yaml), what figure of the paper it ``reproduces`` and how our setting
 ``differs``. ``draw`` writes ``<name>.png`` and ``<name>.json`` (its caption); the report embeds both.
 
-One module per figure family (ima, fedlaw, fedaware, fednova); each kind is a function
-``(spec, runs, context) -> (matplotlib figure, what it shows)``. A figure that cannot be drawn from
-the runs (no snapshots, a diverged run, no finished run) becomes an image that says why: the page
-then explains itself instead of showing a hole, and the workflow goes on.
+One module per figure family (ima, fedlaw, fedaware, fednova); each kind is the function of its name there,
+``(spec, runs, context) -> (matplotlib figure, what it shows)``, and its entry in the family's ``<family>.yaml``
+declares what it shows, its options with their defaults, and whether it reads runs or evaluates models. A
+figure that cannot be drawn from the runs (no snapshots, a diverged run, no finished run) becomes an image that
+says why: the page then explains itself instead of showing a hole, and the workflow goes on.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from fedrepro.rundir import RunDir
 from fedrepro.errors import FedreproError
@@ -49,80 +52,40 @@ class Run:
         return self.summary.get("status") == "diverged"
 
 
-# kind -> (family, module attribute); the functions are looked up lazily so that importing the
-# package does not import torch for the metrics-only figures
-KINDS = {
-    "landscape": ("ima", "landscape"),
-    "landscape_rows": ("ima", "landscape_rows"),
-    "interpolation": ("ima", "interpolation"),
-    "locality": ("ima", "locality"),
-    "client_averages": ("ima", "client_averages"),
-    "coherence": ("fedlaw", "coherence"),
-    "fedlaw_weights": ("fedlaw", "weights"),
-    "fixed_gamma": ("fedlaw", "fixed_gamma"),
-    "gws_sweep": ("fedlaw", "gws_sweep"),
-    "gws_norms": ("fedlaw", "gws_norms"),
-    "gws_ratio": ("fedlaw", "gws_ratio"),
-    "model_norm": ("fedlaw", "model_norm"),
-    "client_weights": ("fedlaw", "client_weights"),
-    "accuracy": ("fedlaw", "accuracy"),
-    "sweep_accuracy": ("fedlaw", "sweep_accuracy"),
-    "cohort_classes": ("fedlaw", "cohort_classes"),
-    "sharpness": ("fedlaw", "sharpness"),
-    "elud": ("fedaware", "elud"),
-    "cosines": ("fedaware", "cosines"),
-    "coherence_lud": ("fedaware", "coherence_lud"),
-    "split_dynamics": ("fedaware", "split_dynamics"),
-    "momentum_ablation": ("fedaware", "momentum_ablation"),
-    "quadratic": ("fednova", "quadratic"),
-    "fedprox_alpha": ("fednova", "fedprox_alpha"),
-    "loss_curves": ("fednova", "loss_curves"),
-}
-# kinds that read no runs (pure mathematics)
-NO_RUNS = {"quadratic", "fedprox_alpha"}
-# kinds that evaluate models on the test set: their rule asks for a GPU
-EVALUATES = {"landscape", "landscape_rows", "interpolation", "client_averages"}
-COMMON_KEYS = {"kind", "experiment", "select", "reproduces", "differs", "title"}
-OPTIONS = {  # the options each kind reads, with their defaults
-    "landscape": {"rounds": [], "globals": [], "resolution": 21, "margin": 0.25, "plane": "global_and_two_clients"},
-    "landscape_rows": {"rows": [], "rounds": [], "globals": [], "resolution": 21, "margin": 0.25,
-                       "plane": "three_clients", "quantity": "loss"},
-    "interpolation": {"between": [], "rounds": [], "points": 21, "extend": 0.25, "for_each": {}},
-    "locality": {},
-    "client_averages": {"rounds": [-1], "cka_samples": 2000},
-    "coherence": {},
-    "fedlaw_weights": {},
-    "fixed_gamma": {"axis": "alpha"},
-    "gws_sweep": {"axis": "local_epochs"},
-    "gws_norms": {},
-    "gws_ratio": {},
-    "model_norm": {},
-    "client_weights": {},
-    "accuracy": {},
-    "sweep_accuracy": {"axis": "participation"},
-    "cohort_classes": {},
-    "sharpness": {},
-    "elud": {},
-    "cosines": {"rounds": [3, 60, 150]},
-    "coherence_lud": {},
-    "split_dynamics": {},
-    "momentum_ablation": {},
-    "quadratic": {"clients": 30, "dim": 20, "rounds": 1200, "lr": 0.05, "decay_rounds": [600, 900],
-                  "decay": 5.0, "tau": 30, "tau_range": [1, 96], "tau_std": 20.0, "mu": 1.0, "seed": 0},
-    "loss_curves": {"panels": [], "column": "global_train_loss"},
-    "fedprox_alpha": {"clients": 30, "tau": 20.0, "tau_std": 20 ** 0.5, "seed": 0,
-                      "alphas": [round(10 ** (-3 + 3 * i / 60), 6) for i in range(61)]},
-}
+FIELDS = {"shows", "options", "choices", "reads_runs", "evaluates"}  # what a kind's declaration may say
 
-CHOICES = {  # options with a closed set of values
-    "loss_curves": {"column": ("global_train_loss", "train_loss")},
-    "landscape": {"plane": ("global_and_two_clients", "three_clients")},
-    "landscape_rows": {"plane": ("global_and_two_clients", "three_clients"), "quantity": ("loss", "error")},
-}
+
+def declared(folder: Path = Path(__file__).parent) -> dict[str, dict]:
+    """kind -> its declaration, from the ``<family>.yaml`` beside each family module: adding a kind is a function
+    in the module and its entry in the fragment, nothing more. A kind declared twice, or a declaration with a
+    field it cannot have, is refused naming the file."""
+    kinds: dict[str, dict] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        for kind, declaration in (yaml.safe_load(path.read_text()) or {}).items():
+            if kind in kinds:
+                raise FedreproError(f"{path}: figure kind {kind} is declared in {kinds[kind]['family']}.yaml too")
+            if "shows" not in declaration or set(declaration) - FIELDS:
+                raise FedreproError(f"{path}: figure kind {kind} declares {sorted(declaration)}; it needs shows and "
+                                    f"may have {', '.join(sorted(FIELDS - {'shows'}))}")
+            kinds[kind] = {"family": path.stem, "options": {}, "choices": {}, "reads_runs": True, "evaluates": False,
+                           **declaration}
+    return kinds
+
+
+KINDS = declared()
+# the workflow's questions: which figures need no runs, which evaluate models (their job asks for a GPU)
+NO_RUNS = {kind for kind, declaration in KINDS.items() if not declaration["reads_runs"]}
+EVALUATES = {kind for kind, declaration in KINDS.items() if declaration["evaluates"]}
+COMMON_KEYS = {"kind", "experiment", "select", "reproduces", "differs", "title"}
 
 
 def family(kind: str) -> str:
-    return KINDS[kind][0]
+    return KINDS[kind]["family"]
+
+
+def described(kind: str, **fill) -> str:
+    """The declared first sentence of a kind's caption, its placeholders filled."""
+    return KINDS[kind]["shows"].format(**fill)
 
 
 def check(figures: dict, experiments: dict) -> dict[str, dict]:
@@ -137,18 +100,17 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
                             f"allowed are {', '.join(sorted(KINDS))}")
             continue
         kind = spec["kind"]
-        unknown = set(spec) - COMMON_KEYS - set(OPTIONS[kind])
+        options = KINDS[kind]["options"]
+        unknown = set(spec) - COMMON_KEYS - set(options)
         if unknown:
             problems.append(f"{where}: unknown keys {sorted(unknown)} for kind {kind}; allowed: "
-                            f"{sorted(COMMON_KEYS | set(OPTIONS[kind]))}")
-        if kind not in NO_RUNS and spec.get("experiment") not in experiments:
+                            f"{sorted(COMMON_KEYS | set(options))}")
+        if KINDS[kind]["reads_runs"] and spec.get("experiment") not in experiments:
             problems.append(f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
                             f"experiments {sorted(experiments)}")
         if kind == "interpolation" and (not isinstance(spec.get("for_each", {}), dict)
                                         or len(spec.get("for_each", {})) > 1):
             problems.append(f"{where}.for_each = {spec['for_each']!r}: one key and its list of values")
-        if kind == "gws_sweep" and spec.get("axis", "local_epochs") not in ("local_epochs", "alpha"):
-            problems.append(f"{where}.axis = {spec['axis']!r}: allowed are local_epochs, alpha")
         if kind == "landscape_rows":
             rows = spec.get("rows")
             if (not isinstance(rows, list) or not rows
@@ -159,10 +121,10 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
         for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")
-        for key, allowed in CHOICES.get(kind, {}).items():
+        for key, allowed in KINDS[kind]["choices"].items():
             if key in spec and spec[key] not in allowed:
                 problems.append(f"{where}.{key} = {spec[key]!r}: allowed are {', '.join(allowed)}")
-        out[name] = {**OPTIONS[kind], "select": {}, "reproduces": "", "differs": "", **spec}
+        out[name] = {**options, "select": {}, "reproduces": "", "differs": "", **spec}
     if problems:
         raise ConfigError("\n".join(problems))
     return out
@@ -230,11 +192,11 @@ def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out
     module = importlib.import_module(f"fedrepro.report.figures.{family(kind)}")
     title = spec.get("title") or f"{spec.get('reproduces') or kind}"
     try:
-        runs = [] if kind in NO_RUNS else select_runs(manifest, Path(runs_dir), spec)
-        fig, shows = getattr(module, KINDS[kind][1])(spec, runs, context)
+        runs = select_runs(manifest, Path(runs_dir), spec) if KINDS[kind]["reads_runs"] else []
+        fig, what = getattr(module, kind)(spec, runs, context)
         drawn, reason = True, ""
     except MissingInput as err:
-        fig, shows = notice(str(err), title), getattr(module, "SHOWS", {}).get(kind, kind)
+        fig, what = notice(str(err), title), KINDS[kind]["shows"]
         drawn, reason = False, str(err)
         print(f"figure {name}: not drawn: {err}")
     if context.quick:
@@ -249,7 +211,7 @@ def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90, bbox_inches="tight")
     plt.close(fig)
-    record = {"name": name, "kind": kind, "family": family(kind), "title": title, "shows": shows,
+    record = {"name": name, "kind": kind, "family": family(kind), "title": title, "shows": what,
               "reproduces": spec.get("reproduces", ""), "differs": spec.get("differs", ""),
               "drawn": drawn, "reason": reason, "quick": context.quick, "image": out.name}
     record["caption"] = caption(record)

@@ -3,23 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrepro.report.figures import MissingInput, finished, legend_outside
+from fedrepro.report.figures import MissingInput, described, finished, legend_outside
 from fedrepro.report.figures.curves import frame, method, over_rounds, split
 
-SHOWS = {
-    "elud": "Empirical local update diversity e-LUD = sqrt(mean_i ||Delta_i||^2 / ||mean_i Delta_i||^2) "
-            "(dimensionless; log scale where it spans a decade) of the cohort's updates over rounds, per method",
-    "cosines": "Cosine similarity of every pair of client updates of one cohort (colour from -1 to 1) at the "
-               "listed rounds, with the round's client coherence (mean off-diagonal cosine)",
-    "coherence_lud": "Client coherence (mean pairwise cosine) against e-LUD, one point per round and run, "
-                     "coloured by data split",
-    "split_dynamics": "Per data split (colour), over rounds: test accuracy (%), e-LUD (dimensionless), the norm of "
-                      "the cohort's weighted mean update ||sum_i p_i Delta_i|| (L2, before the server step) and the "
-                      "cohort's local training loss (nats); 95% band over seeds",
-    "momentum_ablation": "Accuracy (%, mean of the last 10% of rounds) and e-LUDD (mean e-LUD over the run) against "
-                         "FedAWARE's momentum alpha, for FedAWARE (min-norm weights) and FedAWARE-NA (static data-size "
-                         "weights); FedAvg with full participation as a dashed line; mean and min-max over seeds",
-}
 # split_dynamics: the panels of FedAWARE Fig. 1, (metrics.csv column, y label, scale)
 DYNAMICS = (("test_acc", "test accuracy (%)", 100.0), ("e_lud", "e-LUD", 1.0),
             ("global_norm", "||sum_i p_i Delta_i|| (L2)", 1.0), ("train_loss", "local training loss (nats)", 1.0))
@@ -27,7 +13,7 @@ DYNAMICS = (("test_acc", "test accuracy (%)", 100.0), ("e_lud", "e-LUD", 1.0),
 
 def elud(spec, runs, context):
     fig, _ = over_rounds(runs, "e_lud", "e-LUD (dimensionless)", logy=True)
-    return fig, SHOWS["elud"]
+    return fig, described("elud")
 
 
 def cosines(spec, runs, context):
@@ -68,7 +54,7 @@ def cosines(spec, runs, context):
         ax.set_ylabel("client of the cohort")
     fig.colorbar(image, ax=axes[0].tolist(), label="cosine similarity", shrink=0.9)
     missing = sorted(set(wanted) - set(shown))
-    shows = SHOWS["cosines"] + f" ({method(run)}, {split(run)}, seed {run.setting['seed']})"
+    shows = described("cosines") + f" ({method(run)}, {split(run)}, seed {run.setting['seed']})"
     if missing:
         shows += f"; rounds {missing} were not kept"
     if boundary is not None:
@@ -92,7 +78,7 @@ def coherence_lud(spec, runs, context):
     ax.set_ylabel("client coherence (mean pairwise cosine)")
     legend_outside(ax, "data split")
     fig.tight_layout()
-    return fig, SHOWS["coherence_lud"] + f" ({', '.join(sorted(set(data['method'])))})"
+    return fig, described("coherence_lud") + f" ({', '.join(sorted(set(data['method'])))})"
 
 
 def split_dynamics(spec, runs, context):
@@ -110,7 +96,7 @@ def split_dynamics(spec, runs, context):
         ax.set_xlabel("communication round")
         ax.set_ylabel(label)
     legend_outside(axes[-1], "data split (and method)")
-    return fig, SHOWS["split_dynamics"] + f" ({', '.join(sorted(set(data['method'])))})"
+    return fig, described("split_dynamics") + f" ({', '.join(sorted(set(data['method'])))})"
 
 
 def momentum_ablation(spec, runs, context):
@@ -151,4 +137,4 @@ def momentum_ablation(spec, runs, context):
         ax.set_xlabel("FedAWARE's momentum alpha")
         ax.set_ylabel(label)
     legend_outside(axes[1], "mean; band min-max over seeds")
-    return fig, SHOWS["momentum_ablation"]
+    return fig, described("momentum_ablation")

@@ -4,42 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrepro.report.figures import MissingInput, finished, legend_outside
+from fedrepro.report.figures import MissingInput, described, finished, legend_outside
 from fedrepro.report.figures.curves import frame, method, methods_legend, over_rounds, split
-
-SHOWS = {
-    "coherence": "Client (cohort) coherence, the mean pairwise cosine of the client updates, over rounds per "
-                 "method; the dotted line is zero and the marks are each method's critical point, the first "
-                 "round where the seed-mean coherence (5-round moving average) falls to zero or below",
-    "fedlaw_weights": "FedLAW's learned global weight shrinking factor gamma (left) and the spread of the "
-                      "learned client weights lambda, max and min over the cohort (right), over rounds",
-    "fixed_gamma": "Final test accuracy (%, mean of the last 10 rounds) against a fixed global shrinking "
-                   "factor gamma, one line per heterogeneity/local-epoch setting; the star marks the best gamma",
-    "gws_sweep": "Left: the gain of adaptive GWS over FedAvg, final test accuracy (%, mean of the last 10 rounds, "
-                 "seed mean) of adaptive GWS minus FedAvg's at the same setting. Right: the learned gamma (solid, "
-                 "left axis) and the norm of the global gradient ||gamma eta_g g_g|| (dashed, right axis), each the "
-                 "mean over the middle rounds (90-110 of 200, App. D.5; the middle tenth of a shorter run)",
-    "gws_norms": "Adaptive GWS over rounds (seed mean). Left: the norm of the global gradient ||gamma eta_g g_g|| "
-                 "and of the GWS pseudo-gradient ||(1 - gamma) w_g||. Right: the learned gamma (left axis) and their "
-                 "ratio r = ||gamma eta_g g_g|| / ||(1 - gamma) w_g|| (right axis)",
-    "gws_ratio": "Histogram of r = ||gamma eta_g g_g|| / ||(1 - gamma) w_g||, one value per adaptive-GWS run (its "
-                 "mean over the middle rounds, 90-110 of 200), over every run of the experiment",
-    "client_weights": "The learned aggregation weight lambda of every client over rounds (colour; blank where the "
-                      "client was not sampled), one run",
-    "accuracy": "Test accuracy (%) over rounds per method (95% band over seeds)",
-    "cohort_classes": "Left: the class distribution of the round's cohort weighted by the aggregation weights "
-                      "(Def. 5.2's D_cohort = sum_i lambda_i D_i), mean over rounds and seeds, per method; the black "
-                      "marks are the data-size weighted distribution of all clients. Right: its total-variation "
-                      "distance to that global distribution over rounds",
-    "sweep_accuracy": "Final test accuracy (%, mean of the last 10 rounds) against a setting, one line per method; "
-                      "the band is the range over the runs of a point (its seeds)",
-    "sharpness": "Per method over rounds (95% band over seeds): the norm of the global model's parameters ||w_g||, "
-                 "the largest eigenvalue of the training loss's Hessian at w_g and its ratio to the 5th largest "
-                 "(Lanczos on Hessian-vector products, setting hessian)",
-    "model_norm": "The norm of the global model's parameters ||w_g|| after each round's server step, per method "
-                  "(95% band over seeds)",
-}
-
 
 def middle_rounds(frame, column: str):
     """The values of ``column`` in the middle stage of a run: rounds 90-110 (App. D.5) when the run has
@@ -112,7 +78,7 @@ def gws_sweep(spec, runs, context):
     right.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left", bbox_to_anchor=(1.18, 1.0),
                  frameon=False)
     fig.tight_layout()
-    return fig, SHOWS["gws_sweep"]
+    return fig, described("gws_sweep")
 
 
 def gws_norms(spec, runs, context):
@@ -140,7 +106,7 @@ def gws_norms(spec, runs, context):
         ax.set_xlabel("communication round")
     fig.tight_layout()
     middle = ratio[(ratio.index >= 90) & (ratio.index <= 110)] if ratio.index.max() >= 110 else ratio
-    return fig, SHOWS["gws_norms"] + f"; r over the middle rounds: {middle.mean():.3g} (the paper: about 19)"
+    return fig, described("gws_norms") + f"; r over the middle rounds: {middle.mean():.3g} (the paper: about 19)"
 
 
 def gws_ratio(spec, runs, context):
@@ -163,13 +129,13 @@ def gws_ratio(spec, runs, context):
     ax.set_ylabel("runs")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return fig, SHOWS["gws_ratio"] + f" ({len(values)} runs, mean {np.mean(values):.3g}, std {np.std(values):.3g})"
+    return fig, described("gws_ratio") + f" ({len(values)} runs, mean {np.mean(values):.3g}, std {np.std(values):.3g})"
 
 
 def model_norm(spec, runs, context):
     """FedLAW Fig. 10 (left): the parameter norm of FedAvg and adaptive GWS over rounds."""
     fig, _ = over_rounds(runs, "model_norm", "||w_g|| (L2 of the flat parameters)")
-    return fig, SHOWS["model_norm"]
+    return fig, described("model_norm")
 
 
 def critical_point(rounds, coherence, window: int = 5) -> float:
@@ -192,7 +158,7 @@ def coherence(spec, runs, context):
             if np.isfinite(r):
                 ax.axvline(r, color=f"C{i}", lw=0.8, ls="--")
                 marks.append(f"{m} at {name}: round {r:g}")
-    shows = SHOWS["coherence"] + ("; critical points: " + "; ".join(marks) if marks else "; no method's coherence "
+    shows = described("coherence") + ("; critical points: " + "; ".join(marks) if marks else "; no method's coherence "
                                   "reached zero in these rounds")
     grouped = _group_coherence(fig, data, runs)
     if grouped:
@@ -226,7 +192,7 @@ def _group_coherence(fig, data, runs) -> list[tuple[str, str]]:
     return drawn
 
 
-def weights(spec, runs, context):
+def fedlaw_weights(spec, runs, context):
     import matplotlib.pyplot as plt
 
     data = frame(runs, "gamma")
@@ -248,7 +214,7 @@ def weights(spec, runs, context):
     left.legend(fontsize=8, title="split (mean over seeds)", title_fontsize=8)
     right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    return fig, SHOWS["fedlaw_weights"] + f" ({', '.join(sorted(set(data['method'])))})"
+    return fig, described("fedlaw_weights") + f" ({', '.join(sorted(set(data['method'])))})"
 
 
 def fixed_gamma(spec, runs, context):
@@ -277,7 +243,7 @@ def fixed_gamma(spec, runs, context):
     ax.set_ylabel("final test accuracy % (last 10 rounds)")
     legend_outside(ax)
     fig.tight_layout()
-    return fig, SHOWS["fixed_gamma"]
+    return fig, described("fixed_gamma")
 
 
 
@@ -297,7 +263,7 @@ def client_weights(spec, runs, context):
     ax.set_yticks(range(len(columns)), [c.rsplit("_", 1)[1] for c in columns], fontsize=7)
     ax.set_ylabel("client")
     ax.set_xlabel("communication round")
-    shows = SHOWS["client_weights"] + f" ({method(run)}, {split(run)}, seed {run.setting['seed']})"
+    shows = described("client_weights") + f" ({method(run)}, {split(run)}, seed {run.setting['seed']})"
     part = run.setting["partition"]
     if part["kind"] == "hybrid":  # the balanced clients are the first half
         ax.axhline(len(columns) / 2 - 0.5, color="white", lw=1.0, ls="--")
@@ -312,7 +278,7 @@ def accuracy(spec, runs, context):
 
     done = [replace(r, metrics=r.metrics.assign(test_acc_pct=r.metrics["test_acc"] * 100)) for r in finished(runs)]
     fig, _ = over_rounds(done, "test_acc_pct", "test accuracy %")
-    return fig, SHOWS["accuracy"]
+    return fig, described("accuracy")
 
 
 
@@ -344,7 +310,7 @@ def sweep_accuracy(spec, runs, context):
     ax.set_ylabel("final test accuracy % (last 10 rounds)")
     legend_outside(ax)
     fig.tight_layout()
-    return fig, SHOWS["sweep_accuracy"] + f" ({spec['axis']})"
+    return fig, described("sweep_accuracy") + f" ({spec['axis']})"
 
 
 
@@ -376,7 +342,7 @@ def cohort_classes(spec, runs, context):
     left.legend(fontsize=8)
     right.legend(fontsize=8)
     fig.tight_layout()
-    return fig, SHOWS["cohort_classes"]
+    return fig, described("cohort_classes")
 
 
 def _global_classes(runs, classes: int):
@@ -406,4 +372,4 @@ def sharpness(spec, runs, context):
         ax.set_xlabel("communication round")
         ax.set_ylabel(label)
     methods_legend(axes[-1])
-    return fig, SHOWS["sharpness"]
+    return fig, described("sharpness")

@@ -22,18 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedrepro.report.figures import MissingInput, finished, legend_outside
+from fedrepro.report.figures import MissingInput, described, finished, legend_outside
 
-SHOWS = {
-    "quadratic": "Optimality gap F(x) - F(x*) (log scale) of the global model over rounds on the quadratic "
-                 "F(x) = 1/(2m) sum_i ||x - e_i||^2, for FedAvg, FedProx (mu = 1), VRLSGD and FedNova, with "
-                 "the same local steps tau_i = 30 (left) and random time-varying tau_i(t) (right); the lr "
-                 "decays by 5x at the listed rounds, as in the paper",
-    "loss_curves": "{what} over rounds per method",
-    "fedprox_alpha": "FedProx's alpha = eta mu against its convergence terms (analytic, eqs. 8-10): the weight bias "
-                     "chi^2 between p and w, the slowdown tau_bar / tau_eff of the first term of (9), and the relative "
-                     "variance A(alpha) / A(0) of its second term",
-}
 # FedNova Fig. 4's claim, in the paper's words (section IV, "Novel insights into the convergence of FedProx")
 FEDPROX_ALPHA_CLAIM = ("As we increase α, the weights wi come closer to pi and thus, the non-vanishing error χ2κ2 in (13) "
                        "decreases (see blue curve in Fig. 4). However increasing α worsens the slowdown τ/τeff, which "
@@ -162,7 +152,7 @@ def quadratic(spec: dict, runs, context):
     axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
                    title="dotted: lr / 5", title_fontsize=8)
     fig.tight_layout()
-    return fig, SHOWS["quadratic"] + f" (m = {spec['clients']}, d = {spec['dim']}, {spec['rounds']} rounds)"
+    return fig, described("quadratic") + f" (m = {spec['clients']}, d = {spec['dim']}, {spec['rounds']} rounds)"
 
 
 def fedprox_terms(alpha: float, tau, p) -> dict:
@@ -230,7 +220,7 @@ def fedprox_alpha(spec: dict, runs, context):
     legend_outside(ax)
     fig.tight_layout()
     verdict = "; ".join(f"{c['text']}: {'holds' if c['holds'] else 'FAILS'}" for c in checks)
-    return fig, (SHOWS["fedprox_alpha"] + f". The paper: \"{FEDPROX_ALPHA_CLAIM}\". Checked on these curves "
+    return fig, (described("fedprox_alpha") + f". The paper: \"{FEDPROX_ALPHA_CLAIM}\". Checked on these curves "
                  f"(tolerance {FEDPROX_ALPHA_TOLERANCE:g}): {verdict}")
 
 
@@ -264,4 +254,4 @@ def loss_curves(spec: dict, runs, context):
         ax.set_ylabel(what.split(" (")[0].lower() + " (nats)")
         legend_outside(ax, "95% band over seeds")
     fig.tight_layout()
-    return fig, SHOWS["loss_curves"].format(what=what)
+    return fig, described("loss_curves", what=what)

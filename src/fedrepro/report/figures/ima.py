@@ -14,25 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro.report.figures import MissingInput, finished, legend_outside
+from fedrepro.report.figures import MissingInput, described, finished, legend_outside
 from fedrepro.report.figures.curves import over_rounds
-
-SHOWS = {
-    "landscape": "Test loss (nats) and test error (%) of the models on the plane through three models: "
-                 "{plane} (rows per round), and three global models of the last rounds; markers are the models "
-                 "themselves",
-    "landscape_rows": "One row per setup, one plane per column: {quantity} on the plane through {plane} at each "
-                      "listed round, and through the global models of the last three rounds; markers are the three "
-                      "models, the cross their plain average",
-    "interpolation": "Test loss (nats) and test error (%) along the straight line between two models "
-                     "(0 and 1 are the end models; beyond them, extrapolation)",
-    "locality": "Locality: mean L2 distance ||x - x_i|| between the global model and the cohort's client "
-                "models after local training, over rounds, per method",
-    "client_averages": "Left: test error (%) of the data-size-weighted average of the first m client models "
-                       "of a round, against m (m = 1 is one client model); right: mean linear CKA similarity "
-                       "of the client models' logits over client pairs, per round",
-}
-
 
 MARKERS, MARKER_SYMBOLS = ("o", "^", "s"), ("\u25cb", "\u25b3", "\u25a1")  # circle, triangle, square
 # landscape ``plane``: which snapshots of a round span it (snapshots.npz keys) and their names
@@ -176,7 +159,8 @@ def landscape(spec, runs, context):
             ax.set_title(f"{title} ({key_text}): {unit}", fontsize=9)
             ax.set_xlabel("distance along u (L2, parameter space)")
             ax.set_ylabel("distance along v (L2)")
-    return fig, (SHOWS["landscape"].format(plane=PLANE_TEXT[spec["plane"]]) + f" ({run.setting['algorithm']}, {run.setting['dataset']} {run.setting['model']}, "
+    return fig, (described("landscape", plane=PLANE_TEXT[spec["plane"]])
+                 + f" ({run.setting['algorithm']}, {run.setting['dataset']} {run.setting['model']}, "
                  f"seed {run.setting['seed']}, {spec['resolution']}x{spec['resolution']} grid)")
 
 
@@ -239,7 +223,7 @@ def landscape_rows(spec, runs, context):
         for ax in ax_row[len(triples):]:
             ax.axis("off")
     fig.suptitle(f"{unit} on planes through three models, one row per setup", fontsize=10)
-    shows = SHOWS["landscape_rows"].format(quantity=unit, plane=PLANE_TEXT[spec["plane"]])
+    shows = described("landscape_rows", quantity=unit, plane=PLANE_TEXT[spec["plane"]])
     return fig, shows + f" ({'; '.join(drawn)}; {spec['resolution']}x{spec['resolution']} grid)"
 
 
@@ -311,7 +295,7 @@ def interpolation(spec, runs, context):
             ax.axvline(x, color="gray", lw=0.6, ls=":")
     axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    shows = SHOWS["interpolation"] + f" ({setting['dataset']} {setting['model']})"
+    shows = described("interpolation") + f" ({setting['dataset']} {setting['model']})"
     if spec["between"] and spec["for_each"] and missing:
         shows += f"; not drawn, no finished run: {', '.join(missing)}"
     return fig, shows
@@ -319,7 +303,7 @@ def interpolation(spec, runs, context):
 
 def locality(spec, runs, context):
     fig, _ = over_rounds(runs, "update_norm_mean", "mean ||x - x_i|| (L2, parameter space)")
-    return fig, SHOWS["locality"]
+    return fig, described("locality")
 
 
 def weighted_average(models: list[torch.Tensor], sizes: np.ndarray) -> torch.Tensor:
@@ -384,7 +368,7 @@ def client_averages(spec, runs, context):
     right.set_ylim(0, 1.02)
     legend_outside(left)
     right.legend(fontsize=8)
-    shows = SHOWS["client_averages"] + f" ({done[0].setting['dataset']} {done[0].setting['model']})"
+    shows = described("client_averages") + f" ({done[0].setting['dataset']} {done[0].setting['model']})"
     if equal_weights:
         shows += f"; equal weights for {', '.join(sorted(set(equal_weights)))} (snapshots without data sizes)"
     return fig, shows
