@@ -85,7 +85,7 @@ def test_the_real_runs_depend_on_training_code_only():
         assert {"engine.py", "client.py", "parts.py", f"algorithms/{setting['algorithm']}.py"} <= files
         assert {f"data/{identity.DATASETS[setting['dataset']]['family']}.py",
                 f"models/{identity.MODELS[setting['model']]['family']}.py"} <= files
-        assert not {"registry.py", "config.py", "report/page.py", "tracking.py", "cli/__init__.py", "cli/run.py",
+        assert not {"registry.py", "config.py", "report/page.py", "tracking/live.py", "cli/__init__.py", "cli/run.py",
                     "plan.py", "provenance.py", "identity.py", "partition.py", "report/verification.py", "report/evidence.py",
                     "bench.py"} & files
         others = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \

@@ -14,7 +14,8 @@ PACKAGE = identity.PACKAGE
 # The layers, top first: a module may import its own layer's modules and those of the layers below it.
 LAYERS = {
     "command line": {"cli/*", "__main__.py"},
-    "reports": {"report/*", "partition_records.py", "tracking.py"},
+    "reports": {"report/*", "partition_records.py"},
+    "tracking": {"tracking/*"},
     "operations": {"plan.py", "bench.py", "bench_settings.py", "gpucheck.py", "slots.py"},
     "settings": {"config.py", "settings.py", "tuning.py", "forks.py", "registry.py", "conditions.py"},
     "run": {"engine.py", "client.py", "batched.py", "checkpoint.py", "hessian.py", "rundir.py", "provenance.py"},

@@ -22,7 +22,8 @@ import pandas as pd
 import pytest
 
 from conftest import BIN, free_port, make_partition, subprocess_env
-from fedrepro import cli, tracking
+from fedrepro import cli
+from fedrepro.tracking import live, reconcile, record, store
 
 WORKERS = 8
 ROUNDS = 25
@@ -33,7 +34,7 @@ METRICS = ["test_acc", "test_loss", "train_loss", "e_lud", "global_norm", "lr"]
 def store_template(tmp_path_factory) -> Path:
     """An empty sqlite store, made once: MLflow's schema migrations take seconds to minutes."""
     db = tmp_path_factory.mktemp("store") / "mlflow.db"
-    tracking.open_store(f"sqlite:///{db}")
+    store.open_store(f"sqlite:///{db}")
     return db
 
 
@@ -67,9 +68,9 @@ def _manifest(runs: list[dict]) -> dict:
 
 WORKER = textwrap.dedent("""
     import json, sys
-    from fedrepro import tracking
+    from fedrepro.tracking import reconcile
     manifest, runs_dir, uri, out = sys.argv[1:5]
-    result = tracking.track(json.load(open(manifest)), runs_dir, uri)
+    result = reconcile.track(json.load(open(manifest)), runs_dir, uri)
     json.dump(result, open(out, "w"))
 """)
 
@@ -192,15 +193,15 @@ def test_concurrent_registration_into_an_mlflow_server(tmp_path, mlflow_server):
     assert sum(r["registered"] for r in results) == WORKERS
     _check_store(mlflow_server, tmp_path / "runs", {f"run-{i}" for i in range(WORKERS)})
     # registering again adds nothing
-    again = tracking.track(_manifest([_fake_run(tmp_path / "runs2", "run-0")]), tmp_path / "runs", mlflow_server)
+    again = reconcile.track(_manifest([_fake_run(tmp_path / "runs2", "run-0")]), tmp_path / "runs", mlflow_server)
     assert again["already"] == 1 and again["registered"] == 0
 
 
 def test_register_is_idempotent_and_keeps_diverged_runs(tmp_path, sqlite_uri):
     uri = sqlite_uri
     runs = [_fake_run(tmp_path / "runs", "ok"), _fake_run(tmp_path / "runs", "bad", status="diverged")]
-    first = tracking.track(_manifest(runs), tmp_path / "runs", uri)
-    second = tracking.track(_manifest(runs), tmp_path / "runs", uri)
+    first = reconcile.track(_manifest(runs), tmp_path / "runs", uri)
+    second = reconcile.track(_manifest(runs), tmp_path / "runs", uri)
     assert (first["registered"], second["registered"], second["already"]) == (2, 0, 2)
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=uri)
@@ -215,9 +216,9 @@ def test_tracking_failure_never_raises(tmp_path, sqlite_uri, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     runs = [_fake_run(tmp_path / "runs", "ok")]
     # nothing listens on port 9: every call fails; the result says so and nothing raises
-    result = tracking.track(_manifest(runs), tmp_path / "runs", "http://127.0.0.1:9")
+    result = reconcile.track(_manifest(runs), tmp_path / "runs", "http://127.0.0.1:9")
     assert result["failed"] == 1 and result["registered"] == 0 and result["errors"]
-    missing = tracking.track(_manifest([{"id": "absent"}]), tmp_path / "runs", sqlite_uri)
+    missing = reconcile.track(_manifest([{"id": "absent"}]), tmp_path / "runs", sqlite_uri)
     assert missing["missing"] == 1 and missing["failed"] == 0
 
 
@@ -291,7 +292,7 @@ def test_a_training_job_logs_its_run_live_and_a_resume_continues_it(tmp_path, sq
     assert run.data.params["client.lr"] == "0.05" and run.data.metrics["summary.final_acc"] >= 0
     assert {"model.pt", "summary.json", "metrics.csv", "figures"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"figures/curves.png", "figures/heatmap.png"} <= {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
-    marker = json.loads((out / tracking.MARKER).read_text())
+    marker = json.loads((out / record.MARKER).read_text())
     assert marker["complete"] and marker["run_id"] == run.info.run_id and marker["members"] == ["tinyfile/table1"]
 
     _train(out, partition_dir, tiny_data_root, uri, manifest)  # trained again from round 0 (snakemake --forcerun)
@@ -337,8 +338,8 @@ def test_a_dead_server_costs_one_failed_call_and_the_run_goes_on(tmp_path, parti
         assert json.loads((out / "summary.json").read_text())["status"] == "finished", "training went on"
         # MLflow's default (7 retries with backoff, ~4 minutes per call) would hold every call; ours
         # tries once more and then switches tracking off for the rest of the run
-        assert 1 <= len(server.accepted) <= 1 + int(tracking.FAIL_FAST_ENV["MLFLOW_HTTP_REQUEST_MAX_RETRIES"])
-        marker = json.loads((out / tracking.MARKER).read_text())
+        assert 1 <= len(server.accepted) <= 1 + int(store.FAIL_FAST_ENV["MLFLOW_HTTP_REQUEST_MAX_RETRIES"])
+        marker = json.loads((out / record.MARKER).read_text())
         assert marker["complete"] is False and marker["error"]
     finally:
         server.close()
@@ -374,7 +375,7 @@ def test_track_reconciles_after_a_failed_run_and_a_dead_server(tmp_path, sqlite_
     history = sorted(client.get_metric_history(run.info.run_id, "test_acc"), key=lambda m: m.step)
     assert [m.timestamp for m in history] == [int(t * 1000) for t in frame["wall_time"]]
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"]
-    assert json.loads((runs_dir / "ok-run" / tracking.MARKER).read_text())["complete"]
+    assert json.loads((runs_dir / "ok-run" / record.MARKER).read_text())["complete"]
 
 
 def test_a_killed_registration_is_repaired_not_duplicated(tmp_path, sqlite_uri):
@@ -383,18 +384,18 @@ def test_a_killed_registration_is_repaired_not_duplicated(tmp_path, sqlite_uri):
     from mlflow import MlflowClient
     uri = sqlite_uri
     runs = [_fake_run(tmp_path / "runs", "half")]
-    client = tracking.open_store(uri)
+    client = store.open_store(uri)
     exp_id = client.create_experiment("fedrepro/load")
     for status in ("RUNNING", "FAILED"):
         orphan = client.create_run(exp_id, run_name="half", tags={"fedrepro.run": "half"})
         if status == "FAILED":
             client.set_terminated(orphan.info.run_id, "FAILED")
-    result = tracking.track(_manifest(runs), tmp_path / "runs", uri)
+    result = reconcile.track(_manifest(runs), tmp_path / "runs", uri)
     assert result["repaired"] == 1 and result["failed"] == 0
     (run,) = _records(MlflowClient(tracking_uri=uri), "half")
     assert run.info.status == "FINISHED" and run.data.tags["fedrepro.logged"] == "complete"
     assert len(client.get_metric_history(run.info.run_id, "train_loss")) == ROUNDS
-    again = tracking.track(_manifest(runs), tmp_path / "runs", uri)
+    again = reconcile.track(_manifest(runs), tmp_path / "runs", uri)
     assert again["already"] == 1 and len(_records(client, "half")) == 1
 
 
@@ -418,9 +419,9 @@ KILL_CREATION = textwrap.dedent("""
         if any(half_migrated(p) for p in glob.glob(pattern)):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    from fedrepro import tracking
     from mlflow import MlflowClient
-    tracking.open_store(uri) if how == "ours" else MlflowClient(tracking_uri=uri).search_experiments()
+    from fedrepro.tracking import store
+    store.open_store(uri) if how == "ours" else MlflowClient(tracking_uri=uri).search_experiments()
 """)
 
 
@@ -462,7 +463,7 @@ def test_a_killed_schema_creation_leaves_a_usable_store(tmp_path):
     assert any(_alembic_leftover(p) for p in tmp_path.glob(".mlflow.db.*.tmp"))
     assert not db.exists()
     (tmp_path / "legacy.db").rename(db)
-    client = tracking.open_store(uri)  # repairs: the half-made, empty store is moved aside and made anew
+    client = store.open_store(uri)  # repairs: the half-made, empty store is moved aside and made anew
     client.create_experiment("after-the-kills")
     assert client.get_experiment_by_name("after-the-kills") is not None
     assert list(tmp_path.glob("mlflow.db.broken-*")) and not list(tmp_path.glob(".mlflow.db.*.tmp"))
@@ -519,7 +520,7 @@ def test_a_run_shows_its_partition_and_dataset_as_inputs_and_its_params_file_as_
     summary["setting"] = {**summary["setting"], "dataset": "fmnist"}
     (runs_dir / "late" / "summary.json").write_text(json.dumps(summary))
     shutil.copytree(partition_dir, runs_dir.parent / "partitions" / summary["partition"])
-    result = tracking.track({**_manifest([fake]), "configfiles": ["params/load.yaml"]}, runs_dir, uri)
+    result = reconcile.track({**_manifest([fake]), "configfiles": ["params/load.yaml"]}, runs_dir, uri)
     assert result["registered"] == 1, result
     (late,) = _records(client, "late")
     assert _inputs(late)["partition"][:2] == ("p", info["content_hash"])
@@ -539,17 +540,17 @@ class _StubClient:
 def test_live_metrics_are_sent_in_batches_at_most_every_10_seconds(monkeypatch):
     """Rounds are logged as they end, but sent together: the first at once, then one batch per 10 s of the
     job's clock, and the rest when the run ends (a round every second costs a call every 10 s)."""
-    assert tracking.FLUSH_SECONDS == 10.0
+    assert live.FLUSH_SECONDS == 10.0
     sent, clock = [], [1000.0]
-    monkeypatch.setattr(tracking, "_log_metrics", lambda client, run_id, batch: sent.append(sorted({m.step for m in batch})))
-    monkeypatch.setattr(tracking.time, "monotonic", lambda: clock[0])
-    live = tracking.LiveRun("unused")
-    live.client, live.run_id = _StubClient(), "run"
+    monkeypatch.setattr(live, "log_metrics", lambda client, run_id, batch: sent.append(sorted({m.step for m in batch})))
+    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
+    observer = live.LiveRun("unused")
+    observer.client, observer.run_id = _StubClient(), "run"
     for step, now in [(1, 1000.0), (2, 1004.0), (3, 1009.9), (4, 1010.1), (5, 1015.0)]:
         clock[0] = now
-        live.round_done(None, {"round": step, "wall_time": now, "test_acc": 0.5, "train_loss": 1.0})
+        observer.round_done(None, {"round": step, "wall_time": now, "test_acc": 0.5, "train_loss": 1.0})
     assert sent == [[1], [2, 3, 4]], "round 1 at once; rounds 2-4 together once 10 s had passed"
-    live.ended(None, "interrupted", None)
+    observer.ended(None, "interrupted", None)
     assert sent == [[1], [2, 3, 4], [5]], "what is pending goes out when the run ends"
 
 
@@ -591,7 +592,7 @@ def test_a_locked_store_switches_tracking_off_and_the_run_goes_on(tmp_path, sqli
     assert json.loads((out / "summary.json").read_text())["status"] == "finished", "training went on"
     printed = capsys.readouterr().out
     assert printed.count("tracking off for this run") == 1 and "locked" in printed
-    marker = json.loads((out / tracking.MARKER).read_text())
+    marker = json.loads((out / record.MARKER).read_text())
     assert marker["complete"] is False and "locked" in marker["error"]
 
 
@@ -602,11 +603,11 @@ def test_a_run_in_two_params_files_lists_both_in_fedrepro_experiments(tmp_path, 
     first = {**_manifest([shared]), "name": "paper"}
     second = {**_manifest([shared]), "name": "ablation",
               "experiments": {"fig2": {"title": "fig2", "description": "", "grid": {}, "runs": [shared]}}}
-    assert tracking.track(first, runs_dir, sqlite_uri)["registered"] == 1
-    assert tracking.track(second, runs_dir, sqlite_uri)["registered"] == 0, "one record, not two"
+    assert reconcile.track(first, runs_dir, sqlite_uri)["registered"] == 1
+    assert reconcile.track(second, runs_dir, sqlite_uri)["registered"] == 0, "one record, not two"
     (run,) = _records(MlflowClient(tracking_uri=sqlite_uri), "shared")
     assert run.data.tags["fedrepro.experiments"] == "paper/load,ablation/fig2"
-    assert json.loads((runs_dir / "shared" / tracking.MARKER).read_text())["members"] == ["ablation/fig2", "paper/load"]
+    assert json.loads((runs_dir / "shared" / record.MARKER).read_text())["members"] == ["ablation/fig2", "paper/load"]
 
 
 @pytest.mark.parametrize("live", [True, False])

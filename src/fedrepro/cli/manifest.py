@@ -32,9 +32,9 @@ def add_track(sub) -> None:
 
 
 def cmd_track(args) -> None:
-    from fedrepro import tracking
+    from fedrepro.tracking import reconcile
     manifest = _manifest_of(args, "track")
-    result = tracking.track(manifest, args.runs_dir, args.tracking_uri, args.run)
+    result = reconcile.track(manifest, args.runs_dir, args.tracking_uri, args.run)
     print(f"tracking: {result['registered']} registered, {result['repaired']} repaired, {result['already']} "
           f"already there, {result['missing']} without a summary, {result['failed']} failed ({result['uri']})")
     for error in result["errors"]:

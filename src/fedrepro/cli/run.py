@@ -69,8 +69,8 @@ def cmd_train(args) -> None:
             print(bound, file=sys.stderr, flush=True)
     observer = None
     if args.mlflow_experiment:
-        from fedrepro import tracking
-        observer = tracking.live_run(args.out, args.tracking_uri, args.mlflow_experiment, args.mlflow_manifest,
+        from fedrepro.tracking import live
+        observer = live.live_run(args.out, args.tracking_uri, args.mlflow_experiment, args.mlflow_manifest,
                                      args.partition)
     from fedrepro import forks
     summary = engine.train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
