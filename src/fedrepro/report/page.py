@@ -16,9 +16,9 @@ import pandas as pd
 from fedrepro import partition_records, records
 from fedrepro.identity import stable_hash
 from fedrepro.report import tables
-from fedrepro.report.plots import ablation_figure, coincide_note, coinciding, collapse_points, curves_figure, \
-    tuning_figure
 from fedrepro.report.frames import load_runs, summary_table, switch_effects
+from fedrepro.report.plots import (ablation_figure, coincide_note, coinciding, collapse_points, curves_figure,
+                                   tuning_figure)
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
