@@ -35,6 +35,7 @@ def pytest_configure(config):
     since every numerical test compares with a reference computed in the same process."""
     import torch
     torch.set_num_threads(1)
+    fmnist_source()  # a FEDREPRO_TEST_FMNIST it does not take stops the run before any test
 
 
 # --------------------------------------------------------------------------- idx files
