@@ -35,6 +35,7 @@ def pytest_configure(config):
     since every numerical test compares with a reference computed in the same process."""
     import torch
     torch.set_num_threads(1)
+    fmnist_source()  # a FEDREPRO_TEST_FMNIST it does not take stops the run before any test
 
 
 # --------------------------------------------------------------------------- idx files
@@ -63,15 +64,34 @@ def fake_fmnist_arrays(n_train: int, n_test: int, seed: int = 0):
     return out
 
 
+def fmnist_sized_arrays(seed: int = 0):
+    """Fashion-MNIST's sizes (60000 training and 10000 test images) on a black background, as its own
+    images are: label k is a band of noisy pixels on rows 2k to 2k+7, which an MLP learns in a round.
+    The noise is confined to the band so that the .gz files stay under the published sizes, which the
+    downloader reads no further than (fedrepro.data.fmnist.FMNIST_BYTES)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, n in (("train", 60000), ("t10k", 10000)):
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        rng.shuffle(labels)
+        images = np.zeros((n, 28, 28), dtype=np.uint8)
+        for k in range(10):
+            rows = labels == k
+            images[rows, 2 * k:2 * k + 8] = rng.integers(100, 256, size=(int(rows.sum()), 8, 28), dtype=np.uint8)
+        out[split] = (images, labels)
+    return out
+
+
 def write_fake_fmnist(folder: Path, n_train: int = 400, n_test: int = 100, seed: int = 0,
-                      gz: bool = True, raw: bool = False) -> dict[str, dict]:
+                      gz: bool = True, raw: bool = False, arrays: dict | None = None) -> dict[str, dict]:
     """Write the four Fashion-MNIST files; return {file name: {"md5", "sha256_content"}}.
 
     ``gz`` writes the published ``*.gz`` files; ``raw`` also writes the decompressed files,
-    which is what torchvision's reader loads.
+    which is what torchvision's reader loads. ``arrays`` (as fake_fmnist_arrays returns) replaces
+    the ``n_train``/``n_test`` random images.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    arrays = fake_fmnist_arrays(n_train, n_test, seed)
+    arrays = arrays or fake_fmnist_arrays(n_train, n_test, seed)
     sums = {}
     for split in ("train", "t10k"):
         images, labels = arrays[split]
@@ -138,8 +158,9 @@ def down_server() -> str:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def subprocess_env(tracking_uri: str | None = None, **extra) -> dict:
-    """The environment for fedrepro/snakemake subprocesses: the venv first, one torch thread."""
+def subprocess_env(tracking_uri: str | None = None, fmnist: "FmnistData | None" = None, **extra) -> dict:
+    """The environment for fedrepro/snakemake subprocesses: the venv first, one torch thread; with
+    ``fmnist``, what its processes need to accept that Fashion-MNIST."""
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -148,7 +169,7 @@ def subprocess_env(tracking_uri: str | None = None, **extra) -> dict:
     if tracking_uri:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     env.update(extra)
-    return env
+    return fmnist.add_to(env) if fmnist else env
 
 
 @pytest.fixture
@@ -188,6 +209,79 @@ def write_yaml(path: Path, obj) -> Path:
 
 def have_debian_fmnist() -> bool:
     return all((DEBIAN_FMNIST / f).exists() for f in FMNIST_FILES)
+
+
+# --------------------------------------------------------------------------- the end-to-end tests' data
+
+FMNIST_CHOICE = "FEDREPRO_TEST_FMNIST"
+GENERATED_FMNIST_HOOK = ROOT / "tests" / "generated_fmnist"
+
+
+def fmnist_source() -> tuple[str, str]:
+    """("debian" or "generated", why): Debian's files when installed, unless FEDREPRO_TEST_FMNIST=generated
+    asks for the generated ones (how the generated path is tested on a machine that has the package)."""
+    choice = os.environ.get(FMNIST_CHOICE, "")
+    if choice not in ("", "generated"):
+        raise pytest.UsageError(f"{FMNIST_CHOICE}={choice!r}: the one value it takes is 'generated'")
+    if choice:
+        return "generated", f"{FMNIST_CHOICE}=generated"
+    if have_debian_fmnist():
+        return "debian", f"Debian's dataset-fashion-mnist in {DEBIAN_FMNIST}"
+    return "generated", f"Debian's dataset-fashion-mnist is not in {DEBIAN_FMNIST}"
+
+
+class FmnistData:
+    """The Fashion-MNIST mirror the end-to-end tests' workflows download from, and what their processes need
+    to accept it: nothing for Debian's files; for generated ones, their checksums (generated_fmnist/)."""
+
+    def __init__(self, source: str, mirror: Path, sums: Path | None = None):
+        self.source, self.mirror, self.sums = source, f"{mirror}/", sums
+
+    def add_to(self, env: dict) -> dict:
+        if self.sums is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GENERATED_FMNIST_HOOK), env.get("PYTHONPATH")) if p)
+            env["FEDREPRO_TEST_FMNIST_SUMS"] = str(self.sums)
+        return env
+
+    def params(self, params: dict) -> dict:
+        """A copy of a params file's content whose Fashion-MNIST comes from this mirror alone."""
+        params = json.loads(json.dumps(params))
+        params.setdefault("data", {}).setdefault("mirrors", {})["fmnist"] = [self.mirror]
+        return params
+
+    def params_text(self, text: str) -> str:
+        import yaml
+        return yaml.safe_dump(self.params(yaml.safe_load(text)), sort_keys=False)
+
+    def params_file(self, path: Path, folder: Path) -> Path:
+        """``path`` itself on Debian's files (as CI runs it), else a copy of the same name in ``folder``."""
+        if self.source == "debian":
+            return path
+        import yaml
+        folder.mkdir(parents=True, exist_ok=True)
+        return write_yaml(folder / path.name, self.params(yaml.safe_load(path.read_text())))
+
+
+def generated_fmnist(folder: Path, arrays: dict | None = None) -> FmnistData:
+    """Generated files (Fashion-MNIST's sizes unless ``arrays``) in ``folder``/mirror, their checksums beside."""
+    sums = write_fake_fmnist(folder / "mirror", arrays=arrays or fmnist_sized_arrays())
+    content = folder / "content_sha256.json"
+    content.write_text(json.dumps({name: s["sha256_content"] for name, s in sums.items()}))
+    return FmnistData("generated", folder / "mirror", content)
+
+
+@pytest.fixture(scope="session")
+def fmnist_data(tmp_path_factory) -> FmnistData:
+    """The Fashion-MNIST the end-to-end tests' workflows download (fmnist_source says which)."""
+    if fmnist_source()[0] == "debian":
+        return FmnistData("debian", DEBIAN_FMNIST)
+    return generated_fmnist(tmp_path_factory.mktemp("generated_fmnist"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    source, why = fmnist_source()
+    data = "Debian's files" if source == "debian" else "generated files in the real idx.gz format"
+    terminalreporter.write_line(f"Fashion-MNIST of the end-to-end tests: {data} ({why})")
 
 
 def copy_tree(src: Path, dst: Path) -> Path:

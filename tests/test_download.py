@@ -112,3 +112,28 @@ def test_generated_files_are_real_idx(fmnist_mirror):
     labels = gzip.decompress((fmnist_mirror / "train-labels-idx1-ubyte.gz").read_bytes())
     assert struct.unpack(">II", labels[:8]) == (0x0801, 50)
     assert np.frombuffer(labels[8:], np.uint8).max() == 9
+
+
+def test_the_end_to_end_tests_generated_files_pass_the_real_download_in_a_subprocess(tmp_path):
+    """What a workflow's download job does with the generated Fashion-MNIST the end-to-end tests fall back
+    on: `fedrepro download` from their mirror folder, in its own process. With their checksums
+    (tests/generated_fmnist) the files are accepted and load as written; without, the checksum refuses
+    them, so the hook is what makes them pass and the download's check still runs."""
+    import subprocess
+    import sys
+    from conftest import generated_fmnist, subprocess_env
+    arrays = fake_fmnist_arrays(60, 20, seed=3)
+    generated = generated_fmnist(tmp_path / "generated", arrays)
+
+    def download(root, env):
+        return subprocess.run([sys.executable, "-m", "fedrepro", "download", "--dataset", "fmnist", "--root",
+                               str(root), "--mirror", generated.mirror, "--out", str(root / "download.json")],
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    refused = download(tmp_path / "plain", subprocess_env())
+    assert refused.returncode == 2 and "checksum mismatch" in refused.stderr, refused.stderr[-2000:]
+    done = download(tmp_path / "hooked", subprocess_env(fmnist=generated))
+    assert done.returncode == 0, done.stderr[-2000:]
+    train = data.load("fmnist", tmp_path / "hooked", train=True)
+    assert (train.images.squeeze(1).numpy() == arrays["train"][0]).all()
+    assert (train.labels.numpy() == arrays["train"][1]).all()

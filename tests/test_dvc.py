@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, DEBIAN_FMNIST, have_debian_fmnist, subprocess_env, write_yaml
+from conftest import BIN, ROOT, DEBIAN_FMNIST, subprocess_env, write_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def _run(cmd, cwd, env, timeout=900):
     return proc.stdout + proc.stderr
 
 
-def _project_copy(dst: Path) -> Path:
+def _project_copy(dst: Path, fmnist_data) -> Path:
     """The files a clone of the project holds, with the default params replaced by a tiny grid."""
     dst.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
@@ -40,18 +40,17 @@ def _project_copy(dst: Path) -> Path:
         shutil.copytree(ROOT / name, dst / name, ignore=ignore)
     if (ROOT / ".dvcignore").exists():
         shutil.copy(ROOT / ".dvcignore", dst / ".dvcignore")
-    write_yaml(dst / "params" / "default.yaml", TINY)
+    write_yaml(dst / "params" / "default.yaml", fmnist_data.params(TINY))
     (dst / ".gitignore").write_text(".snakemake/\nlogs/\nmlflow.db*\nmlartifacts/\n")
     return dst
 
 
-def test_push_clone_pull_then_nothing_to_do(tmp_path):
-    if not have_debian_fmnist():
-        pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST}")
-    env = subprocess_env(f"sqlite:///{tmp_path / 'mlflow.db'}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-                         GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t", DVC_NO_ANALYTICS="1")
+def test_push_clone_pull_then_nothing_to_do(tmp_path, fmnist_data):
+    env = subprocess_env(f"sqlite:///{tmp_path / 'mlflow.db'}", fmnist=fmnist_data, GIT_AUTHOR_NAME="t",
+                         GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t",
+                         DVC_NO_ANALYTICS="1")
     dvc, git = str(BIN / "dvc"), "git"
-    repo = _project_copy(tmp_path / "repo")
+    repo = _project_copy(tmp_path / "repo", fmnist_data)
     _run([git, "init", "-q", "-b", "main"], repo, env)
     _run([dvc, "init", "-q"], repo, env)
     _run([dvc, "config", "core.autostage", "true"], repo, env)

@@ -616,14 +616,12 @@ WORKFLOW = {
 
 
 @pytest.mark.slow
-def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path):
-    from conftest import have_debian_fmnist, write_yaml
+def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path, fmnist_data):
+    from conftest import subprocess_env, write_yaml
     from test_workflow import _snakemake
 
-    if not have_debian_fmnist():
-        pytest.skip("real Fashion-MNIST is not installed")
-    params = write_yaml(tmp_path / "tiny.yaml", WORKFLOW)
-    proc = _snakemake(tmp_path, "--configfile", str(params), "--cores", "2")
+    params = write_yaml(tmp_path / "tiny.yaml", fmnist_data.params(WORKFLOW))
+    proc = _snakemake(tmp_path, "--configfile", str(params), "--cores", "2", env=subprocess_env(fmnist=fmnist_data))
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in WORKFLOW["figures"]:
         record = json.loads((tmp_path / "results" / "figures" / "tiny" / f"{name}.json").read_text())

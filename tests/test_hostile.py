@@ -571,15 +571,12 @@ def _holders(project: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_one_make_run_after_a_kill_9_of_the_whole_run_finishes_the_grid(tmp_path):
+def test_one_make_run_after_a_kill_9_of_the_whole_run_finishes_the_grid(tmp_path, fmnist_data):
     """kill -9 of `make run` with Snakemake and its jobs mid-training; then one `make run` (no --unlock,
     no --rerun-incomplete by hand) finishes every run, resuming the killed ones from their checkpoints."""
-    from conftest import have_debian_fmnist
-    if not have_debian_fmnist():
-        pytest.skip("real Fashion-MNIST is not installed")
     project = _project_copy(tmp_path)
-    (project / "k.yaml").write_text(KILLED_GRID)
-    env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", PYTHONPATH=str(project / "src"))
+    (project / "k.yaml").write_text(fmnist_data.params_text(KILLED_GRID))
+    env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", fmnist=fmnist_data, PYTHONPATH=str(project / "src"))
     make = ["make", "-C", str(project), "--no-print-directory", "recover-run", "CONFIG=k.yaml"]
     first = subprocess.Popen(make, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                              start_new_session=True)
@@ -625,23 +622,21 @@ experiments:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shell_exec", [True, False], ids=["exec", "without-exec"])
-def test_killing_snakemake_alone_makes_its_training_job_checkpoint_and_stop(shell_exec, tmp_path):
+def test_killing_snakemake_alone_makes_its_training_job_checkpoint_and_stop(shell_exec, tmp_path, fmnist_data):
     """SIGKILL to the Snakemake process only (not its process group, as a crash or an OOM kill would
     do): the train rule's `exec` makes `fedrepro train` Snakemake's own child, so the parent-death signal
     reaches it, and it saves a checkpoint at the end of its round and exits. Without `exec` its parent is
     the job's shell, which outlives Snakemake, and the job trains on: the second case shows the first
     depends on that word."""
-    from conftest import BIN, have_debian_fmnist
-    if not have_debian_fmnist():
-        pytest.skip("real Fashion-MNIST is not installed")
+    from conftest import BIN
     project = _project_copy(tmp_path)
-    (project / "k.yaml").write_text(ENDLESS_RUN)
+    (project / "k.yaml").write_text(fmnist_data.params_text(ENDLESS_RUN))
     rule = project / "workflow" / "rules" / "train.smk"
     if not shell_exec:
         text = rule.read_text()
         assert '"exec {FEDREPRO} train' in text
         rule.write_text(text.replace('"exec {FEDREPRO} train', '"{FEDREPRO} train'))
-    env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", PYTHONPATH=str(project / "src"))
+    env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", fmnist=fmnist_data, PYTHONPATH=str(project / "src"))
     cmd = [str(BIN / "snakemake"), "--snakefile", str(project / "Snakefile"), "--directory", str(project),
            "--configfile", str(project / "k.yaml"), "--workflow-profile", str(project / "workflow/profiles/ci"),
            "--cores", "1"]

@@ -99,8 +99,10 @@ def test_the_command_line_imports_no_torch_to_answer(name, tmp_path):
     params = tmp_path / "p.yaml"
     params.write_text("experiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n")
     argv = ["--version"] if name == "--version" else ["expand", "--configfile", str(params)]
-    code = ("import sys; from fedrepro import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO TORCH')")
+    # argparse's --version exits (status 0); any other status is a failed command, not an answer
+    code = ("import sys; from fedrepro import cli\ntry:\n    cli.main(sys.argv[1:])\n    status = 0\n"
+            "except SystemExit as done:\n    status = done.code or 0\n"
+            "print('exit', status, 'TORCH' if 'torch' in sys.modules else 'NO TORCH')")
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE.parent)})
-    assert out.stdout.strip().splitlines()[-1] == "NO TORCH", out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "exit 0 NO TORCH", out.stdout + out.stderr

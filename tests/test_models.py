@@ -74,9 +74,22 @@ def test_fedaware_init_differs_from_default_init_only_in_values():
 
 
 def test_resnet20_runs_on_the_flat_engine():
-    flat = FlatModel(models.build("resnet20", "cifar10"), torch.device("cpu"))
-    loss = flat.loss_and_grad(torch.nn.functional.cross_entropy, torch.randn(2, 3, 32, 32), torch.tensor([0, 1]))
+    """The flat engine's loss and gradient are the module's own: an untouched copy of ResNet-20, run by
+    autograd on the same batch (train mode on both, so BatchNorm uses the batch's statistics)."""
+    import copy
+    module = models.build("resnet20", "cifar10")
+    plain = copy.deepcopy(module).train()
+    flat = FlatModel(module, torch.device("cpu"))
+    images, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    loss = flat.loss_and_grad(torch.nn.functional.cross_entropy, images, labels)
+    expected = torch.nn.functional.cross_entropy(plain(images), labels)
+    expected.backward()
+    grad = torch.cat([p.grad.reshape(-1) for p in plain.parameters()])
     assert torch.isfinite(loss) and flat.grad.abs().sum() > 0
+    # the same float32 kernels on the same numbers: at most the order of a few sums differs (~1e-6
+    # relative); a parameter bound to the wrong slice, or another batch, moves them by percents
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(flat.grad, grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()))
 
 
 def _conv(c_in, c_out, k, bias=True):

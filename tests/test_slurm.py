@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, DEBIAN_FMNIST, have_debian_fmnist, snakemake_cmd, subprocess_env, write_yaml
+from conftest import ROOT, DEBIAN_FMNIST, snakemake_cmd, subprocess_env, write_yaml
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -190,10 +190,8 @@ TINY = {
 }
 
 
-def test_tiny_workflow_runs_through_sbatch(slurm, tmp_path):
-    if not have_debian_fmnist():
-        pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST}")
-    params = write_yaml(tmp_path / "tiny.yaml", TINY)
+def test_tiny_workflow_runs_through_sbatch(slurm, tmp_path, fmnist_data):
+    params = write_yaml(tmp_path / "tiny.yaml", fmnist_data.params(TINY))
     cmd = ["timeout", "-s", "KILL", "540", *snakemake_cmd(
         tmp_path, "--configfile", str(params), "--workflow-profile", str(ROOT / "workflow/profiles/slurm"),
         # the site settings of this one-node test cluster replace the profile's placeholders
@@ -201,7 +199,7 @@ def test_tiny_workflow_runs_through_sbatch(slurm, tmp_path):
         "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
         "--seconds-between-status-checks", "1", "--latency-wait", "5", "--jobs", "4",
         "--slurm-keep-successful-logs", "--verbose")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(f"sqlite:///{tmp_path / 'm.db'}"),
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(f"sqlite:///{tmp_path / 'm.db'}", fmnist=fmnist_data),
                           timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]

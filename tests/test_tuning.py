@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEBIAN_FMNIST, ROOT, have_debian_fmnist, job_counts, make_partition, snakemake_cmd, \
+from conftest import DEBIAN_FMNIST, ROOT, job_counts, make_partition, snakemake_cmd, \
     subprocess_env, write_yaml
 from fedrepro import config, tuning
 from fedrepro.evaluation import validation_split
@@ -243,9 +243,9 @@ def test_the_papers_files_tune_where_the_papers_did():
 # --------------------------------------------------------------------------- end to end
 
 
-def _snakemake(work: Path, params_file: Path, *args: str) -> subprocess.CompletedProcess:
+def _snakemake(work: Path, params_file: Path, *args: str, fmnist=None) -> subprocess.CompletedProcess:
     return subprocess.run(snakemake_cmd(work, "--configfile", str(params_file), "--cores", "2", *args),
-                          capture_output=True, text=True, env=subprocess_env(), timeout=600)
+                          capture_output=True, text=True, env=subprocess_env(fmnist=fmnist), timeout=600)
 
 
 TINY_TUNE = {
@@ -269,12 +269,10 @@ def _summaries(work: Path) -> dict[str, tuple[dict, int]]:
 
 
 @pytest.mark.slow
-def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(tmp_path):
-    if not have_debian_fmnist():
-        pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST} (make setup installs dataset-fashion-mnist)")
+def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(tmp_path, fmnist_data):
     work = tmp_path / "work"
     (work / "params").mkdir(parents=True)
-    params_file = write_yaml(work / "params" / "tiny_tune.yaml", TINY_TUNE)
+    params_file = write_yaml(work / "params" / "tiny_tune.yaml", fmnist_data.params(TINY_TUNE))
     target = "reports/tiny_tune.html"
     # before anything ran, a dry run shows the tuning work; the final run follows the checkpoint
     proc = _snakemake(work, params_file, "-n", target)
@@ -282,7 +280,7 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
     counts = job_counts(proc.stdout + proc.stderr)
     assert (counts.get("train"), counts.get("tune"), counts.get("tuned_manifest")) == (2, 1, 1), counts
 
-    proc = _snakemake(work, params_file, target)
+    proc = _snakemake(work, params_file, target, fmnist=fmnist_data)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     first = _summaries(work)
     assert len(first) == 3
@@ -302,8 +300,8 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
     # a wider tuning grid: one new tuning run (it diverges too), a new choice; nothing else trains
     wider = copy.deepcopy(TINY_TUNE)
     wider["experiments"]["tiny_tune"]["tune"][0]["grid"]["client.lr"].append(2.0e+6)
-    write_yaml(params_file, wider)
-    proc = _snakemake(work, params_file, target)
+    write_yaml(params_file, fmnist_data.params(wider))
+    proc = _snakemake(work, params_file, target, fmnist=fmnist_data)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     assert len(re.findall(r"^localrule train:|^rule train:", proc.stdout + proc.stderr, flags=re.MULTILINE)) == 1
     second = _summaries(work)
@@ -319,11 +317,9 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
 
 
 @pytest.mark.slow
-def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path):
+def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path, fmnist_data):
     """The final runs a tuning gives are known only after its checkpoint; a tuned fedavg+ima run still starts
     from its tuned FedAvg sibling's state at t_s (workflow/rules/train.smk, current_forks)."""
-    if not have_debian_fmnist():
-        pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST} (make setup installs dataset-fashion-mnist)")
     work = tmp_path / "work"
     (work / "params").mkdir(parents=True)
     spec = copy.deepcopy(TINY_TUNE)
@@ -331,8 +327,8 @@ def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path):
     exp["base"].update({"rounds": 4, "ima": {"window": 2, "start_round": 2}})
     exp["grid"]["algorithm"] = ["fedavg", "fedavg+ima"]
     exp["tune"][0]["without"] = ["ima"]
-    params_file = write_yaml(work / "params" / "tiny_tune.yaml", spec)
-    proc = _snakemake(work, params_file, "reports/tiny_tune.html")
+    params_file = write_yaml(work / "params" / "tiny_tune.yaml", fmnist_data.params(spec))
+    proc = _snakemake(work, params_file, "reports/tiny_tune.html", fmnist=fmnist_data)
     (work / "snakemake.err").write_text(proc.stderr)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     finals = {s["setting"]["plugins"] and "ima" or "host": (rid, s) for rid, (s, _) in _summaries(work).items()

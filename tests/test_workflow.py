@@ -18,8 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import (BIN, ROOT, DEBIAN_FMNIST, have_debian_fmnist, job_counts, snakemake_cmd, subprocess_env,
-                      write_yaml)
+from conftest import BIN, ROOT, job_counts, snakemake_cmd, subprocess_env, write_yaml
 from fedrepro import config
 
 
@@ -104,19 +103,17 @@ TINY = config.read_yaml(TEST_CONFIG)
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """One real run of the whole pipeline on a tiny grid (real Fashion-MNIST, 4 clients, 2 rounds)."""
-    if not have_debian_fmnist():
-        pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST} (make setup installs dataset-fashion-mnist)")
+def tiny_run(tmp_path_factory, fmnist_data):
+    """One real run of the whole pipeline on a tiny grid (Fashion-MNIST, 4 clients, 2 rounds)."""
     work = tmp_path_factory.mktemp("e2e")
-    params = TEST_CONFIG
+    params = fmnist_data.params_file(TEST_CONFIG, tmp_path_factory.mktemp("params"))
     uri = f"sqlite:///{work / 'mlflow.db'}"
-    env = subprocess_env(uri)
+    env = subprocess_env(uri, fmnist=fmnist_data)
     proc = _snakemake(work, "--configfile", str(params), "--workflow-profile", str(ROOT / "workflow/profiles/ci"),
                       "--cores", "2", env=env)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     runs = config.unique_runs(config.expand(config.load_params(params)))
-    return {"work": work, "params": params, "uri": uri, "env": env, "runs": runs}
+    return {"work": work, "params": params, "uri": uri, "env": env, "runs": runs, "fmnist": fmnist_data}
 
 
 def _runs_of(tiny_run, experiment):
@@ -274,7 +271,7 @@ def test_e2e_changed_grid_and_mirrors_schedule_exactly_the_new_work(tiny_run, tm
     steps are scheduled in this very invocation (nothing upstream is recomputed in place, so no
     Snakemake job is masked behind one), and the finished runs are left alone."""
     changed = json.loads(json.dumps(TINY))
-    changed["data"]["mirrors"]["fmnist"] = [str(tmp_path / "nowhere"), str(DEBIAN_FMNIST) + "/"]
+    changed["data"]["mirrors"]["fmnist"] = [str(tmp_path / "nowhere"), tiny_run["fmnist"].mirror]
     changed["experiments"]["tiny_e2e"]["grid"]["seed"] = [1, 2, 3]
     (tiny_run["work"] / "changed").mkdir()
     params = write_yaml(tiny_run["work"] / "changed" / "tiny.yaml", changed)  # same name: same report
@@ -340,21 +337,21 @@ def _without_timings(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def forked_grid(tmp_path_factory):
+def forked_grid(tmp_path_factory, fmnist_data):
     """.test/config/forks.yaml trained twice through Snakemake: sharing prefixes, and with share_prefixes=false."""
-    if not have_debian_fmnist():
-        pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST} (make setup installs dataset-fashion-mnist)")
     from fedrepro import forks
-    runs = config.unique_runs(config.expand(config.load_params(FORKS_CONFIG)))
+    params = fmnist_data.params_file(FORKS_CONFIG, tmp_path_factory.mktemp("params"))
+    env = subprocess_env(fmnist=fmnist_data)
+    runs = config.unique_runs(config.expand(config.load_params(params)))
     shared = forks.assign(list(runs.values()))
     grids = {}
     for name, extra in (("shared", ()), ("unshared", ("--config", "share_prefixes=false"))):
         work = tmp_path_factory.mktemp(name)
         # --config takes every word after it: the targets come first
-        args = ("--configfile", str(FORKS_CONFIG), *CI_PROFILE, *_train_targets(runs), *extra)
-        dry = _snakemake(work, "-n", "-p", *args)
+        args = ("--configfile", str(params), *CI_PROFILE, *_train_targets(runs), *extra)
+        dry = _snakemake(work, "-n", "-p", *args, env=env)
         assert dry.returncode == 0, dry.stderr[-3000:]
-        done = _snakemake(work, "--cores", "2", *args)
+        done = _snakemake(work, "--cores", "2", *args, env=env)
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
         grids[name] = {"work": work, "dry": dry.stdout + dry.stderr, "args": args}
     return {"runs": runs, "forks": shared, **grids}
