@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from fedrepro import bench, cli, data, engine
+from fedrepro import cli, data, engine
+from fedrepro.ops import bench
 
 
 def _high_water_mib() -> float:

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 from conftest import make_partition
-from fedrepro import cli, config, gpucheck, registry
+from fedrepro import cli, registry
+from fedrepro.ops import gpucheck
+from fedrepro.spec import schema, settings
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
         "batch_size": 100, "device": "cpu", "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1},
@@ -52,8 +54,8 @@ def test_runs_end_to_end(method, tmp_path, partition_dir, tiny_data_root):
     setting = {**BASE, "algorithm": method, "model": "cnn" if name in NEEDS_FEATURE_MODEL else "mlp"}
     reason = refused_because(method)
     if reason:
-        with pytest.raises(config.ConfigError, match=reason.replace("+", r"\+")):
-            config.resolve(setting)
+        with pytest.raises(schema.ConfigError, match=reason.replace("+", r"\+")):
+            settings.resolve(setting)
         return
     out = tmp_path / "run"
     cli.main(["train", "--setting", json.dumps(setting), "--partition", str(partition_dir), "--data-root",

@@ -6,7 +6,8 @@ import json
 import pandas as pd
 import pytest
 
-from fedrepro import compute, plan
+from fedrepro import compute
+from fedrepro.ops import plan
 
 SETTING = {"dataset": "fmnist", "model": "mlp", "num_clients": 20, "participation": 0.5, "rounds": 4,
            "local_epochs": 1, "batch_size": 50, "plugins": []}

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedrepro import cli, config, plan
+from fedrepro import cli
+from fedrepro.ops import plan
+from fedrepro.spec import config, paramsfile, schema, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +26,7 @@ def _params(**base):
 
 
 def test_local_steps_formula():
-    setting = config.resolve({"dataset": "fmnist", "num_clients": 10, "participation": 0.5, "rounds": 4,
+    setting = settings.resolve({"dataset": "fmnist", "num_clients": 10, "participation": 0.5, "rounds": 4,
                               "local_epochs": 2, "batch_size": 100})
     # 4 rounds x 5 clients x 2 epochs x ceil(6000 / 100)
     assert plan.local_steps(setting) == 4 * 5 * 2 * 60
@@ -37,7 +39,7 @@ def test_random_epochs_count_their_mean():
 
 
 def test_plan_counts_shared_and_finished_runs_once(tmp_path):
-    params = config.validate(_params(), "params.schema.yaml", "test")
+    params = schema.validate(_params(), "params.schema.yaml", "test")
     runs = config.expand(params)
     done = next(r for r in runs if r.experiment == "a" and r.setting["seed"] == 1)
     (tmp_path / done.id).mkdir()
@@ -61,7 +63,7 @@ def test_plan_counts_the_rounds_a_forked_run_trains_itself_and_both_ways(tmp_pat
             "local_epochs": 1, "batch_size": 100}
     points = [{"algorithm": "fedavg"}, {"algorithm": "fedavg+ima"},
               {"algorithm": "fedavg+ima", "ima": {"start_round": 8}}, {"algorithm": "fedprox+ima"}]
-    params = config.validate({"experiments": {"e": {"base": base, "grid": {"setting": points}}}},
+    params = schema.validate({"experiments": {"e": {"base": base, "grid": {"setting": points}}}},
                              "params.schema.yaml", "test")
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"step_seconds": {"mlp": 0.5}}))
@@ -84,7 +86,7 @@ def test_plan_gives_the_rounds_saved_outside_the_tuning_stage(tmp_path):
     20; the tuning stage's 2 x 20 rounds dilute what sharing saves on the reported runs (20%) to 13%."""
     base = {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 20,
             "local_epochs": 1, "batch_size": 100, "ima": {"start_round": 8}}
-    params = config.validate({"experiments": {"e": {
+    params = schema.validate({"experiments": {"e": {
         "base": base, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedprox", "fedprox+ima"]},
         "tune": [{"when": {"algorithm": "fedprox"}, "without": ["ima"], "grid": {"fedprox.mu": [0.1, 0.01]},
                   "seeds": [7]}]}}}, "params.schema.yaml", "test")
@@ -99,7 +101,7 @@ def test_plan_gives_the_rounds_saved_outside_the_tuning_stage(tmp_path):
 
 def test_without_a_benchmark_the_estimate_says_it_is_a_guess(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no results/bench, no evidence/gpu
-    params = config.validate(_params(), "params.schema.yaml", "test")
+    params = schema.validate(_params(), "params.schema.yaml", "test")
     result = plan.plan(params, None, tmp_path)
     assert "rough guess" in result["source"] and result["total"]["seconds"] > 0
     assert result["experiments"]["a"]["priced_by"] == ["guess (rough table)"]
@@ -129,11 +131,11 @@ def test_the_benchmarks_table_of_the_planned_device_is_read(tmp_path):
     assert gpu.costs == {"fmnist/mlp:64": 0.001} and gpu.description == f"measured on cuda:0 ({bench})"
     assert cpu.costs == {"fmnist/mlp:64": 1.0} and cpu.description == f"measured on cpu ({bench})"
     with pytest.raises(ValueError, match="not a step_costs file"):
-        plan.measure(config.validate(_params(), "params.schema.yaml", "test"), "cpu", bench)
+        plan.measure(schema.validate(_params(), "params.schema.yaml", "test"), "cpu", bench)
 
 
 def test_measure_times_every_setting_of_the_params_file_and_plan_uses_it(tmp_path):
-    params = config.validate(_params(batch_size=8), "params.schema.yaml", "test")
+    params = schema.validate(_params(batch_size=8), "params.schema.yaml", "test")
     out = tmp_path / "step_costs.json"
     table = plan.measure(params, "cpu", out, steps=2, log=lambda line: None)
     assert list(table["step_seconds"]) == ["fmnist/mlp:8"] and table["step_seconds"]["fmnist/mlp:8"] > 0
@@ -180,7 +182,7 @@ def test_cli_plan_merges_a_subset_file_as_snakemake_does(tmp_path, capsys):
 
 
 def test_run_minutes_is_steps_times_cost_times_margin():
-    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
                               "rounds": 100, "local_epochs": 2, "batch_size": 100})
     costs = {"fmnist/mlp:100": 0.01}
     # 100 x 5 x 2 x 60 = 60,000 steps x 0.01 s = 600 s = 10 min, x3 margin = 30 min
@@ -192,7 +194,7 @@ def test_run_minutes_is_steps_times_cost_times_margin():
 def test_run_minutes_counts_the_rounds_the_job_trains():
     """A run started from another run's state at round t (a fork) trains rounds t..R-1; the fork step that
     trains a parent's prefix again, rounds 0..t-1: each asks for what a run of that many rounds asks for."""
-    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
                               "rounds": 100, "local_epochs": 2, "batch_size": 100})
     costs = {"fmnist/mlp:100": 0.1}  # 60,000 steps x 0.1 s x 3 = 300 min for the 100 rounds, above the floor
     assert plan.run_minutes(setting, costs, start=75) == plan.run_minutes({**setting, "rounds": 25}, costs) == 75
@@ -201,7 +203,7 @@ def test_run_minutes_counts_the_rounds_the_job_trains():
 
 
 def test_cluster_requests_count_a_childs_rounds_from_its_fork(tmp_path):
-    params = config.validate({"experiments": {"e": {
+    params = schema.validate({"experiments": {"e": {
         "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 100,
                  "local_epochs": 2, "batch_size": 100, "ima": {"start_round": 75}},
         "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}, "params.schema.yaml", "test")
@@ -354,8 +356,8 @@ def test_without_a_measurement_of_its_own_the_plan_uses_the_h200s(tmp_path, monk
 
 def test_the_h200_table_prices_every_setting_of_the_papers():
     costs = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())["step_seconds"]
-    from fedrepro.gpucheck import PAPER_PARAMS  # the files the table was measured from
-    runs = config.expand(config.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
+    from fedrepro.ops.gpucheck import PAPER_PARAMS  # the files the table was measured from
+    runs = config.expand(paramsfile.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
     unpriced = sorted({plan.step_key(r.setting) for r in runs if plan.step_seconds(costs, r.setting) is None})
     assert not unpriced, f"no H200 step cost (gpucheck.measure_step_costs) for {unpriced}"
 
@@ -440,7 +442,7 @@ def test_runtime_requests_after_a_cpu_benchmark_are_those_of_the_gpu_table(tmp_p
     after = _cli_plan(capsys, tmp_path, params, "--walltime", "600")["cluster"]["run_minutes"]
     assert after == before
     costs = plan.step_costs_by_device()
-    setting = config.resolve({"dataset": "fmnist", "model": "cnn", "num_clients": 10, "participation": 0.5,
+    setting = settings.resolve({"dataset": "fmnist", "model": "cnn", "num_clients": 10, "participation": 0.5,
                               "rounds": 400, "local_epochs": 1, "batch_size": 50, "device": "cpu"})
     # 400 x 5 x 120 = 240,000 steps x 5.7 ms = 1,368 s, x 3 = 68.4 min: a device: cpu run asks for the CPU's cost
     assert plan.run_minutes(setting, costs[plan.run_device(setting)]) == 69

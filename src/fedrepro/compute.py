@@ -42,7 +42,7 @@ def device_kind(summary: dict) -> str:
 def estimate_seconds(summary: dict, costs: dict) -> tuple[float, str] | None:
     """The plan's seconds for the rounds the run trained itself, and the source that priced them; None where the
     plan knows no step cost. ``costs``: plan.step_costs_by_device()."""
-    from fedrepro import plan
+    from fedrepro.ops import plan
 
     try:
         setting = summary["setting"]
@@ -58,7 +58,7 @@ def estimate_seconds(summary: dict, costs: dict) -> tuple[float, str] | None:
 def of_runs(run_dirs: list[Path]) -> dict:
     """Device-hours of the finished runs in ``run_dirs`` per device, their total, and the plan's estimate for
     the same runs (with how many runs it could not price, and where its step costs come from)."""
-    from fedrepro import plan
+    from fedrepro.ops import plan
 
     costs = plan.step_costs_by_device()
     sources: set[str] = set()

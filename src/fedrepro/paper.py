@@ -16,7 +16,8 @@ from pathlib import Path
 import yaml
 
 from fedrepro import collapses, rundir
-from fedrepro.config import ROOT, CorruptFileError
+from fedrepro.records import CorruptFileError
+from fedrepro.spec.paramsfile import ROOT
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from fedrepro import records, rundir
 from fedrepro.errors import SetupError
 from fedrepro.provenance import git_commit
-from fedrepro.config import ROOT
+from fedrepro.spec.paramsfile import ROOT
 
 BATCH = 1000  # MLflow's limit of metric values per log_batch
 FLUSH_SECONDS = 10.0
@@ -291,7 +291,7 @@ def dataset_inputs(setting: dict, partition: str, partition_dir: Path | None, pa
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     from fedrepro.catalog import DATASETS
-    from fedrepro.config import stable_hash
+    from fedrepro.identity import stable_hash
     name = setting["dataset"]
     declared = {k: DATASETS[name][k] for k in ("train_size", "test_size", "num_classes") if k in DATASETS[name]}
     data = Dataset(name=name, digest=stable_hash({"dataset": name, **declared}), source_type="fedrepro",
@@ -555,12 +555,12 @@ def live_run(run_dir: str | Path, uri: str | None, experiment: str, manifest_pat
 
 
 def _setting_hash(setting: dict) -> str:
-    from fedrepro.config import stable_hash
+    from fedrepro.identity import stable_hash
     return stable_hash(setting)
 
 
 def _partition(setting: dict) -> str:
-    from fedrepro.config import partition_id
+    from fedrepro.identity import partition_id
     return partition_id(setting)
 
 

@@ -16,7 +16,7 @@ TRACK_LIVE = (
 
 # Runtime requests: each run's estimated steps x seconds per step on the device it trains on x a margin
 # (fedrepro plan). Per device, so that a CPU benchmark never shortens a GPU job's request or the reverse.
-from fedrepro import plan as fplan
+from fedrepro.ops import plan as fplan
 
 STEP_COSTS = fplan.step_costs_by_device()
 
@@ -25,10 +25,10 @@ def run_step_costs(setting):
     return STEP_COSTS[fplan.run_device(setting)]
 
 
-# Grids as trees (fedrepro.forks): a run whose first rounds another run of this invocation trains (an +ima
+# Grids as trees (fedrepro.spec.forks): a run whose first rounds another run of this invocation trains (an +ima
 # run, its host's run up to t_s) starts from that run's state there. The parent keeps it while it trains,
 # the fork rule makes it a temporary output, removed once every child is done.
-from fedrepro import forks as fforks
+from fedrepro.spec import forks as fforks
 from fedrepro.records import read_json
 from fedrepro.rundir import RunDir
 
@@ -63,7 +63,7 @@ def recorded_parents():
         fork = (finished_summary(run.id) or {}).get("forked_from")
         if fork and fork["run"] not in RUNS:
             for setting, _, _ in fforks.prefix_parents(run.setting):
-                if fconfig.run_id(setting) == fork["run"]:
+                if fidentity.run_id(setting) == fork["run"]:
                     parents[fork["run"]] = setting
     return parents
 

@@ -1,9 +1,9 @@
-# The tuning stage (fedrepro.tuning; docs/configuration.md "Tuning"): a params file's tune blocks name values the papers
+# The tuning stage (fedrepro.spec.tuning; docs/configuration.md "Tuning"): a params file's tune blocks name values the papers
 # picked from a grid. Their tuning runs are ordinary runs (rule train) scored on a validation split; `tune`
 # ranks each tuning's candidates, and the checkpoint `tuned_manifest` writes the manifest with the final runs
 # the choices give. Those runs' ids hold the chosen values, so they are known only after the checkpoint:
 # `snakemake -n` shows the tuning work, and Snakemake adds the final runs once the choices exist.
-from fedrepro import tuning as ftuning
+from fedrepro.spec import tuning as ftuning
 
 # The checkpoint's manifest: the final runs the choices give. Snakemake examines a job that depends on a
 # checkpoint only once the checkpoint has run, and replaces such jobs after it; so one job depends on it,

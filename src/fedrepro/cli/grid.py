@@ -23,8 +23,8 @@ def add_expand(sub) -> None:
 
 
 def cmd_expand(args) -> None:
-    from fedrepro import config
-    runs = config.expand(config.load_params_files(args.configfile))
+    from fedrepro.spec import config, paramsfile
+    runs = config.expand(paramsfile.load_params_files(args.configfile))
     for run in runs:
         print(run.experiment, run.id)
     print(f"{len(config.unique_runs(runs))} runs", file=sys.stderr)
@@ -54,8 +54,9 @@ def add_plan(sub) -> None:
 
 
 def cmd_plan(args) -> None:
-    from fedrepro import config, plan
-    params = config.load_params_files(args.configfile)
+    from fedrepro.ops import plan
+    from fedrepro.spec import paramsfile
+    params = paramsfile.load_params_files(args.configfile)
     if args.only:
         params["only"] = args.only
     device = args.device or "cuda"  # a cluster user plans for the GPUs the runs will get

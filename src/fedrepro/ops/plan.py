@@ -12,7 +12,7 @@ the dataset's shape, and keeps them in ``results/bench/step_costs.json`` (the be
 by default) and uses only measurements of that device: per setting, a GPU plan falls back to the H200's
 table (evidence/gpu), a CPU plan to a guess made from it; the plan names what priced each experiment.
 Server-side work (the proxy-set epochs of FedLAW, FedDF, FedBE and Server-FT, FedAWARE's min-norm solve)
-and evaluation are not counted. A run that starts from another run's state (fedrepro.forks) counts only
+and evaluation are not counted. A run that starts from another run's state (fedrepro.spec.forks) counts only
 the rounds it trains itself; the plan gives both counts.
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrepro import config, registry
+from fedrepro import catalog, registry
+from fedrepro.spec import config, settings
 from fedrepro.provenance import machine
 from fedrepro.rundir import RunDir
 from fedrepro.errors import FedreproError
@@ -62,7 +63,7 @@ PYTHIA_70M = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads":
 
 def local_steps(setting: dict, start: int = 0, stop: int | None = None) -> float:
     """The local steps of rounds start..stop-1, every round by default: a run that starts from another run's
-    state at round t (fedrepro.forks) trains rounds t..R-1, the fork step that trains a parent's first
+    state at round t (fedrepro.spec.forks) trains rounds t..R-1, the fork step that trains a parent's first
     rounds again 0..t-1. Every round costs the same here."""
     spec = registry.DATASETS[setting["dataset"]]
     mean_size = spec["train_size"] / setting["num_clients"]
@@ -73,7 +74,7 @@ def local_steps(setting: dict, start: int = 0, stop: int | None = None) -> float
     if "random_batch" in setting.get("plugins", []):  # batch sizes from {low..n_i - 1}: about their middle
         batch = max(1.0, min(mean_size, (setting["random_batch"]["low"] + mean_size) / 2))
     rounds = (setting["rounds"] if stop is None else stop) - start
-    return rounds * config.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
+    return rounds * catalog.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
 
 
 def step_key(setting: dict) -> str:
@@ -187,7 +188,7 @@ def gpu_tables() -> list[CostTable]:
                                 next(iter(h200.values()))))
     rough = {m: {"seconds": s, "batch_size": ROUGH_BATCH} for m, s in ROUGH_STEP_SECONDS.items()}
     tables.append(CostTable("guess (rough table)", "rough guess of a data-centre GPU's seconds per step "
-                            "(fedrepro.plan.ROUGH_STEP_SECONDS); fedrepro plan --measure measures them",
+                            "(fedrepro.ops.plan.ROUGH_STEP_SECONDS); fedrepro plan --measure measures them",
                             rough, guess=True))
     return tables
 
@@ -196,7 +197,7 @@ def as_cpu_guess(table: CostTable) -> CostTable:
     name = table.label.removeprefix("guess (").removesuffix(")")
     return CostTable(f"guess ({name} x {ROUGH_CPU_OVER_GPU:g})",
                      f"not measured on a CPU: {table.description.split(';')[0]}, x "
-                     f"{ROUGH_CPU_OVER_GPU:g} (fedrepro.plan.ROUGH_CPU_OVER_GPU); fedrepro plan --measure --device "
+                     f"{ROUGH_CPU_OVER_GPU:g} (fedrepro.ops.plan.ROUGH_CPU_OVER_GPU); fedrepro plan --measure --device "
                      "cpu measures them", table.costs, ROUGH_CPU_OVER_GPU, guess=True)
 
 
@@ -299,12 +300,12 @@ def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE
     return table
 
 
-def final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[config.Run], set[str]]:
-    """The final runs of the tunings (fedrepro.tuning), and the ids of those whose tuning has not chosen yet:
+def final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[settings.Run], set[str]]:
+    """The final runs of the tunings (fedrepro.spec.tuning), and the ids of those whose tuning has not chosen yet:
     with the chosen value where the choice is there (results/tuning/ beside the runs folder), else with the tune
     grid's first candidate, which stands in for the cost and for which runs are shared (not done: the run
     is not known before the choice)."""
-    from fedrepro import tuning
+    from fedrepro.spec import tuning
 
     runs, waiting = [], set()
     for tid, entry in tunings.items():
@@ -327,9 +328,9 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
     tables that priced each (``priced_by``, described in ``sources``); ``*_unshared`` as if every run
     trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once;
     ``rounds_tuning*``: the part of the rounds that the tuning stage's runs train (counted in rounds too). The
-    final runs of a tuning (fedrepro.tuning) are counted with the chosen value, or the tune grid's first
+    final runs of a tuning (fedrepro.spec.tuning) are counted with the chosen value, or the tune grid's first
     candidate before the choice, and share prefixes among themselves as the workflow has them do."""
-    from fedrepro import forks
+    from fedrepro.spec import forks
 
     tunings: dict = {}
     runs = config.expand(params, tunings)
@@ -495,7 +496,7 @@ def cluster_requests(params: dict, walltime_min: int, runs_per_gpu: int = RUNS_P
                      bench: str | Path | None = None) -> dict:
     """Per-run runtime requests of a params file and the group size that fits a site's walltime; each run
     priced for the device it runs on, as the train rule prices it."""
-    from fedrepro import forks
+    from fedrepro.spec import forks
 
     runs = config.unique_runs(config.expand(params))
     costs = step_costs_by_device(bench, {run_device(run.setting) for run in runs.values()})

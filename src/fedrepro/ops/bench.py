@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro import data, engine, models, partition
-from fedrepro.bench_settings import SETTINGS, BenchSetting  # noqa: F401 (re-export)
+from fedrepro.ops.bench_settings import SETTINGS, BenchSetting  # noqa: F401 (re-export)
 from fedrepro.provenance import machine
 
 GOALS = {"cpu": {"reference_over_engine": 4.0, "engine_over_floor": 1.15},
@@ -85,7 +85,7 @@ def build_module(bench: BenchSetting) -> nn.Module:
 
 
 def engine_setting(bench: BenchSetting, device: str) -> dict:
-    from fedrepro.config import resolve
+    from fedrepro.spec.settings import resolve
     setting = resolve({
         "dataset": "fmnist", "model": bench.model, "num_clients": bench.num_clients,
         "participation": bench.per_round / bench.num_clients, "local_epochs": bench.epochs,
@@ -304,7 +304,7 @@ MEMORY_SHARE = 0.8
 
 WORKER = """
 import json, sys
-from fedrepro import bench
+from fedrepro.ops import bench
 print(json.dumps(bench.throughput_worker(*json.loads(sys.argv[1]))), flush=True)
 """
 
@@ -343,7 +343,7 @@ def side_by_side(name: str, device_name: str, runs: int, rounds: int, quick: boo
     group with ``runs`` GPU slots does); each worker's report."""
     import subprocess
     import sys
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                          os.environ.get("PYTHONPATH", "")])}
     with tempfile.TemporaryDirectory(prefix="fedrepro-go-") as folder:
         go = Path(folder) / "go"
@@ -489,7 +489,7 @@ def write(report: dict, out: str | Path) -> None:
 def html(report: dict, out: str | Path) -> None:
     """A small self-contained page with the table and the raw round times."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
-    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    env = Environment(loader=FileSystemLoader(Path(__file__).resolve().parents[1] / "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
     page = env.get_template("bench.html.j2").render(report=report, goals=GOALS)
     Path(out).parent.mkdir(parents=True, exist_ok=True)

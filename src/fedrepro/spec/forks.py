@@ -19,8 +19,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from fedrepro import conditions, registry
+from fedrepro import registry
 from fedrepro.identity import stable_hash
+from fedrepro.spec import conditions
+from fedrepro.spec.settings import prune
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,11 @@ def late_plugins(setting: dict) -> dict[str, tuple[int, int]]:
 
 def prefix_parents(setting: dict) -> list[tuple[dict, int, int]]:
     """The settings whose runs share this run's first rounds: (setting, rounds shared, models needed),
-    the longest prefix first. Removing a plug-in also removes the sections only it reads (config.prune)."""
-    from fedrepro import settings as config
-
+    the longest prefix first. Removing a plug-in also removes the sections only it reads (settings.prune)."""
     late, found = late_plugins(setting), []
     for size in range(1, len(late) + 1):
         for removed in itertools.combinations(sorted(late), size):
-            parent = config.prune({**setting, "plugins": [p for p in setting["plugins"] if p not in removed]})
+            parent = prune({**setting, "plugins": [p for p in setting["plugins"] if p not in removed]})
             rounds = min(late[p][0] for p in removed)
             if rounds > 0:
                 found.append((parent, rounds, max(late[p][1] for p in removed)))
@@ -63,7 +63,7 @@ def shares_prefix(child: dict, parent: dict, rounds: int) -> bool:
 
 
 def assign(runs) -> dict[str, Fork]:
-    """Each run that shares a prefix with another run of ``runs`` (config.Run), with its longest one.
+    """Each run that shares a prefix with another run of ``runs`` (settings.Run), with its longest one.
     A parent that itself forked at or after that round did not train it: the fork goes to the run that did."""
     by_setting = {stable_hash(run.setting): run for run in runs}
     forks: dict[str, Fork] = {}
@@ -99,3 +99,4 @@ def sharing(params: dict) -> bool:
 def of_params(params: dict, runs) -> dict[str, Fork]:
     """The forks of an invocation's runs, none when its params turn sharing off."""
     return assign(runs) if sharing(params) else {}
+
