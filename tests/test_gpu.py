@@ -243,7 +243,7 @@ def test_check_gpu_without_cuda_says_so(capsys):
 def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
     """What check-gpu measures for `fedrepro plan` (here on the CPU, for a one-setting params file)."""
     import yaml
-    from fedrepro.ops import plan
+    from fedrepro.ops import pricing
     params = tmp_path / "p.yaml"
     params.write_text(yaml.safe_dump({"experiments": {"e": {"base": {
         "dataset": "fmnist", "model": "mlp", "num_clients": 10, "batch_size": 32}, "grid": {"seed": [1, 2]}}}}))
@@ -251,7 +251,7 @@ def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
     out = tmp_path / "step_costs.json"
     table = gpucheck.measure_step_costs("cpu", out, log=lambda line: None)
     assert list(table["step_seconds"]) == ["fmnist/mlp:32"] and table["step_seconds"]["fmnist/mlp:32"] > 0
-    measured = plan.step_costs("cpu", out).tables[0]
+    measured = pricing.step_costs("cpu", out).tables[0]
     assert measured.costs == table["step_seconds"] and measured.description.startswith("measured on cpu")
 
 

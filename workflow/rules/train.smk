@@ -16,13 +16,13 @@ TRACK_LIVE = (
 
 # Runtime requests: each run's estimated steps x seconds per step on the device it trains on x a margin
 # (fedrepro plan). Per device, so that a CPU benchmark never shortens a GPU job's request or the reverse.
-from fedrepro.ops import plan as fplan
+from fedrepro.ops import plan as fplan, pricing as fpricing
 
-STEP_COSTS = fplan.step_costs_by_device()
+STEP_COSTS = fpricing.step_costs_by_device()
 
 
 def run_step_costs(setting):
-    return STEP_COSTS[fplan.run_device(setting)]
+    return STEP_COSTS[fpricing.run_device(setting)]
 
 
 # Grids as trees (fedrepro.spec.forks): a run whose first rounds another run of this invocation trains (an +ima

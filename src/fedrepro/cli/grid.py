@@ -54,7 +54,7 @@ def add_plan(sub) -> None:
 
 
 def cmd_plan(args) -> None:
-    from fedrepro.ops import plan
+    from fedrepro.ops import plan, pricing
     from fedrepro.spec import paramsfile
     params = paramsfile.load_params_files(args.configfile)
     if args.only:
@@ -63,7 +63,7 @@ def cmd_plan(args) -> None:
     if args.measure:
         import torch
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")  # plan what was measured
-        plan.measure(params, device, args.bench or plan.STEP_COSTS_FILE, log=lambda line: print(line, file=sys.stderr))
+        pricing.measure(params, device, args.bench or pricing.STEP_COSTS_FILE, log=lambda line: print(line, file=sys.stderr))
     result = plan.plan(params, args.bench, args.runs_dir, device)
     if args.walltime:  # Slurm: group size that keeps each submission within the site's walltime
         runs_per_gpu = args.runs_per_gpu or plan.measured_runs_per_gpu()[0]

@@ -268,16 +268,16 @@ def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
     """Seconds per local step of every (dataset, model, batch size) of the papers' params files on
     this device, in ``fedrepro plan``'s step_costs format: the runtime requests of cluster jobs.
     A model whose code needs a package the node lacks (Pythia needs transformers) is skipped, named."""
-    from fedrepro.ops import plan
+    from fedrepro.ops import pricing
     settings = {}
     for path in PAPER_PARAMS:
         if Path(path).exists():
             for run in config.expand(paramsfile.load_params_files([path])):
-                settings.setdefault(plan.step_key(run.setting), run.setting)
+                settings.setdefault(pricing.step_key(run.setting), run.setting)
     costs, skipped = {}, {}
     for key, setting in sorted(settings.items()):
         try:
-            costs[key] = plan.measure_step(setting, device)
+            costs[key] = pricing.measure_step(setting, device)
             log(f"step {key} on {device}: {costs[key] * 1e3:.3f} ms")
         except ImportError as err:
             skipped[key] = str(err)
@@ -303,8 +303,8 @@ def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rou
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
     if not skip_bench:
-        from fedrepro.ops import plan
-        report["step_costs"] = measure_step_costs(device, plan.STEP_COSTS_FILE, log)
+        from fedrepro.ops import pricing
+        report["step_costs"] = measure_step_costs(device, pricing.STEP_COSTS_FILE, log)
         out.write_text(json.dumps(report, indent=2, default=str))
         report["bench"] = bench.run(["fmnist_cnn", "fmnist_mlp"], ["cuda"], bench_rounds, 1, False, data_root,
                                     log=log, concurrency=list(concurrency))
