@@ -20,7 +20,7 @@ if "experiments" not in config:
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from fedrepro import identity as fidentity
 from fedrepro.errors import FedreproError
-from fedrepro.spec import config as fconfig, paramsfile as fparams, schema as fschema
+from fedrepro.spec import config as fconfig, paramsfile as fparams, schema as fschema, tuning as ftuning
 
 # The params files as the workflow names them: --configfile's, else the directive's (which Snakemake reads
 # relative to the working directory). Both spellings of one file give the same names, so that neither
@@ -56,6 +56,10 @@ CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=T
 MANIFEST_PATH = fconfig.manifest_path(
     fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME, (EXPANDED, TUNINGS))
 )
+# The run table the rules look runs up in: the params files' runs, and the final runs of their tunings
+# (workflow/rules/tune.smk) once the checkpoint's manifest, TUNED_MANIFEST, names them.
+TUNED_MANIFEST = ftuning.tuned_manifest_path(MANIFEST_PATH)
+RUNS = ftuning.RunTable(RUNS, TUNED_MANIFEST)
 
 
 # The image every job runs in under `--software-deployment-method apptainer` (ignored otherwise, and then no

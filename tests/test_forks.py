@@ -289,6 +289,28 @@ def test_sharing_can_be_turned_off_and_the_manifest_names_each_fork():
     assert not any("fork" in e for e in off)
 
 
+def test_the_workflow_asks_the_invocations_forks_and_a_finished_run_answers_from_its_summary(tmp_path):
+    """What workflow/rules/train.smk passes to the train and fork jobs (WorkflowForks): a parent keeps its state
+    at t_s with the window's history, the child starts there; once a run finished, its summary answers."""
+    params = schema.validate({"experiments": {"e": {"base": {**BASE, "rounds": 20},
+                                                    "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}},
+                             "params.schema.yaml", "test")
+    host, child = config.expand(params)
+    runs = {host.id: host, child.id: child}
+    plan = forks.WorkflowForks(params, runs, str(tmp_path))
+    assert plan.of_run(child.id) == (host.id, 15) and plan.of_run(host.id) is None
+    assert plan.train_args(host.id, None) == ["--keep-forks", "15", "--fork-history", "4"]
+    assert plan.train_args(child.id, "f.pt") == ["--fork-from", "f.pt"]
+    assert plan.history(host.id, 15) == 4 and plan.history(host.id, 3) == 0
+    assert forks.WorkflowForks({**params, "share_prefixes": False}, runs, str(tmp_path)).of_run(child.id) is None
+    # the child finished in an invocation whose params file named its host; this one (a subset) names only it
+    (tmp_path / child.id).mkdir()
+    (tmp_path / child.id / "summary.json").write_text(json.dumps({"forked_from": {"run": host.id, "round": 15}}))
+    alone = forks.WorkflowForks(params, {child.id: child}, str(tmp_path))
+    assert alone.of_run(child.id) == (host.id, 15)
+    assert alone.recorded_parents() == {host.id: host.setting}
+
+
 def test_a_model_with_dropout_forks_exactly(tmp_path, partition_dir, tiny_data_root):
     """Dropout draws from the global torch stream: the fork state carries its position."""
     from fedrepro import data, partition

@@ -151,11 +151,11 @@ def test_every_value_reaching_a_shell_is_quoted():
     import re
     # TRACK_LIVE is an argument list that train.smk builds with shlex.join (quoted where it is made)
     # FEDREPRO is this Python's path and `-m fedrepro`, the path quoted with shlex.quote in common.smk
-    # params.forks: fork_args builds it with shlex.join; wildcards.round is constrained to digits, params.history an int
+    # params.forks: shlex.join of WorkflowForks.train_args; wildcards.round is constrained to digits, params.history an int
     unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled", "TRACK_LIVE", "FEDREPRO",
                    "params.forks", "params.history", "wildcards.round"}
     assert "shlex.join(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
-    assert "return shlex.join(args" in (ROOT / "workflow" / "rules" / "train.smk").read_text()  # params.forks
+    assert "forks=lambda w, input: shlex.join(FORKS.train_args(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
     assert 'FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"' in (ROOT / "workflow/rules/common.smk").read_text()
     for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
         text = smk.read_text()

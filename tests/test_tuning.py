@@ -321,7 +321,7 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
 @pytest.mark.slow
 def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path):
     """The final runs a tuning gives are known only after its checkpoint; a tuned fedavg+ima run still starts
-    from its tuned FedAvg sibling's state at t_s (workflow/rules/train.smk, current_forks)."""
+    from its tuned FedAvg sibling's state at t_s (fedrepro.spec.forks.WorkflowForks.current)."""
     if not have_debian_fmnist():
         pytest.skip(f"real Fashion-MNIST not in {DEBIAN_FMNIST} (make setup installs dataset-fashion-mnist)")
     work = tmp_path / "work"

@@ -12,7 +12,8 @@ parent's state after t rounds and end with the numbers it would have had trained
     child   resumes from fork/<t>.pt through the checkpoint path and trains rounds t..R-1
 
 The pairs are derived here from the settings of an invocation's runs (every params file it names), not
-listed by hand. Light: YAML declarations and settings only, for the Snakefile and the planner.
+listed by hand. Light: YAML declarations and settings only, for the Snakefile and the planner;
+``WorkflowForks`` answers the workflow's rules for one invocation.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import itertools
 from dataclasses import dataclass
 
 from fedrepro import registry
-from fedrepro.identity import stable_hash
+from fedrepro.identity import run_id, stable_hash
+from fedrepro.rundir import RunDir
 from fedrepro.spec import conditions
 from fedrepro.spec.settings import prune
 
@@ -100,3 +102,68 @@ def of_params(params: dict, runs) -> dict[str, Fork]:
     """The forks of an invocation's runs, none when its params turn sharing off."""
     return assign(runs) if sharing(params) else {}
 
+
+class WorkflowForks:
+    """The forks of one Snakemake invocation, as its train and fork rules ask for them.
+
+    ``runs``: the invocation's runs by id; a table that also finds the final runs of its tunings
+    (tuning.RunTable, ``final_ids``) lets a tuned +ima run fork from its tuned host once they are known. A run
+    that finished in another invocation (another params file, sharing off, a subset) is answered from its
+    summary, which records what its job was given, so that Snakemake sees the inputs and params it recorded
+    for it and does not rerun it."""
+
+    def __init__(self, params: dict, runs, runs_dir: str = "results/runs"):
+        self.params, self.runs, self.runs_dir = params, runs, runs_dir
+        self._forks: dict[tuple, tuple[dict[str, Fork], dict[str, tuple[list[int], int]]]] = {}
+
+    def current(self) -> tuple[dict[str, Fork], dict[str, tuple[list[int], int]]]:
+        """(forks, kept) of every run known now, computed once per set of final runs."""
+        finals = tuple(self.runs.final_ids()) if hasattr(self.runs, "final_ids") else ()
+        if finals not in self._forks:
+            runs = {**self.runs, **{run_id: self.runs[run_id] for run_id in finals}}
+            forks = of_params(self.params, list(runs.values()))
+            self._forks[finals] = (forks, kept(forks))
+        return self._forks[finals]
+
+    def finished_summary(self, run_id: str) -> dict | None:
+        run = RunDir(f"{self.runs_dir}/{run_id}")
+        return run.read_summary() if run.finished() else None
+
+    def recorded_parents(self) -> dict[str, dict]:
+        """Settings of the parents that finished runs of this invocation forked from, where the parent is in no
+        params file of it (a subset): the fork rule names their files, so Snakemake must know them."""
+        parents = {}
+        for run in self.runs.values():
+            fork = (self.finished_summary(run.id) or {}).get("forked_from")
+            if fork and fork["run"] not in self.runs:
+                for setting, _, _ in prefix_parents(run.setting):
+                    if run_id(setting) == fork["run"]:
+                        parents[fork["run"]] = setting
+        return parents
+
+    def of_run(self, run: str) -> tuple[str, int] | None:
+        """(parent, round) of the fork state this run starts from, or None."""
+        summary = self.finished_summary(run)
+        if summary is not None:
+            fork = summary.get("forked_from")
+            return None if not fork else (fork["run"], fork["round"])
+        fork = self.current()[0].get(run)
+        return None if fork is None else (fork.parent, fork.round)
+
+    def train_args(self, run: str, fork_file: str | None) -> list[str]:
+        """``--keep-forks`` for a parent (the rounds its children start at), ``--fork-from`` for a child."""
+        summary = self.finished_summary(run)
+        if summary is not None:
+            kept_there = summary.get("kept_forks") or {"rounds": [], "history": 0}
+            rounds, history = kept_there["rounds"], kept_there["history"]
+        else:
+            rounds, history = self.current()[1].get(run, ([], 0))
+        args = ["--keep-forks", ",".join(map(str, rounds)), "--fork-history", str(history)] if rounds else []
+        return args + (["--fork-from", fork_file] if fork_file else [])
+
+    def history(self, run: str, round_: int) -> int:
+        """The last models the children starting at this round need (IMA's window); at least what a finished
+        parent kept there, so that its children, done in another invocation, see the params they were made with."""
+        needs = [f.history for f in self.current()[0].values() if f.parent == run and f.round == round_]
+        kept_there = (self.finished_summary(run) or {}).get("kept_forks") or {"rounds": [], "history": 0}
+        return max([*needs, kept_there["history"] if round_ in kept_there["rounds"] else 0])
