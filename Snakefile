@@ -18,8 +18,9 @@ if "experiments" not in config:
 
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from fedrepro import config as fconfig, registry
+from fedrepro import identity as fidentity
 from fedrepro.errors import FedreproError
+from fedrepro.spec import config as fconfig, paramsfile as fparams, schema as fschema, tuning as ftuning
 
 # The params files as the workflow names them: --configfile's, else the directive's (which Snakemake reads
 # relative to the working directory). Both spellings of one file give the same names, so that neither
@@ -34,18 +35,18 @@ try:
     # ours refuses what `fedrepro expand` refuses. (A YTE template ran already when Snakemake read it:
     # see docs/guarantees.md.)
     for path in CONFIG_PATHS:
-        fconfig.read_yaml(path)
-    fconfig.check_name(CONFIG_NAME, "params file name")
-    fconfig.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
+        fparams.read_yaml(path)
+    fparams.check_name(CONFIG_NAME, "params file name")
+    fschema.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
     TUNINGS = {}  # the tuning stage's tunings (workflow/rules/tune.smk), filled by expand
     EXPANDED = fconfig.expand(config, TUNINGS)
     RUNS = fconfig.unique_runs(EXPANDED)
     EXPERIMENT_RUNS = fconfig.runs_by_experiment(EXPANDED)  # a run two experiments share is in both
-    DATA_ROOT = fconfig.data_root(config)
+    DATA_ROOT = fparams.data_root(config)
 except FedreproError as err:  # a params file (or a fragment of the registry) that cannot run
     raise WorkflowError(f"invalid params file:\n{err}")
 
-PARTITIONS = {run.partition: fconfig.partition_setting(run.setting) for run in RUNS.values()}
+PARTITIONS = {run.partition: fidentity.partition_setting(run.setting) for run in RUNS.values()}
 # One library function builds the manifest here and in `fedrepro manifest`, which writes it (and checks
 # that its content hashes to this path); --config values travel to it as JSON.
 MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
@@ -55,6 +56,10 @@ CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=T
 MANIFEST_PATH = fconfig.manifest_path(
     fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME, (EXPANDED, TUNINGS))
 )
+# The run table the rules look runs up in: the params files' runs, and the final runs of their tunings
+# (workflow/rules/tune.smk) once the checkpoint's manifest, TUNED_MANIFEST, names them.
+TUNED_MANIFEST = ftuning.tuned_manifest_path(MANIFEST_PATH)
+RUNS = ftuning.RunTable(RUNS, TUNED_MANIFEST)
 
 
 # The image every job runs in under `--software-deployment-method apptainer` (ignored otherwise, and then no

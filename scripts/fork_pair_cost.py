@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedrepro import checkpoint, config, data, engine, forks, partition
+from fedrepro import checkpoint, data, engine, partition
+from fedrepro.spec import config, forks, paramsfile, settings
 from fedrepro.identity import partition_setting
 from fedrepro.provenance import machine
 
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def pair_settings(rounds: int) -> tuple[dict, dict, dict]:
     """The paper's FedAvg and FedAvg+IMA on #C=2 (params/ima.yaml), and the full-length child."""
-    params = config.load_params(ROOT / "params" / "ima.yaml")
+    params = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_table1_fmnist"
     runs = [r for r in config.expand(params) if r.setting["partition"]["kind"] == "shards" and r.setting["seed"] == 1
             and r.setting["algorithm"] == "fedavg"]
@@ -44,7 +45,7 @@ def pair_settings(rounds: int) -> tuple[dict, dict, dict]:
     short = lambda s: {**copy.deepcopy(s), "rounds": rounds}
     child_short = short(child)
     child_short["ima"]["start_round"] = rounds - 3  # three rounds of IMA after the fork
-    return config.resolve(short(host)), config.resolve(child_short), child
+    return settings.resolve(short(host)), settings.resolve(child_short), child
 
 
 def fork_overheads(host: dict, child: dict, datasets, parts, tmp: Path, window: int) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fedrepro.config import resolve
+from fedrepro.spec.settings import resolve
 from fedrepro.engine import Trainer
 
 torch.set_num_threads(1)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import config, data, models, partition, registry
+from fedrepro import data, identity, models, partition, registry
+from fedrepro.spec import config, paramsfile, settings
 from fedrepro.data import agnews
 from fedrepro.engine import Trainer
 from fedrepro.flat import FlatModel, learnt_buffers
@@ -166,20 +167,20 @@ def test_pythia70m_parameter_count_from_its_published_config():
 
 
 def test_pretrained_section_enters_only_pretrained_runs():
-    assert "pretrained" not in config.resolve({"dataset": "fmnist", "model": "mlp"})
-    s = config.resolve({"dataset": "agnews", "model": "pythia70m"})
+    assert "pretrained" not in settings.resolve({"dataset": "fmnist", "model": "mlp"})
+    s = settings.resolve({"dataset": "agnews", "model": "pythia70m"})
     assert s["pretrained"] == {"path": "EleutherAI/pythia-70m", "max_length": 100}
 
 
 def test_two_federated_rounds_end_to_end(agnews_root, tiny_model, tmp_path):
-    s = config.resolve({"algorithm": "fedaware", "dataset": "agnews", "model": "pythia70m", "device": "cpu",
+    s = settings.resolve({"algorithm": "fedaware", "dataset": "agnews", "model": "pythia70m", "device": "cpu",
                         "pretrained": {"path": tiny_model, "max_length": 16}, "num_clients": 4,
                         "participation": 0.5, "rounds": 2, "batch_size": 8, "local_epochs": 1,
                         "client": {"lr": 1e-2}, "seed": 3,
                         "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 2}})
     labels = data.train_labels("agnews", agnews_root)
-    parts = partition.make(labels, config.partition_setting(s))
-    partition.save(tmp_path / "part", config.partition_setting(s), labels, parts, 4)
+    parts = partition.make(labels, identity.partition_setting(s))
+    partition.save(tmp_path / "part", identity.partition_setting(s), labels, parts, 4)
     summary = Trainer(s, tmp_path / "run", tmp_path / "part", agnews_root).run(progress=False)
     assert summary["status"] == "finished" and summary["rounds_done"] == 2
     assert 0.0 <= summary["final_acc"] <= 1.0 and np.isfinite(summary["final_loss"])
@@ -188,8 +189,8 @@ def test_two_federated_rounds_end_to_end(agnews_root, tiny_model, tmp_path):
 
 def test_fig4s_agnews_sweep_runs_at_a_tiny_size(agnews_root, tiny_model, tmp_path):
     """FedAWARE Fig. 4's AGNews experiment, its own settings shrunk: FedAWARE-NA and FedAvg-Full, 2 rounds."""
-    from fedrepro.config import ROOT
-    params = config.load_params(ROOT / "params" / "fedaware.yaml")
+    from fedrepro.spec.paramsfile import ROOT
+    params = paramsfile.load_params(ROOT / "params" / "fedaware.yaml")
     params["only"] = "fedaware_fig4_alpha_agnews"
     runs = config.expand(params)
     assert len(runs) == 33 and {r.setting["dataset"] for r in runs} == {"agnews"}
@@ -198,12 +199,12 @@ def test_fig4s_agnews_sweep_runs_at_a_tiny_size(agnews_root, tiny_model, tmp_pat
         or r.setting["algorithm"] == "fedavg")]
     assert len(picked) == 2
     for i, paper_setting in enumerate(picked):
-        s = config.resolve({**paper_setting, "device": "cpu", "num_clients": 4, "rounds": 2, "batch_size": 8,
+        s = settings.resolve({**paper_setting, "device": "cpu", "num_clients": 4, "rounds": 2, "batch_size": 8,
                             "local_epochs": 1, "pretrained": {"path": tiny_model, "max_length": 16},
                             "participation": 0.5 if paper_setting["algorithm"] == "fedaware" else 1.0,
                             "partition": {**paper_setting["partition"], "min_size": 2}})
         labels = data.train_labels("agnews", agnews_root)
-        parts = partition.make(labels, config.partition_setting(s))
-        partition.save(tmp_path / f"part{i}", config.partition_setting(s), labels, parts, 4)
+        parts = partition.make(labels, identity.partition_setting(s))
+        partition.save(tmp_path / f"part{i}", identity.partition_setting(s), labels, parts, 4)
         summary = Trainer(s, tmp_path / f"run{i}", tmp_path / f"part{i}", agnews_root).run(progress=False)
         assert summary["status"] == "finished" and np.isfinite(summary["e_ludd"])

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import checkpoint, config
+from fedrepro import checkpoint
+from fedrepro.spec import settings
 from fedrepro.algorithms import BuildContext, fedavgm, fedcm, feddyn, fedprox, scaffold
 from fedrepro.parts import Algorithm, ClientRun, RoundUpdates
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi
@@ -257,7 +258,7 @@ def tiny_partition(tiny_data_root, tmp_path_factory):
 
 def tiny_setting(method: str) -> dict:
     extra = {"fednova": {"mu": 0.01, "server_momentum": 0.5}} if method.startswith("fednova") else {}
-    return config.resolve({"algorithm": method, "num_clients": 4, "participation": 0.5, "rounds": 3,
+    return settings.resolve({"algorithm": method, "num_clients": 4, "participation": 0.5, "rounds": 3,
                            "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"},
                            "client": {"lr": 0.05, "lr_decay": 0.9, "momentum": 0.5}, **extra})
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro import batched, data, engine, models
-from fedrepro.config import resolve
+from fedrepro.spec.settings import resolve
 
 EPS32 = torch.finfo(torch.float32).eps
 BATCH = 16

@@ -13,7 +13,8 @@ from torch import nn
 
 from fedrepro import checkpoint, data, engine, models
 from fedrepro.client import client_generator
-from fedrepro.config import ConfigError, resolve
+from fedrepro.spec.schema import ConfigError
+from fedrepro.spec.settings import resolve
 from fedrepro.evaluation import evaluate
 from fedrepro.flat import FlatModel
 

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from fedrepro import bench, cli, data, engine
+from fedrepro import cli, data, engine
+from fedrepro.ops import bench, bench_baselines, bench_settings
 
 
 def _high_water_mib() -> float:
@@ -55,7 +56,7 @@ def test_help_lists_the_options(capsys):
 
 
 def _small(name: str):
-    setting = bench.SETTINGS[name].quick()
+    setting = bench_settings.SETTINGS[name].quick()
     images, labels, _ = bench.load_train(setting.dataset, None, quick=True)
     parts = bench.make_parts(setting, labels, quick=True)
     return setting, images, labels, parts
@@ -68,7 +69,7 @@ def test_floor_does_the_engines_steps_with_the_engines_batch_sizes(tmp_path):
     trainer = engine.Trainer(bench.engine_setting(setting, "cpu"), tmp_path, None, None,
                              datasets=(data.TensorDataset(images, labels, 0.0, 1.0),) * 2, parts=parts,
                              module=copy.deepcopy(module))
-    floor = bench.ComputeFloor(module, images, labels, setting, parts, torch.device("cpu"), seed=1)
+    floor = bench_baselines.ComputeFloor(module, images, labels, setting, parts, torch.device("cpu"), seed=1)
     for t in (1, 2):
         cohort = engine.sample_cohort(1, t, setting.num_clients, setting.per_round)
         updates = trainer.local_training(t, cohort, trainer.model.flat.clone(), 0.01)
@@ -84,11 +85,11 @@ def test_reference_loop_is_fedavg_over_the_same_cohort():
     takes the data-size weighted mean. A wrong cohort, weight or step moves the result by ~lr * |grad|."""
     setting, images, labels, parts = _small("cifar_cnn")
     parts = [p[: 20 + 9 * i] for i, p in enumerate(parts)]  # unequal sizes, so the weights matter
-    one_step = bench.BenchSetting(**{**setting.__dict__, "lr": 0.5, "epochs": 1,
+    one_step = bench_settings.BenchSetting(**{**setting.__dict__, "lr": 0.5, "epochs": 1,
                                      "batch_size": max(len(p) for p in parts)})
     module = bench.build_module(setting)
-    dataset = bench.ImageArray(images, labels)
-    loop = bench.ReferenceLoop(module, dataset, parts, one_step, torch.device("cpu"), 1)
+    dataset = bench_baselines.ImageArray(images, labels)
+    loop = bench_baselines.ReferenceLoop(module, dataset, parts, one_step, torch.device("cpu"), 1)
     start = copy.deepcopy(loop.model)
     loop.round(1)
     cohort = engine.sample_cohort(1, 1, setting.num_clients, setting.per_round)
@@ -115,7 +116,7 @@ def test_reference_loop_is_fedavg_over_the_same_cohort():
 def test_image_array_matches_the_engines_scaling():
     """The reference dataset yields what the engine's uint8 batch gathers yield: pixels / 255, CHW."""
     _, images, labels, _ = _small("cifar_cnn")
-    dataset = bench.ImageArray(images[:3], labels[:3])
+    dataset = bench_baselines.ImageArray(images[:3], labels[:3])
     x, y = dataset[2]
     engine_x, engine_y = data.TensorDataset(images, labels, 0.0, 1.0).batch(torch.tensor([2]))
     torch.testing.assert_close(x, engine_x[0])
@@ -123,7 +124,7 @@ def test_image_array_matches_the_engines_scaling():
 
 
 def test_engine_setting_is_a_valid_run_setting():
-    setting = bench.engine_setting(bench.SETTINGS["fmnist_cnn"], "cpu")
+    setting = bench.engine_setting(bench_settings.SETTINGS["fmnist_cnn"], "cpu")
     assert setting["participation"] * setting["num_clients"] == 10
     assert setting["local_epochs"] == 5 and setting["batch_size"] == 50
 

@@ -10,7 +10,8 @@ from torch import nn
 
 from fedrepro import data, engine
 from fedrepro.client import client_generator, holdout_split
-from fedrepro.config import ConfigError, resolve
+from fedrepro.spec.schema import ConfigError
+from fedrepro.spec.settings import resolve
 
 SIZES = [23, 31, 17]
 BATCH = 8

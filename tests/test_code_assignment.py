@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import config, data, engine
+from fedrepro import data, engine
+from fedrepro.spec import schema, settings
 
 
 # FedAWARE's code, seed 1998, FMNIST (100 clients, 10 a round): `sampler.last_sampled` of rounds 0-10 as its
@@ -75,7 +76,7 @@ def _trainer(tmp_path, algorithm: str, assignment: str, name: str) -> engine.Tra
     train = data.TensorDataset(images, labels, 0.0, 1.0)
     sizes = [10, 20, 30, 40, 50, 60]  # unequal, so a permuted weight shows
     parts = [np.arange(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(6)]
-    setting = config.resolve({"algorithm": algorithm, "model": "mlp", "num_clients": 6, "participation": 1 / 3,
+    setting = settings.resolve({"algorithm": algorithm, "model": "mlp", "num_clients": 6, "participation": 1 / 3,
                               "local_epochs": 1, "batch_size": 10, "device": "cpu", "rounds": 4, "seed": 1998,
                               "client": {"lr": 0.05}, "fedaware": {"alpha": 1.0}, "aware": {"alpha": 1.0},
                               "cohort": {"warmup": "permutation", "assignment": assignment}})
@@ -129,5 +130,5 @@ def test_fedavg_weighs_each_upload_with_the_credited_clients_data_size(tmp_path,
 
 
 def test_a_bad_assignment_is_refused_naming_the_key():
-    with pytest.raises(config.ConfigError, match="cohort.assignment"):
-        config.resolve({"cohort": {"assignment": "sorted"}})
+    with pytest.raises(schema.ConfigError, match="cohort.assignment"):
+        settings.resolve({"cohort": {"assignment": "sorted"}})

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import config, data, engine
+from fedrepro import data, engine
+from fedrepro.spec import schema, settings
 
 
 @pytest.mark.parametrize("n,k", [(100, 10), (10, 4), (7, 7), (5, 1)])
@@ -44,8 +45,8 @@ def test_uniform_cohorts_take_longer_to_cover_100_clients():
 
 
 def test_a_bad_warmup_is_refused_naming_the_key():
-    with pytest.raises(config.ConfigError, match="cohort.warmup"):
-        config.resolve({"cohort": {"warmup": "explore"}})
+    with pytest.raises(schema.ConfigError, match="cohort.warmup"):
+        settings.resolve({"cohort": {"warmup": "explore"}})
 
 
 def _fedaware_trainer(tmp_path, warmup: str, client: dict | None = None) -> engine.Trainer:
@@ -54,7 +55,7 @@ def _fedaware_trainer(tmp_path, warmup: str, client: dict | None = None) -> engi
     images = (torch.randint(0, 60, (200, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
     train = data.TensorDataset(images, labels, 0.0, 1.0)
     parts = [np.arange(i * 20, (i + 1) * 20) for i in range(10)]
-    setting = config.resolve({"algorithm": "fedaware", "model": "mlp", "num_clients": 10, "participation": 0.2,
+    setting = settings.resolve({"algorithm": "fedaware", "model": "mlp", "num_clients": 10, "participation": 0.2,
                               "local_epochs": 1, "batch_size": 20, "device": "cpu", "rounds": 8, "seed": 1998,
                               "client": {"lr": 0.05, **(client or {})}, "cohort": {"warmup": warmup}})
     return engine.Trainer(setting, tmp_path / warmup, None, None, datasets=(train, train), parts=parts)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from fedrepro.report import collapses, evidence
-from fedrepro.config import ROOT
+from fedrepro.spec.paramsfile import ROOT
 
 
 def _detect(points, classes=10):

@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 
 from conftest import make_partition
-from fedrepro import cli, config, gpucheck, registry
+from fedrepro import cli, registry
+from fedrepro.ops import gpucheck
+from fedrepro.spec import schema, settings
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
         "batch_size": 100, "device": "cpu", "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1},
@@ -86,8 +88,8 @@ def test_runs_end_to_end(method, train):
     name = method.split("+")[0]
     reason = refused_because(method)
     if reason:
-        with pytest.raises(config.ConfigError, match=reason.replace("+", r"\+")):
-            config.resolve({**BASE, "algorithm": method})
+        with pytest.raises(schema.ConfigError, match=reason.replace("+", r"\+")):
+            settings.resolve({**BASE, "algorithm": method})
         return
     out = train(method)
     summary = json.loads((out / "summary.json").read_text())

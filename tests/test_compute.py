@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from fedrepro import plan
+from fedrepro.ops import pricing
 from fedrepro.report import compute
 
 SETTING = {"dataset": "fmnist", "model": "mlp", "num_clients": 20, "participation": 0.5, "rounds": 4,
@@ -31,8 +31,8 @@ def test_device_hours_per_device_without_a_forked_runs_parent_rounds(tmp_path):
     assert cost["runs"] == 3
     assert cost["hours"] == pytest.approx({"CPU": 1.0 + 0.5, "NVIDIA H200": 0.4})
     assert cost["total_hours"] == pytest.approx(1.9)
-    seconds, _ = plan.step_costs(plan.run_device(SETTING)).price(SETTING)
-    per_round = plan.local_steps(SETTING, 0, 1) * seconds / 3600
+    seconds, _ = pricing.step_costs(pricing.run_device(SETTING)).price(SETTING)
+    per_round = pricing.local_steps(SETTING, 0, 1) * seconds / 3600
     assert cost["estimate_hours"] == pytest.approx(per_round * (4 + 1 + 4))  # the child: its own round only
     assert compute.text(cost).startswith("1.9 device-hours over 3 runs (CPU 1.5 h, NVIDIA H200 0.4 h); "
                                          "the plan's estimate: ")

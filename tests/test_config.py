@@ -8,17 +8,18 @@ import subprocess
 import pytest
 
 from conftest import ROOT, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro import config, registry
+from fedrepro import registry
+from fedrepro.spec import config, paramsfile, schema, settings
 
 
 def _params(base: dict | None = None, grid: dict | None = None) -> dict:
     params = {"experiments": {"exp": {"base": {"dataset": "fmnist", "num_clients": 10, **(base or {})},
                                       "grid": grid or {"seed": [1]}}}}
-    return config.validate(params, "params.schema.yaml", "params")
+    return schema.validate(params, "params.schema.yaml", "params")
 
 
 def _error(base: dict | None = None, grid: dict | None = None) -> str:
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(schema.ConfigError) as err:
         config.expand(_params(base, grid))
     return str(err.value)
 
@@ -80,8 +81,8 @@ def test_every_error_is_reported_at_once():
 
 def test_params_level_schema_error_names_the_key(tmp_path):
     path = write_yaml(tmp_path / "p.yaml", {"experiments": {"e": {"base": {}}}, "data": {"rooot": "x"}})
-    with pytest.raises(config.ConfigError) as err:
-        config.load_params(path)
+    with pytest.raises(schema.ConfigError) as err:
+        paramsfile.load_params(path)
     assert "rooot" in str(err.value) and "root" in str(err.value)
 
 
@@ -166,7 +167,7 @@ def test_partition_seed_run_is_the_runs_own_seed_written_out():
 @pytest.mark.parametrize("value, allowed", [("runs", "must be of type integer or must be 'run'"),
                                             (-1, "must be >= 0 or must be 'run'")])
 def test_a_bad_partition_seed_names_the_key_and_both_forms(value, allowed):
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(schema.ConfigError) as err:
         config.expand(_params({"partition": {"seed": value}}, {"seed": [1]}))
     assert f"setting 'partition.seed' = {value!r} is not allowed: {allowed}" in str(err.value)
     assert len(str(err.value).splitlines()) == 1
@@ -181,7 +182,7 @@ def test_every_grid_file_is_tested():
 
 @pytest.mark.parametrize("path", GRID_FILES, ids=lambda p: p.name)
 def test_shipped_params_files_expand(path):
-    params = config.load_params(path)
+    params = paramsfile.load_params(path)
     runs = config.expand(params)
     assert runs and len(config.unique_runs(runs)) >= 1
 
@@ -207,7 +208,7 @@ def test_pretrained_on_a_model_that_loads_no_weights_is_refused_naming_the_key()
     assert "experiments.exp: pretrained = " in message and "model 'mlp', which loads no weights" in message
     assert "pythia70m" in message, "names the models that read it"
     # the model that reads it keeps it (the params file of FedAWARE's AGNews rows)
-    setting = config.resolve({"dataset": "agnews", "model": "pythia70m", "num_clients": 10,
+    setting = settings.resolve({"dataset": "agnews", "model": "pythia70m", "num_clients": 10,
                               "pretrained": {"path": "/models/pythia-70m"}})
     assert setting["pretrained"]["path"] == "/models/pythia-70m"
 
@@ -226,15 +227,15 @@ def _alias_bomb(levels: int = 9, width: int = 10) -> str:
 ], ids=["self", "nested", "bomb"])
 def test_recursive_alias_and_alias_bomb_are_refused_quickly_by_name(tmp_path, capsys, text, message):
     """Once a RecursionError traceback (a recursive alias) or minutes of expansion (a bomb): the file is
-    refused while it is read, by `fedrepro expand` and by the Snakefile's read (config.read_yaml)."""
+    refused while it is read, by `fedrepro expand` and by the Snakefile's read (paramsfile.read_yaml)."""
     import time
 
     from fedrepro import cli
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     start = time.monotonic()
-    with pytest.raises(config.ConfigError, match=message.replace("(", r"\(")):
-        config.read_yaml(path)
+    with pytest.raises(schema.ConfigError, match=message.replace("(", r"\(")):
+        paramsfile.read_yaml(path)
     assert time.monotonic() - start < 2, "refused from the node graph, before anything is expanded"
     with pytest.raises(SystemExit) as exit_:
         cli.main(["expand", "--configfile", str(path)])
@@ -246,13 +247,13 @@ def test_recursive_alias_and_alias_bomb_are_refused_quickly_by_name(tmp_path, ca
 def test_aliases_that_repeat_a_block_within_reason_still_load(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text(_alias_bomb(levels=4) + "more: [*l3, *l3]\n")  # 2 x 10**4 values: fine
-    assert len(config.read_yaml(path)["more"][1]) == 10
+    assert len(paramsfile.read_yaml(path)["more"][1]) == 10
 
 
 def _full_walk(instance: dict) -> dict:
     """Today's setting validated by the whole-schema walk alone (the reference the per-key memo must equal)."""
-    schema = config._load_schema("setting.schema.yaml")
-    errors = list(config._Validator(schema).iter_errors(instance))
+    setting_schema = schema._load_schema("setting.schema.yaml")
+    errors = list(schema._Validator(setting_schema).iter_errors(instance))
     assert not errors, errors[0].message
     return instance
 
@@ -267,8 +268,8 @@ def _full_walk(instance: dict) -> dict:
 def test_validation_by_parts_fills_exactly_what_the_whole_walk_fills(raw):
     # twice: the second validation is served from the memo and must still equal the reference, key order included
     for _ in range(2):
-        fast = config.validate(config.split_algorithm(json.loads(json.dumps(raw))), "setting.schema.yaml", "t")
-        reference = _full_walk(config.split_algorithm(json.loads(json.dumps(raw))))
+        fast = schema.validate(settings.split_algorithm(json.loads(json.dumps(raw))), "setting.schema.yaml", "t")
+        reference = _full_walk(settings.split_algorithm(json.loads(json.dumps(raw))))
         assert json.dumps(fast) == json.dumps(reference)
         fast["client"]["lr"] = -1.0  # a caller changing its copy must not reach the memo
         fast["fedlaw"]["variant"] = "changed"
@@ -276,30 +277,30 @@ def test_validation_by_parts_fills_exactly_what_the_whole_walk_fills(raw):
 
 def test_validation_by_parts_refuses_what_the_whole_walk_refuses():
     good = {"dataset": "fmnist", "num_clients": 10, "seed": 1}
-    config.validate(dict(good), "setting.schema.yaml", "t")  # the good parts are in the memo now
+    schema.validate(dict(good), "setting.schema.yaml", "t")  # the good parts are in the memo now
     for bad, key in [({**good, "seed": "one"}, "seed"), ({**good, "client": {"lr": 0}}, "client.lr"),
                      ({**good, "client": {"lrr": 0.1}}, "client.lrr"), ({**good, "nonsense": 1}, "nonsense"),
                      ({**good, "participation": 1.5}, "participation")]:
-        with pytest.raises(config.ConfigError, match=key.replace(".", r"\.")):
-            config.validate(bad, "setting.schema.yaml", "t")
-        assert config._valid_by_parts(dict(bad), config._load_schema("setting.schema.yaml")) is False
+        with pytest.raises(schema.ConfigError, match=key.replace(".", r"\.")):
+            schema.validate(bad, "setting.schema.yaml", "t")
+        assert schema._valid_by_parts(dict(bad), schema._load_schema("setting.schema.yaml")) is False
 
 
 def test_a_schema_with_a_reference_into_the_whole_takes_the_whole_walk():
     # a property checked on its own has no root to resolve "#/..." against; the whole walk does
-    schema = {"type": "object", "properties": {"lr": {"$ref": "#/properties/rate"}, "rate": {"type": "number"}}}
-    assert config._valid_by_parts({"lr": 0.1}, schema) is False
-    errors = list(config._Validator(schema).iter_errors({"lr": "fast"}))
+    whole = {"type": "object", "properties": {"lr": {"$ref": "#/properties/rate"}, "rate": {"type": "number"}}}
+    assert schema._valid_by_parts({"lr": 0.1}, whole) is False
+    errors = list(schema._Validator(whole).iter_errors({"lr": "fast"}))
     assert errors and "number" in errors[0].message
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedlaw", "fednova"])
 def test_a_papers_grid_expands_to_the_same_runs_with_the_whole_walk(name, monkeypatch):
-    params = config.load_params(ROOT / "params" / f"{name}.yaml")
+    params = paramsfile.load_params(ROOT / "params" / f"{name}.yaml")
     fast = [(r.id, json.dumps(r.setting)) for r in config.expand(params)]
-    monkeypatch.setattr(config, "_valid_by_parts", lambda instance, schema: False)
-    assert [(r.id, json.dumps(r.setting)) for r in config.expand(config.load_params(ROOT / "params" / f"{name}.yaml"))] == fast
+    monkeypatch.setattr(schema, "_valid_by_parts", lambda instance, whole: False)
+    assert [(r.id, json.dumps(r.setting)) for r in config.expand(paramsfile.load_params(ROOT / "params" / f"{name}.yaml"))] == fast
 
 
 def test_one_expansion_reads_the_code_once_and_the_next_sees_an_edit(monkeypatch):

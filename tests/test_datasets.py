@@ -14,7 +14,8 @@ import torch
 
 from fedrepro import data, partition, registry
 from fedrepro.data import cifar, synthetic
-from fedrepro.config import ConfigError, resolve
+from fedrepro.spec.schema import ConfigError
+from fedrepro.spec.settings import resolve
 
 
 def _md5(path: Path) -> str:

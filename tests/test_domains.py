@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import config, data, models, partition
+from fedrepro import data, identity, models, partition
+from fedrepro.spec import schema, settings
 from fedrepro.data import digit5, pacs
 from fedrepro.data.base import DataError
 from fedrepro.data.domains import DomainDataset
@@ -206,8 +207,8 @@ def test_label_quantity_gives_each_client_its_classes_split_evenly():
 
 
 def test_config_refuses_clients_that_do_not_divide_over_the_domains():
-    with pytest.raises(config.ConfigError, match="multiple of 5"):
-        config.resolve({"dataset": "digit5", "model": "digit_cnn_gn2", "num_clients": 98,
+    with pytest.raises(schema.ConfigError, match="multiple of 5"):
+        settings.resolve({"dataset": "digit5", "model": "digit_cnn_gn2", "num_clients": 98,
                         "partition": {"kind": "label_quantity", "classes_per_client": 2}})
 
 
@@ -238,12 +239,12 @@ def test_score_averages_the_domains_not_the_samples():
 
 
 def test_digit5_federated_rounds_through_the_engine(digit_root, tmp_path):
-    s = config.resolve({"algorithm": "fedavg", "dataset": "digit5", "model": "digit_cnn_gn2", "device": "cpu",
+    s = settings.resolve({"algorithm": "fedavg", "dataset": "digit5", "model": "digit_cnn_gn2", "device": "cpu",
                         "num_clients": 10, "participation": 0.2, "rounds": 2, "batch_size": 16,
                         "local_epochs": 1, "seed": 1,
                         "partition": {"kind": "label_quantity", "classes_per_client": 2, "seed": 1}})
     from fedrepro import cli
-    part = config.partition_setting(s)  # the partition step as Snakemake runs it: its clients stay in their domains
+    part = identity.partition_setting(s)  # the partition step as Snakemake runs it: its clients stay in their domains
     cli.main(["partition", "--setting", json.dumps(part), "--data-root", str(digit_root), "--out", str(tmp_path / "part")])
     domains = data.train_domains("digit5", digit_root)
     assert [set(domains[p]) for p in partition.load(tmp_path / "part")] == [{d} for d in range(5) for _ in range(2)]

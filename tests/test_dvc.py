@@ -86,8 +86,8 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     `dvc params diff` sees an edit to a paper's params file, not only to the default one."""
     import re
 
-    from fedrepro import config
     from fedrepro.report import frames
+    from fedrepro.spec import config, paramsfile
     from test_report import fabricate
 
     env = subprocess_env(f"sqlite:///{tmp_path / 'mlflow.db'}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
@@ -97,7 +97,7 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     repo.mkdir()
     shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
     shutil.copytree(ROOT / "params", repo / "params")
-    params = config.load_params(repo / "params" / "default.yaml")
+    params = paramsfile.load_params(repo / "params" / "default.yaml")
     params["only"] = "fmnist_quick"  # the 30 runs of the method comparison (not the snapshot run for the figures)
     runs = config.expand(params)
     rounds = 12

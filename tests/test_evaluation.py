@@ -8,7 +8,7 @@ from torch import nn
 
 from fedrepro import data, engine
 from fedrepro.algorithms.proxy import FunctionalModel
-from fedrepro.config import resolve
+from fedrepro.spec.settings import resolve
 
 
 def dropout_mlp(seed: int = 3) -> nn.Module:
@@ -213,7 +213,7 @@ def test_balanced_sampling_draws_every_class_equally_often():
 
 
 def test_a_long_tailed_proxy_without_a_proxy_is_refused():
-    from fedrepro.config import ConfigError
+    from fedrepro.spec.schema import ConfigError
     with pytest.raises(ConfigError, match=r"evaluation.proxy_long_tail_rho = 10 shapes the proxy hold-out, but "
                                           r"evaluation.proxy_holdout is 0"):
         resolve({"dataset": "cifar10", "model": "simplecnn", "evaluation": {"proxy_long_tail_rho": 10}})

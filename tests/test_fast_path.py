@@ -13,7 +13,7 @@ import torch
 
 from fedrepro import data, engine, models
 from fedrepro.client import client_generator
-from fedrepro.config import resolve
+from fedrepro.spec.settings import resolve
 from fedrepro.parts import GradientCorrection
 
 # Float noise of batched vs single kernels over a few steps is ~1e-7; a wrong batch, order or update

@@ -5,7 +5,8 @@ import math
 import torch
 
 from conftest import make_partition
-from fedrepro import checkpoint, config
+from fedrepro import checkpoint
+from fedrepro.spec import settings
 from fedrepro.algorithms.fedadagrad import ServerAdagrad
 from fedrepro.parts import RoundUpdates
 
@@ -38,7 +39,7 @@ def test_two_steps_by_hand_and_the_state_survives_a_checkpoint():
 
 
 def test_settings_come_from_its_fragment():
-    s = config.resolve({"algorithm": "fedadagrad"})
+    s = settings.resolve({"algorithm": "fedadagrad"})
     assert s["fedadagrad"] == {"beta1": 0.9, "tau": 1e-5, "v0": 0.0}
     assert "fedadam" not in s
 
@@ -47,7 +48,7 @@ def test_a_real_run_resumes_exactly(tiny_data_root, tmp_path):
     from fedrepro.engine import Trainer
 
     part = make_partition(tiny_data_root, tmp_path / "part", num_clients=4, kind="iid")
-    s = config.resolve({"algorithm": "fedadagrad", "num_clients": 4, "participation": 0.5, "rounds": 3,
+    s = settings.resolve({"algorithm": "fedadagrad", "num_clients": 4, "participation": 0.5, "rounds": 3,
                         "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"}, "server": {"lr": 0.01}})
     straight = Trainer(s, tmp_path / "a", part, tiny_data_root).run(progress=False)
     Trainer(s, tmp_path / "b", part, tiny_data_root).run(progress=False, stop_after=1)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import checkpoint, config
+from fedrepro import checkpoint
+from fedrepro.spec import schema, settings
 from fedrepro.algorithms.aware import ProjectOntoAware, project
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
 from fedrepro.minnorm import min_norm_weights
@@ -157,8 +158,8 @@ def test_aware_keeps_the_host_momentum_unprojected_and_skips_warmup():
 
 
 def test_aware_is_refused_for_feddyn():
-    with pytest.raises(config.ConfigError, match="aware.*feddyn"):
-        config.resolve({"algorithm": "feddyn+aware"})
+    with pytest.raises(schema.ConfigError, match="aware.*feddyn"):
+        settings.resolve({"algorithm": "feddyn+aware"})
 
 
 def test_momenta_and_host_state_survive_a_checkpoint(tmp_path):

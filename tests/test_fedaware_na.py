@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrepro import algorithms, config
+from fedrepro import algorithms, identity
+from fedrepro.spec import schema, settings
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
 from fedrepro.parts import RoundUpdates
 
@@ -71,14 +72,14 @@ def test_sizes_survive_a_checkpoint():
 
 
 def test_setting_reaches_the_aggregator_and_leaves_other_hashes_alone():
-    plain = config.resolve({"algorithm": "fedaware"})
-    na = config.resolve({"algorithm": "fedaware", "fedaware": {"weights": "static"}})
-    assert "weights" not in plain["fedaware"] and config.run_id(plain) != config.run_id(na)
+    plain = settings.resolve({"algorithm": "fedaware"})
+    na = settings.resolve({"algorithm": "fedaware", "fedaware": {"weights": "static"}})
+    assert "weights" not in plain["fedaware"] and identity.run_id(plain) != identity.run_id(na)
     algo = algorithms.build(na, 3, 2, torch.device("cpu"), torch.tensor([10.0, 30.0, 60.0]))
     assert algo.aggregator.momenta.weights == "static"
-    with pytest.raises(config.ConfigError, match="weights"):
-        config.resolve({"algorithm": "fedaware", "fedaware": {"weights": "uniform"}})
-    with pytest.raises(config.ConfigError, match="weights"):
-        config.resolve({"algorithm": "fedavg+aware", "aware": {"weights": "static"}})
+    with pytest.raises(schema.ConfigError, match="weights"):
+        settings.resolve({"algorithm": "fedaware", "fedaware": {"weights": "uniform"}})
+    with pytest.raises(schema.ConfigError, match="weights"):
+        settings.resolve({"algorithm": "fedavg+aware", "aware": {"weights": "static"}})
     with pytest.raises(ValueError, match="minnorm or static"):
         ClientMomenta(2, 2, "cpu", 0.5, True, True, weights="uniform")

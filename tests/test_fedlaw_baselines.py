@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from conftest import make_partition
-from fedrepro import checkpoint, config
+from fedrepro import checkpoint
+from fedrepro.spec import schema, settings
 from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedbe import BayesianEnsembleDistillation, swag_sample
 from fedrepro.algorithms.fedlaw import LearnedAggregation
@@ -218,11 +219,11 @@ def test_swa_in_the_papers_order_and_with_too_few_epochs():
 
 
 def test_null_optimizer_settings_take_the_clients():
-    setting = config.resolve({"algorithm": "feddf", "client": {"lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4},
+    setting = settings.resolve({"algorithm": "feddf", "client": {"lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4},
                               "evaluation": {"proxy_holdout": 100}})
     assert optimizer_settings(setting["feddf"], setting) == {"optimizer": "sgd", "betas": (0.5, 0.999),
                                                              "lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4}
-    setting = config.resolve({"algorithm": "serverft", "serverft": {"lr": 0.01, "optimizer": "adam"},
+    setting = settings.resolve({"algorithm": "serverft", "serverft": {"lr": 0.01, "optimizer": "adam"},
                               "evaluation": {"proxy_holdout": 100}})
     assert optimizer_settings(setting["serverft"], setting)["lr"] == 0.01
     assert setting["serverft"]["server_epochs"] == 2 and setting["serverft"]["keep_state"]
@@ -230,30 +231,31 @@ def test_null_optimizer_settings_take_the_clients():
 
 @pytest.mark.parametrize("name", ["feddf", "fedbe", "serverft"])
 def test_proxy_size_is_checked(name):
-    with pytest.raises(config.ConfigError, match=rf"{name}\.proxy_size = 15"):
-        config.resolve({"algorithm": name, name: {"proxy_size": 15}, "evaluation": {"proxy_holdout": 15}})
+    with pytest.raises(schema.ConfigError, match=rf"{name}\.proxy_size = 15"):
+        settings.resolve({"algorithm": name, name: {"proxy_size": 15}, "evaluation": {"proxy_holdout": 15}})
 
 
 @pytest.mark.parametrize("name", ["fedlaw", "feddf", "fedbe", "serverft"])
 def test_a_proxy_size_other_than_the_comparisons_holdout_is_refused(name):
-    with pytest.raises(config.ConfigError, match=rf"{name}\.proxy_size = 20, evaluation\.proxy_holdout = 30\).*test hold-out"):
-        config.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 30}})
-    with pytest.raises(config.ConfigError, match=r"evaluation\.proxy_holdout = 15 must be a multiple"):
-        config.resolve({"algorithm": "fedavg", "evaluation": {"proxy_holdout": 15}})
+    with pytest.raises(schema.ConfigError, match=rf"{name}\.proxy_size = 20, evaluation\.proxy_holdout = 30\).*test hold-out"):
+        settings.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 30}})
+    with pytest.raises(schema.ConfigError, match=r"evaluation\.proxy_holdout = 15 must be a multiple"):
+        settings.resolve({"algorithm": "fedavg", "evaluation": {"proxy_holdout": 15}})
 
 
 def test_fixed_gamma_needs_no_holdout():
     """fixed_gamma learns nothing on a proxy set, so the proxy_size = proxy_holdout check that refuses
     the learned variants (the same setting otherwise) lets it through, holding nothing out."""
-    fixed = config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fixed_gamma", "proxy_size": 20}})
+    fixed = settings.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fixed_gamma", "proxy_size": 20}})
     assert fixed["fedlaw"]["variant"] == "fixed_gamma" and fixed["evaluation"]["proxy_holdout"] == 0
-    with pytest.raises(config.ConfigError, match=r"fedlaw\.proxy_size = 20, evaluation\.proxy_holdout = 0"):
-        config.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fedlaw", "proxy_size": 20}})
+    with pytest.raises(schema.ConfigError, match=r"fedlaw\.proxy_size = 20, evaluation\.proxy_holdout = 0"):
+        settings.resolve({"algorithm": "fedlaw", "fedlaw": {"variant": "fedlaw", "proxy_size": 20}})
 
 
 def test_every_method_of_a_fedlaw_experiment_is_scored_on_the_same_test_samples():
     """FedLAW evaluates every compared method on the test set minus the proxy samples."""
-    from fedrepro.config import ROOT, expand, load_params
+    from fedrepro.spec.config import expand
+    from fedrepro.spec.paramsfile import ROOT, load_params
     runs = [r for r in expand(load_params(ROOT / "params" / "fedlaw.yaml"))
             if r.experiment == "fedlaw_table3_fmnist" and r.setting["seed"] == 8]
     methods = {r.setting["algorithm"] for r in runs}
@@ -275,7 +277,7 @@ METHODS = {"feddf": {}, "fedbe": {}, "serverft": {},
 
 def tiny(method: str, seed: int = 1) -> dict:
     extra = METHODS.get(method) or ({method: {"proxy_size": 20, "server_epochs": 2}} if method in METHODS else {})
-    return config.resolve({"algorithm": method, "num_clients": 4, "participation": 0.5, "rounds": 3, "seed": seed,
+    return settings.resolve({"algorithm": method, "num_clients": 4, "participation": 0.5, "rounds": 3, "seed": seed,
                            "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"},
                            "client": {"lr": 0.05, "momentum": 0.5}, "evaluation": {"proxy_holdout": 20}, **extra})
 
@@ -348,7 +350,7 @@ def test_server_optimiser_state_survives_a_weights_only_checkpoint(optimizer, tm
 def test_a_method_built_without_the_engines_holdout_is_refused(name):
     """Proxy methods get their samples from the engine (BuildContext.proxy), never from the test set themselves."""
     from fedrepro import algorithms
-    setting = config.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 20}})
+    setting = settings.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 20}})
     module = nn.Linear(3, 2)
     with pytest.raises(ValueError, match=r"evaluation\.proxy_holdout"):
         algorithms.build(setting, 20, 8, torch.device("cpu"), torch.ones(20), module=module, proxy=None)

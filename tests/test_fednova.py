@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedrepro import config
+from fedrepro.spec import schema, settings
 from fedrepro.algorithms import BuildContext, fedavg, fednova
 from fedrepro.algorithms.fednova import CrossClientVR, LrScaledMomentum, NormalisedAveraging, a_norm
 from fedrepro.algorithms.random_epochs import RandomEpochs
@@ -376,13 +376,13 @@ def test_vr_corrections_cancel_with_weights_p_in_every_round():
 def test_vr_refuses_partial_participation_before_any_work():
     raw = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "algorithm": "fednova",
            "fednova": {"vr": True}, "partition": {"kind": "iid", "seed": 1}}
-    with pytest.raises(config.ConfigError, match=r"fednova\.vr.*participation = 0\.5"):
-        config.resolve(raw)
-    assert config.resolve({**raw, "participation": 1.0})["fednova"]["vr"] is True
-    assert config.resolve({**raw, "fednova": {"vr": False}})["fednova"]["vr"] is False
+    with pytest.raises(schema.ConfigError, match=r"fednova\.vr.*participation = 0\.5"):
+        settings.resolve(raw)
+    assert settings.resolve({**raw, "participation": 1.0})["fednova"]["vr"] is True
+    assert settings.resolve({**raw, "fednova": {"vr": False}})["fednova"]["vr"] is False
     both = {**raw, "participation": 1.0, "fednova": {"vr": True, "mu": 0.001}, "client": {"momentum": 0.9}}
-    with pytest.raises(config.ConfigError, match=r"fednova\.vr = True, fednova\.mu = 0\.001, client\.momentum = 0\.9\).*set fednova\.mu or client\.momentum to 0"):
-        config.resolve(both)
+    with pytest.raises(schema.ConfigError, match=r"fednova\.vr = True, fednova\.mu = 0\.001, client\.momentum = 0\.9\).*set fednova\.mu or client\.momentum to 0"):
+        settings.resolve(both)
     # and the part itself will not average over a partial cohort
     vr = CrossClientVR(4, 2)
     updates = RoundUpdates(0, torch.tensor([0, 2]), torch.zeros(2, 2), torch.ones(2), torch.ones(2), torch.zeros(2), 0.1)

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import checkpoint, cli, config, engine, partition
+from fedrepro import checkpoint, cli, engine, partition
 from fedrepro.errors import FedreproError
 from fedrepro.report import figures
 from fedrepro.report.figures import fednova as quad
 from fedrepro.report.figures import fedlaw as fedlaw_figures
 from fedrepro.report.figures import ima
+from fedrepro.spec import config, paramsfile, schema, settings
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
         "batch_size": 64, "device": "cpu", "client": {"lr": 0.05},
@@ -259,8 +260,8 @@ def test_snapshots_do_not_change_the_run_and_survive_a_resume(tiny, tmp_path):
 
 
 def test_snapshot_rounds_outside_the_run_are_refused_before_work():
-    with pytest.raises(config.ConfigError, match=r"snapshots.rounds = \[4\]: allowed are 1..3"):
-        config.resolve({**BASE, "snapshots": {"rounds": [4]}})
+    with pytest.raises(schema.ConfigError, match=r"snapshots.rounds = \[4\]: allowed are 1..3"):
+        settings.resolve({**BASE, "snapshots": {"rounds": [4]}})
 
 
 # --------------------------------------------------------------------------- every kind, drawn
@@ -459,7 +460,7 @@ def test_gws_figures_pair_fedavg_with_adaptive_gws_by_setting(tiny):
     assert not record["drawn"] and "two values of alpha" in record["reason"]
     record = _draw(tiny, "none", {"kind": "gws_ratio", "experiment": "tiny"})
     assert not record["drawn"] and "adaptive_gws" in record["reason"]
-    with pytest.raises(config.ConfigError, match=r"figures.f.axis = 'rounds': allowed are local_epochs, alpha"):
+    with pytest.raises(schema.ConfigError, match=r"figures.f.axis = 'rounds': allowed are local_epochs, alpha"):
         figures.check({"f": {"kind": "gws_sweep", "experiment": "tiny", "axis": "rounds"}}, {"tiny": {}})
 
 
@@ -492,13 +493,13 @@ def test_a_figure_of_a_diverged_run_says_so(tiny):
 
 
 def test_bad_figure_specs_are_refused_with_the_key_and_what_is_allowed():
-    with pytest.raises(config.ConfigError, match=r"figures.f.kind = 'heatmap': allowed are .*landscape"):
+    with pytest.raises(schema.ConfigError, match=r"figures.f.kind = 'heatmap': allowed are .*landscape"):
         figures.check({"f": {"kind": "heatmap"}}, {"tiny": {}})
-    with pytest.raises(config.ConfigError, match=r"figures.f.experiment = 'nope'"):
+    with pytest.raises(schema.ConfigError, match=r"figures.f.experiment = 'nope'"):
         figures.check({"f": {"kind": "elud", "experiment": "nope"}}, {"tiny": {}})
-    with pytest.raises(config.ConfigError, match=r"figures.f.column = 'loss': allowed are global_train_loss, train_loss"):
+    with pytest.raises(schema.ConfigError, match=r"figures.f.column = 'loss': allowed are global_train_loss, train_loss"):
         figures.check({"f": {"kind": "loss_curves", "experiment": "tiny", "column": "loss"}}, {"tiny": {}})
-    with pytest.raises(config.ConfigError, match=r"unknown keys \['grid'\]"):
+    with pytest.raises(schema.ConfigError, match=r"unknown keys \['grid'\]"):
         figures.check({"f": {"kind": "elud", "experiment": "tiny", "grid": 3}}, {"tiny": {}})
 
 
@@ -594,7 +595,7 @@ def test_the_quick_default_draws_figures_of_every_paper(tmp_path):
     from conftest import ROOT, job_counts
     from test_workflow import _snakemake
 
-    params = config.load_params(ROOT / "params" / "default.yaml")
+    params = paramsfile.load_params(ROOT / "params" / "default.yaml")
     specs = figures.check(params["figures"], params["experiments"])
     assert {figures.family(s["kind"]) for s in specs.values()} == {"ima", "fedlaw", "fedaware", "fednova"}
     proc = _snakemake(tmp_path, "-n", "--configfile", str(ROOT / "params" / "default.yaml"))
@@ -641,7 +642,7 @@ def test_interpolation_for_each_method_draws_a_line_per_method_and_names_the_mis
                                          "between": [{"plugins": []}, {"plugins": ["ima"]}],
                                          "for_each": {"algorithm": ["fedaware"]}})
     assert not record["drawn"] and "no finished run matches" in record["reason"]
-    with pytest.raises(config.ConfigError, match=r"for_each = .*one key and its list of values"):
+    with pytest.raises(schema.ConfigError, match=r"for_each = .*one key and its list of values"):
         figures.check({"f": {"kind": "interpolation", "experiment": "tiny", "for_each": {"a": [1], "b": [2]}}},
                       {"tiny": {}})
 
@@ -669,7 +670,7 @@ def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_pat
     stored = np.load(tmp_path / "runs" / runs[0].id / "snapshots.npz")
     assert len(planes) == 1 and all(np.array_equal(np.asarray(m), stored[f"round_2_client_{i}"])
                                     for i, m in enumerate(planes[0]))
-    with pytest.raises(config.ConfigError, match=r"plane = 'four': allowed are global_and_two_clients, three_clients"):
+    with pytest.raises(schema.ConfigError, match=r"plane = 'four': allowed are global_and_two_clients, three_clients"):
         figures.check({"f": {"kind": "landscape", "experiment": "three", "plane": "four"}}, manifest["experiments"])
 
 
@@ -724,8 +725,8 @@ def test_fig10_rows_draw_each_setups_own_planes_and_a_missing_setup_says_so_in_i
     record = draw("none")
     assert not record["drawn"] and "ResNet-18: no run matches" in record["reason"]
     for bad in ([], [{"label": "x"}], [{"label": "x", "select": {}, "extra": 1}]):
-        with pytest.raises(config.ConfigError, match=r"figures.f.rows = .*a non-empty list of \{label, select\}"):
+        with pytest.raises(schema.ConfigError, match=r"figures.f.rows = .*a non-empty list of \{label, select\}"):
             figures.check({"f": {"kind": "landscape_rows", "experiment": "rows", "rows": bad}}, manifest["experiments"])
-    with pytest.raises(config.ConfigError, match=r"quantity = 'accuracy': allowed are loss, error"):
+    with pytest.raises(schema.ConfigError, match=r"quantity = 'accuracy': allowed are loss, error"):
         figures.check({"f": {"kind": "landscape_rows", "experiment": "rows", "rows": rows, "quantity": "accuracy"}},
                       manifest["experiments"])

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from conftest import make_partition, subprocess_env
-from fedrepro import catalog, checkpoint, cli, config, engine, forks
+from fedrepro import catalog, checkpoint, cli, engine
+from fedrepro.spec import config, forks, schema, settings
 
 START, WINDOW, ROUNDS = 3, 3, 6
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": ROUNDS,
@@ -38,8 +39,8 @@ def partition_dir(tiny_data_root, tmp_path_factory):
 
 
 def _settings(host: str) -> tuple[dict, dict]:
-    parent = config.resolve({**copy.deepcopy(BASE), "algorithm": host})
-    child = config.resolve({**copy.deepcopy(BASE), **IMA, "algorithm": f"{host}+ima"})
+    parent = settings.resolve({**copy.deepcopy(BASE), "algorithm": host})
+    child = settings.resolve({**copy.deepcopy(BASE), **IMA, "algorithm": f"{host}+ima"})
     return parent, child
 
 
@@ -233,7 +234,7 @@ def test_the_fork_step_trains_the_prefix_again_when_nothing_was_kept(tmp_path, p
 
 def test_a_fork_state_of_another_run_is_refused(tmp_path, partition_dir, tiny_data_root):
     parent, child = _settings("fedavg")
-    other = config.resolve({**copy.deepcopy(BASE), "algorithm": "fedavg", "client": {"lr": 0.01}})
+    other = settings.resolve({**copy.deepcopy(BASE), "algorithm": "fedavg", "client": {"lr": 0.01}})
     _train(other, tmp_path / "other", partition_dir, tiny_data_root, "--keep-forks", str(START),
            "--fork-history", "2")
     with pytest.raises(engine.ForkError, match="does not share its first 3 rounds"):
@@ -249,9 +250,9 @@ def test_a_fork_state_of_another_run_is_refused(tmp_path, partition_dir, tiny_da
 # ----------------------------------------------------------------------------- the pairs, from the declarations
 
 
-def _runs(points: list[dict]) -> list[config.Run]:
+def _runs(points: list[dict]) -> list[settings.Run]:
     params = {"experiments": {"e": {"base": {**BASE, "rounds": 20}, "grid": {"setting": points}}}}
-    return config.expand(config.validate(params, "params.schema.yaml", "test"))
+    return config.expand(schema.validate(params, "params.schema.yaml", "test"))
 
 
 def test_ima_runs_fork_from_their_host_at_t_s_and_others_do_not():
@@ -271,7 +272,7 @@ def test_ima_runs_fork_from_their_host_at_t_s_and_others_do_not():
 
 def test_acts_from_is_the_round_the_plug_in_resolves():
     for start, rounds in [(None, 20), (None, 7), (3, 20), (1, 5)]:
-        setting = config.resolve({**BASE, "algorithm": "fedavg+ima", "rounds": rounds,
+        setting = settings.resolve({**BASE, "algorithm": "fedavg+ima", "rounds": rounds,
                                   "ima": {"start_round": start, "window": 1}})
         assert forks.late_plugins(setting)["ima"] == (catalog.ima_start_round(setting), 0)
 
@@ -279,13 +280,35 @@ def test_acts_from_is_the_round_the_plug_in_resolves():
 def test_sharing_can_be_turned_off_and_the_manifest_names_each_fork():
     params = {"experiments": {"e": {"base": {**BASE, "rounds": 20},
                                     "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}
-    params = config.validate(params, "params.schema.yaml", "test")
+    params = schema.validate(params, "params.schema.yaml", "test")
     runs = config.expand(params)
     entries = config.manifest(params, runs, "t")["experiments"]["e"]["runs"]
     assert [e.get("fork", {}).get("round") for e in entries] == [None, 15]
     assert entries[1]["fork"]["parent"] == entries[0]["id"]
     off = config.manifest({**params, "share_prefixes": False}, runs, "t")["experiments"]["e"]["runs"]
     assert not any("fork" in e for e in off)
+
+
+def test_the_workflow_asks_the_invocations_forks_and_a_finished_run_answers_from_its_summary(tmp_path):
+    """What workflow/rules/train.smk passes to the train and fork jobs (WorkflowForks): a parent keeps its state
+    at t_s with the window's history, the child starts there; once a run finished, its summary answers."""
+    params = schema.validate({"experiments": {"e": {"base": {**BASE, "rounds": 20},
+                                                    "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}},
+                             "params.schema.yaml", "test")
+    host, child = config.expand(params)
+    runs = {host.id: host, child.id: child}
+    plan = forks.WorkflowForks(params, runs, str(tmp_path))
+    assert plan.of_run(child.id) == (host.id, 15) and plan.of_run(host.id) is None
+    assert plan.train_args(host.id, None) == ["--keep-forks", "15", "--fork-history", "4"]
+    assert plan.train_args(child.id, "f.pt") == ["--fork-from", "f.pt"]
+    assert plan.history(host.id, 15) == 4 and plan.history(host.id, 3) == 0
+    assert forks.WorkflowForks({**params, "share_prefixes": False}, runs, str(tmp_path)).of_run(child.id) is None
+    # the child finished in an invocation whose params file named its host; this one (a subset) names only it
+    (tmp_path / child.id).mkdir()
+    (tmp_path / child.id / "summary.json").write_text(json.dumps({"forked_from": {"run": host.id, "round": 15}}))
+    alone = forks.WorkflowForks(params, {child.id: child}, str(tmp_path))
+    assert alone.of_run(child.id) == (host.id, 15)
+    assert alone.recorded_parents() == {host.id: host.setting}
 
 
 def test_a_model_with_dropout_forks_exactly(tmp_path, partition_dir, tiny_data_root):

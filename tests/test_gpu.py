@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import cli, engine, slots
+from fedrepro import cli, engine
+from fedrepro.ops import slots
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
@@ -85,7 +86,7 @@ def test_train_log_starts_with_device_versions_and_resume(tmp_path, partition_di
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from fedrepro import slots
+    from fedrepro.ops import slots
     print(slots.acquire(sys.argv[1]), flush=True)
     time.sleep(float(sys.argv[2]))
 """)
@@ -127,7 +128,7 @@ def test_slot_folder_is_per_slurm_allocation():
 
 # --------------------------------------------------------------------------- correctness on CUDA (marker gpu)
 
-from fedrepro import gpucheck  # noqa: E402
+from fedrepro.ops import gpucheck  # noqa: E402
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                           reason=f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})")
@@ -223,7 +224,7 @@ BLOCK = textwrap.dedent("""
 def test_gpu_check_imports_neither_snakemake_nor_mlflow(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT / 'src'}"}
-    probe = ("import sys\nfrom fedrepro import gpucheck, bench, engine, slots, cli\n"
+    probe = ("import sys\nfrom fedrepro import engine, cli; from fedrepro.ops import gpucheck, bench, slots\n"
              "gpucheck.check_cohort_matches_sequential('cpu')\n"
              "assert not any(m.split('.')[0] in ('snakemake', 'mlflow') for m in sys.modules)\n"
              "import snakemake\n")
@@ -242,7 +243,7 @@ def test_check_gpu_without_cuda_says_so(capsys):
 def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
     """What check-gpu measures for `fedrepro plan` (here on the CPU, for a one-setting params file)."""
     import yaml
-    from fedrepro import plan
+    from fedrepro.ops import pricing
     params = tmp_path / "p.yaml"
     params.write_text(yaml.safe_dump({"experiments": {"e": {"base": {
         "dataset": "fmnist", "model": "mlp", "num_clients": 10, "batch_size": 32}, "grid": {"seed": [1, 2]}}}}))
@@ -250,7 +251,7 @@ def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
     out = tmp_path / "step_costs.json"
     table = gpucheck.measure_step_costs("cpu", out, log=lambda line: None)
     assert list(table["step_seconds"]) == ["fmnist/mlp:32"] and table["step_seconds"]["fmnist/mlp:32"] > 0
-    measured = plan.step_costs("cpu", out).tables[0]
+    measured = pricing.step_costs("cpu", out).tables[0]
     assert measured.costs == table["step_seconds"] and measured.description.startswith("measured on cpu")
 
 
@@ -268,7 +269,7 @@ def test_a_state_loaded_onto_a_gpu_restores(tmp_path):
     """A checkpoint or fork state is loaded onto the run's device; on CUDA its cosine and snapshot arrays
     arrive there too, and restoring them must copy them to the host (on an H200 every resume and every
     +IMA child failed here before). The tensors below refuse numpy() as CUDA tensors do."""
-    from fedrepro.gpucheck import _trainer, tiny_fmnist
+    from fedrepro.ops.gpucheck import _trainer, tiny_fmnist
     datasets = tiny_fmnist()
     trainer = _trainer(BASE, tmp_path / "a", "cpu", datasets)
     trainer.run(progress=False, stop_after=2)

@@ -65,11 +65,11 @@ def test_a_typo_is_reported_once_not_once_per_grid_point(capsys):
 
 
 def test_merge_keys_are_not_duplicates(tmp_path):
-    from fedrepro import config
+    from fedrepro.spec import paramsfile
     path = tmp_path / "p.yaml"
     path.write_text("base: &b {num_clients: 4, rounds: 2}\nexperiments:\n  a:\n    base:\n      <<: *b\n"
                     "      rounds: 3\n    grid: {seed: [1]}\n")
-    assert config.read_yaml(path)["experiments"]["a"]["base"] == {"num_clients": 4, "rounds": 3}
+    assert paramsfile.read_yaml(path)["experiments"]["a"]["base"] == {"num_clients": 4, "rounds": 3}
 
 
 # ------------------------------------------------------------------ snakemake -n: refused before any job
@@ -151,11 +151,11 @@ def test_every_value_reaching_a_shell_is_quoted():
     import re
     # TRACK_LIVE is an argument list that train.smk builds with shlex.join (quoted where it is made)
     # FEDREPRO is this Python's path and `-m fedrepro`, the path quoted with shlex.quote in common.smk
-    # params.forks: fork_args builds it with shlex.join; wildcards.round is constrained to digits, params.history an int
+    # params.forks: shlex.join of WorkflowForks.train_args; wildcards.round is constrained to digits, params.history an int
     unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled", "TRACK_LIVE", "FEDREPRO",
                    "params.forks", "params.history", "wildcards.round"}
     assert "shlex.join(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
-    assert "return shlex.join(args" in (ROOT / "workflow" / "rules" / "train.smk").read_text()  # params.forks
+    assert "forks=lambda w, input: shlex.join(FORKS.train_args(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
     assert 'FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"' in (ROOT / "workflow/rules/common.smk").read_text()
     for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
         text = smk.read_text()
@@ -366,14 +366,14 @@ from test_report import fabricate  # noqa: E402
 
 
 def _two_params_files(tmp_path):
-    from fedrepro import config
+    from fedrepro.spec import config, paramsfile
     files, runs = [], {}
     for name, seed in (("one", 1), ("two", 2)):
         path = tmp_path / "params" / f"{name}.yaml"
         path.parent.mkdir(exist_ok=True)
         path.write_text(f"experiments:\n  e_{name}: {{base: {{num_clients: 4, rounds: 12}}, grid: {{seed: [{seed}]}}}}\n")
         files.append(path)
-        runs[name] = config.expand(config.load_params(path))[0]
+        runs[name] = config.expand(paramsfile.load_params(path))[0]
     return files, runs
 
 
@@ -393,16 +393,17 @@ def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
 
 
 def test_a_truncated_summary_is_named_by_the_report(tmp_path):
-    from fedrepro import config
+    from fedrepro import records
     from fedrepro.report import frames
+    from fedrepro.spec import config, paramsfile
     files, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     fabricate(runs["one"], runs_dir, 0.7)
     bad = runs_dir / runs["one"].id / "summary.json"
     bad.write_text("{\"run\": ")
-    params = config.load_params(files[0])
+    params = paramsfile.load_params(files[0])
     manifest = config.manifest(params, config.expand(params), "one")
-    with pytest.raises(config.CorruptFileError, match=str(bad)):
+    with pytest.raises(records.CorruptFileError, match=str(bad)):
         frames.load_runs(manifest, runs_dir)
 
 

@@ -85,9 +85,9 @@ def test_the_real_runs_depend_on_training_code_only():
         assert {"engine.py", "client.py", "parts.py", f"algorithms/{setting['algorithm']}.py"} <= files
         assert {f"data/{identity.DATASETS[setting['dataset']]['family']}.py",
                 f"models/{identity.MODELS[setting['model']]['family']}.py"} <= files
-        assert not {"registry.py", "config.py", "report/page.py", "tracking/live.py", "cli/__init__.py", "cli/run.py",
-                    "plan.py", "provenance.py", "identity.py", "partition.py", "report/verification.py", "report/evidence.py",
-                    "bench.py"} & files
+        assert not {"registry.py", "spec/config.py", "report/page.py", "tracking/live.py", "cli/__init__.py", "cli/run.py",
+                    "ops/plan.py", "provenance.py", "identity.py", "partition.py", "report/verification.py",
+                    "report/evidence.py", "ops/bench.py"} & files
         others = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \
             | {f"models/{m['family']}.py" for m in identity.MODELS.values()}
         used = {*identity.family_modules(setting["dataset"], setting["model"])}
@@ -169,8 +169,9 @@ def test_an_arithmetic_edit_in_the_trainer_renames_every_run(real_copy):
 
 
 def test_a_partition_code_edit_renames_its_partitions_and_their_runs(real_copy):
-    from fedrepro import config
-    setting = config.resolve({"dataset": "fmnist", "model": "mlp"})
+    from fedrepro import identity
+    from fedrepro.spec import settings
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp"})
     partition, run = identity.partition_id(setting), identity.run_id(setting)
     _edit(real_copy / "partition.py", lambda text: text.replace("DIRICHLET_SECONDS = 10.0", "DIRICHLET_SECONDS = 11.0"))
     assert identity.partition_id(setting) != partition and identity.run_id(setting) != run

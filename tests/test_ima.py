@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from fedrepro import checkpoint, config
+from fedrepro import checkpoint
+from fedrepro.spec import schema, settings
 from fedrepro.algorithms import ima
 from fedrepro.parts import Algorithm, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
@@ -49,7 +50,7 @@ def test_window_survives_a_checkpoint(tmp_path):
 
 
 def setting(**ima_keys):
-    return config.resolve({"algorithm": "fedavg+ima", "rounds": 100, "local_epochs": 5,
+    return settings.resolve({"algorithm": "fedavg+ima", "rounds": 100, "local_epochs": 5,
                            "client": {"lr": 0.01, "lr_decay": 0.99}, "ima": ima_keys})
 
 
@@ -71,7 +72,7 @@ def test_default_start_is_three_quarters_of_the_rounds():
     s = setting()
     # resolved before the run is named: an unset start and an explicit 0.75 R are one run
     assert s["ima"]["start_round"] == 75 and ima.start_round(s) == 75
-    assert config.resolve({**s, "ima": {**s["ima"], "start_round": None}}) == s
+    assert settings.resolve({**s, "ima": {**s["ima"], "start_round": None}}) == s
 
 
 def test_other_decay_schemes():
@@ -97,14 +98,15 @@ def test_other_decay_schemes():
     ({"start_round": 3, "window": 5}, r"ima.window = 5, ima.start_round = 3.*the window would not be full"),
 ])
 def test_inconsistent_keys_are_refused_by_name(keys, message):
-    with pytest.raises(config.ConfigError, match=message):
+    with pytest.raises(schema.ConfigError, match=message):
         setting(**keys)
 
 
 def test_before_the_start_round_ima_keeps_the_hosts_whole_lr_schedule_milestones_included():
-    from fedrepro import algorithms, config
+    from fedrepro import algorithms
+    from fedrepro.spec import settings
     from fedrepro.client import lr_schedule
-    setting = config.resolve({"algorithm": "fedavg+ima", "rounds": 100, "ima": {"start_round": 80, "window": 5},
+    setting = settings.resolve({"algorithm": "fedavg+ima", "rounds": 100, "ima": {"start_round": 80, "window": 5},
                               "client": {"lr": 0.1, "lr_decay": 1.0, "lr_milestones": [0.5]}})
     algo = algorithms.build(setting, 4, 3, torch.device("cpu"), torch.ones(4))
     assert algo.lr_schedule(49) == lr_schedule(setting)(49) == 0.1

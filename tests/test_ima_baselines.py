@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from conftest import make_partition
-from fedrepro import checkpoint, config
+from fedrepro import checkpoint
+from fedrepro.spec import schema, settings
 from fedrepro.algorithms.fedasam import AdaptiveSharpness
 from fedrepro.algorithms.fedfa import FeatureAnchors
 from fedrepro.algorithms.fedgma import MaskedAveraging
@@ -93,7 +94,7 @@ def test_asam_adapts_to_weight_magnitude():
 
 
 def test_asam_defaults_follow_table5():
-    cnn = config.resolve({"algorithm": "fedasam", "model": "cnn"})
+    cnn = settings.resolve({"algorithm": "fedasam", "model": "cnn"})
     assert cnn["fedasam"] == {"rho": None, "eta": None}
     from fedrepro.algorithms.fedasam import default_rho_eta
     assert default_rho_eta("cnn") == (0.7, 0.2) and default_rho_eta("resnet18_gn2") == (0.2, 0.05)
@@ -194,9 +195,9 @@ def test_calibration_is_one_adam_step_on_the_classifier():
 
 
 def test_fedfa_refuses_models_without_a_feature_layer():
-    with pytest.raises(config.ConfigError, match="fedfa needs a feature layer"):
-        config.resolve({"algorithm": "fedfa", "model": "mlp"})
-    config.resolve({"algorithm": "fedfa+ima", "model": "cnn"})
+    with pytest.raises(schema.ConfigError, match="fedfa needs a feature layer"):
+        settings.resolve({"algorithm": "fedfa", "model": "mlp"})
+    settings.resolve({"algorithm": "fedfa+ima", "model": "cnn"})
 
 
 # --------------------------------------------------------------------------- two real rounds on the CNN, resumed
@@ -212,7 +213,7 @@ def test_cnn_runs_and_resumes_exactly(method, tiny_data_root, tiny_partition, tm
     from fedrepro.engine import Trainer
 
     extra = {"ima": {"window": 1, "start_round": 1}} if "ima" in method else {}
-    s = config.resolve({"algorithm": method, "model": "cnn", "num_clients": 4, "participation": 0.5,
+    s = settings.resolve({"algorithm": method, "model": "cnn", "num_clients": 4, "participation": 0.5,
                         "rounds": 3, "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"},
                         "client": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}, **extra})
     straight = Trainer(s, tmp_path / "a", tiny_partition, tiny_data_root)

@@ -16,8 +16,8 @@ LAYERS = {
     "command line": {"cli/*", "__main__.py"},
     "reports": {"report/*", "partition_records.py"},
     "tracking": {"tracking/*"},
-    "operations": {"plan.py", "bench.py", "bench_settings.py", "gpucheck.py", "slots.py"},
-    "settings": {"config.py", "settings.py", "tuning.py", "forks.py", "registry.py", "conditions.py"},
+    "operations": {"ops/*"},
+    "settings": {"spec/*", "registry.py"},
     "run": {"engine.py", "client.py", "batched.py", "checkpoint.py", "hessian.py", "rundir.py", "provenance.py"},
     "methods": {"algorithms/*"},
     "inputs": {"data/*", "models/*", "partition.py"},
@@ -86,9 +86,21 @@ def test_no_import_runs_back_up_a_layer():
 
 def test_the_checks_see_a_cycle_and_an_upward_import():
     assert cycles({"a.py": {"b.py"}, "b.py": {"c.py"}, "c.py": {"a.py"}, "d.py": {"a.py"}}) == [["a.py", "b.py", "c.py"]]
-    assert "settings.py" in identity.named_imports("tuning.py")
+    assert "spec/settings.py" in identity.named_imports("spec/tuning.py")
     assert "parts.py" in identity.named_imports("algorithms/ima.py")
     assert _layer("algorithms/fedavg.py") == "methods" and _layer("engine.py") == "run"
+
+
+def test_the_settings_wing_imports_no_torch():
+    """What a run is, before any job, is known without torch: the Snakefile and `fedrepro expand` load it all."""
+    import subprocess
+    import sys
+    modules = sorted(p.stem for p in (PACKAGE / "spec").glob("*.py") if p.stem != "__init__")
+    code = (f"import sys, importlib\nfor m in {modules!r}:\n    importlib.import_module('fedrepro.spec.' + m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:1] or 'NO TORCH')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert len(modules) > 5 and out.stdout.strip().splitlines()[-1] == "NO TORCH", out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("name", ["--version", "expand"])

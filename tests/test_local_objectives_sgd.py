@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from fedrepro import config, data, engine, models
+from fedrepro import data, engine, models
+from fedrepro.spec import settings
 
 # weight decay large enough that applying it outside the momentum buffer (decoupled) shows
 LR, MOMENTUM, WEIGHT_DECAY, BATCH, EPOCHS = 0.05, 0.9, 0.05, 10, 2
@@ -36,7 +37,7 @@ def _trainer(tmp_path, algorithm: str, section: dict) -> engine.Trainer:
     images = (torch.randint(0, 60, (n, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
     train = data.TensorDataset(images, labels, 0.0, 1.0)
     parts = [np.arange(sum(SIZES[:i]), sum(SIZES[:i + 1])) for i in range(len(SIZES))]
-    setting = config.resolve({"algorithm": algorithm, "model": "mlp", "dataset": "fmnist", "num_clients": len(SIZES),
+    setting = settings.resolve({"algorithm": algorithm, "model": "mlp", "dataset": "fmnist", "num_clients": len(SIZES),
                               "participation": 1.0, "local_epochs": EPOCHS, "batch_size": BATCH, "device": "cpu",
                               "rounds": 3, "seed": 5, **({algorithm: section} if section else {}),
                               "client": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY,

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import config, engine, metrics
+from fedrepro import engine, metrics
+from fedrepro.spec import settings
 from fedrepro.data import TensorDataset
 
 # (client updates, e-LUD = sqrt(mean_i |g_i|^2 / |mean_i g_i|^2), coherence = mean over pairs i != j of cos)
@@ -56,7 +57,7 @@ def test_the_engine_logs_them_for_the_rounds_client_updates(tmp_path):
     labels = torch.arange(n) % 10
     images = (torch.randint(0, 60, (n, 1, 28, 28), generator=gen) + 19 * labels[:, None, None, None]).to(torch.uint8)
     train = TensorDataset(images, labels, 0.2860, 0.3530)
-    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 3, "participation": 1.0,
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 3, "participation": 1.0,
                               "rounds": 1, "batch_size": 20, "device": "cpu", "client": {"lr": 0.05}})
     parts = [np.arange(i, n, 3) for i in range(3)]
     trainer = engine.Trainer(setting, tmp_path, None, None, datasets=(train, train), parts=parts)

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from fedrepro import config
-from fedrepro.config import ROOT
+from fedrepro import identity
+from fedrepro.spec import config, paramsfile, settings
+from fedrepro.spec.paramsfile import ROOT
 
 # expanding IMA's 1,296 runs twice takes ~20 s
 PAPERS = ["fedaware", "fedlaw", pytest.param("ima", marks=pytest.mark.slow), "fednova"]
 
 
-def _runs(paper: str, official: bool) -> list[config.Run]:
+def _runs(paper: str, official: bool) -> list[settings.Run]:
     files = [ROOT / "params" / f"{paper}.yaml"]
     if official:
         files.append(ROOT / "params" / "subsets" / f"{paper}_official_protocol.yaml")
-    return config.expand(config.load_params_files(files))
+    return config.expand(paramsfile.load_params_files(files))
 
 
 # FedAWARE's code: these scripts use the FeedbackSampler and pair uploads with its unsorted draw; FedProx,
@@ -39,7 +40,7 @@ def _switched(paper: str, setting: dict | None = None) -> dict:
             "fednova": {}}[paper]
 
 
-def _left_out(paper: str, run: config.Run) -> str | None:
+def _left_out(paper: str, run: settings.Run) -> str | None:
     """Why the official-protocol subset runs no counterpart of this run of the paper's file; None: it must."""
     if paper == "fednova":
         if run.experiment == "fednova_fig5_synthetic":
@@ -87,9 +88,9 @@ def test_the_subset_switches_its_keys_on_every_run_and_changes_nothing_else(pape
             if run.experiment == "fedlaw_fig8_proxy_size" and section == "evaluation":  # the size it sweeps
                 expected["proxy_holdout"] = run.setting["evaluation"]["proxy_holdout"]
             assert {k: run.setting[section][k] for k in keys} == expected, run.id
-    kept = {(r.experiment, config.stable_hash(_without(r.setting, switched))) for r in _runs(paper, False)
+    kept = {(r.experiment, identity.stable_hash(_without(r.setting, switched))) for r in _runs(paper, False)
             if _left_out(paper, r) is None}
-    official_keys = {(r.experiment, config.stable_hash(_without(r.setting, switched))) for r in official}
+    official_keys = {(r.experiment, identity.stable_hash(_without(r.setting, switched))) for r in official}
     # exactly the paper's grid points, up to the switched keys: none goes missing, none is added, but for
     # the ones _left_out names with the reason
     assert sorted(kept - official_keys) == [], "paper runs the subset dropped"
@@ -134,7 +135,7 @@ def test_fedaware_official_protocol_does_per_method_what_each_script_does():
 
 def test_ima_official_protocol_does_not_reseed_and_splits_cifar100_as_the_notebook():
     """IMA's code never reseeds per client (seed_torch reseeds only with test=True, which no call passes)."""
-    params = config.load_params_files([ROOT / "params" / "ima.yaml",
+    params = paramsfile.load_params_files([ROOT / "params" / "ima.yaml",
                                        ROOT / "params" / "subsets" / "ima_official_protocol.yaml"])
     params["experiments"] = {name: params["experiments"][name]
                              for name in ("ima_table1_fmnist", "ima_table1_cifar100_vgg")}

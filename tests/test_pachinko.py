@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrepro import config, partition
+from fedrepro import identity, partition
+from fedrepro.spec import config, paramsfile, schema, settings
 from fedrepro.partition import CIFAR100_COARSE, PartitionError, pachinko
 
 # The archive's fine_label_names (alphabetical, torchvision's label order) and the superclass table
@@ -160,22 +161,22 @@ def test_too_many_samples_and_ambiguous_coarse_labels_are_refused():
 def test_settings_resolve_name_and_check_pachinko():
     base = {"dataset": "cifar100", "model": "cnn", "num_clients": 100,
             "partition": {"kind": "pachinko", "alpha": 0.1}}
-    s = config.resolve(base)
+    s = settings.resolve(base)
     assert s["partition"] == {"kind": "pachinko", "seed": 1, "alpha": 0.1, "beta": 10, "samples_per_client": None}
-    assert config.partition_id(s).startswith("cifar100-pa0.1b10-n100-")
-    with pytest.raises(config.ConfigError, match="only cifar100"):
-        config.resolve({**base, "dataset": "cifar10"})
-    with pytest.raises(config.ConfigError, match="samples_per_client = 600"):
-        config.resolve({**base, "partition": {"kind": "pachinko", "samples_per_client": 600}})
+    assert identity.partition_id(s).startswith("cifar100-pa0.1b10-n100-")
+    with pytest.raises(schema.ConfigError, match="only cifar100"):
+        settings.resolve({**base, "dataset": "cifar10"})
+    with pytest.raises(schema.ConfigError, match="samples_per_client = 600"):
+        settings.resolve({**base, "partition": {"kind": "pachinko", "samples_per_client": 600}})
 
 
 def test_ima_cifar100_runs_are_pachinko_and_join_the_papers_pa_rows():
     from pathlib import Path
 
     from fedrepro.report import paper
-    params = config.load_params(Path(__file__).resolve().parents[1] / "params" / "ima.yaml")
+    params = paramsfile.load_params(Path(__file__).resolve().parents[1] / "params" / "ima.yaml")
     params["only"] = "ima_table1_cifar100_*"
-    from fedrepro import plan
+    from fedrepro.ops import plan
     tunings: dict = {}
     runs = [r for r in config.expand(params, tunings) if not r.tuning]
     runs += plan.final_runs(tunings, "no-such-folder")[0]  # the tuned methods' runs (FedProx, FedFA)

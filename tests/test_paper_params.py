@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedrepro import config, registry
+from fedrepro import registry
 from fedrepro.report import claims, paper
+from fedrepro.spec import config, paramsfile, schema, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT.parent / "shared" / "specs"
@@ -117,8 +118,8 @@ TABLE_SHAPES = {
 def _missing_algorithms(params: dict) -> set[str]:
     names = set()
     for exp in params["experiments"].values():
-        for point in config.grid_points(exp.get("grid", {})):
-            setting = config.deep_merge(exp.get("base", {}), point)
+        for point in settings.grid_points(exp.get("grid", {})):
+            setting = settings.deep_merge(exp.get("base", {}), point)
             algo, *plugins = str(setting.get("algorithm", "fedavg")).split("+")
             plugins += setting.get("plugins", [])
             names |= {algo} - set(registry.ALGORITHMS)
@@ -137,7 +138,7 @@ def experiment_runs(params: dict) -> collections.Counter:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_params_file_validates_and_expands_to_the_papers_grid(name):
-    params = config.load_params(ROOT / "params" / f"{name}.yaml")
+    params = paramsfile.load_params(ROOT / "params" / f"{name}.yaml")
     assert not _missing_algorithms(params), "every method a params file names is implemented"
     assert dict(experiment_runs(params)) == EXPECTED[name]
     runs = config.expand(params)
@@ -148,18 +149,18 @@ def test_params_file_validates_and_expands_to_the_papers_grid(name):
 def test_the_docs_state_each_params_files_run_count(doc):
     """The tables of params files (README.md, docs/configuration.md) give the number of distinct runs each one
     trains (the tuning stage's runs included: as `fedrepro plan` counts them)."""
-    from fedrepro import plan
+    from fedrepro.ops import plan
 
     table = dict(re.findall(r"^\| `params/(\w+)\.yaml` \|.*\| (\d+) \|$", (ROOT / doc).read_text(), re.M))
     assert set(table) == set(EXPECTED) | {"default"}, table
     for name, stated in table.items():
-        runs = plan.plan(config.load_params(ROOT / "params" / f"{name}.yaml"), runs_dir=ROOT / "no-such-folder")["unique_runs"]
+        runs = plan.plan(paramsfile.load_params(ROOT / "params" / f"{name}.yaml"), runs_dir=ROOT / "no-such-folder")["unique_runs"]
         assert int(stated) == runs, f"{doc} says params/{name}.yaml has {stated} runs; it has {runs}"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_only_selects_one_experiment_without_editing_the_file(name):
-    params = config.load_params(ROOT / "params" / f"{name}.yaml")
+    params = paramsfile.load_params(ROOT / "params" / f"{name}.yaml")
     first = next(iter(EXPECTED[name]))
     params["only"] = first
     counts = experiment_runs(params)
@@ -167,12 +168,12 @@ def test_only_selects_one_experiment_without_editing_the_file(name):
     params["only"] = f"{name}_*"
     assert sum(experiment_runs(params).values()) == sum(EXPECTED[name].values())
     params["only"] = "no_such_experiment"
-    with pytest.raises(config.ConfigError, match="matches no experiment"):
+    with pytest.raises(schema.ConfigError, match="matches no experiment"):
         config.expand(params)
 
 
 def test_papers_hyperparameters_reach_the_runs():
-    ima = config.load_params(ROOT / "params" / "ima.yaml")
+    ima = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     ima["only"] = "ima_table1_fmnist"
     runs = config.expand(ima)
     s = runs[0].setting
@@ -244,7 +245,7 @@ def _run(run_id, setting, accs, status="finished", **columns):
 
 
 def test_join_matches_cells_to_runs_and_computes_each_papers_metric():
-    ima = config.load_params(ROOT / "params" / "ima.yaml")
+    ima = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     ima["only"] = "ima_table1_fmnist"
     runs = config.expand(ima)
     fedavg = [r for r in runs if r.setting["algorithm"] == "fedavg" and not r.setting["plugins"]
@@ -343,7 +344,7 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
     # a table T takes the runs of the experiments T and T_* (report.page.paper_comparisons); each cell must find
     # exactly the paper's 3 seeds there (Tables 1, 9: SimpleCNN, AlexNet, ResNet8; Tables 2, 10: a row's
     # FedAvg and adaptive GWS runs share their settings but for the algorithm)
-    runs = config.expand(config.load_params(ROOT / "params" / "fedlaw.yaml"))
+    runs = config.expand(paramsfile.load_params(ROOT / "params" / "fedlaw.yaml"))
     tables = {n: t for n, t in paper.load_results().items() if t["paper"] == "fedlaw"}
     assert {"fedlaw_table2", "fedlaw_table10", "fedlaw_table5", "fedlaw_table4", "fedlaw_table7", "fedlaw_table8", "fedlaw_table6",
             "fedlaw_table11"} <= set(tables)
@@ -363,7 +364,7 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
 def test_fedams_server_lr_on_cifar10_is_tuned_and_its_aware_runs_follow_fedawares_scripts():
     """FedAMS's eta_g and eps are tuned over B.1's grids; run_projection_cifar10.sh runs FedAMS ×AWARE with 0.005."""
     tunings: dict = {}
-    runs = config.expand(config.load_params(ROOT / "params" / "fedaware.yaml"), tunings)
+    runs = config.expand(paramsfile.load_params(ROOT / "params" / "fedaware.yaml"), tunings)
     lrs = {("+".join([r.setting["algorithm"], *r.setting["plugins"]])): r.setting["server"]["lr"]
            for r in runs if r.experiment == "fedaware_table2_cifar10" and r.setting["algorithm"] == "fedams"
            and not r.tuning}
@@ -374,7 +375,7 @@ def test_fedams_server_lr_on_cifar10_is_tuned_and_its_aware_runs_follow_fedaware
 
 
 def test_fednova_fig5_logs_the_global_objective_every_round_and_other_runs_every_20():
-    nova = config.load_params(ROOT / "params" / "fednova.yaml")
+    nova = paramsfile.load_params(ROOT / "params" / "fednova.yaml")
     nova["only"] = "fednova_fig5_synthetic"
     assert {r.setting["evaluation"]["global_train_loss_every"] for r in config.expand(nova)} == {1}
     nova["only"] = "fednova_table1_e2"
@@ -391,7 +392,7 @@ def _verdicts(table: str, runs: list[dict]) -> dict[str, claims.Verdict]:
 
 
 def test_fednova_converges_faster_checks_count_rounds_to_table_is_accuracy_and_the_early_loss_of_fig5():
-    nova = config.load_params(ROOT / "params" / "fednova.yaml")
+    nova = paramsfile.load_params(ROOT / "params" / "fednova.yaml")
     runs = [r for r in config.expand(nova) if not r.tuning]
     table1 = [r for r in runs if r.experiment.startswith("fednova_table1_")]
 
@@ -433,7 +434,7 @@ def test_fednova_converges_faster_checks_count_rounds_to_table_is_accuracy_and_t
 
 def test_ima_fig10_rows_each_select_one_run_and_the_first_is_the_landscape_figures_run():
     from fedrepro.report import figures
-    ima = config.load_params(ROOT / "params" / "ima.yaml")
+    ima = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     ima["only"] = "ima_figures_landscape,ima_fig10_landscapes"
     runs = config.expand(ima)
     spec = figures.check(ima["figures"], ima["experiments"])["ima_fig10_landscapes"]
@@ -466,7 +467,7 @@ def test_ima_fig10_rows_each_select_one_run_and_the_first_is_the_landscape_figur
 def test_a_tables_cells_read_runs_its_experiments_declare(params_file, table, cells):
     """Each cell finds the paper's three seeds among the runs of the experiments the table reads
     (paper.table_experiments), so the report can ever compare it."""
-    runs = config.expand(config.load_params(ROOT / "params" / params_file))
+    runs = config.expand(paramsfile.load_params(ROOT / "params" / params_file))
     spec = paper.load_results()[table]
     experiments = paper.table_experiments(table, spec, sorted({r.experiment for r in runs}))
     mine = [r for r in runs if r.experiment in experiments]

@@ -102,9 +102,9 @@ def test_hybrid_is_a_dirichlet_first_half_and_a_dirichlet_split_of_the_rest():
 
 
 def test_a_hybrid_partition_of_one_client_is_refused_before_any_work():
-    from fedrepro import config
+    from fedrepro.spec import config, schema
     params = {"experiments": {"h": {"base": {"num_clients": 1, "partition": {"kind": "hybrid"}}, "grid": {"seed": [1]}}}}
-    with pytest.raises(config.ConfigError, match=r"partition.kind = hybrid .*num_clients must be >= 2, not 1"):
+    with pytest.raises(schema.ConfigError, match=r"partition.kind = hybrid .*num_clients must be >= 2, not 1"):
         config.expand(params)
 
 
@@ -202,20 +202,20 @@ def test_long_tailed_clients_share_exactly_the_long_tailed_subset(kind):
 
 
 def test_long_tail_and_corruption_are_refused_where_they_cannot_apply_and_vanish_when_off():
-    from fedrepro import config
+    from fedrepro.spec import schema, settings
     base = {"dataset": "cifar10", "model": "simplecnn", "num_clients": 20, "rounds": 2}
     hybrid = {"kind": "hybrid", "alpha": 0.1, "alpha_balanced": 10, "long_tail_rho": 5}
-    with pytest.raises(config.ConfigError, match=r"partition.long_tail_rho = 5 applies to partition kinds iid, dirichlet, not hybrid"):
-        config.resolve({**base, "partition": hybrid})
-    with pytest.raises(config.ConfigError, match=r"corruption.swap = \[3, 3\]: two different classes of cifar10, 0..9"):
-        config.resolve({**base, "corruption": {"fraction": 0.5, "swap": [3, 3]}})
-    with pytest.raises(config.ConfigError, match=r"corruption.swap = \[0, 10\]"):
-        config.resolve({**base, "corruption": {"fraction": 0.5, "swap": [0, 10]}})
-    with pytest.raises(config.ConfigError, match=r"corruption.fraction = 0.01 of 20 clients corrupts none"):
-        config.resolve({**base, "corruption": {"fraction": 0.01}})
-    plain = config.resolve(base)
-    assert config.resolve({**base, "partition": {"long_tail_rho": 1}, "corruption": {"fraction": 0.0}}) == plain
-    on = config.resolve({**base, "partition": {"long_tail_rho": 5}, "corruption": {"fraction": 0.25}})
+    with pytest.raises(schema.ConfigError, match=r"partition.long_tail_rho = 5 applies to partition kinds iid, dirichlet, not hybrid"):
+        settings.resolve({**base, "partition": hybrid})
+    with pytest.raises(schema.ConfigError, match=r"corruption.swap = \[3, 3\]: two different classes of cifar10, 0..9"):
+        settings.resolve({**base, "corruption": {"fraction": 0.5, "swap": [3, 3]}})
+    with pytest.raises(schema.ConfigError, match=r"corruption.swap = \[0, 10\]"):
+        settings.resolve({**base, "corruption": {"fraction": 0.5, "swap": [0, 10]}})
+    with pytest.raises(schema.ConfigError, match=r"corruption.fraction = 0.01 of 20 clients corrupts none"):
+        settings.resolve({**base, "corruption": {"fraction": 0.01}})
+    plain = settings.resolve(base)
+    assert settings.resolve({**base, "partition": {"long_tail_rho": 1}, "corruption": {"fraction": 0.0}}) == plain
+    on = settings.resolve({**base, "partition": {"long_tail_rho": 5}, "corruption": {"fraction": 0.25}})
     assert on["partition"]["long_tail_rho"] == 5 and on["corruption"] == {"fraction": 0.25, "swap": [0, 1]}
 
 
@@ -247,8 +247,9 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
     import json
 
     from conftest import make_partition
-    from fedrepro import cli, config, identity
-    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4, "rounds": 2, "batch_size": 32,
+    from fedrepro import cli, identity
+    from fedrepro.spec import settings
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4, "rounds": 2, "batch_size": 32,
                               "device": "cpu", "partition": {"kind": "iid", "seed": 1, "long_tail_rho": 4},
                               "corruption": {"fraction": 0.5, "swap": [0, 1]}})
     part = identity.partition_setting(setting)

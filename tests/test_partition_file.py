@@ -8,7 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from fedrepro import config, partition
+from fedrepro import identity, partition
+from fedrepro.spec import config, schema, settings
 from fedrepro.identity import partition_id, run_id
 
 N_TRAIN = 60000  # fmnist's training set
@@ -29,7 +30,7 @@ def _write(path, lists) -> str:
 
 
 def _setting(path, n: int = 4) -> dict:
-    return config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": n,
+    return settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": n,
                            "partition": {"kind": "file", "path": str(path)}})
 
 
@@ -38,7 +39,7 @@ def test_a_file_partition_is_the_lists_it_holds(tmp_path, suffix):
     lists = _lists()
     s = _setting(_write(tmp_path / f"p{suffix}", lists))
     assert len(s["partition"]["sha256"]) == 64
-    parts = partition.make(np.zeros(N_TRAIN, dtype=np.int64), config.partition_setting(s))
+    parts = partition.make(np.zeros(N_TRAIN, dtype=np.int64), identity.partition_setting(s))
     assert [p.tolist() for p in parts] == lists and all(p.dtype == np.int64 for p in parts)
 
 
@@ -60,8 +61,8 @@ def test_a_pinned_checksum_refuses_another_file(tmp_path):
     path = _write(tmp_path / "p.json", _lists())
     pinned = _setting(path)["partition"]["sha256"]
     _write(tmp_path / "p.json", _lists(4)[::-1])
-    with pytest.raises(config.ConfigError, match=r"p\.json: its content changed"):
-        config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4,
+    with pytest.raises(schema.ConfigError, match=r"p\.json: its content changed"):
+        settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4,
                         "partition": {"kind": "file", "path": path, "sha256": pinned}})
 
 
@@ -80,7 +81,7 @@ def test_a_bad_file_is_refused_naming_the_file_and_the_first_bad_client(tmp_path
     if "second time" in message:
         message = message.format(lists[0][5] if "client 2" in message else lists[1][0])
     path = _write(tmp_path / f"bad{suffix}", bad)
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(schema.ConfigError) as err:
         _setting(path)
     text = str(err.value)
     assert len(text.splitlines()) == 1 and f"bad{suffix}" in text and message in text, text
@@ -94,11 +95,11 @@ def test_unreadable_or_misnamed_files_are_refused(tmp_path):
     for name, message in [("p.json", "cannot be read"), ("p.txt", "must end in .npz or .json"),
                           ("p.npz", "found clients_1"), ("q.json", "client 0 holds non-integer"),
                           ("missing.npz", "no such file")]:
-        with pytest.raises(config.ConfigError, match=message):
+        with pytest.raises(schema.ConfigError, match=message):
             _setting(tmp_path / name, n=2)
-    with pytest.raises(config.ConfigError, match="needs partition.path"):
-        config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 2, "partition": {"kind": "file"}})
-    with pytest.raises(config.ConfigError) as err:  # a folder, not "no such file"
+    with pytest.raises(schema.ConfigError, match="needs partition.path"):
+        settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 2, "partition": {"kind": "file"}})
+    with pytest.raises(schema.ConfigError) as err:  # a folder, not "no such file"
         _setting(tmp_path, n=2)
     assert str(err.value).endswith(f"partition.path: {tmp_path} is a directory; name the .npz or .json file of "
                                    f"client index lists in it") and "\n" not in str(err.value)
@@ -110,7 +111,7 @@ def test_a_params_file_reads_a_relative_path_under_the_data_root(tmp_path):
     base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "partition": {"kind": "file", "path": "parts/p.npz"}}
     runs = config.expand({"data": {"root": str(tmp_path)}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}})
     assert runs[0].setting["partition"]["path"] == str(tmp_path / "parts" / "p.npz")
-    with pytest.raises(config.ConfigError, match="no such file"):
+    with pytest.raises(schema.ConfigError, match="no such file"):
         config.expand({"data": {"root": str(tmp_path / "other")}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}})
 
 
@@ -119,10 +120,10 @@ def test_the_saved_partition_loads_for_the_same_file_at_another_path(tmp_path):
     shutil.copy(a, tmp_path / "b.npz")
     sa, sb = _setting(a), _setting(tmp_path / "b.npz")
     labels = np.zeros(N_TRAIN, dtype=np.int64)
-    parts = partition.make(labels, config.partition_setting(sa))
-    partition.save(tmp_path / "out", config.partition_setting(sa), labels, parts, 10)
-    loaded = partition.load(tmp_path / "out", config.partition_setting(sb))
+    parts = partition.make(labels, identity.partition_setting(sa))
+    partition.save(tmp_path / "out", identity.partition_setting(sa), labels, parts, 10)
+    loaded = partition.load(tmp_path / "out", identity.partition_setting(sb))
     assert [p.tolist() for p in loaded] == [p.tolist() for p in parts]
     other = _setting(_write(tmp_path / "c.npz", _lists()[::-1]))
     with pytest.raises(partition.PartitionError, match="not this run's partition"):
-        partition.load(tmp_path / "out", config.partition_setting(other))
+        partition.load(tmp_path / "out", identity.partition_setting(other))

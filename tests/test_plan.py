@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedrepro import cli, config, plan
+from fedrepro import cli
+from fedrepro.ops import plan, pricing
+from fedrepro.spec import config, paramsfile, schema, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,20 +26,20 @@ def _params(**base):
 
 
 def test_local_steps_formula():
-    setting = config.resolve({"dataset": "fmnist", "num_clients": 10, "participation": 0.5, "rounds": 4,
+    setting = settings.resolve({"dataset": "fmnist", "num_clients": 10, "participation": 0.5, "rounds": 4,
                               "local_epochs": 2, "batch_size": 100})
     # 4 rounds x 5 clients x 2 epochs x ceil(6000 / 100)
-    assert plan.local_steps(setting) == 4 * 5 * 2 * 60
+    assert pricing.local_steps(setting) == 4 * 5 * 2 * 60
 
 
 def test_random_epochs_count_their_mean():
     setting = {"dataset": "fmnist", "num_clients": 10, "participation": 0.5, "rounds": 1, "local_epochs": 9,
                "batch_size": 6000, "plugins": ["random_epochs"], "random_epochs": {"low": 2, "high": 5}}
-    assert plan.local_steps(setting) == 5 * 3.5
+    assert pricing.local_steps(setting) == 5 * 3.5
 
 
 def test_plan_counts_shared_and_finished_runs_once(tmp_path):
-    params = config.validate(_params(), "params.schema.yaml", "test")
+    params = schema.validate(_params(), "params.schema.yaml", "test")
     runs = config.expand(params)
     done = next(r for r in runs if r.experiment == "a" and r.setting["seed"] == 1)
     (tmp_path / done.id).mkdir()
@@ -61,7 +63,7 @@ def test_plan_counts_the_rounds_a_forked_run_trains_itself_and_both_ways(tmp_pat
             "local_epochs": 1, "batch_size": 100}
     points = [{"algorithm": "fedavg"}, {"algorithm": "fedavg+ima"},
               {"algorithm": "fedavg+ima", "ima": {"start_round": 8}}, {"algorithm": "fedprox+ima"}]
-    params = config.validate({"experiments": {"e": {"base": base, "grid": {"setting": points}}}},
+    params = schema.validate({"experiments": {"e": {"base": base, "grid": {"setting": points}}}},
                              "params.schema.yaml", "test")
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"step_seconds": {"mlp": 0.5}}))
@@ -84,7 +86,7 @@ def test_plan_gives_the_rounds_saved_outside_the_tuning_stage(tmp_path):
     20; the tuning stage's 2 x 20 rounds dilute what sharing saves on the reported runs (20%) to 13%."""
     base = {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 20,
             "local_epochs": 1, "batch_size": 100, "ima": {"start_round": 8}}
-    params = config.validate({"experiments": {"e": {
+    params = schema.validate({"experiments": {"e": {
         "base": base, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedprox", "fedprox+ima"]},
         "tune": [{"when": {"algorithm": "fedprox"}, "without": ["ima"], "grid": {"fedprox.mu": [0.1, 0.01]},
                   "seeds": [7]}]}}}, "params.schema.yaml", "test")
@@ -99,56 +101,56 @@ def test_plan_gives_the_rounds_saved_outside_the_tuning_stage(tmp_path):
 
 def test_without_a_benchmark_the_estimate_says_it_is_a_guess(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no results/bench, no evidence/gpu
-    params = config.validate(_params(), "params.schema.yaml", "test")
+    params = schema.validate(_params(), "params.schema.yaml", "test")
     result = plan.plan(params, None, tmp_path)
     assert "rough guess" in result["source"] and result["total"]["seconds"] > 0
     assert result["experiments"]["a"]["priced_by"] == ["guess (rough table)"]
     assert "priced by: guess (rough table)" in plan.format_plan(result)
-    with pytest.raises(plan.PlanError, match="--bench .*absent.json: no step costs"):
+    with pytest.raises(pricing.PlanError, match="--bench .*absent.json: no step costs"):
         plan.plan(params, tmp_path / "absent.json", tmp_path)
 
 
 def test_batch_size_scales_a_per_batch_measurement():
     costs = {"mlp": {"seconds": 1.0, "batch_size": 50}, "cnn/cifar10": 3.0}
-    assert plan.step_seconds(costs, {"model": "mlp", "dataset": "fmnist", "batch_size": 100}) == 2.0
-    assert plan.step_seconds(costs, {"model": "cnn", "dataset": "cifar10", "batch_size": 100}) == 3.0
-    assert plan.step_seconds(costs, {"model": "vgg11", "dataset": "cifar10", "batch_size": 100}) is None
+    assert pricing.step_seconds(costs, {"model": "mlp", "dataset": "fmnist", "batch_size": 100}) == 2.0
+    assert pricing.step_seconds(costs, {"model": "cnn", "dataset": "cifar10", "batch_size": 100}) == 3.0
+    assert pricing.step_seconds(costs, {"model": "vgg11", "dataset": "cifar10", "batch_size": 100}) is None
 
 
 def test_measured_keys_win_and_the_nearest_measured_batch_is_scaled():
     costs = {"fmnist/cnn:50": 0.02, "fmnist/cnn:200": 0.05, "cnn": {"seconds": 9.0, "batch_size": 64}}
-    assert plan.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 50}) == 0.02
-    assert plan.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 100}) == 0.04  # 50 is nearer
-    assert plan.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 25}) == 0.02   # not below
+    assert pricing.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 50}) == 0.02
+    assert pricing.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 100}) == 0.04  # 50 is nearer
+    assert pricing.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 25}) == 0.02   # not below
 
 
 def test_the_benchmarks_table_of_the_planned_device_is_read(tmp_path):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"step_seconds": {"cpu": {"fmnist/mlp:64": 1.0}, "cuda:0": {"fmnist/mlp:64": 0.001}}}))
-    gpu, cpu = plan.step_costs("cuda", bench).tables[0], plan.step_costs("cpu", bench).tables[0]
+    gpu, cpu = pricing.step_costs("cuda", bench).tables[0], pricing.step_costs("cpu", bench).tables[0]
     assert gpu.costs == {"fmnist/mlp:64": 0.001} and gpu.description == f"measured on cuda:0 ({bench})"
     assert cpu.costs == {"fmnist/mlp:64": 1.0} and cpu.description == f"measured on cpu ({bench})"
     with pytest.raises(ValueError, match="not a step_costs file"):
-        plan.measure(config.validate(_params(), "params.schema.yaml", "test"), "cpu", bench)
+        pricing.measure(schema.validate(_params(), "params.schema.yaml", "test"), "cpu", bench)
 
 
 def test_measure_times_every_setting_of_the_params_file_and_plan_uses_it(tmp_path):
-    params = config.validate(_params(batch_size=8), "params.schema.yaml", "test")
+    params = schema.validate(_params(batch_size=8), "params.schema.yaml", "test")
     out = tmp_path / "step_costs.json"
-    table = plan.measure(params, "cpu", out, steps=2, log=lambda line: None)
+    table = pricing.measure(params, "cpu", out, steps=2, log=lambda line: None)
     assert list(table["step_seconds"]) == ["fmnist/mlp:8"] and table["step_seconds"]["fmnist/mlp:8"] > 0
     assert table["device"] == "cpu" and json.loads(out.read_text()) == table
     result = plan.plan(params, out, tmp_path, device="cpu")
     steps = 4 * 5 * 2 * 750  # ceil(6000 / 8)
     assert result["total"]["seconds"] == pytest.approx(3 * steps * table["step_seconds"]["fmnist/mlp:8"])
     assert result["source"] == f"measured on cpu ({out})"
-    with pytest.raises(plan.PlanError, match="measured on cpu, none on cuda: plan with --device cpu"):
+    with pytest.raises(pricing.PlanError, match="measured on cpu, none on cuda: plan with --device cpu"):
         plan.plan(params, out, tmp_path, device="cuda")  # a CPU measurement never prices a GPU plan
 
 
 def test_pythia_is_timed_from_its_published_architecture_without_the_hub():
     setting = {"dataset": "agnews", "model": "pythia70m", "batch_size": 2, "pretrained": {"max_length": 8}}
-    forward, module, inputs, labels = plan._timed_model(setting, torch.device("cpu"))
+    forward, module, inputs, labels = pricing._timed_model(setting, torch.device("cpu"))
     # Pythia-70M has 70,426,624 parameters with its 50304 x 512 output embedding; the classifier replaces
     # that by a 512 x 4 score head (no bias)
     assert sum(p.numel() for p in module.parameters()) == 70_426_624 - 50304 * 512 + 512 * 4
@@ -180,7 +182,7 @@ def test_cli_plan_merges_a_subset_file_as_snakemake_does(tmp_path, capsys):
 
 
 def test_run_minutes_is_steps_times_cost_times_margin():
-    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
                               "rounds": 100, "local_epochs": 2, "batch_size": 100})
     costs = {"fmnist/mlp:100": 0.01}
     # 100 x 5 x 2 x 60 = 60,000 steps x 0.01 s = 600 s = 10 min, x3 margin = 30 min
@@ -192,16 +194,16 @@ def test_run_minutes_is_steps_times_cost_times_margin():
 def test_run_minutes_counts_the_rounds_the_job_trains():
     """A run started from another run's state at round t (a fork) trains rounds t..R-1; the fork step that
     trains a parent's prefix again, rounds 0..t-1: each asks for what a run of that many rounds asks for."""
-    setting = config.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
                               "rounds": 100, "local_epochs": 2, "batch_size": 100})
     costs = {"fmnist/mlp:100": 0.1}  # 60,000 steps x 0.1 s x 3 = 300 min for the 100 rounds, above the floor
     assert plan.run_minutes(setting, costs, start=75) == plan.run_minutes({**setting, "rounds": 25}, costs) == 75
     assert plan.run_minutes(setting, costs, stop=60) == plan.run_minutes({**setting, "rounds": 60}, costs) == 180
-    assert plan.local_steps(setting, 75) + plan.local_steps(setting, stop=75) == plan.local_steps(setting)
+    assert pricing.local_steps(setting, 75) + pricing.local_steps(setting, stop=75) == pricing.local_steps(setting)
 
 
 def test_cluster_requests_count_a_childs_rounds_from_its_fork(tmp_path):
-    params = config.validate({"experiments": {"e": {
+    params = schema.validate({"experiments": {"e": {
         "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 100,
                  "local_epochs": 2, "batch_size": 100, "ima": {"start_round": 75}},
         "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}, "params.schema.yaml", "test")
@@ -338,25 +340,25 @@ def test_runs_per_gpu_comes_from_a_gpu_throughput_measurement(tmp_path):
 def test_without_a_measurement_of_its_own_the_plan_uses_the_h200s(tmp_path, monkeypatch):
     """A checkout with no results/bench plans with the step costs and runs per GPU measured on the H200
     (evidence/gpu), not the rough guesses; a measurement of its own wins."""
-    measured = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())
+    measured = json.loads((ROOT / pricing.H200_STEP_COSTS_FILE).read_text())
     monkeypatch.chdir(tmp_path)
-    assert [t.label for t in plan.step_costs().tables] == ["guess (rough table)"]
+    assert [t.label for t in pricing.step_costs().tables] == ["guess (rough table)"]
     _copy_evidence(tmp_path)
-    first = plan.step_costs().tables[0]
+    first = pricing.step_costs().tables[0]
     assert first.costs == measured["step_seconds"] and "H200" in first.description
-    assert plan.measured_runs_per_gpu() == (4, f"measured ({plan.H200_BENCH_FILE})")
-    own = tmp_path / plan.STEP_COSTS_FILE
+    assert plan.measured_runs_per_gpu() == (4, f"measured ({pricing.H200_BENCH_FILE})")
+    own = tmp_path / pricing.STEP_COSTS_FILE
     own.parent.mkdir(parents=True)
     own.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:64": 0.5}}))
-    first = plan.step_costs().tables[0]
-    assert (first.costs, first.description) == ({"fmnist/mlp:64": 0.5}, f"measured on cuda ({plan.STEP_COSTS_FILE})")
+    first = pricing.step_costs().tables[0]
+    assert (first.costs, first.description) == ({"fmnist/mlp:64": 0.5}, f"measured on cuda ({pricing.STEP_COSTS_FILE})")
 
 
 def test_the_h200_table_prices_every_setting_of_the_papers():
-    costs = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())["step_seconds"]
-    from fedrepro.gpucheck import PAPER_PARAMS  # the files the table was measured from
-    runs = config.expand(config.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
-    unpriced = sorted({plan.step_key(r.setting) for r in runs if plan.step_seconds(costs, r.setting) is None})
+    costs = json.loads((ROOT / pricing.H200_STEP_COSTS_FILE).read_text())["step_seconds"]
+    from fedrepro.ops.gpucheck import PAPER_PARAMS  # the files the table was measured from
+    runs = config.expand(paramsfile.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
+    unpriced = sorted({pricing.step_key(r.setting) for r in runs if pricing.step_seconds(costs, r.setting) is None})
     assert not unpriced, f"no H200 step cost (gpucheck.measure_step_costs) for {unpriced}"
 
 
@@ -368,14 +370,14 @@ CPU_BENCH = {"step_seconds": {"cpu": {"fmnist/mlp:64": 5.3e-4, "fmnist/cnn:50": 
 
 
 def _copy_evidence(root: Path) -> None:
-    for name in (plan.H200_STEP_COSTS_FILE, plan.H200_BENCH_FILE):
+    for name in (pricing.H200_STEP_COSTS_FILE, pricing.H200_BENCH_FILE):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text((ROOT / name).read_text())
 
 
 def _write_bench(root: Path, table: dict) -> None:
-    (root / plan.BENCH_FILE).parent.mkdir(parents=True, exist_ok=True)
-    (root / plan.BENCH_FILE).write_text(json.dumps(table))
+    (root / pricing.BENCH_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (root / pricing.BENCH_FILE).write_text(json.dumps(table))
 
 
 def _cli_plan(capsys, tmp_path, configfile, *extra) -> dict:
@@ -399,13 +401,13 @@ def test_a_bench_covering_one_setting_leaves_the_others_to_the_table(tmp_path, m
     monkeypatch.chdir(tmp_path)
     _copy_evidence(tmp_path)
     _write_bench(tmp_path, {"step_seconds": {device: {"fmnist/cnn:50": 0.01}}})
-    h200 = json.loads((ROOT / plan.H200_STEP_COSTS_FILE).read_text())["step_seconds"]["cifar10/resnet20:128"]
+    h200 = json.loads((ROOT / pricing.H200_STEP_COSTS_FILE).read_text())["step_seconds"]["cifar10/resnet20:128"]
     out = _cli_plan(capsys, tmp_path, _two_settings(tmp_path), "--device", device)
     covered, other = out["experiments"]["covered"], out["experiments"]["other"]
     # 4 rounds x 5 clients x 1 epoch x ceil(6000 / 50) steps; ceil(5000 / 128) for CIFAR-10
     assert covered["seconds"] == pytest.approx(4 * 5 * 120 * 0.01)
     assert other["unknown"] == [] and other["seconds"] > 0, "a setting the bench did not time is priced at 0"
-    factor = 1.0 if device == "cuda" else plan.ROUGH_CPU_OVER_GPU  # a CPU plan guesses from the GPU table
+    factor = 1.0 if device == "cuda" else pricing.ROUGH_CPU_OVER_GPU  # a CPU plan guesses from the GPU table
     assert other["seconds"] == pytest.approx(4 * 5 * 40 * h200 * factor)
     assert covered["priced_by"] == [f"measured on {device} (bench.json)"]
     assert other["priced_by"] == ["GPU table" if device == "cuda" else "guess (GPU table x 50)"]
@@ -439,11 +441,11 @@ def test_runtime_requests_after_a_cpu_benchmark_are_those_of_the_gpu_table(tmp_p
     _write_bench(tmp_path, CPU_BENCH)
     after = _cli_plan(capsys, tmp_path, params, "--walltime", "600")["cluster"]["run_minutes"]
     assert after == before
-    costs = plan.step_costs_by_device()
-    setting = config.resolve({"dataset": "fmnist", "model": "cnn", "num_clients": 10, "participation": 0.5,
+    costs = pricing.step_costs_by_device()
+    setting = settings.resolve({"dataset": "fmnist", "model": "cnn", "num_clients": 10, "participation": 0.5,
                               "rounds": 400, "local_epochs": 1, "batch_size": 50, "device": "cpu"})
     # 400 x 5 x 120 = 240,000 steps x 5.7 ms = 1,368 s, x 3 = 68.4 min: a device: cpu run asks for the CPU's cost
-    assert plan.run_minutes(setting, costs[plan.run_device(setting)]) == 69
+    assert plan.run_minutes(setting, costs[pricing.run_device(setting)]) == 69
 
 
 def test_plan_names_the_device_option_on_a_device_it_does_not_know(tmp_path, capsys):

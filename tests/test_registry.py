@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from fedrepro import conditions, config, registry
+from fedrepro import registry
+from fedrepro.spec import conditions, schema, settings
 
 
 def test_every_method_module_has_its_fragment_and_every_fragment_its_module():
@@ -24,8 +25,8 @@ def test_shared_keys_are_included_and_listed_keys_win():
 
 
 def test_a_condition_names_its_keys_and_their_values():
-    with pytest.raises(config.ConfigError) as err:
-        config.resolve({"algorithm": "fedprox", "fedprox": {"mu": 10}, "client": {"lr": 0.5}})
+    with pytest.raises(schema.ConfigError) as err:
+        settings.resolve({"algorithm": "fedprox", "fedprox": {"mu": 10}, "client": {"lr": 0.5}})
     message = str(err.value)
     assert "fedprox.mu = 10" in message and "client.lr = 0.5" in message and "overshoot" in message
 
@@ -78,15 +79,16 @@ def test_a_new_method_needs_only_its_module_and_its_fragment(tmp_path):
         '''))
     script = textwrap.dedent('''
         import torch
-        from fedrepro import algorithms, config, identity
-        s = config.resolve({"algorithm": "fedtoy"})
+        from fedrepro import algorithms, identity
+        from fedrepro.spec import schema, settings
+        s = settings.resolve({"algorithm": "fedtoy"})
         assert s["fedtoy"] == {"scale": 0.5}, s
         assert "algorithms/fedtoy.py" in identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedtoy", []))
         a = algorithms.build(s, 2, 3, torch.device("cpu"), torch.ones(2))
         assert a.optimizer.lr == 0.5
         try:
-            config.resolve({"algorithm": "fedtoy", "fedtoy": {"scale": 4}})
-        except config.ConfigError as err:
+            settings.resolve({"algorithm": "fedtoy", "fedtoy": {"scale": 4}})
+        except schema.ConfigError as err:
             assert "a toy must not overshoot" in str(err)
         else:
             raise AssertionError("the condition was not checked")

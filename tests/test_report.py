@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedrepro import config, tuning
 from fedrepro.report import page, plots
-from fedrepro.config import ROOT
+from fedrepro.spec import config, paramsfile, settings, tuning
+from fedrepro.spec.paramsfile import ROOT
 
 
-def fabricate(run: config.Run, runs_dir, final_acc: float, rounds: int = 12, status: str = "finished") -> None:
+def fabricate(run: settings.Run, runs_dir, final_acc: float, rounds: int = 12, status: str = "finished") -> None:
     """A run whose last 10 rounds all have test accuracy ``final_acc``."""
     out = runs_dir / run.id
     out.mkdir(parents=True)
@@ -28,7 +28,7 @@ def fabricate(run: config.Run, runs_dir, final_acc: float, rounds: int = 12, sta
 
 @pytest.fixture
 def ima_fmnist_runs():
-    params = config.load_params(ROOT / "params" / "ima.yaml")
+    params = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_table1_fmnist"
     tunings: dict = {}
     runs = config.expand(params, tunings)
@@ -115,7 +115,7 @@ def test_partial_grid_report_straight_from_params_files(tmp_path, ima_fmnist_run
 def test_ablation_plot_for_numeric_grid_axes(tmp_path):
     """An experiment whose grid varies a number over 3+ values (IMA's window P) gets an ablation plot;
     one that varies only methods and splits does not."""
-    params = config.load_params(ROOT / "params" / "ima.yaml")
+    params = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_fig7b_window,ima_table1_fmnist"
     runs = config.expand(params)
     for run in runs:
@@ -150,7 +150,7 @@ def test_index_counts_every_experiments_runs_by_state(tmp_path):
     path = tmp_path / "params" / "two.yaml"
     path.parent.mkdir()
     path.write_text(json.dumps(params))
-    runs = config.expand(config.load_params(path))
+    runs = config.expand(paramsfile.load_params(path))
     first = [r for r in runs if r.experiment == "first"]
     runs_dir = tmp_path / "results" / "runs"
     fabricate(first[0], runs_dir, 0.8)
@@ -240,7 +240,7 @@ def test_methods_that_coincide_are_named_not_hidden(tmp_path):
     """FedNova's curves equal FedAvg's in every seed (same number of steps everywhere): the page says so
     and marks the row; FedProx, a different curve, is not named."""
     path = _two_method_params(tmp_path)
-    params = config.load_params(path)
+    params = paramsfile.load_params(path)
     runs = config.expand(params)
     for run in runs:
         fabricate(run, tmp_path / "runs", {"fedavg": 0.7, "fednova": 0.7, "fedprox": 0.6}[run.setting["algorithm"]])
@@ -259,7 +259,7 @@ def test_evidence_rebuilds_the_same_page_without_results(tmp_path):
     """keep the compact records, delete results/, rebuild from evidence/ alone: the same numbers."""
     from fedrepro import cli
     path = _two_method_params(tmp_path)
-    runs = config.expand(config.load_params(path))
+    runs = config.expand(paramsfile.load_params(path))
     results = tmp_path / "results"
     for i, run in enumerate(runs[:4]):  # two runs are left missing: the page must still list them
         fabricate(run, results / "runs", 0.5 + 0.05 * i)
@@ -286,7 +286,7 @@ def test_evidence_keep_leaves_a_folder_that_holds_the_same_records_untouched(tmp
     a keep that differs from the folder only in when and by which command it ran leaves the folder as it is."""
     from fedrepro import cli
     path = _two_method_params(tmp_path)
-    runs = config.expand(config.load_params(path))
+    runs = config.expand(paramsfile.load_params(path))
     results = tmp_path / "results"
     for i, run in enumerate(runs[:3]):
         fabricate(run, results / "runs", 0.5 + 0.05 * i)
@@ -319,7 +319,7 @@ def test_evidence_keeps_the_runs_a_manifest_names_when_they_ran_with_earlier_cod
 
     from fedrepro import cli
     path = _two_method_params(tmp_path)
-    params = config.load_params(path)
+    params = paramsfile.load_params(path)
     earlier = [dataclasses.replace(r, id=r.id[:-4] + "0ld0") for r in config.expand(params)]  # other code, other ids
     project = tmp_path / "then"
     for i, run in enumerate(earlier[:3]):
@@ -352,7 +352,7 @@ def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
     method, the final accuracy and its difference from the method's paper-protocol run. The FedLAW proxy
     switch (two keys) shares FedAvg's row (one key); the server-epoch switch is FedLAW's alone."""
     files = [ROOT / "params" / "fedlaw.yaml", ROOT / "params" / "subsets" / "fedlaw_protocol_switches.yaml"]
-    params = config.load_params_files(files)
+    params = paramsfile.load_params_files(files)
     runs = config.expand(params)
     accs = {"fedavg": 0.80, "fedavg · evaluation.proxy_holdout=200": 0.81, "fedavg · client.keep_momentum=True": 0.78,
             "fedlaw": 0.86, "fedlaw · evaluation.proxy_holdout=200 · fedlaw.proxy_size=200": 0.85,
@@ -538,7 +538,7 @@ def test_evidence_carries_equal_runs_from_an_earlier_keep_and_nothing_else(tmp_p
     from fedrepro import cli
     from fedrepro.report import evidence
     path = _two_method_params(tmp_path)
-    params = config.load_params(path)
+    params = paramsfile.load_params(path)
     runs = config.expand(params)
     # earlier ids (earlier code); run 5 ran on another draw of the clients
     old_partition = lambda i, r: r.partition + ("-other" if i == 5 else "-old")
@@ -610,7 +610,7 @@ def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tm
 
     from fedrepro import cli
     path = _two_method_params(tmp_path)
-    params = config.load_params(path)
+    params = paramsfile.load_params(path)
     runs = config.expand(params)
     earlier = [SimpleNamespace(id=r.id[:-4] + "0ld0", setting=r.setting, partition=r.partition + "-old") for r in runs]
 

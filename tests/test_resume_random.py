@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrepro import config, engine
+from fedrepro import engine
+from fedrepro.spec import settings
 from fedrepro.batched import dropout_layers
 from fedrepro.data.cifar import ImageDataset
 from fedrepro.models import vgg
@@ -49,7 +50,7 @@ def _trainer(run_dir, model: str, module: torch.nn.Module, augment: bool) -> eng
     train = ImageDataset(images, labels, mean, std, augment=augment)
     test = ImageDataset(test_images, test_labels, mean, std)
     parts = [np.arange(i * 40, (i + 1) * 40) for i in range(4)]  # equal clients: no size decides the path
-    setting = config.resolve({"dataset": "cifar10", "model": model, "num_clients": 4, "participation": 0.5,
+    setting = settings.resolve({"dataset": "cifar10", "model": model, "num_clients": 4, "participation": 0.5,
                               "rounds": ROUNDS, "batch_size": 20, "local_epochs": 1, "device": "cpu", "eval_every": 1,
                               "seed": 3, "client": {"lr": 0.05}})
     return engine.Trainer(setting, run_dir, None, None, datasets=(train, test), parts=parts, module=module)

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from fedrepro import rundir
+from fedrepro.records import CorruptFileError
 from fedrepro.report import paper
-from fedrepro.config import CorruptFileError
 
 SETTING = {"algorithm": "fedavg", "dataset": "fmnist"}
 
@@ -78,8 +78,8 @@ def test_the_papers_table_skips_a_run_with_corrupt_metrics_and_keeps_the_others(
 
 
 def test_the_planner_does_not_import_the_benchmark():
-    source = (Path(rundir.__file__).parent / "plan.py").read_text()
+    source = (Path(rundir.__file__).parent / "ops" / "plan.py").read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
-    imported |= {f"fedrepro.{a.name}" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
-                 and node.module == "fedrepro" for a in node.names}
-    assert "fedrepro.bench" not in imported
+    imported |= {f"{node.module}.{a.name}" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
+                 for a in node.names}
+    assert "fedrepro.ops.bench" not in imported

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from fedrepro import config
-from fedrepro.config import ROOT
+from fedrepro.spec import config, paramsfile
+from fedrepro.spec.paramsfile import ROOT
 
 SUBSETS = sorted((ROOT / "params" / "subsets").glob("*.yaml"))
 BASE = re.compile(r"--configfile\s+(params/[A-Za-z0-9_]+\.yaml)")
@@ -24,7 +24,7 @@ def test_every_subset_names_the_params_file_it_narrows():
 @pytest.mark.parametrize("subset", SUBSETS, ids=lambda p: p.stem)
 def test_a_subset_expands_with_its_params_file(subset, tmp_path):
     base = ROOT / BASE.search(subset.read_text()).group(1)
-    params = config.load_params_files([base, subset])
+    params = paramsfile.load_params_files([base, subset])
     # a subset reading a partition file finds it under data.root: the repository's copy (evidence/official_code)
     for exp in params["experiments"].values():
         path = exp.get("base", {}).get("partition", {}).get("path")
@@ -42,13 +42,13 @@ def test_fedlaw_table3_draw_per_seed_gives_each_seed_its_own_partition():
     6 partitions, one per (alpha, seed), each drawn with the run's seed; none is a run of the shared draw."""
     subset = ROOT / "params" / "subsets" / "fedlaw_table3_fmnist_mlp_draw_per_seed.yaml"
     base = ROOT / BASE.search(subset.read_text()).group(1)
-    runs = [r for r in config.expand(config.load_params_files([base, subset]), {}) if not r.tuning]
+    runs = [r for r in config.expand(paramsfile.load_params_files([base, subset]), {}) if not r.tuning]
     assert len(runs) == 48
     assert {r.setting["model"] for r in runs} == {"mlp"}
     assert all(r.setting["partition"]["seed"] == r.setting["seed"] for r in runs)
     by_draw = {(r.setting["partition"]["alpha"], r.setting["seed"]): r.partition for r in runs}
     assert sorted(by_draw) == [(0.1, 8), (0.1, 9), (0.1, 10), (100, 8), (100, 9), (100, 10)]
     assert len(set(by_draw.values())) == 6 == len({r.partition for r in runs})
-    shared = config.expand(config.load_params_files(
+    shared = config.expand(paramsfile.load_params_files(
         [base, ROOT / "params" / "subsets" / "verify_fedlaw_table3_fmnist_mlp.yaml"]), {})
     assert not {r.id for r in shared} & {r.id for r in runs}

@@ -488,7 +488,7 @@ def test_a_run_shows_its_partition_and_dataset_as_inputs_and_its_params_file_as_
     real sqlite store, live (the training job, cut off and resumed) and by the track step."""
     from mlflow import MlflowClient
 
-    from fedrepro.config import partition_id
+    from fedrepro.identity import partition_id
     uri = sqlite_uri
     manifest_path = _tiny_manifest(tmp_path, ["tiny-run"])
     manifest = json.loads(manifest_path.read_text())

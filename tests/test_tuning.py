@@ -1,4 +1,4 @@
-"""The tuning stage (fedrepro.tuning): choosing, tune blocks and their errors, the validation split, the
+"""The tuning stage (fedrepro.spec.tuning): choosing, tune blocks and their errors, the validation split, the
 expansion into tuning runs and final runs, the plan's count, and the stage end to end through Snakemake."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from conftest import DEBIAN_FMNIST, ROOT, job_counts, make_partition, snakemake_cmd, \
     subprocess_env, write_yaml
-from fedrepro import config, tuning
+from fedrepro.spec import config, paramsfile, schema, settings, tuning
 from fedrepro.evaluation import validation_split
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2, "device": "cpu",
@@ -26,7 +26,7 @@ def params(tune=PROX, grid=None, base=BASE) -> dict:
     exp = {"base": copy.deepcopy(base), "grid": grid or {"algorithm": ["fedavg", "fedprox"], "seed": [1, 2]}}
     if tune is not None:
         exp["tune"] = copy.deepcopy(tune if isinstance(tune, list) else [tune])
-    return config.validate({"experiments": {"e": exp}}, "params.schema.yaml", "test.yaml")
+    return schema.validate({"experiments": {"e": exp}}, "params.schema.yaml", "test.yaml")
 
 
 def expand(p: dict):
@@ -92,8 +92,8 @@ def test_a_loss_criterion_picks_the_lowest():
 
 
 def one_error(p: dict) -> str:
-    with pytest.raises(config.ConfigError) as err:
-        expand(config.validate(p, "params.schema.yaml", "test.yaml") if "experiments" in p else p)
+    with pytest.raises(schema.ConfigError) as err:
+        expand(schema.validate(p, "params.schema.yaml", "test.yaml") if "experiments" in p else p)
     text = str(err.value)
     assert len(text.splitlines()) == 1, text
     return text
@@ -145,9 +145,9 @@ def test_a_tuning_run_scores_the_validation_samples_and_trains_on_the_rest(tiny_
     from fedrepro.engine import Trainer
 
     partition = make_partition(tiny_data_root, tmp_path / "part", num_clients=4, kind="iid")
-    setting = config.resolve({**BASE, "evaluation": {"validation": 0.25}, "seed": 5})
+    setting = settings.resolve({**BASE, "evaluation": {"validation": 0.25}, "seed": 5})
     trainer = Trainer(setting, tmp_path / "run", partition, tiny_data_root)
-    full = Trainer(config.resolve({**BASE, "seed": 5}), tmp_path / "full", partition, tiny_data_root)
+    full = Trainer(settings.resolve({**BASE, "seed": 5}), tmp_path / "full", partition, tiny_data_root)
     trained, held = validation_split(full.parts, 0.25, 5)
     assert len(trainer.test) == len(held) == 100  # 400 samples, a quarter of each client's
     assert np.array_equal(trainer.test.labels.numpy(), full.train.labels[held].numpy())
@@ -220,7 +220,7 @@ def test_bare_and_plugin_points_share_one_tuning_without_the_plugin():
 
 
 def test_the_plan_counts_the_tuning_runs_and_the_final_runs(tmp_path):
-    from fedrepro import plan
+    from fedrepro.ops import plan
 
     result = plan.plan(params(), runs_dir=tmp_path / "runs")
     row = result["experiments"]["e"]
@@ -232,7 +232,7 @@ def test_the_papers_files_tune_where_the_papers_did():
     for name, grids in (("ima", {("fedprox.mu",): [0.1, 0.01, 0.001], ("fedfa.lam",): [0.1, 0.01, 0.001]}),
                         ("fedaware", {("fedprox.mu",): [0.01, 0.1, 1, 10], ("feddyn.alpha",): [0.1, 0.01, 0.001],
                                       ("fedavgm.momentum",): [0.7, 0.9, 0.97, 0.997]})):
-        p = config.load_params(ROOT / "params" / f"{name}.yaml")
+        p = paramsfile.load_params(ROOT / "params" / f"{name}.yaml")
         blocks = [b for exp in p["experiments"].values() for b in (exp.get("tune") or [])]
         found = {tuple(b["grid"]): list(b["grid"].values())[0] for b in blocks}
         for axes, values in grids.items():
@@ -319,7 +319,7 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
 @pytest.mark.slow
 def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path, fmnist_data):
     """The final runs a tuning gives are known only after its checkpoint; a tuned fedavg+ima run still starts
-    from its tuned FedAvg sibling's state at t_s (workflow/rules/train.smk, current_forks)."""
+    from its tuned FedAvg sibling's state at t_s (fedrepro.spec.forks.WorkflowForks.current)."""
     work = tmp_path / "work"
     (work / "params").mkdir(parents=True)
     spec = copy.deepcopy(TINY_TUNE)

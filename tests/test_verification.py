@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from fedrepro.report import cites, matrix_text, verification
-from fedrepro.config import ROOT
+from fedrepro.spec.paramsfile import ROOT
 
 # A two-column table: cells match runs by algorithm; alpha selects the row.
 TABLE = {"tables": {"toy_table1": {

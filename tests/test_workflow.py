@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import BIN, ROOT, job_counts, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro import config
+from fedrepro import identity
+from fedrepro.spec import config, paramsfile
 
 
 def _snakemake(workdir: Path, *args: str, env=None, timeout=900) -> subprocess.CompletedProcess:
@@ -29,7 +30,7 @@ def _snakemake(workdir: Path, *args: str, env=None, timeout=900) -> subprocess.C
 
 
 def _expected_counts(params_file: Path) -> dict[str, int]:
-    runs = config.unique_runs(config.expand(config.load_params(params_file)))
+    runs = config.unique_runs(config.expand(paramsfile.load_params(params_file)))
     partitions = {run.partition for run in runs.values()}
     datasets = {run.setting["dataset"] for run in runs.values()}
     return {"download": len(datasets), "partition": len(partitions), "train": len(runs),
@@ -78,7 +79,7 @@ def test_the_workflow_and_fedrepro_manifest_agree_on_the_manifest(tmp_path):
     """The Snakefile names the manifest by a hash of its content; `fedrepro manifest` writes that content
     (one library function), also with --config values, and refuses a name its content does not hash to."""
     default = ROOT / "params" / "default.yaml"
-    only = sorted(config.load_params(default)["experiments"])[0]
+    only = sorted(paramsfile.load_params(default)["experiments"])[0]
     proc = _snakemake(tmp_path, "-n", "--configfile", str(default), "--config", f"only={only}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = re.search(r"results/manifests/default-\w+\.json", proc.stdout).group(0)
@@ -99,7 +100,7 @@ def test_the_workflow_and_fedrepro_manifest_agree_on_the_manifest(tmp_path):
 
 # The workflow's .test config (Snakemake's convention), run here through Snakemake as CI runs it.
 TEST_CONFIG = ROOT / ".test" / "config" / "tiny.yaml"
-TINY = config.read_yaml(TEST_CONFIG)
+TINY = paramsfile.read_yaml(TEST_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def tiny_run(tmp_path_factory, fmnist_data):
     proc = _snakemake(work, "--configfile", str(params), "--workflow-profile", str(ROOT / "workflow/profiles/ci"),
                       "--cores", "2", env=env)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
-    runs = config.unique_runs(config.expand(config.load_params(params)))
+    runs = config.unique_runs(config.expand(paramsfile.load_params(params)))
     return {"work": work, "params": params, "uri": uri, "env": env, "runs": runs, "fmnist": fmnist_data}
 
 
@@ -133,7 +134,7 @@ def test_e2e_metrics_and_summary(tiny_run):
         summary = json.loads((folder / "summary.json").read_text())
         assert summary["status"] == "finished"
         assert summary["setting"] == run.setting
-        assert summary["setting_hash"] == config.stable_hash(run.setting)
+        assert summary["setting_hash"] == identity.stable_hash(run.setting)
         assert summary["run"] == run.id and summary["rounds_done"] == 2
         assert math.isclose(summary["final_acc"], metrics["test_acc"].tail(10).mean())
         assert summary["best_acc"] == metrics["test_acc"].max()
@@ -339,10 +340,10 @@ def _without_timings(path: Path) -> str:
 @pytest.fixture(scope="module")
 def forked_grid(tmp_path_factory, fmnist_data):
     """.test/config/forks.yaml trained twice through Snakemake: sharing prefixes, and with share_prefixes=false."""
-    from fedrepro import forks
+    from fedrepro.spec import forks
     params = fmnist_data.params_file(FORKS_CONFIG, tmp_path_factory.mktemp("params"))
     env = subprocess_env(fmnist=fmnist_data)
-    runs = config.unique_runs(config.expand(config.load_params(params)))
+    runs = config.unique_runs(config.expand(paramsfile.load_params(params)))
     shared = forks.assign(list(runs.values()))
     grids = {}
     for name, extra in (("shared", ()), ("unshared", ("--config", "share_prefixes=false"))):
@@ -362,12 +363,13 @@ def test_forks_each_job_asks_for_the_runtime_of_the_rounds_it_trains(tmp_path):
     fork step trains at most the parent's first t rounds; a parent, and every run with sharing off, asks for R.
     Step costs large enough that no request is the floor, so the counts show; measured on the CPU, the device
     these runs train on (a measurement of another device would not price them)."""
-    from fedrepro import forks, plan
+    from fedrepro.ops import plan
+    from fedrepro.spec import forks
     costs = {"fmnist/mlp:256": 5.0}
     (tmp_path / "results" / "bench").mkdir(parents=True)
     (tmp_path / "results" / "bench" / "step_costs.json").write_text(json.dumps({"device": "cpu",
                                                                                 "step_seconds": costs}))
-    runs = config.unique_runs(config.expand(config.load_params(FORKS_CONFIG)))
+    runs = config.unique_runs(config.expand(paramsfile.load_params(FORKS_CONFIG)))
     shared = forks.assign(list(runs.values()))
     minutes = lambda run_id, rounds: plan.run_minutes({**runs[run_id].setting, "rounds": rounds}, costs)  # noqa: E731
     rounds = {run_id: run.setting["rounds"] for run_id, run in runs.items()}
@@ -434,7 +436,7 @@ def test_forks_reruns_follow_the_tree(forked_grid):
     for toggle in ((), ("--config", "share_prefixes=false")):
         proc = _snakemake(work, "-n", *args, *toggle)
         assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
-    params = config.read_yaml(FORKS_CONFIG)
+    params = paramsfile.read_yaml(FORKS_CONFIG)
     for edit, expected in ((lambda p: p["experiments"]["tiny_forks"]["grid"]["setting"][2]["ima"].update(lr_decay=0.7),
                             {"train": 1, "fork": 1}),
                            (lambda p: p["experiments"]["tiny_forks"]["base"]["client"].update(lr=0.04),
@@ -444,7 +446,7 @@ def test_forks_reruns_follow_the_tree(forked_grid):
         folder = work / f"changed{expected['train']}"
         folder.mkdir()
         path = write_yaml(folder / "forks.yaml", changed)
-        targets = _train_targets(config.unique_runs(config.expand(config.load_params(path))))
+        targets = _train_targets(config.unique_runs(config.expand(paramsfile.load_params(path))))
         proc = _snakemake(work, "-n", "--configfile", str(path), *CI_PROFILE, *targets)
         assert proc.returncode == 0, proc.stderr[-3000:]
         counts = dict(collections.Counter(rule for rule, _ in _jobs(proc.stdout + proc.stderr)))
@@ -463,7 +465,7 @@ def test_a_figure_waits_for_every_run_of_its_experiment_also_one_another_experim
             "second": {"base": base, "grid": {"algorithm": ["fedavg", "fedprox"]}}},
         "figures": {"fig_first": {"kind": "locality", "experiment": "first"},
                     "fig_second": {"kind": "locality", "experiment": "second"}}})
-    runs = config.expand(config.load_params(params))
+    runs = config.expand(paramsfile.load_params(params))
     shared = next(r.id for r in runs if r.experiment == "first")
     assert config.unique_runs(runs)[shared].experiment == "second"  # the run is listed under one experiment only
     assert config.runs_by_experiment(runs)["first"] == [shared]

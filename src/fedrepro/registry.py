@@ -7,11 +7,11 @@ A method is two files side by side: ``algorithms/<name>.py`` (its math, a ``buil
     schema:                    # the setting sections it reads, as JSON schema with defaults
       <section>: {type: object, default: {}, properties: {...}}
     keys: {...}                # keys other fragments may include with `$keys: <this file's name>`
-    requires:                  # conditions checked before any job (fedrepro.conditions)
+    requires:                  # conditions checked before any job (fedrepro.spec.conditions)
       - {check: "<section>.mu * client.lr < 1", because: "..."}
     refuses:                   # plug-ins: algorithms it cannot be combined with, and why
       <algorithm>: "..."
-    fork:                      # plug-ins that act only from some round on (fedrepro.forks)
+    fork:                      # plug-ins that act only from some round on (fedrepro.spec.forks)
       acts_from: "<expression: the first round it changes anything>"
       needs_models: "<expression: the host's last global models it needs at that round>"
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro import conditions
+from fedrepro.spec import conditions
 # Facts training code reads too live in catalog.py, so that editing a fragment changes no other run
 from fedrepro.catalog import (DATASETS, FEATURE_CLASSIFIER_MODELS, LONG_TAIL_KINDS, MODELS,  # noqa: F401
                              PARTITION_KEYS, ima_start_round)

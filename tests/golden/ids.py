@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedrepro import config  # noqa: E402
+from fedrepro.spec import config, paramsfile  # noqa: E402
 from fedrepro.errors import FedreproError  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("ids.json")
@@ -49,7 +49,7 @@ def ids_of(files: list[Path]) -> dict | None:
     """Run ids (tuning runs included) and partition ids of the files, or None when they are refused."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            params = _with_partition_files(config.load_params_files(files), Path(tmp))
+            params = _with_partition_files(paramsfile.load_params_files(files), Path(tmp))
             runs = config.expand(params, {})
         except FedreproError:
             return None

@@ -16,7 +16,7 @@ def run_setting(wildcards):
 
 
 def run_partition(wildcards):
-    return fconfig.partition_id(run_setting(wildcards))
+    return fidentity.partition_id(run_setting(wildcards))
 
 
 # figures.smk

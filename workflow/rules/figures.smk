@@ -6,9 +6,9 @@ try:
     FIGURES = {
         name: spec
         for name, spec in ffigures.check(config.get("figures", {}), config["experiments"]).items()
-        if spec["kind"] in ffigures.NO_RUNS or spec["experiment"] in fconfig.selected_experiments(config)
+        if spec["kind"] in ffigures.NO_RUNS or spec["experiment"] in fparams.selected_experiments(config)
     }
-except fconfig.ConfigError as err:
+except fschema.ConfigError as err:
     raise WorkflowError(f"invalid figures section:\n{err}")
 FIGURES_DIR = f"results/figures/{CONFIG_NAME}"
 

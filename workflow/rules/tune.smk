@@ -1,18 +1,14 @@
-# The tuning stage (fedrepro.tuning; docs/configuration.md "Tuning"): a params file's tune blocks name values the papers
+# The tuning stage (fedrepro.spec.tuning; docs/configuration.md "Tuning"): a params file's tune blocks name values the papers
 # picked from a grid. Their tuning runs are ordinary runs (rule train) scored on a validation split; `tune`
 # ranks each tuning's candidates, and the checkpoint `tuned_manifest` writes the manifest with the final runs
 # the choices give. Those runs' ids hold the chosen values, so they are known only after the checkpoint:
 # `snakemake -n` shows the tuning work, and Snakemake adds the final runs once the choices exist.
-from fedrepro import tuning as ftuning
-
-# The checkpoint's manifest: the final runs the choices give. Snakemake examines a job that depends on a
-# checkpoint only once the checkpoint has run, and replaces such jobs after it; so one job depends on it,
-# `tuned_runs`, which waits for the final runs and writes the manifest the report, tracking and collect
-# steps read (REPORT_MANIFEST: both paths carry the manifest's hash, so a changed grid is new work).
-TUNED_MANIFEST = ftuning.tuned_manifest_path(MANIFEST_PATH)
+# The checkpoint's manifest (TUNED_MANIFEST, the Snakefile's): the final runs the choices give. Snakemake
+# examines a job that depends on a checkpoint only once the checkpoint has run, and replaces such jobs after
+# it; so one job depends on it, `tuned_runs`, which waits for the final runs and writes the manifest the
+# report, tracking and collect steps read (REPORT_MANIFEST: both paths carry the manifest's hash, so a
+# changed grid is new work).
 REPORT_MANIFEST = MANIFEST_PATH[: -len(".json")] + ".final.json" if TUNINGS else MANIFEST_PATH
-# Final runs are found by the training rule's run_setting once the checkpoint's manifest is there.
-RUNS = ftuning.RunTable(RUNS, TUNED_MANIFEST)
 TUNING_RUNS = {run_id for run_id, run in RUNS.items() if run.tuning}
 OWN_RUNS = [run_id for run_id in RUNS if run_id not in TUNING_RUNS]  # tuning runs belong to no experiment
 # experiments whose grid has points a tuning decides (their final runs follow the checkpoint)

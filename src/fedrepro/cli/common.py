@@ -104,8 +104,9 @@ def finish(p: argparse.ArgumentParser, example: str) -> None:
 
 def _manifest_of(args, command: str) -> dict:
     """The manifest a command reads: --manifest as written, or the one of --configfile's params files."""
-    from fedrepro import config, records
+    from fedrepro import records
+    from fedrepro.spec import config, paramsfile
     if args.manifest:
         return records.read_json(args.manifest)
-    return config.run_manifest(config.load_params_files(args.configfile), args.configfile,
+    return config.run_manifest(paramsfile.load_params_files(args.configfile), args.configfile,
                                f"fedrepro {command} --configfile " + " ".join(args.configfile))

@@ -119,9 +119,9 @@ def cmd_evidence(args) -> None:
 
 def _kept_run(run: Path) -> tuple[dict, object]:
     import pandas as pd
-    from fedrepro import config
+    from fedrepro import records
     metrics = run / "metrics.csv"
-    return config.read_json(run / "summary.json"), pd.read_csv(metrics) if metrics.is_file() else None
+    return records.read_json(run / "summary.json"), pd.read_csv(metrics) if metrics.is_file() else None
 
 
 def _print_comparison(rows: list[dict], folder: str, tolerance: float) -> int:

@@ -23,8 +23,8 @@ def add_expand(sub) -> None:
 
 
 def cmd_expand(args) -> None:
-    from fedrepro import config
-    runs = config.expand(config.load_params_files(args.configfile))
+    from fedrepro.spec import config, paramsfile
+    runs = config.expand(paramsfile.load_params_files(args.configfile))
     for run in runs:
         print(run.experiment, run.id)
     print(f"{len(config.unique_runs(runs))} runs", file=sys.stderr)
@@ -54,15 +54,16 @@ def add_plan(sub) -> None:
 
 
 def cmd_plan(args) -> None:
-    from fedrepro import config, plan
-    params = config.load_params_files(args.configfile)
+    from fedrepro.ops import plan, pricing
+    from fedrepro.spec import paramsfile
+    params = paramsfile.load_params_files(args.configfile)
     if args.only:
         params["only"] = args.only
     device = args.device or "cuda"  # a cluster user plans for the GPUs the runs will get
     if args.measure:
         import torch
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")  # plan what was measured
-        plan.measure(params, device, args.bench or plan.STEP_COSTS_FILE, log=lambda line: print(line, file=sys.stderr))
+        pricing.measure(params, device, args.bench or pricing.STEP_COSTS_FILE, log=lambda line: print(line, file=sys.stderr))
     result = plan.plan(params, args.bench, args.runs_dir, device)
     if args.walltime:  # Slurm: group size that keeps each submission within the site's walltime
         runs_per_gpu = args.runs_per_gpu or plan.measured_runs_per_gpu()[0]

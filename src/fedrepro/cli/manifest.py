@@ -64,10 +64,10 @@ def add_manifest(sub) -> None:
 
 
 def cmd_manifest(args) -> None:
-    from fedrepro import config
-    params = config.load_params_files([Path(args.base, f) for f in args.configfile])
+    from fedrepro.spec import config, paramsfile, schema, settings
+    params = paramsfile.load_params_files([Path(args.base, f) for f in args.configfile])
     if args.overrides:  # Snakemake's --config: merged last, as Snakemake does
-        params = config.validate(config.deep_merge(params, args.overrides), "params.schema.yaml",
+        params = schema.validate(settings.deep_merge(params, args.overrides), "params.schema.yaml",
                                  " ".join(args.configfile) + " with --config")
     manifest = config.run_manifest(params, args.configfile, args.command or "fedrepro manifest --configfile "
                                    + " ".join(args.configfile))
@@ -106,7 +106,7 @@ def add_tune(sub) -> None:
 
 
 def cmd_tune(args) -> None:
-    from fedrepro import tuning
+    from fedrepro.spec import tuning
     manifest = json.loads(Path(args.manifest).read_text())
     if args.action == "select":
         try:

@@ -12,7 +12,7 @@ def add_parsers(sub) -> None:
 
 def add_bench(sub) -> None:
     """Seconds per round."""
-    from fedrepro.bench_settings import SETTINGS as BENCH_SETTINGS
+    from fedrepro.ops.bench_settings import SETTINGS as BENCH_SETTINGS
     p = sub.add_parser("bench", help="seconds per round: engine vs a reference-style loop vs the compute floor")
     p.add_argument("--settings", nargs="+", choices=sorted(BENCH_SETTINGS), default=list(BENCH_SETTINGS),
                    help="which paper settings to time (default: all)")
@@ -34,7 +34,7 @@ def add_bench(sub) -> None:
 
 def cmd_bench(args) -> None:
     import torch
-    from fedrepro import bench
+    from fedrepro.ops import bench
     devices = args.device or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if "cuda" in devices and not torch.cuda.is_available():
         raise SystemExit("fedrepro bench: --device cuda was asked for, but torch sees no CUDA device")
@@ -62,5 +62,5 @@ def add_check_gpu(sub) -> None:
 
 
 def cmd_check_gpu(args) -> None:
-    from fedrepro import gpucheck
+    from fedrepro.ops import gpucheck
     raise SystemExit(gpucheck.main(args.out, args.data_root, args.rounds, tuple(args.throughput), args.skip_bench))

@@ -54,7 +54,7 @@ def add_train(sub) -> None:
 def cmd_train(args) -> None:
     import torch
     from fedrepro import engine
-    from fedrepro.config import resolve
+    from fedrepro.spec.settings import resolve
     engine.die_with_parent()  # killing Snakemake stops its training jobs too
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -62,8 +62,8 @@ def cmd_train(args) -> None:
     _check_run_folder(setting, args.out)
     if args.device:
         setting["device"] = args.device
-    if setting["device"] != "cpu":  # several GPUs here: this job takes its own (fedrepro.slots)
-        from fedrepro import slots
+    if setting["device"] != "cpu":  # several GPUs here: this job takes its own (fedrepro.ops.slots)
+        from fedrepro.ops import slots
         bound = slots.bind_gpu()
         if bound:
             print(bound, file=sys.stderr, flush=True)
@@ -72,7 +72,7 @@ def cmd_train(args) -> None:
         from fedrepro.tracking import live
         observer = live.live_run(args.out, args.tracking_uri, args.mlflow_experiment, args.mlflow_manifest,
                                      args.partition)
-    from fedrepro import forks
+    from fedrepro.spec import forks
     summary = engine.train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
                            progress=not args.no_progress, stop_after=args.stop_after, observer=observer,
                            keep_forks=args.keep_forks, history=args.fork_history, fork_from=args.fork_from,
@@ -113,7 +113,7 @@ def add_fork(sub) -> None:
 def cmd_fork(args) -> None:
     import torch
     from fedrepro import engine
-    from fedrepro.config import resolve
+    from fedrepro.spec.settings import resolve
     engine.die_with_parent()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -4,7 +4,7 @@ A run's own time is its summary's ``runtime_s`` (the sum of its rounds' ``second
 less the rounds a run started from another run's state did not train itself (``forked_from``: those rounds are
 its parent's). It is counted on the device of the run's last start (``summary.device``). The estimate is
 ``fedrepro plan``'s: the run's local SGD steps (of the rounds it trains) times the plan's seconds per step on the
-device the plan prices the run for (``plan.run_device``; ``plan.step_costs``: that device's measurement, else the
+device the plan prices the run for (``pricing.run_device``; ``pricing.step_costs``: that device's measurement, else the
 table kept in evidence/gpu/, else a marked guess); it counts no evaluation and no server-side work, so it is a
 floor, on the plan's device.
 """
@@ -41,16 +41,16 @@ def device_kind(summary: dict) -> str:
 
 def estimate_seconds(summary: dict, costs: dict) -> tuple[float, str] | None:
     """The plan's seconds for the rounds the run trained itself, and the source that priced them; None where the
-    plan knows no step cost. ``costs``: plan.step_costs_by_device()."""
-    from fedrepro import plan
+    plan knows no step cost. ``costs``: pricing.step_costs_by_device()."""
+    from fedrepro.ops import pricing
 
     try:
         setting = summary["setting"]
-        priced = costs[plan.run_device(setting)].price(setting)
+        priced = costs[pricing.run_device(setting)].price(setting)
         if priced is None:
             return None
         seconds, table = priced
-        return plan.local_steps(setting, _fork_round(summary)) * seconds, table.label
+        return pricing.local_steps(setting, _fork_round(summary)) * seconds, table.label
     except (KeyError, TypeError, ValueError, ZeroDivisionError):  # a setting from code the plan no longer reads
         return None
 
@@ -58,9 +58,9 @@ def estimate_seconds(summary: dict, costs: dict) -> tuple[float, str] | None:
 def of_runs(run_dirs: list[Path]) -> dict:
     """Device-hours of the finished runs in ``run_dirs`` per device, their total, and the plan's estimate for
     the same runs (with how many runs it could not price, and where its step costs come from)."""
-    from fedrepro import plan
+    from fedrepro.ops import pricing
 
-    costs = plan.step_costs_by_device()
+    costs = pricing.step_costs_by_device()
     sources: set[str] = set()
     hours: dict[str, float] = {}
     estimate, unpriced, runs = 0.0, 0, 0

@@ -60,13 +60,14 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     records of a run kept there whose setting, resolved by today's code, is the declared one, on a partition
     of the same content. It keeps its own id and summary (which name the commit it ran with); the manifest
     says which runs were carried and from where."""
-    from fedrepro import config
+    from fedrepro import records
     from fedrepro.report import verification
+    from fedrepro.spec import config, paramsfile
 
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
     if manifest is not None:
         manifest_path = Path(manifest)
-        kept_manifest = config.read_json(manifest_path)
+        kept_manifest = records.read_json(manifest_path)
         # results/manifests/<name>.json: the params files it names are relative to that project's root
         project = manifest_path.resolve().parents[2]
         configfiles = [project / p for p in kept_manifest.get("configfiles", [])]
@@ -75,7 +76,7 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
         _mark_switches(kept_manifest)
     else:
         configfiles = [Path(p) for p in configfiles]
-        params = config.load_params_files([str(p) for p in configfiles])
+        params = paramsfile.load_params_files([str(p) for p in configfiles])
         runs = config.expand(params)
         declared = {r.id: r.partition for r in runs}
         command = "fedrepro evidence keep --configfile " + " ".join(map(str, configfiles)) + f" --name {name}"
@@ -124,7 +125,7 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
 def _record_collapse(run: Path) -> dict | None:
     """Write the run's collapse record (fedrepro.report.collapses, from its metrics.csv) into its kept summary.json,
     as the key ``collapse``; the file is rewritten only when the record changes. Returns the record."""
-    from fedrepro import config
+    from fedrepro import records
     from fedrepro.report import collapses
 
     summary_path, metrics_path = run / rundir.SUMMARY, run / rundir.METRICS
@@ -132,7 +133,7 @@ def _record_collapse(run: Path) -> dict | None:
         return None
     import pandas as pd
 
-    summary = config.read_json(summary_path)
+    summary = records.read_json(summary_path)
     record = collapses.of_run(summary, pd.read_csv(metrics_path))
     if summary.get("collapse") != record:
         summary["collapse"] = record
@@ -174,7 +175,7 @@ def _without_wording(manifest: dict) -> dict:
 def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: list[str | Path]) -> dict:
     """For each missing run, an equal run kept in one of ``folders``: {missing id: {folder, id, partition, commit}}.
     The manifest's entry of a carried run is rewritten to the kept id and partition, so a page finds it."""
-    from fedrepro import config
+    from fedrepro import records
 
     entries = {r["id"]: r for exp in manifest["experiments"].values() for r in exp["runs"] if r["id"] in missing}
     found: dict = {}
@@ -183,7 +184,7 @@ def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: 
             raise EvidenceError(f"--carry {folder}: not an evidence folder (no {MANIFEST})")
         for kept, new_id, same_clients in _equal_runs(folder, entries, partitions_dir):
             if same_clients and new_id not in found:  # no record of a partition is no evidence of its clients
-                summary = config.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
+                summary = records.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
                 found[new_id] = {"folder": folder, "id": kept["id"], "partition": kept["partition"],
                                  "commit": summary.get("git_commit")}
     for entry in entries.values():
@@ -199,10 +200,10 @@ def _equal_runs(folder: Path, declared: dict, partitions_dir: Path):
     added since with their defaults), is the declared setting, and the two partitions hold the same clients
     (True: their content hashes agree) or the declared one has not been made in ``partitions_dir`` yet (None).
     A run's id also hashes its code, so the ids of two commits never meet: settings do."""
-    from fedrepro import config
+    from fedrepro.spec import settings
 
     for run in _kept_runs(folder):
-        setting = config.resolve(run["setting"])
+        setting = settings.resolve(run["setting"])
         for new_id, entry in declared.items():
             if entry["setting"] != setting:
                 continue
@@ -215,11 +216,11 @@ def _equal_runs(folder: Path, declared: dict, partitions_dir: Path):
 
 def _kept_runs(folder: Path) -> list[dict]:
     """The manifest entries of the runs ``folder`` holds records of (a manifest also names unfinished runs)."""
-    from fedrepro import config
+    from fedrepro import records
 
     if not (folder / MANIFEST).is_file():
         raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST})")
-    manifest = config.read_json(folder / MANIFEST)
+    manifest = records.read_json(folder / MANIFEST)
     return [r for exp in manifest["experiments"].values() for r in exp["runs"]
             if (folder / "runs" / r["id"] / rundir.SUMMARY).is_file()]
 
@@ -237,10 +238,11 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
     no equal run), state ('compared', 'not rerun', 'not declared', or no partition record), rounds, the
     column with the largest difference and that difference (0.0: bit for bit), both final accuracies, and the
     CPU kernels torch picked for each (None where a summary predates that record)."""
-    from fedrepro import config
+    from fedrepro import records
+    from fedrepro.spec import config, paramsfile
 
     folder, runs_dir, partitions_dir = Path(folder), Path(runs_dir), Path(partitions_dir)
-    runs = config.expand(config.load_params_files([str(p) for p in configfiles]))
+    runs = config.expand(paramsfile.load_params_files([str(p) for p in configfiles]))
     declared = {r.id: {"setting": r.setting, "partition": r.partition} for r in runs}
     matches: dict = {}
     for kept, new_id, same_clients in _equal_runs(folder, declared, partitions_dir):
@@ -248,7 +250,7 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
     rows = []
     for kept in _kept_runs(folder):
         new_id, same_clients = matches.get(kept["id"], (None, None))
-        summary = config.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
+        summary = records.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
         row = {"kept": kept["id"], "rerun": new_id, "state": "not declared" if new_id is None else "not rerun",
                "rounds": 0, "same_rounds": None, "column": None, "max_abs_diff": None,
                "kept_final_acc": summary.get("final_acc"), "rerun_final_acc": None,
@@ -257,7 +259,7 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
         if rerun_done and not same_clients:
             row["state"] = f"no partition record in {partitions_dir}"  # its clients cannot be shown the same
         elif rerun_done:
-            rerun = config.read_json(runs_dir / new_id / rundir.SUMMARY)
+            rerun = records.read_json(runs_dir / new_id / rundir.SUMMARY)
             row.update(state="compared", **_largest_difference(folder / "runs" / kept["id"] / rundir.METRICS,
                                                                runs_dir / new_id / rundir.METRICS),
                        rerun_final_acc=rerun.get("final_acc"), rerun_cpu_kernels=rerun.get("cpu_kernels"))
@@ -296,14 +298,14 @@ def _content(partition: Path) -> str | None:
 def _mark_switches(manifest: dict) -> None:
     """An experiment of switches (``switches: true``, a flag of how the report presents it, no part of any run)
     in this checkout's params files is one in a manifest written before the flag existed too."""
-    from fedrepro import config
+    from fedrepro.spec import paramsfile, schema
 
-    files = [config.ROOT / p for p in manifest.get("configfiles", [])]
+    files = [paramsfile.ROOT / p for p in manifest.get("configfiles", [])]
     if not files or not all(p.is_file() for p in files):
         return
     try:
-        current = config.selected_experiments(config.load_params_files(files))
-    except config.ConfigError:
+        current = paramsfile.selected_experiments(paramsfile.load_params_files(files))
+    except schema.ConfigError:
         return
     for exp_name, exp in manifest["experiments"].items():
         if current.get(exp_name, {}).get("switches"):

@@ -17,7 +17,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from fedrepro import config
+from fedrepro.spec import config, paramsfile, schema
 from fedrepro.rundir import STATES, RunDir
 
 
@@ -28,16 +28,16 @@ def params_files(params_dir: Path) -> list[Path]:
 
 def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
     try:
-        params = config.load_params(params_path)
+        params = paramsfile.load_params(params_path)
         runs = config.expand(params)
         # a corrupt summary.json is named in this file's entry and stops no other
         state_of = {run_id: RunDir(runs_dir / run_id).state() for run_id in config.unique_runs(runs)}
-    except (config.ConfigError, OSError, ValueError) as err:  # one broken file must not hide the others
+    except (schema.ConfigError, OSError, ValueError) as err:  # one broken file must not hide the others
         return {"name": params_path.stem, "path": str(params_path), "title": params_path.stem, "error": str(err),
                 "run_ids": set(), "experiments": [], "runs": 0, **{s: 0 for s in STATES}, "report": None,
                 "quick": False, "report_command": ""}
     experiments = []
-    for name, exp in config.selected_experiments(params).items():
+    for name, exp in paramsfile.selected_experiments(params).items():
         counts = Counter(state_of[r.id] for r in runs if r.experiment == name)
         total = sum(counts.values())
         finished = counts["done"] + counts["diverged"]
@@ -48,7 +48,7 @@ def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
     report = reports_dir / f"{params_path.stem}.html"
     totals = Counter(state_of.values())
     shown = params_path.resolve()
-    shown = shown.relative_to(config.ROOT) if shown.is_relative_to(config.ROOT) else shown
+    shown = shown.relative_to(paramsfile.ROOT) if shown.is_relative_to(paramsfile.ROOT) else shown
     return {"name": params_path.stem, "path": str(shown), "run_ids": set(state_of), "title": params.get("title", params_path.stem),
             "quick": params.get("quick", False), "experiments": experiments, "runs": len(state_of),
             **{s: totals[s] for s in STATES},
@@ -83,7 +83,7 @@ def verified(root: str | Path, reports_dir: Path) -> dict:
     from fedrepro.report import compute, verification
 
     root = Path(root)
-    shown = root.resolve().relative_to(config.ROOT) if root.resolve().is_relative_to(config.ROOT) else root
+    shown = root.resolve().relative_to(paramsfile.ROOT) if root.resolve().is_relative_to(paramsfile.ROOT) else root
     page = lambda name: evidence_page(name) if (reports_dir / evidence_page(name)).is_file() else None  # noqa: E731
     tables, rows = [], verification.matrix(root)
     for row in rows:
@@ -121,7 +121,7 @@ def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str
 
     out = Path(out)
     reports_dir = Path(reports_dir) if reports_dir else out.parent
-    paths = [Path(p) for p in params] if params else params_files(config.ROOT / "params")
+    paths = [Path(p) for p in params] if params else params_files(paramsfile.ROOT / "params")
     files = [survey(p, Path(runs_dir), reports_dir) for p in paths]
     unlisted = unlisted_runs(Path(runs_dir), set().union(*(f["run_ids"] for f in files)))
     listed = {f"{f['name']}.html" for f in files} | {out.name}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrepro.config import ROOT
+from fedrepro.spec.paramsfile import ROOT
 from fedrepro.report import claims, collapses
 from fedrepro.report.verification import Row, chance
 

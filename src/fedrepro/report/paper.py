@@ -16,8 +16,9 @@ from pathlib import Path
 import yaml
 
 from fedrepro import rundir
+from fedrepro.records import CorruptFileError
 from fedrepro.report import collapses
-from fedrepro.config import ROOT, CorruptFileError
+from fedrepro.spec.paramsfile import ROOT
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
 

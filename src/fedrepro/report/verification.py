@@ -29,7 +29,8 @@ from pathlib import Path
 import yaml
 
 from fedrepro.report import claims, paper
-from fedrepro.config import ROOT, ConfigError
+from fedrepro.spec.paramsfile import ROOT
+from fedrepro.spec.schema import ConfigError
 
 
 EVIDENCE = ROOT / "evidence"

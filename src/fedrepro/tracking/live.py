@@ -142,10 +142,10 @@ def live_run(run_dir: str | Path, uri: str | None, experiment: str, manifest_pat
 
 
 def _setting_hash(setting: dict) -> str:
-    from fedrepro.config import stable_hash
+    from fedrepro.identity import stable_hash
     return stable_hash(setting)
 
 
 def _partition(setting: dict) -> str:
-    from fedrepro.config import partition_id
+    from fedrepro.identity import partition_id
     return partition_id(setting)

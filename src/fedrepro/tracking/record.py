@@ -129,7 +129,7 @@ def dataset_inputs(setting: dict, partition: str, partition_dir: Path | None, pa
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     from fedrepro.catalog import DATASETS
-    from fedrepro.config import stable_hash
+    from fedrepro.identity import stable_hash
     name = setting["dataset"]
     declared = {k: DATASETS[name][k] for k in ("train_size", "test_size", "num_classes") if k in DATASETS[name]}
     data = Dataset(name=name, digest=stable_hash({"dataset": name, **declared}), source_type="fedrepro",

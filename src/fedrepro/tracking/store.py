@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedrepro.config import ROOT
+from fedrepro.spec.paramsfile import ROOT
 from fedrepro.errors import SetupError
 
 

@@ -90,7 +90,7 @@ def described(kind: str, **fill) -> str:
 
 def check(figures: dict, experiments: dict) -> dict[str, dict]:
     """Every figure spec with its defaults filled in; a clear error naming the figure and key otherwise."""
-    from fedrepro.config import ConfigError
+    from fedrepro.spec.schema import ConfigError
 
     problems, out = [], {}
     for name, spec in (figures or {}).items():

@@ -30,10 +30,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrepro import conditions, registry, settings as config
+from fedrepro import registry
 from fedrepro.errors import FedreproError
-from fedrepro.settings import ConfigError, Run, deep_merge, grid_points, resolve, split_algorithm
 from fedrepro.identity import partition_id, run_id, stable_hash
+from fedrepro.spec import conditions
+from fedrepro.spec.paramsfile import check_name
+from fedrepro.spec.schema import ConfigError, closest
+from fedrepro.spec.settings import Run, variant_label, deep_merge, grid_points, resolve, split_algorithm
 
 
 class TuningError(FedreproError, RuntimeError):
@@ -89,7 +92,7 @@ def blocks(name: str, experiment: dict) -> list[Block]:
             raise ConfigError(f"{where}: criterion '{block['criterion']}' is unknown; known: {', '.join(CRITERIA)}")
         for key in block["when"]:
             if key.split(".")[0] not in known:
-                guess = config.closest(key.split(".")[0], sorted(known))
+                guess = closest(key.split(".")[0], sorted(known))
                 raise ConfigError(f"{where}: when: '{key}' is no setting{'; did you mean ' + guess + '?' if guess else ''}")
         unknown = [p for p in block["without"] if p not in registry.PLUGINS]
         if unknown:
@@ -113,7 +116,7 @@ def claim(candidates: list[Block], setting: dict) -> Block | None:
 
 
 def _flat(point: dict) -> dict:
-    return config._variant_label(point)
+    return variant_label(point)
 
 
 def label(point: dict) -> str:
@@ -136,7 +139,7 @@ def stage(block: Block, raw: dict, point: dict, experiment: str) -> tuple[str, d
         for seed in block.seeds:
             setting = resolve(deep_merge(bare, {**cand, "seed": seed, "evaluation": {"validation": block.validation}}),
                               where)
-            rid = config.check_name(run_id(setting), "run name")
+            rid = check_name(run_id(setting), "run name")
             if rid in ids:
                 raise ConfigError(f"{block.where}: grid: candidates {label(ids[rid])} and {label(cand)} give the same "
                                   f"run: the setting they change is not read by "
@@ -149,7 +152,7 @@ def stage(block: Block, raw: dict, point: dict, experiment: str) -> tuple[str, d
     first = runs[0].setting
     name = "-".join(["tune", "+".join([first["algorithm"], *first["plugins"]]),
                      partition_id(first).rsplit("-", 2)[0], first["model"], "_".join(block.grid)])
-    tid = config.check_name(f"{name}-{stable_hash(selection)}", "tuning name")
+    tid = check_name(f"{name}-{stable_hash(selection)}", "tuning name")
     for run in runs:
         run.tuning = tid
     entry = {"label": label_of(block, first), "grid": block.grid, "seeds": block.seeds, "criterion": block.criterion,

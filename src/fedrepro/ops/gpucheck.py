@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import config, data, engine, forks, models, partition, registry
+from fedrepro import data, engine, models, partition, registry
+from fedrepro.spec import config, forks, paramsfile, settings
 from fedrepro.provenance import device_line, machine
 from fedrepro.rundir import RunDir
 
@@ -51,7 +52,7 @@ def tiny_fmnist(n_train: int = 400, n_test: int = 100):
 
 
 def _trainer(setting: dict, run_dir, device: str, datasets=None) -> engine.Trainer:
-    setting = config.resolve({**setting, "device": device})
+    setting = settings.resolve({**setting, "device": device})
     datasets = datasets or tiny_fmnist()
     parts = partition.make(datasets[0].labels.numpy(), {"kind": "iid", "seed": 1, "num_clients": setting["num_clients"],
                                                         "dataset": "fmnist"})
@@ -153,7 +154,7 @@ def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) 
     updates = {}
     with tempfile.TemporaryDirectory() as run_dir:
         for mode in ("off", "on"):
-            resolved = config.resolve({**setting, "device": device})
+            resolved = settings.resolve({**setting, "device": device})
             trainer = engine.Trainer(resolved, f"{run_dir}/{mode}", None, None, datasets=datasets,
                                      parts=_unequal_parts(len(datasets[0])))
             trainer.cohort_mode = "off"
@@ -267,16 +268,16 @@ def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
     """Seconds per local step of every (dataset, model, batch size) of the papers' params files on
     this device, in ``fedrepro plan``'s step_costs format: the runtime requests of cluster jobs.
     A model whose code needs a package the node lacks (Pythia needs transformers) is skipped, named."""
-    from fedrepro import plan
+    from fedrepro.ops import pricing
     settings = {}
     for path in PAPER_PARAMS:
         if Path(path).exists():
-            for run in config.expand(config.load_params_files([path])):
-                settings.setdefault(plan.step_key(run.setting), run.setting)
+            for run in config.expand(paramsfile.load_params_files([path])):
+                settings.setdefault(pricing.step_key(run.setting), run.setting)
     costs, skipped = {}, {}
     for key, setting in sorted(settings.items()):
         try:
-            costs[key] = plan.measure_step(setting, device)
+            costs[key] = pricing.measure_step(setting, device)
             log(f"step {key} on {device}: {costs[key] * 1e3:.3f} ms")
         except ImportError as err:
             skipped[key] = str(err)
@@ -290,7 +291,7 @@ def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
 
 def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rounds: int = 5,
          concurrency: tuple[int, ...] = (2, 4, 8), skip_bench: bool = False, log=print) -> int:
-    from fedrepro import bench
+    from fedrepro.ops import bench
     if not torch.cuda.is_available():
         raise SystemExit(f"fedrepro check-gpu: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) sees "
                          "no CUDA device; run it on a GPU node")
@@ -302,8 +303,8 @@ def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rou
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
     if not skip_bench:
-        from fedrepro import plan
-        report["step_costs"] = measure_step_costs(device, plan.STEP_COSTS_FILE, log)
+        from fedrepro.ops import pricing
+        report["step_costs"] = measure_step_costs(device, pricing.STEP_COSTS_FILE, log)
         out.write_text(json.dumps(report, indent=2, default=str))
         report["bench"] = bench.run(["fmnist_cnn", "fmnist_mlp"], ["cuda"], bench_rounds, 1, False, data_root,
                                     log=log, concurrency=list(concurrency))

@@ -2,8 +2,8 @@
 runs that fork from others; and the manifest, the one description of a params file's runs that the
 workflow, the report, tracking and evidence read.
 
-Resolving one setting is settings.py's; tuning.py and forks.py build on it, and this module on all three.
-The names of settings.py are re-exported: ``config.resolve``, ``config.load_params`` and the like.
+Resolving one setting is settings.py's (reading params files paramsfile.py's); tuning.py and forks.py
+build on it, and this module on all three.
 """
 from __future__ import annotations
 
@@ -12,63 +12,17 @@ import json
 import os
 from pathlib import Path
 
-from fedrepro import forks, tuning as ftuning
-from fedrepro.settings import (  # noqa: F401 (re-exported)
-    registry,
-    CorruptFileError,
-    read_json,
-    cohort_size,
-    partition_id,
-    partition_setting,
-    run_id,
-    stable_hash,
-    FedreproError,
-    ROOT,
-    ConfigError,
-    _load_schema,
-    _parsed_schema,
-    _with_defaults,
-    _Validator,
-    _explain,
-    _short,
-    closest,
-    _allowed,
-    _TOP_LEVEL_ONLY,
-    _checked_parts,
-    _valid_by_parts,
-    validate,
-    refuse_nonfinite,
-    deep_merge,
-    _nest,
-    grid_points,
-    split_algorithm,
-    prune,
-    derive_defaults,
-    check_compatible,
-    Run,
-    _refuse_unread_pretrained,
-    check_data_transforms,
-    resolve,
-    check_partition_file,
-    _variant_label,
-    SAFE_NAME,
-    SAFE_EXPERIMENT,
-    check_name,
-    data_root,
-    selected_experiments,
-    _StrictLoader,
-    MAX_YAML_NODES,
-    _expanded_size,
-    read_yaml,
-    load_params,
-    load_params_files,
-)
+from fedrepro.identity import run_id, stable_hash
+from fedrepro.spec import forks, tuning as ftuning
+from fedrepro.spec.paramsfile import SAFE_EXPERIMENT, check_name, data_root, selected_experiments
+from fedrepro.spec.schema import ConfigError
+from fedrepro.spec.settings import Run, variant_label, deep_merge, grid_points, resolve
 
 
 def expand(params: dict, tunings: dict | None = None) -> list[Run]:
     """All runs of a params file (already schema-validated), in file order, without duplicates.
 
-    A grid point that a tune block claims (fedrepro.tuning) gives its tuning runs here, and its final run
+    A grid point that a tune block claims (fedrepro.spec.tuning) gives its tuning runs here, and its final run
     waits for the choice: it is recorded in ``tunings`` (tuning id -> manifest entry) when a dict is given."""
     with _code_read_once():
         return _expand(params, tunings)
@@ -153,7 +107,7 @@ def _expand(params: dict, tunings: dict | None) -> list[Run]:
                 runs.extend(r for r in tuning_runs if (r.id, name) not in tuning_ids)
                 tuning_ids.update((r.id, name) for r in tuning_runs)
                 continue
-            variant = _variant_label(point)
+            variant = variant_label(point)
             if "algorithm" in variant:
                 variant["algorithm"] = "+".join([setting["algorithm"], *setting["plugins"]])
             runs.append(Run(rid, name, setting, variant))
@@ -184,7 +138,7 @@ def runs_by_experiment(runs: list[Run]) -> dict[str, list[str]]:
 
 def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = None) -> dict:
     """What the report and the tracking step need to know about a params file's runs. The tuning runs are
-    listed by their tunings (fedrepro.tuning), not as runs of the experiment they serve."""
+    listed by their tunings (fedrepro.spec.tuning), not as runs of the experiment they serve."""
     experiments: dict[str, dict] = {}
     for exp_name, exp in selected_experiments(params).items():
         experiments[exp_name] = {"title": exp.get("title", exp_name), "description": exp.get("description", ""),
@@ -197,7 +151,7 @@ def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = No
             continue
         entry = {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
                  "partition": run.partition, "setting": run.setting}
-        if run.id in shared:  # its first rounds are another run's (fedrepro.forks)
+        if run.id in shared:  # its first rounds are another run's (fedrepro.spec.forks)
             entry["fork"] = {"parent": shared[run.id].parent, "round": shared[run.id].round}
         experiments[run.experiment]["runs"].append(entry)
     out = {"name": name, "title": params.get("title", name), "quick": params.get("quick", False),

@@ -1,0 +1,147 @@
+"""A resolved setting's cross-key checks: combinations that cannot work together, refused before any job
+starts with a message that names the keys."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fedrepro import registry
+from fedrepro.catalog import cohort_size
+from fedrepro.spec.schema import ConfigError, _short
+
+
+def check_compatible(setting: dict, where: str) -> None:
+    """Refuse combinations that cannot work together, before any job starts."""
+    problems = []
+    algo, plugins = setting["algorithm"], setting["plugins"]
+    if algo not in registry.ALGORITHMS:
+        problems.append(f"algorithm '{algo}' is unknown; known: {', '.join(sorted(registry.ALGORITHMS))}")
+    for plugin in plugins:
+        if plugin not in registry.PLUGINS:
+            problems.append(f"plug-in '+{plugin}' is unknown; known: {', '.join('+' + p for p in sorted(registry.PLUGINS))}")
+        elif algo in registry.PLUGINS[plugin].get("refuses", ()):
+            problems.append(f"'+{plugin}' cannot be combined with algorithm '{algo}': {registry.PLUGINS[plugin]['refuses'][algo]}")
+    if cohort_size(setting) < 1:
+        problems.append(
+            f"participation = {setting['participation']} with num_clients = {setting['num_clients']} samples no client "
+            f"per round; need participation * num_clients >= 1")
+    model_spec = registry.MODELS.get(setting["model"])
+    if model_spec and setting["dataset"] not in model_spec["datasets"]:
+        problems.append(f"model '{setting['model']}' does not fit dataset '{setting['dataset']}'; it fits: "
+                        f"{', '.join(model_spec['datasets'])}")
+    part = setting["partition"]
+    n_train = registry.DATASETS[setting["dataset"]]["train_size"]
+    natural = registry.DATASETS[setting["dataset"]].get("natural_clients")
+    if part["kind"] == "natural" and natural is None:
+        problems.append(f"partition.kind = natural needs a dataset with its own clients; "
+                        f"'{setting['dataset']}' has none")
+    elif part["kind"] == "natural" and setting["num_clients"] != natural:
+        problems.append(f"partition.kind = natural: {setting['dataset']} has {natural} clients, "
+                        f"num_clients = {setting['num_clients']}")
+    if setting["num_clients"] > n_train:
+        problems.append(f"num_clients = {setting['num_clients']} exceeds the {n_train} training samples")
+    domains = registry.DATASETS[setting["dataset"]].get("domains")
+    if domains and setting["num_clients"] % len(domains):
+        problems.append(f"num_clients = {setting['num_clients']}: {setting['dataset']} splits each of its "
+                        f"{len(domains)} domains over its own clients, so num_clients must be a multiple of "
+                        f"{len(domains)}")
+    if part["kind"] == "label_quantity" and part["classes_per_client"] > registry.DATASETS[setting["dataset"]]["num_classes"]:
+        problems.append(f"partition.classes_per_client = {part['classes_per_client']} exceeds the "
+                        f"{registry.DATASETS[setting['dataset']]['num_classes']} classes of {setting['dataset']}")
+    if part["kind"] == "shards":
+        shards = setting["num_clients"] * part["classes_per_client"]
+        if shards > n_train:
+            problems.append(f"partition.classes_per_client = {part['classes_per_client']} with num_clients = "
+                            f"{setting['num_clients']} asks for {shards} shards, more than the {n_train} samples")
+        n_classes = registry.DATASETS[setting["dataset"]]["num_classes"]
+        if part["classes_per_client"] > n_classes:
+            problems.append(f"partition.classes_per_client = {part['classes_per_client']} exceeds the "
+                            f"{n_classes} classes of {setting['dataset']}")
+    if part["kind"] == "pachinko":
+        if setting["dataset"] != "cifar100":
+            problems.append(f"partition.kind = pachinko needs coarse labels; only cifar100 has them, not "
+                            f"'{setting['dataset']}'")
+        per = part["samples_per_client"]
+        if per is not None and per * setting["num_clients"] > n_train:
+            problems.append(f"partition.samples_per_client = {per} for {setting['num_clients']} clients needs "
+                            f"{per * setting['num_clients']} samples, more than the {n_train} of {setting['dataset']}")
+    if part["kind"] == "hybrid" and setting["num_clients"] < 2:
+        problems.append(f"partition.kind = hybrid splits the clients into two groups: num_clients must be >= 2, "
+                        f"not {setting['num_clients']}")
+    if part["kind"] in ("dirichlet", "hybrid") and part["min_size"] * setting["num_clients"] > n_train:
+        problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
+                        f"than the {n_train} samples")
+    holdout, spec = setting["evaluation"]["proxy_holdout"], registry.DATASETS[setting["dataset"]]
+    if holdout % spec["num_classes"] or holdout >= spec["test_size"]:
+        problems.append(f"evaluation.proxy_holdout = {holdout} must be a multiple of the {spec['num_classes']} classes "
+                        f"of {setting['dataset']} (the hold-out is class-balanced) and smaller than its test set")
+    if setting["evaluation"].get("validation") and holdout:
+        problems.append(f"evaluation.validation = {setting['evaluation']['validation']} with evaluation.proxy_holdout = "
+                        f"{holdout}: a tuning run scores a validation split of the training data, and the proxy "
+                        f"methods' hold-out of the test set is not carved from it; tune without a proxy method")
+    client = setting["client"]
+    if "lr_milestone_factor" in client and not client.get("lr_milestones"):
+        problems.append(f"client.lr_milestone_factor = {client['lr_milestone_factor']} is given without "
+                        f"client.lr_milestones, so it would never apply; add the milestones or drop the factor")
+    for key in ("rounds", "cosine_rounds"):  # figures: snapshot rounds must lie in the run
+        bad = [r for r in setting.get("snapshots", {}).get(key, []) if r == 0 or abs(r) > setting["rounds"]]
+        if bad:
+            problems.append(f"snapshots.{key} = {bad}: allowed are 1..{setting['rounds']} or -1..-{setting['rounds']}")
+    for check in registry.extra_checks(algo, plugins):
+        problems.extend(check(setting))
+    if problems:
+        raise ConfigError("\n".join(f"{where}: {p}" for p in problems))
+
+
+def _refuse_unread_pretrained(raw: dict, setting: dict, where: str) -> None:
+    """A ``pretrained`` section given for a model that loads no weights would be dropped in silence."""
+    if "pretrained" in raw and not registry.MODELS[setting["model"]].get("pretrained"):
+        readers = sorted(name for name, spec in registry.MODELS.items() if spec.get("pretrained"))
+        raise ConfigError(f"{where}: pretrained = {_short(json.dumps(raw['pretrained'], sort_keys=True))} is given for "
+                          f"model '{setting['model']}', which loads no weights; only {', '.join(readers)} read it: "
+                          f"remove the pretrained key or choose such a model")
+
+
+def check_data_transforms(setting: dict, where: str) -> None:
+    """Long-tailed client data and label swaps, refused where they cannot apply (before pruning drops them)."""
+    problems = []
+    part = setting["partition"]
+    if part.get("long_tail_rho", 1) != 1 and part["kind"] not in registry.LONG_TAIL_KINDS:
+        problems.append(f"partition.long_tail_rho = {part['long_tail_rho']} applies to partition kinds "
+                        f"{', '.join(registry.LONG_TAIL_KINDS)}, not {part['kind']}")
+    evaluation = setting["evaluation"]
+    if evaluation.get("proxy_long_tail_rho", 1) != 1 and not evaluation["proxy_holdout"]:
+        problems.append(f"evaluation.proxy_long_tail_rho = {evaluation['proxy_long_tail_rho']} shapes the proxy "
+                        f"hold-out, but evaluation.proxy_holdout is 0 (no proxy set)")
+    corruption = setting.get("corruption", {})
+    if corruption.get("fraction"):
+        classes = registry.DATASETS[setting["dataset"]]["num_classes"]
+        a, b = corruption["swap"]
+        if a == b or max(a, b) >= classes:
+            problems.append(f"corruption.swap = {[a, b]}: two different classes of {setting['dataset']}, 0..{classes - 1}")
+        if round(corruption["fraction"] * setting["num_clients"]) < 1:
+            problems.append(f"corruption.fraction = {corruption['fraction']} of {setting['num_clients']} clients "
+                            f"corrupts none; raise it or drop the section")
+    if problems:
+        raise ConfigError("\n".join(f"{where}: {p}" for p in problems))
+
+
+def check_partition_file(setting: dict, where: str) -> None:
+    """Kind ``file``: read and check the index lists before any job, and put the file's content hash in the
+    setting (the run's and the partition's identity; a changed file is a new partition)."""
+    from fedrepro import partition
+    from fedrepro.identity import file_sha256
+
+    part = setting["partition"]
+    if "path" not in part:
+        raise ConfigError(f"{where}: partition.kind = file needs partition.path (an .npz or .json of client index lists)")
+    if Path(part["path"]).is_dir():
+        raise ConfigError(f"{where}: partition.path: {part['path']} is a directory; name the .npz or .json file of "
+                          f"client index lists in it")
+    try:
+        digest = file_sha256(part["path"]) if Path(part["path"]).is_file() else None
+        partition.read_file(part["path"], setting["num_clients"], registry.DATASETS[setting["dataset"]]["train_size"],
+                            part.get("sha256"))
+    except partition.PartitionError as err:
+        raise ConfigError(f"{where}: partition.path: {err}") from None
+    part["sha256"] = digest

@@ -1,0 +1,164 @@
+"""Settings: one grid point resolved into a complete, checked run setting.
+
+A params file holds ``experiments``; each has a ``base`` setting and ``grid`` axes. A grid point is
+deep-merged over the base, filled with the schema's defaults and its derived defaults, pruned to the
+sections the run actually uses, and checked. Reading params files is paramsfile.py's, the schema
+schema.py's, the cross-key checks checks.py's; expanding whole grids (with tunings and forks) config.py's.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedrepro import registry
+from fedrepro.identity import partition_id
+from fedrepro.spec.checks import _refuse_unread_pretrained, check_compatible, check_data_transforms, check_partition_file
+from fedrepro.spec.schema import validate
+
+
+# --------------------------------------------------------------------------- grids
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _nest(dotted: str, value: Any) -> dict:
+    out: Any = value
+    for part in reversed(dotted.split(".")):
+        out = {part: out}
+    return out
+
+
+def grid_points(grid: dict[str, list]) -> list[dict]:
+    """Cartesian product of the axes; an axis key may be dotted (``partition.alpha``).
+
+    The axis ``setting`` takes partial settings merged at the top level, for values that must
+    change together (e.g. ``{algorithm: fedadam, server: {lr: 0.01}}`` next to ``{algorithm: fedavg}``).
+    """
+    axes = list(grid.items())
+    points = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        point: dict = {}
+        for (key, _), value in zip(axes, combo):
+            point = deep_merge(point, value if key == "setting" else _nest(key, value))
+        points.append(point)
+    return points
+
+
+def split_algorithm(setting: dict) -> dict:
+    """``fedavg+ima+aware`` in the algorithm key is the algorithm plus its plug-ins."""
+    name, *plugins = str(setting.get("algorithm", "fedavg")).split("+")
+    setting["algorithm"] = name
+    setting["plugins"] = sorted(set(setting.get("plugins", [])) | set(plugins))
+    return setting
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def prune(setting: dict) -> dict:
+    """Keep only the sections and keys this run uses, so unrelated defaults do not change its hash."""
+    used = registry.sections_used(setting["algorithm"], setting["plugins"])
+    out = {k: v for k, v in setting.items() if k not in registry.OPTIONAL_SECTIONS or k in used}
+    part = out["partition"]
+    out["partition"] = {k: part[k] for k in registry.PARTITION_KEYS[part["kind"]] if k in part}
+    if out["partition"].get("long_tail_rho") == 1:
+        del out["partition"]["long_tail_rho"]  # the whole training set: the partition's identity is unchanged
+    if not out.get("hessian", {}).get("every"):
+        out.pop("hessian", None)  # off: the run's identity is unchanged
+    if not out.get("log_cohort_classes"):
+        out.pop("log_cohort_classes", None)  # off: the run's identity is unchanged
+    if not out.get("corruption", {}).get("fraction"):
+        out.pop("corruption", None)  # no corrupted client: the run's identity is unchanged
+    if not registry.DATASETS[out["dataset"]].get("preprocess"):
+        out.pop("preprocess", None)  # only CIFAR has per-paper transforms
+    if not registry.MODELS[out["model"]].get("pretrained"):
+        out.pop("pretrained", None)  # only pretrained models (Pythia) read a weights path and a token length
+    if not registry.MODELS[out["model"]].get("batchnorm"):
+        out.pop("batchnorm", None)  # only BatchNorm models read running_stats / batch_stats
+    if out["client"].get("keep_momentum") and not out["client"]["momentum"]:
+        # nothing to keep: a protocol that keeps momentum buffers applies to the methods that have them
+        # (FedLAW's code runs FedProx without momentum), and the run is the one without the key
+        out["client"] = {**out["client"], "keep_momentum": False}
+    if not out["evaluation"].get("validation"):
+        # scored on the test set, as every run before the tuning stage: the run's identity is unchanged
+        out["evaluation"] = {k: v for k, v in out["evaluation"].items() if k != "validation"}
+    if not any(out.get("snapshots", {}).get(k) for k in ("rounds", "cosine_rounds")):
+        out.pop("snapshots", None)  # figures: no snapshots asked, so the run's identity is unchanged
+    return out
+
+
+def derive_defaults(setting: dict) -> dict:
+    """Defaults that depend on other values, made explicit before the run is named: two settings that
+    compute the same run get the same id, and training code reads values instead of re-deriving them."""
+    if setting["partition"].get("seed") == "run":
+        # a new draw per training seed (FedLAW App. D.4): the run and its partition are named by the number
+        setting["partition"] = {**setting["partition"], "seed": setting["seed"]}
+    if "ima" in setting and setting["ima"].get("start_round") is None:
+        setting["ima"] = {**setting["ima"], "start_round": registry.ima_start_round(setting)}  # 0.75 R
+    return setting
+
+
+@dataclass
+class Run:
+    id: str
+    experiment: str
+    setting: dict
+    variant: dict = field(default_factory=dict)  # the grid values other than the seed
+    tuning: str = ""  # the tuning (fedrepro.spec.tuning) whose candidate this run is; "" for an experiment's own run
+
+    @property
+    def partition(self) -> str:
+        return partition_id(self.setting)
+
+    @property
+    def label(self) -> str:
+        """A short name of the grid point without its seed, e.g. ``fedavg+ima · dir0.1 · client.lr=0.01``."""
+        parts, partition_shown = [], False
+        for key, value in self.variant.items():
+            if key == "algorithm":
+                parts.append(str(value))
+            elif key.startswith("partition"):
+                if not partition_shown:
+                    parts.append(partition_id(self.setting).split("-")[1])
+                    partition_shown = True
+            else:
+                parts.append(f"{key}={value}")
+        return " · ".join(parts) or "+".join([self.setting["algorithm"], *self.setting["plugins"]])
+
+
+def resolve(raw: dict, where: str = "setting") -> dict:
+    """A complete, validated, pruned run setting from a partial one."""
+    setting = split_algorithm(copy.deepcopy(raw))
+    validate(setting, "setting.schema.yaml", where)
+    _refuse_unread_pretrained(raw, setting, where)  # before prune drops the section
+    check_data_transforms(setting, where)
+    setting = derive_defaults(prune(setting))
+    check_compatible(setting, where)
+    if setting["partition"]["kind"] == "file":
+        check_partition_file(setting, where)
+    return setting
+
+
+def variant_label(point: dict) -> dict:
+    flat = {}
+
+    def walk(prefix: str, value: Any):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat[prefix] = value
+
+    walk("", point)
+    flat.pop("seed", None)
+    return flat
