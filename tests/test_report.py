@@ -380,6 +380,35 @@ def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
     assert set(accs) <= {r.label for r in runs}, "every fabricated label is a run of the subset"
 
 
+def test_switch_keys_name_the_switch_and_leave_every_other_key_to_the_method(tmp_path):
+    """params/subsets/fedlaw_table3_fmnist_mlp_partition_draw.yaml (switches: [partition.seed]): the paper's
+    draw per seed (the grid's first value, run) is the row that switches nothing, the shared draw (1) the
+    switch; FedLAW's SWA variant is a method of its own, not a switch of FedLAW's."""
+    files = [ROOT / "params" / "fedlaw.yaml", ROOT / "params" / "subsets" / "fedlaw_table3_fmnist_mlp_partition_draw.yaml"]
+    params = paramsfile.load_params_files(files)
+    runs = [r for r in config.expand(params) if r.experiment == "fedlaw_table3_fmnist_draw_dir01"]
+    accs = {("feddyn", "run"): [0.10, 0.20, 0.30], ("feddyn", 1): [0.40, 0.50, 0.60],
+            ("fedlaw", "run"): [0.85, 0.86, 0.87], ("fedlaw", 1): [0.86, 0.86, 0.86],
+            ("swa", "run"): [0.80, 0.80, 0.83]}
+    runs_dir = tmp_path / "runs"
+    for run in runs:
+        method = "swa" if run.variant.get("fedlaw.variant") == "swa" else run.variant["algorithm"]
+        key = (method, run.variant["partition.seed"])
+        if key in accs:
+            fabricate(run, runs_dir, accs[key][run.setting["seed"] - 8])
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(json.dumps(config.manifest(params, runs, "draws")))
+    html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
+    table = html[html.index("What each switch does"):]
+    table = table[:table.index("</table>")]
+    heads = re.findall(r"<th>(.*?)</th>", table)[1:]
+    assert heads == ["feddyn", "fedlaw", "fedlaw · fedlaw.variant=swa · fedlaw.swa_order=gamma_first"]
+    cells = {label: re.findall(r"<td>(.*?)</td>", rest) for label, rest in re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", table)}
+    assert cells["none (the paper&#39;s protocol)"] == ["20.00", "86.00", "81.00"]
+    assert cells["partition.seed=1"] == ["50.00 <small>(+30.00)</small>", "86.00 <small>(+0.00)</small>", "—"]
+    assert len(cells) == 2
+
+
 # --------------------------------------------------------------------------- exported tables
 
 def _page_cells(html: str, table: str, marked: set | None = None) -> dict:

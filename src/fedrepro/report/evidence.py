@@ -296,7 +296,7 @@ def _content(partition: Path) -> str | None:
 
 
 def _mark_switches(manifest: dict) -> None:
-    """An experiment of switches (``switches: true``, a flag of how the report presents it, no part of any run)
+    """An experiment of switches (``switches``: true or the switch keys, a flag of how the report presents it, no part of any run)
     in this checkout's params files is one in a manifest written before the flag existed too."""
     from fedrepro.spec import paramsfile, schema
 
@@ -309,7 +309,7 @@ def _mark_switches(manifest: dict) -> None:
         return
     for exp_name, exp in manifest["experiments"].items():
         if current.get(exp_name, {}).get("switches"):
-            exp["switches"] = True
+            exp["switches"] = current[exp_name]["switches"]
 
 
 def _copy(src: Path, dst: Path, names: tuple[str, ...]) -> None:

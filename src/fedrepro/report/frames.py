@@ -87,13 +87,17 @@ def switch_label(variant: dict) -> str:
 ALL_SWITCHES = "all switches together"
 
 
-def switch_effects(runs: pd.DataFrame) -> dict | None:
+def switch_effects(runs: pd.DataFrame, switches: bool | list[str] = True) -> dict | None:
     """For an experiment of switches (``switches: true``), each switch's effect on the final accuracy of
     each method: mean over seeds, and the difference from the method's run that switches nothing. A point
-    that switches everything the method's other points switch one at a time is the row of all of them."""
+    that switches everything the method's other points switch one at a time is the row of all of them.
+    With ``switches`` a list of grid keys, those keys alone are switches (a key at the first value the grid
+    gives it switches nothing) and every other key of a point names its method."""
     done = runs[runs["status"] == "finished"] if len(runs) else runs
     if done.empty:
         return None
+    if isinstance(switches, list):
+        return _effects(done, *_by_switch_keys(runs, switches))
     method_of = lambda variant: str(variant.get("algorithm", ""))
     keys_of = lambda variant: frozenset(k for k in variant if k != "algorithm")
     declared = {}  # per method, the key sets its grid points switch (finished or not)
@@ -106,7 +110,29 @@ def switch_effects(runs: pd.DataFrame) -> dict | None:
         return ALL_SWITCHES if len(others) > 1 and keys_of(variant) == frozenset().union(*others) \
             else switch_label(variant)
 
-    done = done.assign(method=[method_of(v) for v in done["variant"]], switch=[label(v) for v in done["variant"]])
+    return _effects(done, method_of, label)
+
+
+def _by_switch_keys(runs: pd.DataFrame, keys: list[str]):
+    """The method and the switch of a grid point when ``keys`` are the switches: the protocol's value of each key
+    is the first the grid gives it (the order of the runs is the grid's)."""
+    protocol = {}
+    for variant in runs["variant"]:
+        for key in keys:
+            protocol.setdefault(key, variant.get(key))
+
+    def method_of(variant: dict) -> str:
+        return SEP.join([str(variant.get("algorithm", ""))] + [f"{k}={v}" for k, v in variant.items()
+                                                                if k != "algorithm" and k not in keys])
+
+    def switch_of(variant: dict) -> str:
+        return SEP.join(f"{k}={variant.get(k)}" for k in keys if variant.get(k) != protocol[k])
+
+    return method_of, switch_of
+
+
+def _effects(done: pd.DataFrame, method_of, switch_of) -> dict:
+    done = done.assign(method=[method_of(v) for v in done["variant"]], switch=[switch_of(v) for v in done["variant"]])
     methods = list(dict.fromkeys(done["method"]))
     switches = list(dict.fromkeys(["", *done["switch"]]))
     mean = done.groupby(["switch", "method"])["final_acc"].mean() * 100

@@ -236,7 +236,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
             "diverged": [r["run"] for r in exp_runs.to_dict("records") if r["status"] == "diverged"],
             "collapsed": _collapse_list(exp_curve),
             "runtime_total": float(done["runtime_s"].sum()) if "runtime_s" in done else 0.0,
-            "switches": switch_effects(exp_runs) if exp.get("switches") and len(exp_runs) else None,
+            "switches": switch_effects(exp_runs, exp["switches"]) if exp.get("switches") and len(exp_runs) else None,
         })
     finished = runs[runs["status"] != "missing"] if len(runs) else runs
     provenance = provenance_rows(manifest, finished, len(runs))

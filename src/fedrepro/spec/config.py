@@ -144,7 +144,7 @@ def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = No
         experiments[exp_name] = {"title": exp.get("title", exp_name), "description": exp.get("description", ""),
                                  "grid": exp.get("grid", {}), "runs": []}
         if exp.get("switches"):  # only when set: every other manifest keeps its content hash
-            experiments[exp_name]["switches"] = True
+            experiments[exp_name]["switches"] = exp["switches"]
     shared = forks.of_params(params, [r for r in unique_runs(runs).values() if not r.tuning])
     for run in runs:
         if run.tuning:
