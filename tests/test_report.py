@@ -370,7 +370,8 @@ def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
     table = html[html.index("What each switch does"):]
     table = table[:table.index("</table>")]
     rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", table)
-    cells = {label: re.findall(r"<td>(.*?)</td>", rest) for label, rest in rows}
+    seeds = r' <small class="muted">n=1</small>'  # one seed each
+    cells = {label: [c.replace(seeds, "") for c in re.findall(r"<td>(.*?)</td>", rest)] for label, rest in rows}
     assert cells["none (the paper&#39;s protocol)"] == ["80.00", "86.00"]
     assert cells["evaluation.proxy_holdout=200"] == ["81.00 <small>(+1.00)</small>", "85.00 <small>(-1.00)</small>"]
     assert cells["client.keep_momentum=True"] == ["78.00 <small>(-2.00)</small>", "—"]  # FedLAW's not run yet
@@ -387,7 +388,7 @@ def test_switch_keys_name_the_switch_and_leave_every_other_key_to_the_method(tmp
     files = [ROOT / "params" / "fedlaw.yaml", ROOT / "params" / "subsets" / "fedlaw_table3_fmnist_mlp_partition_draw.yaml"]
     params = paramsfile.load_params_files(files)
     runs = [r for r in config.expand(params) if r.experiment == "fedlaw_table3_fmnist_draw_dir01"]
-    accs = {("feddyn", "run"): [0.10, 0.20, 0.30], ("feddyn", 1): [0.40, 0.50, 0.60],
+    accs = {("feddyn", "run"): [0.10, None, 0.30], ("feddyn", 1): [0.40, 0.50, 0.60],
             ("fedlaw", "run"): [0.85, 0.86, 0.87], ("fedlaw", 1): [0.86, 0.86, 0.86],
             ("swa", "run"): [0.80, 0.80, 0.83]}
     runs_dir = tmp_path / "runs"
@@ -395,7 +396,8 @@ def test_switch_keys_name_the_switch_and_leave_every_other_key_to_the_method(tmp
         method = "swa" if run.variant.get("fedlaw.variant") == "swa" else run.variant["algorithm"]
         key = (method, run.variant["partition.seed"])
         if key in accs:
-            fabricate(run, runs_dir, accs[key][run.setting["seed"] - 8])
+            acc = accs[key][run.setting["seed"] - 8]
+            fabricate(run, runs_dir, float("nan") if acc is None else acc, status="diverged" if acc is None else "finished")
     manifest_path = tmp_path / "manifest.json"
     manifest_path.write_text(json.dumps(config.manifest(params, runs, "draws")))
     html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
@@ -404,8 +406,10 @@ def test_switch_keys_name_the_switch_and_leave_every_other_key_to_the_method(tmp
     heads = re.findall(r"<th>(.*?)</th>", table)[1:]
     assert heads == ["feddyn", "fedlaw", "fedlaw · fedlaw.variant=swa · fedlaw.swa_order=gamma_first"]
     cells = {label: re.findall(r"<td>(.*?)</td>", rest) for label, rest in re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", table)}
-    assert cells["none (the paper&#39;s protocol)"] == ["20.00", "86.00", "81.00"]
-    assert cells["partition.seed=1"] == ["50.00 <small>(+30.00)</small>", "86.00 <small>(+0.00)</small>", "—"]
+    n = lambda seeds: f' <small class="muted">n={seeds}</small>'
+    # FedDyn's diverged seed is counted apart, not averaged in
+    assert cells["none (the paper&#39;s protocol)"] == [f"20.00{n(2)} <small>1 diverged</small>", f"86.00{n(3)}", f"81.00{n(3)}"]
+    assert cells["partition.seed=1"] == [f"50.00 <small>(+30.00)</small>{n(3)}", f"86.00 <small>(+0.00)</small>{n(3)}", "—"]
     assert len(cells) == 2
 
 

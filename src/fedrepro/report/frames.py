@@ -93,7 +93,8 @@ def switch_effects(runs: pd.DataFrame, switches: bool | list[str] = True) -> dic
     that switches everything the method's other points switch one at a time is the row of all of them.
     With ``switches`` a list of grid keys, those keys alone are switches (a key at the first value the grid
     gives it switches nothing) and every other key of a point names its method."""
-    done = runs[runs["status"] == "finished"] if len(runs) else runs
+    # a diverged run has no final accuracy, but whether a switch makes a method diverge is its effect too
+    done = runs[runs["status"].isin(["finished", "diverged"])] if len(runs) else runs
     if done.empty:
         return None
     if isinstance(switches, list):
@@ -135,14 +136,19 @@ def _effects(done: pd.DataFrame, method_of, switch_of) -> dict:
     done = done.assign(method=[method_of(v) for v in done["variant"]], switch=[switch_of(v) for v in done["variant"]])
     methods = list(dict.fromkeys(done["method"]))
     switches = list(dict.fromkeys(["", *done["switch"]]))
-    mean = done.groupby(["switch", "method"])["final_acc"].mean() * 100
+    finished = done[done["status"] == "finished"]
+    mean = finished.groupby(["switch", "method"])["final_acc"].mean() * 100
+    seeds = finished.groupby(["switch", "method"]).size()
+    diverged = done[done["status"] == "diverged"].groupby(["switch", "method"]).size()
     rows = []
     for switch in switches:
         cells = []
         for method in methods:
             value, base = mean.get((switch, method)), mean.get(("", method))
-            cells.append(None if value is None else
-                         {"value": value, "delta": None if base is None or switch == "" else value - base})
+            failed = int(diverged.get((switch, method), 0))
+            cells.append(None if value is None and not failed else
+                         {"value": value, "seeds": int(seeds.get((switch, method), 0)), "diverged": failed,
+                          "delta": None if value is None or base is None or switch == "" else value - base})
         rows.append({"switch": switch or "none (the paper's protocol)", "cells": cells})
     return {"methods": methods, "rows": rows}
 
