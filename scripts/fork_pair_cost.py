@@ -26,7 +26,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedrepro import checkpoint, data, engine, partition
+from fedrepro import data, partitions
+from fedrepro.run import checkpoint
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec import config, forks, paramsfile, settings
 from fedrepro.identity import partition_setting
 from fedrepro.provenance import machine
@@ -51,17 +53,17 @@ def pair_settings(rounds: int) -> tuple[dict, dict, dict]:
 def fork_overheads(host: dict, child: dict, datasets, parts, tmp: Path, window: int) -> dict:
     """What sharing adds, at the real model size: the fork state's size, writing it, starting a child from it,
     and IMA's window average per round; no training."""
-    parent = engine.Trainer(host, tmp / "parent", None, None, datasets=datasets, parts=parts)
-    parent.history_length = window - 1
-    parent.history = [parent.model.flat.clone() for _ in range(window - 1)]
+    parent = Trainer(host, tmp / "parent", None, None, datasets=datasets, parts=parts)
+    parent.forks.history_length = window - 1
+    parent.forks.history = [parent.model.flat.clone() for _ in range(window - 1)]
     start = forks.late_plugins(child)["ima"][0]
     path = tmp / "fork.pt"
     tic = time.perf_counter()
-    checkpoint.save(parent.fork_state(start), path, digest=True)
+    checkpoint.save(parent.forks.fork_state(parent, start), path, digest=True)
     write_s = time.perf_counter() - tic
-    forked = engine.Trainer(child, tmp / "child", None, None, datasets=datasets, parts=parts)
+    forked = Trainer(child, tmp / "child", None, None, datasets=datasets, parts=parts)
     tic = time.perf_counter()
-    forked.start_from_fork(path, lambda p, r: forks.shares_prefix(child, p, r))
+    forked.forks.start(forked, path, lambda p, r: forks.shares_prefix(child, p, r))
     read_s = time.perf_counter() - tic
     window_part = forked.algorithm.post_steps[-1]
     x = forked.model.flat.clone()
@@ -87,7 +89,7 @@ def main() -> None:
     host, child, full = pair_settings(max(args.rounds, 8))
     window = full["ima"]["window"]
     datasets = tuple(data.load("fmnist", args.data_root, train=split) for split in (True, False))
-    parts = partition.make(datasets[0].labels.numpy(), partition_setting(host))
+    parts = partitions.make(datasets[0].labels.numpy(), partition_setting(host))
     load0 = os.getloadavg()
     result: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,7 +116,7 @@ def timed_pair(host, child, datasets, parts, tmp: Path, window: int) -> dict:
     """Rounds of the host and of the child after t_s, timed, and the forked child checked against the child
     trained from round 0."""
     start = forks.late_plugins(child)["ima"][0]
-    trainer = lambda s, out: engine.Trainer(s, tmp / out, None, None, datasets=datasets, parts=parts)
+    trainer = lambda s, out: Trainer(s, tmp / out, None, None, datasets=datasets, parts=parts)
     trainer(child, "alone").run(checkpoint_every=0, progress=False)
     parent = trainer(host, "parent")
     parent.keep_forks, parent.history_length = {start: tmp / "parent" / "fork.pt"}, window - 1

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from fedrepro.spec.settings import resolve
-from fedrepro.engine import Trainer
+from fedrepro.run.trainer import Trainer
 
 torch.set_num_threads(1)
 root = Path(sys.argv[1])            # the worktree the runs were made in

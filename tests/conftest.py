@@ -130,11 +130,12 @@ def fmnist_mirror(tmp_path, monkeypatch) -> Path:
 
 def make_partition(data_root: Path, out: Path, num_clients: int = 4, kind: str = "iid", **extra) -> Path:
     """Partition the training labels under ``data_root`` into ``out`` with the real code."""
-    from fedrepro import data, partition
+    from fedrepro import data, partitions
+    from fedrepro.partitions import records as partition_records
     setting = {"dataset": "fmnist", "num_clients": num_clients, "kind": kind, "seed": 1, **extra}
     labels = data.train_labels("fmnist", data_root)
-    parts = partition.make(labels, setting)
-    partition.save(out, setting, labels, parts, 10)
+    parts = partitions.make(labels, setting)
+    partition_records.save(out, setting, labels, parts, 10)
     return out
 
 

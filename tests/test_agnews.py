@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import data, identity, models, partition, registry
+from fedrepro import data, identity, models, partitions, registry
+from fedrepro.partitions import records as partition_records
 from fedrepro.spec import config, paramsfile, settings
 from fedrepro.data import agnews
-from fedrepro.engine import Trainer
+from fedrepro.run.trainer import Trainer
 from fedrepro.flat import FlatModel, learnt_buffers
 
 WORDS = ["world", "sports", "business", "tech", "market", "team", "game", "stocks", "chip", "war", "talks",
@@ -179,8 +180,8 @@ def test_two_federated_rounds_end_to_end(agnews_root, tiny_model, tmp_path):
                         "client": {"lr": 1e-2}, "seed": 3,
                         "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 2}})
     labels = data.train_labels("agnews", agnews_root)
-    parts = partition.make(labels, identity.partition_setting(s))
-    partition.save(tmp_path / "part", identity.partition_setting(s), labels, parts, 4)
+    parts = partitions.make(labels, identity.partition_setting(s))
+    partition_records.save(tmp_path / "part", identity.partition_setting(s), labels, parts, 4)
     summary = Trainer(s, tmp_path / "run", tmp_path / "part", agnews_root).run(progress=False)
     assert summary["status"] == "finished" and summary["rounds_done"] == 2
     assert 0.0 <= summary["final_acc"] <= 1.0 and np.isfinite(summary["final_loss"])
@@ -204,7 +205,7 @@ def test_fig4s_agnews_sweep_runs_at_a_tiny_size(agnews_root, tiny_model, tmp_pat
                             "participation": 0.5 if paper_setting["algorithm"] == "fedaware" else 1.0,
                             "partition": {**paper_setting["partition"], "min_size": 2}})
         labels = data.train_labels("agnews", agnews_root)
-        parts = partition.make(labels, identity.partition_setting(s))
-        partition.save(tmp_path / f"part{i}", identity.partition_setting(s), labels, parts, 4)
+        parts = partitions.make(labels, identity.partition_setting(s))
+        partition_records.save(tmp_path / f"part{i}", identity.partition_setting(s), labels, parts, 4)
         summary = Trainer(s, tmp_path / f"run{i}", tmp_path / f"part{i}", agnews_root).run(progress=False)
         assert summary["status"] == "finished" and np.isfinite(summary["e_ludd"])

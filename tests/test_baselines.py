@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import checkpoint
+from fedrepro.run import checkpoint
 from fedrepro.spec import settings
 from fedrepro.algorithms import BuildContext, fedavgm, fedcm, feddyn, fedprox, scaffold
 from fedrepro.parts import Algorithm, ClientRun, RoundUpdates
@@ -265,7 +265,7 @@ def tiny_setting(method: str) -> dict:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_runs_end_to_end_and_resumes_exactly(method, tiny_data_root, tiny_partition, tmp_path):
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
 
     s = tiny_setting(method)
     straight = Trainer(s, tmp_path / "a", tiny_partition, tiny_data_root).run(progress=False)
@@ -280,15 +280,15 @@ def test_runs_end_to_end_and_resumes_exactly(method, tiny_data_root, tiny_partit
 
 def test_random_epochs_set_each_clients_local_steps(tiny_data_root, tiny_partition, tmp_path):
     from fedrepro.algorithms.random_epochs import RandomEpochs
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
 
     s = tiny_setting("fedavg+random_epochs")
     trainer = Trainer(s, tmp_path / "a", tiny_partition, tiny_data_root)
     cohort = np.arange(4)
     draws = RandomEpochs(s["seed"], 2, 5)
     for t in range(3):
-        updates = trainer.local_training(t, cohort, trainer.model.flat.clone(), 0.05)
-        expected = [draws(t, c) * math.ceil(len(trainer.client_index[c]) / 50) for c in cohort]
+        updates = trainer.train_cohort(trainer.plan(t, cohort, trainer.model.flat.clone(), 0.05))
+        expected = [draws(t, c) * math.ceil(len(trainer.inputs.client_index[c]) / 50) for c in cohort]
         assert updates.steps.tolist() == expected
 
 
@@ -296,7 +296,7 @@ def test_random_batch_sizes_set_each_clients_local_steps_and_repeat(tiny_data_ro
     """+random_batch (FedAWARE's -agnostic 1): B_i from {10..n_i - 1}, per client and round, from its own stream."""
     from fedrepro.algorithms.random_batch import RandomBatch
     from fedrepro.algorithms.random_epochs import RandomEpochs
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
 
     s = tiny_setting("fedavg+random_epochs+random_batch")
     trainer = Trainer(s, tmp_path / "a", tiny_partition, tiny_data_root)
@@ -304,8 +304,8 @@ def test_random_batch_sizes_set_each_clients_local_steps_and_repeat(tiny_data_ro
     epochs, batches = RandomEpochs(s["seed"], 2, 5), RandomBatch(s["seed"], 10)
     drawn = set()
     for t in range(3):
-        updates = trainer.local_training(t, cohort, trainer.model.flat.clone(), 0.05)
-        sizes = [len(trainer.client_index[c]) for c in cohort]
+        updates = trainer.train_cohort(trainer.plan(t, cohort, trainer.model.flat.clone(), 0.05))
+        sizes = [len(trainer.inputs.client_index[c]) for c in cohort]
         b = [batches(t, c, n) for c, n in zip(cohort, sizes)]
         assert all(10 <= bi < n for bi, n in zip(b, sizes))
         drawn.update(b)

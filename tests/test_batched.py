@@ -1,4 +1,4 @@
-"""The batched path (batched.py) against the sequential client loop (client.LocalSGD), the reference.
+"""The batched path (run/batched.py) against the sequential client loop (run/client.py's LocalSGD), the reference.
 
 Both start from the same Trainer state; each client draws its own batches, takes its own number of steps
 and applies its method's terms in both, so the client updates agree up to float32 rounding
@@ -15,7 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro import batched, data, engine, models
+from fedrepro import data, models
+from fedrepro.parts import ClientObjective
+from fedrepro.run.batchable import unsupported
+from fedrepro.run.cohorts import sample_cohort
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec.settings import resolve
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -33,7 +37,7 @@ def _data(sizes, channels=1, side=28):
     return data.TensorDataset(images, labels, 0.2860, 0.3530), data.TensorDataset(images[:64], labels[:64], 0.2860, 0.3530)
 
 
-def _trainer(tmp_path, mode: str, sizes=SIZES, model="mlp", module=None, datasets=None, **extra) -> engine.Trainer:
+def _trainer(tmp_path, mode: str, sizes=SIZES, model="mlp", module=None, datasets=None, **extra) -> Trainer:
     datasets = datasets or _data(sizes)
     bounds = np.cumsum([0] + list(sizes))
     parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
@@ -44,7 +48,7 @@ def _trainer(tmp_path, mode: str, sizes=SIZES, model="mlp", module=None, dataset
         setting[key] = {**setting.get(key, {}), **value} if isinstance(value, dict) else value
     torch.manual_seed(3)
     module = module() if module is not None else models.build(model, "fmnist")
-    trainer = engine.Trainer(resolve(setting), tmp_path / f"run-{mode}", None, None, datasets=datasets, parts=parts,
+    trainer = Trainer(resolve(setting), tmp_path / f"run-{mode}", None, None, datasets=datasets, parts=parts,
                              module=module)
     trainer.cohort_mode = mode
     return trainer
@@ -53,10 +57,10 @@ def _trainer(tmp_path, mode: str, sizes=SIZES, model="mlp", module=None, dataset
 def _local(trainer, t=0, x=None):
     """One round's local training from ``x`` (default: the initial model; the sequential loop leaves the
     last client's parameters in the shared model, so a second call must not start from there)."""
-    cohort = engine.sample_cohort(trainer.setting["seed"], t, trainer.setting["num_clients"], trainer.k)
+    cohort = sample_cohort(trainer.setting["seed"], t, trainer.setting["num_clients"], trainer.k)
     if not hasattr(trainer, "x0"):
         trainer.x0 = trainer.model.flat.clone()
-    return trainer.local_training(t, cohort, (trainer.x0 if x is None else x).clone(), trainer.client_lr(t))
+    return trainer.train_cohort(trainer.plan(t, cohort, (trainer.x0 if x is None else x).clone(), trainer.client_lr(t)))
 
 
 def _pair(tmp_path, **kw):
@@ -74,8 +78,8 @@ def rounding_bound(trainer, steps: int, lr: float, momentum: float, passes: int 
     gradients differ by at most sqrt(R) eps32 G per pass (``passes``: ASAM's two), an update by lr / (1 - mu)
     times that (momentum adds a discrepancy into later steps with weights mu^k), and ``steps`` steps
     add up. Twice that covers what later gradients feed back over a few small steps (lr L < 1)."""
-    module, index = trainer.model.module, trainer.client_index[0][:BATCH]
-    x, y = trainer.train.batch(index)
+    module, index = trainer.model.module, trainer.inputs.client_index[0][:BATCH]
+    x, y = trainer.inputs.train.batch(index)
     widest = [x[0].numel()]
     hooks = [m.register_forward_hook(lambda m, i, o: widest.append(o[0].numel()))
              for m in module.modules() if not list(m.children())]
@@ -145,22 +149,22 @@ def test_a_finished_client_gets_exactly_its_own_steps(tmp_path):
     _, fast = _pair(tmp_path)
     b = _local(fast)
     alone = _trainer(tmp_path, "off", sizes=[7], datasets=_data(SIZES))
-    alone.client_index = [fast.client_index[1]]
+    alone.inputs.client_index = [fast.inputs.client_index[1]]
     alone.shuffle_generator = lambda t, c: fast.shuffle_generator(t, 1)
-    one = alone.local_training(0, np.array([0]), fast.x0.clone(), 0.05)
+    one = alone.train_cohort(alone.plan(0, np.array([0]), fast.x0.clone(), 0.05))
     assert one.steps.item() == b.steps[1].item() == 2
     torch.testing.assert_close(one.deltas[0], b.deltas[1], rtol=0, atol=rounding_bound(alone, 2, 0.05, 0.5))
 
 
 def test_modes_and_fallbacks(tmp_path):
     auto = _trainer(tmp_path, "auto")
-    assert not auto.train_together(np.arange(5), [2] * 5)  # CPU: sequential unless asked
+    assert not auto.train_together(np.arange(5))  # CPU: sequential unless asked
     fast = _trainer(tmp_path, "on")
-    assert fast.train_together(np.arange(5), [2] * 5)
-    fast.algorithm.corrections.append(type("Unbatched", (batched.ClientObjective.__base__,), {})())
-    assert not fast.train_together(np.arange(5), [2] * 5)
-    fast.train = type("Tokens", (), {"batched_cohort": False, "augment": False})()
-    assert batched.unsupported(fast.model.module, fast.train, [], None)
+    assert fast.train_together(np.arange(5))
+    fast.algorithm.corrections.append(type("Unbatched", (ClientObjective.__base__,), {})())
+    assert not fast.train_together(np.arange(5))
+    fast.inputs.train = type("Tokens", (), {"batched_cohort": False, "augment": False})()
+    assert unsupported(fast.model.module, fast.inputs.train, [], None)
 
 
 # ------------------------------------------------------------------ methods' client terms
@@ -310,7 +314,7 @@ def test_augmentation_draws_are_each_clients_own(tmp_path):
     generator ends where the sequential loop leaves it."""
     datasets = _cifar_like(SIZES)
     plain, fast = _pair(tmp_path, module=_small_cnn, datasets=datasets, dataset="cifar10", model="cnn")
-    assert fast.train.augment and fast.train_together(np.arange(5), [2] * 5)
+    assert fast.inputs.train.augment and fast.train_together(np.arange(5))
     (a, b), states = _from_one_global_seed((plain, fast), 12)
     _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
     assert torch.equal(states[0], states[1])

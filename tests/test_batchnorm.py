@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro import checkpoint, data, engine, models
-from fedrepro.client import client_generator
+from fedrepro import data, models
+from fedrepro.run import checkpoint
+from fedrepro.run.trainer import Trainer
+from fedrepro.run.client import client_generator
 from fedrepro.spec.schema import ConfigError
 from fedrepro.spec.settings import resolve
 from fedrepro.evaluation import evaluate
@@ -51,8 +53,8 @@ def _test_set() -> data.TensorDataset:
     return data.TensorDataset(train.images[:40], train.labels[:40], 0.5, 0.5)
 
 
-def _trainer(tmp_path, module=None, **extra) -> engine.Trainer:
-    return engine.Trainer(_setting(**extra), tmp_path, None, None, datasets=(_data(), _test_set()), parts=_parts(),
+def _trainer(tmp_path, module=None, **extra) -> Trainer:
+    return Trainer(_setting(**extra), tmp_path, None, None, datasets=(_data(), _test_set()), parts=_parts(),
                           module=module)
 
 
@@ -154,7 +156,7 @@ def test_aggregated_running_statistics_are_the_weighted_mean_of_the_clients(tmp_
     trainer = _trainer(tmp_path, module=_small())
     initial = copy.deepcopy(trainer.model.module)
     cohort = np.arange(2)
-    trainer.local_training(0, cohort, trainer.model.flat.clone(), trainer.client_lr(0))
+    trainer.train_cohort(trainer.plan(0, cohort, trainer.model.flat.clone(), trainer.client_lr(0)))
     clients = _oracle_clients(initial, trainer.client_lr(0))
     w = torch.tensor(SIZES, dtype=torch.float32) / sum(SIZES)
     bn = trainer.model.module[1]
@@ -171,7 +173,7 @@ def test_eval_mode_normalises_with_the_averaged_statistics(tmp_path):
     bn = module[1]
     seen = {}
     bn.register_forward_hook(lambda m, inputs, output: seen.update(x=inputs[0], y=output))
-    module.eval()  # engine.evaluate switches to eval mode on main; here the test does it
+    module.eval()  # evaluate switches to eval mode on main; here the test does it
     with torch.no_grad():
         module(_test_set().batch(torch.arange(40))[0])
     manual = nn.BatchNorm2d(4).eval()

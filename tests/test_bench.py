@@ -8,7 +8,9 @@ import json
 import pytest
 import torch
 
-from fedrepro import cli, data, engine
+from fedrepro import cli, data
+from fedrepro.run.cohorts import sample_cohort
+from fedrepro.run.trainer import Trainer
 from fedrepro.ops import bench, bench_baselines, bench_settings
 
 
@@ -66,13 +68,13 @@ def test_floor_does_the_engines_steps_with_the_engines_batch_sizes(tmp_path):
     setting, images, labels, parts = _small("fmnist_mlp")
     parts = [p[: 50 + 7 * i] for i, p in enumerate(parts)]  # unequal, with partial last batches
     module = bench.build_module(setting)
-    trainer = engine.Trainer(bench.engine_setting(setting, "cpu"), tmp_path, None, None,
+    trainer = Trainer(bench.engine_setting(setting, "cpu"), tmp_path, None, None,
                              datasets=(data.TensorDataset(images, labels, 0.0, 1.0),) * 2, parts=parts,
                              module=copy.deepcopy(module))
     floor = bench_baselines.ComputeFloor(module, images, labels, setting, parts, torch.device("cpu"), seed=1)
     for t in (1, 2):
-        cohort = engine.sample_cohort(1, t, setting.num_clients, setting.per_round)
-        updates = trainer.local_training(t, cohort, trainer.model.flat.clone(), 0.01)
+        cohort = sample_cohort(1, t, setting.num_clients, setting.per_round)
+        updates = trainer.train_cohort(trainer.plan(t, cohort, trainer.model.flat.clone(), 0.01))
         assert floor.round(t) == int(updates.steps.sum()) == len(floor.batch_sizes(t))
         sizes = floor.batch_sizes(t)
         assert sum(sizes) == setting.epochs * sum(len(parts[c]) for c in cohort)
@@ -92,7 +94,7 @@ def test_reference_loop_is_fedavg_over_the_same_cohort():
     loop = bench_baselines.ReferenceLoop(module, dataset, parts, one_step, torch.device("cpu"), 1)
     start = copy.deepcopy(loop.model)
     loop.round(1)
-    cohort = engine.sample_cohort(1, 1, setting.num_clients, setting.per_round)
+    cohort = sample_cohort(1, 1, setting.num_clients, setting.per_round)
     sizes = torch.tensor([len(parts[c]) for c in cohort], dtype=torch.float64)
     expected = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in start.state_dict().items()}
     for c, weight in zip(cohort, sizes / sizes.sum()):

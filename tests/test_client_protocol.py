@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro import data, engine
-from fedrepro.client import client_generator, holdout_split
+from fedrepro import data
+from fedrepro.run.trainer import Trainer
+from fedrepro.run.client import client_generator, holdout_split
 from fedrepro.spec.schema import ConfigError
 from fedrepro.spec.settings import resolve
 
@@ -34,12 +35,12 @@ def _parts(sizes):
     return [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
 
 
-def _trainer(tmp_path, client: dict, algorithm: str = "fedavg", sizes=SIZES, epochs: int = 2) -> engine.Trainer:
+def _trainer(tmp_path, client: dict, algorithm: str = "fedavg", sizes=SIZES, epochs: int = 2) -> Trainer:
     train = _data(sum(sizes))
     setting = resolve({"algorithm": algorithm, "num_clients": len(sizes), "participation": 1.0,
                        "local_epochs": epochs, "batch_size": BATCH, "device": "cpu", "rounds": 2, "eval_every": 1,
                        "client": {"lr": 0.08, "lr_decay": 0.99, "momentum": 0.9, "weight_decay": 5e-4, **client}})
-    return engine.Trainer(setting, tmp_path / algorithm, None, None, datasets=(train, _data(32)),
+    return Trainer(setting, tmp_path / algorithm, None, None, datasets=(train, _data(32)),
                           parts=_parts(sizes), module=_module())
 
 
@@ -107,18 +108,19 @@ def test_holdout_is_the_same_for_every_method_and_keeps_full_weights(tmp_path):
     a = _trainer(tmp_path, {"holdout": 0.3}, "fedavg")
     b = _trainer(tmp_path, {"holdout": 0.3}, "fedprox")
     for c, n in enumerate(SIZES):
-        assert len(a.client_index[c]) == n - int(0.3 * n)
-        assert torch.equal(a.client_index[c], b.client_index[c])
-        assert set(a.client_index[c].tolist()) < set(_parts(SIZES)[c].tolist())
+        assert len(a.inputs.client_index[c]) == n - int(0.3 * n)
+        assert torch.equal(a.inputs.client_index[c], b.inputs.client_index[c])
+        assert set(a.inputs.client_index[c].tolist()) < set(_parts(SIZES)[c].tolist())
     # a client trains on its kept samples only: its update equals that of a run whose partition is
     # just those samples; the aggregation weights stay the full partition's n_i (FedLAW's code)
     cohort = np.arange(len(SIZES))
     x = a.model.flat.clone()
-    held = a.local_training(0, cohort, x, a.client_lr(0))
+    held = a.train_cohort(a.plan(0, cohort, x, a.client_lr(0)))
     kept_only = _trainer(tmp_path, {}, sizes=SIZES)
-    kept_only.client_index = [a.client_index[c] for c in cohort]
-    plain = kept_only.local_training(0, cohort, x, kept_only.client_lr(0))
-    full = _trainer(tmp_path, {}).local_training(0, cohort, x, a.client_lr(0))
+    kept_only.inputs.client_index = [a.inputs.client_index[c] for c in cohort]
+    plain = kept_only.train_cohort(kept_only.plan(0, cohort, x, kept_only.client_lr(0)))
+    full = _trainer(tmp_path, {})
+    full = full.train_cohort(full.plan(0, cohort, x, a.client_lr(0)))
     assert torch.equal(held.deltas, plain.deltas) and not torch.allclose(held.deltas, full.deltas)
     assert held.sizes.tolist() == SIZES
 

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import data, engine
+from fedrepro import data, streams
+from fedrepro.run import cohorts
+from fedrepro.run.cohorts import code_pairing, exploration_draws, sample_cohort
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec import schema, settings
 
 
@@ -28,20 +31,20 @@ def test_the_exploration_draws_what_the_codes_sampler_drew(monkeypatch):
     """Given the code's shuffled list (its head is all the later rounds depend on), our exploration draws the
     code's clients in the code's order, round by round, the wrapped tenth round included."""
     shuffled = CODE_ROUND_0 + [i for i in reversed(range(100)) if i not in CODE_ROUND_0]  # any order: a set
-    real = engine.streams.rng
+    real = streams.rng
 
     class Shuffled:
         def permutation(self, n):
             return np.asarray(shuffled)
 
-    monkeypatch.setattr(engine.streams, "rng", lambda name, *keys: Shuffled() if name == "warmup" else real(name, *keys))
-    engine.exploration_draws.cache_clear()
+    monkeypatch.setattr(streams, "rng", lambda name, *keys: Shuffled() if name == "warmup" else real(name, *keys))
+    exploration_draws.cache_clear()
     try:
         for t, drawn in enumerate(CODE_EXPLORATION):
-            assert engine.code_pairing(1998, t, 100, 10, "permutation").tolist() == drawn, t
-            assert engine.sample_cohort(1998, t, 100, 10, "permutation").tolist() == sorted(drawn)
+            assert code_pairing(1998, t, 100, 10, "permutation").tolist() == drawn, t
+            assert sample_cohort(1998, t, 100, 10, "permutation").tolist() == sorted(drawn)
     finally:
-        engine.exploration_draws.cache_clear()
+        exploration_draws.cache_clear()
 
 
 def _uniform_draw(seed, t, n, k):
@@ -54,22 +57,22 @@ def test_the_pairing_is_the_draw_and_the_cohort_its_sorted_ids(n, k):
     explore = math.ceil(n / k)
     # round 0 of the warm-up: the head of the seeded permutation, in its order (not sorted)
     head = np.random.default_rng(np.random.SeedSequence([11, 0xC0407])).permutation(n)[:k]
-    assert engine.code_pairing(11, 0, n, k, "permutation").tolist() == head.tolist()
+    assert code_pairing(11, 0, n, k, "permutation").tolist() == head.tolist()
     for t in range(explore + 6):
-        pairing = engine.code_pairing(11, t, n, k, "permutation")
-        assert engine.sample_cohort(11, t, n, k, "permutation").tolist() == sorted(pairing.tolist())
+        pairing = code_pairing(11, t, n, k, "permutation")
+        assert sample_cohort(11, t, n, k, "permutation").tolist() == sorted(pairing.tolist())
         if t >= explore:  # after the warm-up: the uniform draw, in numpy's draw order
             assert pairing.tolist() == _uniform_draw(11, t, n, k).tolist()
     # without the warm-up every round is a uniform draw, round 0 included
-    assert all(engine.code_pairing(11, t, n, k).tolist() == _uniform_draw(11, t, n, k).tolist() for t in range(5))
+    assert all(code_pairing(11, t, n, k).tolist() == _uniform_draw(11, t, n, k).tolist() for t in range(5))
     # round 0 and the uniform rounds come unsorted (else the setting would change nothing)
     unsorted = [t for t in [0, *range(explore, explore + 6)]
-                if not np.array_equal(engine.code_pairing(11, t, n, k, "permutation"),
-                                      engine.sample_cohort(11, t, n, k, "permutation"))]
+                if not np.array_equal(code_pairing(11, t, n, k, "permutation"),
+                                      sample_cohort(11, t, n, k, "permutation"))]
     assert len(unsorted) >= 2
 
 
-def _trainer(tmp_path, algorithm: str, assignment: str, name: str) -> engine.Trainer:
+def _trainer(tmp_path, algorithm: str, assignment: str, name: str) -> Trainer:
     gen = torch.Generator().manual_seed(0)
     labels = torch.arange(210) % 10
     images = (torch.randint(0, 60, (210, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
@@ -80,7 +83,7 @@ def _trainer(tmp_path, algorithm: str, assignment: str, name: str) -> engine.Tra
                               "local_epochs": 1, "batch_size": 10, "device": "cpu", "rounds": 4, "seed": 1998,
                               "client": {"lr": 0.05}, "fedaware": {"alpha": 1.0}, "aware": {"alpha": 1.0},
                               "cohort": {"warmup": "permutation", "assignment": assignment}})
-    return engine.Trainer(setting, tmp_path / name, None, None, datasets=(train, train), parts=parts)
+    return Trainer(setting, tmp_path / name, None, None, datasets=(train, train), parts=parts)
 
 
 # hand-built draws of a 6-client, 2-a-round run: round 0 drawn as [4, 1], rounds 1 and 2 exploring in
@@ -92,7 +95,7 @@ CREDITED = {0: {1: 4, 4: 1}, 1: {0: 0, 3: 3}, 2: {2: 2, 5: 5}, 3: {2: 5, 5: 2}}
 
 @pytest.fixture
 def hand_draws(monkeypatch):
-    monkeypatch.setattr(engine, "cohort_draw", lambda seed, t, n, k, warmup="none": np.array(DRAWS[t]))
+    monkeypatch.setattr(cohorts, "cohort_draw", lambda seed, t, n, k, warmup="none": np.array(DRAWS[t]))
 
 
 @pytest.mark.parametrize("algorithm,momenta", [("fedaware", lambda a: a.aggregator.momenta),
@@ -103,9 +106,9 @@ def test_each_upload_lands_in_the_momentum_the_code_writes_it_to(tmp_path, hand_
     for t in range(4):
         code.model.flat.copy_(right.model.flat)  # the same start, so the same uploads
         x = right.model.flat.clone()
-        cohort = engine.sample_cohort(0, t, 6, 2, "permutation")
+        cohort = sample_cohort(0, t, 6, 2, "permutation")
         assert list(cohort) == sorted(DRAWS[t])
-        uploads = right.local_training(t, cohort, x, 0.05).deltas.clone()
+        uploads = right.train_cohort(right.plan(t, cohort, x, 0.05)).deltas.clone()
         right.round(t)
         code.round(t)
         got = momenta(code.algorithm).momenta
@@ -120,8 +123,8 @@ def test_fedavg_weighs_each_upload_with_the_credited_clients_data_size(tmp_path,
     sizes = {i: 10 * (i + 1) for i in range(6)}
     for t in (0, 1, 3):
         x = trainer.model.flat.clone()
-        cohort = engine.sample_cohort(0, t, 6, 2, "permutation")
-        uploads = trainer.local_training(t, cohort, x, 0.05).deltas.clone()
+        cohort = sample_cohort(0, t, 6, 2, "permutation")
+        uploads = trainer.train_cohort(trainer.plan(t, cohort, x, 0.05)).deltas.clone()
         trainer.model.flat.copy_(x)
         trainer.round(t)
         credit = [CREDITED[t][int(c)] if assignment == "code" else int(c) for c in cohort]

@@ -1,6 +1,6 @@
 """The cohort sampler against its documented recipe and against uniformity.
 
-The recipe (``engine.cohort_draw``, ``streams``): the k clients of round t are
+The recipe (``cohort_draw``, ``streams``): the k clients of round t are
 ``numpy.random.default_rng(SeedSequence([seed, t])).choice(N, k, replace=False)`` in numpy's draw order;
 ``sample_cohort`` sorts them. With ``cohort.warmup: permutation`` the first ceil(N/k) rounds are FedAWARE's
 exploration of a permutation drawn from ``SeedSequence([seed, 0xC0407])`` (a last partial chunk topped up from
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedrepro import engine
+from fedrepro.run.cohorts import code_pairing, cohort_draw, sample_cohort
 
 WARMUP_SALT = 0xC0407
 
@@ -39,11 +39,11 @@ def recipe_permutation(seed: int, n: int) -> np.ndarray:
 def test_a_few_draws_pinned_by_hand():
     """Integer draws of numpy's PCG64 (pinned in pyproject) do not depend on the machine. These were read off
     the recipe above; a change of seeding, salt or draw call moves them (and every run's cohorts)."""
-    assert engine.cohort_draw(1998, 0, 100, 10).tolist() == [69, 10, 80, 43, 91, 24, 20, 27, 13, 49]
-    assert engine.cohort_draw(1, 3, 10, 4).tolist() == [3, 1, 0, 7]
-    assert engine.sample_cohort(1, 3, 10, 4).tolist() == [0, 1, 3, 7]
+    assert cohort_draw(1998, 0, 100, 10).tolist() == [69, 10, 80, 43, 91, 24, 20, 27, 13, 49]
+    assert cohort_draw(1, 3, 10, 4).tolist() == [3, 1, 0, 7]
+    assert sample_cohort(1, 3, 10, 4).tolist() == [0, 1, 3, 7]
     # FedAWARE's exploration: round 0 is the head of the seeded permutation, in its order
-    assert engine.cohort_draw(1998, 0, 100, 10, "permutation").tolist() == [17, 64, 53, 9, 87, 28, 56, 32, 83, 57]
+    assert cohort_draw(1998, 0, 100, 10, "permutation").tolist() == [17, 64, 53, 9, 87, 28, 56, 32, 83, 57]
 
 
 @pytest.mark.parametrize("seed", [0, 7, 1998])
@@ -51,17 +51,17 @@ def test_a_few_draws_pinned_by_hand():
 def test_uniform_rounds_follow_the_recipe(seed, n, k):
     for t in [0, 1, 2, 17, 499]:
         want = recipe_draw(seed, t, n, k)
-        assert engine.cohort_draw(seed, t, n, k).tolist() == want.tolist()
-        assert engine.code_pairing(seed, t, n, k).tolist() == want.tolist()  # the credited order: the draw's
-        assert engine.sample_cohort(seed, t, n, k).tolist() == sorted(want.tolist())
+        assert cohort_draw(seed, t, n, k).tolist() == want.tolist()
+        assert code_pairing(seed, t, n, k).tolist() == want.tolist()  # the credited order: the draw's
+        assert sample_cohort(seed, t, n, k).tolist() == sorted(want.tolist())
 
 
 @pytest.mark.parametrize("n,k", [(100, 10), (10, 4), (7, 3)])
 def test_warmup_rounds_follow_the_recipe_and_then_the_uniform_ones(n, k):
     seed, explore = 5, math.ceil(n / k)
     perm = recipe_permutation(seed, n)
-    assert engine.cohort_draw(seed, 0, n, k, "permutation").tolist() == perm[:k].tolist()
-    chunks = [set(engine.sample_cohort(seed, t, n, k, "permutation").tolist()) for t in range(explore)]
+    assert cohort_draw(seed, 0, n, k, "permutation").tolist() == perm[:k].tolist()
+    chunks = [set(sample_cohort(seed, t, n, k, "permutation").tolist()) for t in range(explore)]
     # the exploration's chunks: the permutation's head, then k of the rest each round, disjoint
     assert chunks[0] == set(perm[:k].tolist())
     full = n // k
@@ -75,8 +75,8 @@ def test_warmup_rounds_follow_the_recipe_and_then_the_uniform_ones(n, k):
         assert chunks[full] == set(left) | set(top.tolist())
     for t in range(explore, explore + 20):
         want = recipe_draw(seed, t, n, k)
-        assert engine.code_pairing(seed, t, n, k, "permutation").tolist() == want.tolist()
-        assert engine.sample_cohort(seed, t, n, k, "permutation").tolist() == sorted(want.tolist())
+        assert code_pairing(seed, t, n, k, "permutation").tolist() == want.tolist()
+        assert sample_cohort(seed, t, n, k, "permutation").tolist() == sorted(want.tolist())
 
 
 # --------------------------------------------------------------------------- uniformity
@@ -98,7 +98,7 @@ def inclusion_p_value(counts: np.ndarray, rounds: int, n: int, k: int) -> float:
 def _inclusions(seed, n, k, rounds, warmup="none", start=0):
     counts = np.zeros(n, dtype=np.int64)
     for t in range(start, start + rounds):
-        cohort = engine.sample_cohort(seed, t, n, k, warmup)
+        cohort = sample_cohort(seed, t, n, k, warmup)
         assert len(set(cohort.tolist())) == k and cohort.min() >= 0 and cohort.max() < n
         counts[cohort] += 1
     return counts
@@ -128,7 +128,7 @@ def test_pairs_are_drawn_together_uniformly():
     n, k, rounds = 10, 3, 3000
     together = np.zeros((n, n), dtype=np.int64)
     for t in range(rounds):
-        c = engine.sample_cohort(3, t, n, k)
+        c = sample_cohort(3, t, n, k)
         together[np.ix_(c, c)] += 1
     pairs = together[np.triu_indices(n, 1)]
     assert pairs.sum() == rounds * k * (k - 1) // 2
@@ -145,8 +145,8 @@ def test_code_assignment_credits_a_uniformly_drawn_order():
     for warmup, start in (("none", 0), ("permutation", math.ceil(n / k))):
         slots = np.zeros((k, n), dtype=np.int64)
         for t in range(start, start + rounds):
-            pairing = engine.code_pairing(21, t, n, k, warmup)
-            assert sorted(pairing.tolist()) == engine.sample_cohort(21, t, n, k, warmup).tolist()
+            pairing = code_pairing(21, t, n, k, warmup)
+            assert sorted(pairing.tolist()) == sample_cohort(21, t, n, k, warmup).tolist()
             slots[np.arange(k), pairing] += 1
         for j in range(k):
             p = stats.chisquare(slots[j]).pvalue

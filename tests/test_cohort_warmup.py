@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import data, engine
+from fedrepro import data
+from fedrepro.run.cohorts import sample_cohort
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec import schema, settings
 
 
 @pytest.mark.parametrize("n,k", [(100, 10), (10, 4), (7, 7), (5, 1)])
 def test_the_first_rounds_visit_every_client_once(n, k):
     rounds = math.ceil(n / k)
-    cohorts = [engine.sample_cohort(3, t, n, k, "permutation") for t in range(rounds)]
+    cohorts = [sample_cohort(3, t, n, k, "permutation") for t in range(rounds)]
     assert all(len(c) == k and len(set(c)) == k for c in cohorts)
     assert set(np.concatenate(cohorts)) == set(range(n))
     if n % k == 0:  # exactly once each
@@ -26,21 +28,21 @@ def test_after_the_warmup_the_cohorts_are_the_uniform_ones():
     SeedSequence([seed, t])), written here with numpy alone, and the same as without the warm-up."""
     for t in range(10, 30):
         uniform = np.random.default_rng(np.random.SeedSequence([3, t])).choice(100, size=10, replace=False)
-        assert engine.sample_cohort(3, t, 100, 10, "permutation").tolist() == sorted(uniform.tolist())
-        assert engine.sample_cohort(3, t, 100, 10).tolist() == sorted(uniform.tolist())
+        assert sample_cohort(3, t, 100, 10, "permutation").tolist() == sorted(uniform.tolist())
+        assert sample_cohort(3, t, 100, 10).tolist() == sorted(uniform.tolist())
 
 
 def test_the_warmup_depends_on_seed_and_round_only():
-    a = [engine.sample_cohort(5, t, 100, 10, "permutation") for t in range(10)]
-    b = [engine.sample_cohort(5, t, 100, 10, "permutation") for t in reversed(range(10))][::-1]  # any order: no state
+    a = [sample_cohort(5, t, 100, 10, "permutation") for t in range(10)]
+    b = [sample_cohort(5, t, 100, 10, "permutation") for t in reversed(range(10))][::-1]  # any order: no state
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    other = [engine.sample_cohort(6, t, 100, 10, "permutation") for t in range(10)]
+    other = [sample_cohort(6, t, 100, 10, "permutation") for t in range(10)]
     assert not all(np.array_equal(x, y) for x, y in zip(a, other))
 
 
 def test_uniform_cohorts_take_longer_to_cover_100_clients():
     """Why the switch matters: with uniform cohorts of 10 out of 100, 10 rounds do not cover everyone."""
-    seen = set(np.concatenate([engine.sample_cohort(1998, t, 100, 10) for t in range(10)]))
+    seen = set(np.concatenate([sample_cohort(1998, t, 100, 10) for t in range(10)]))
     assert len(seen) < 100
 
 
@@ -49,7 +51,7 @@ def test_a_bad_warmup_is_refused_naming_the_key():
         settings.resolve({"cohort": {"warmup": "explore"}})
 
 
-def _fedaware_trainer(tmp_path, warmup: str, client: dict | None = None) -> engine.Trainer:
+def _fedaware_trainer(tmp_path, warmup: str, client: dict | None = None) -> Trainer:
     gen = torch.Generator().manual_seed(0)
     labels = torch.arange(200) % 10
     images = (torch.randint(0, 60, (200, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
@@ -58,7 +60,7 @@ def _fedaware_trainer(tmp_path, warmup: str, client: dict | None = None) -> engi
     setting = settings.resolve({"algorithm": "fedaware", "model": "mlp", "num_clients": 10, "participation": 0.2,
                               "local_epochs": 1, "batch_size": 20, "device": "cpu", "rounds": 8, "seed": 1998,
                               "client": {"lr": 0.05, **(client or {})}, "cohort": {"warmup": warmup}})
-    return engine.Trainer(setting, tmp_path / warmup, None, None, datasets=(train, train), parts=parts)
+    return Trainer(setting, tmp_path / warmup, None, None, datasets=(train, train), parts=parts)
 
 
 def test_fedaware_leaves_its_fedavg_warmup_after_ceil_n_over_k_rounds(tmp_path):
@@ -89,8 +91,8 @@ def test_a_reseeded_client_repeats_its_local_training_from_the_same_model(tmp_pa
     trainer = _fedaware_trainer(tmp_path, "none", {"shuffle": shuffle})
     trainer.setting["batch_size"] = 8  # several batches, so the order matters
     x = trainer.model.flat.clone()
-    a = trainer.local_training(0, np.array([2]), x, 0.05).deltas
-    b = trainer.local_training(3, np.array([2]), x, 0.05).deltas
+    a = trainer.train_cohort(trainer.plan(0, np.array([2]), x, 0.05)).deltas
+    b = trainer.train_cohort(trainer.plan(3, np.array([2]), x, 0.05)).deltas
     assert torch.equal(a, b) == same
 
 
@@ -101,13 +103,13 @@ def test_unshuffled_clients_take_their_batches_in_the_partitions_order(tmp_path)
     trainer.setting["batch_size"] = 8
     assert trainer.shuffle_generator(3, 2) is None
     x = trainer.model.flat.clone()
-    a = trainer.local_training(0, np.array([2]), x, 0.05).deltas
-    b = trainer.local_training(5, np.array([2]), x, 0.05).deltas
+    a = trainer.train_cohort(trainer.plan(0, np.array([2]), x, 0.05)).deltas
+    b = trainer.train_cohort(trainer.plan(5, np.array([2]), x, 0.05)).deltas
     assert torch.equal(a, b)
-    index = trainer.client_index[2]
+    index = trainer.inputs.client_index[2]
     trainer.model.flat.copy_(x)
     for start in range(0, len(index), 8):  # one epoch of plain SGD, batches in order
-        images, labels = trainer.train.batch(index[start:start + 8])
+        images, labels = trainer.inputs.train.batch(index[start:start + 8])
         trainer.model.loss_and_grad(torch.nn.functional.cross_entropy, images, labels)
         trainer.model.flat.sub_(0.05 * trainer.model.grad)
     torch.testing.assert_close(x - trainer.model.flat, a[0])

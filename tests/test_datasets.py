@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import data, partition, registry
+from fedrepro import data, partitions, registry
+from fedrepro.partitions.base import PartitionError
 from fedrepro.data import cifar, synthetic
 from fedrepro.spec.schema import ConfigError
 from fedrepro.spec.settings import resolve
@@ -173,11 +174,11 @@ def test_natural_partition_gives_each_user_its_samples(tmp_path):
     root = synthetic.download("synthetic_1_1", tmp_path, log=lambda *_: None)
     groups = synthetic.train_groups("synthetic_1_1", root)
     labels = data.train_labels("synthetic_1_1", root)
-    parts = partition.make(labels, {"kind": "natural", "num_clients": 30, "dataset": "synthetic_1_1"}, groups)
+    parts = partitions.make(labels, {"kind": "natural", "num_clients": 30, "dataset": "synthetic_1_1"}, groups)
     assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
     assert all((groups[p] == i).all() for i, p in enumerate(parts))
-    with pytest.raises(partition.PartitionError):
-        partition.make(labels, {"kind": "natural", "num_clients": 30})
+    with pytest.raises(PartitionError):
+        partitions.make(labels, {"kind": "natural", "num_clients": 30})
 
 
 def test_natural_partition_settings_are_checked():

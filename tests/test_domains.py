@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import data, identity, models, partition
+from fedrepro import data, identity, models, partitions
+from fedrepro.partitions import records as partition_records
+from fedrepro.partitions import label_quantity
+from fedrepro.partitions.base import PartitionError
 from fedrepro.spec import schema, settings
 from fedrepro.data import digit5, pacs
 from fedrepro.data.base import DataError
 from fedrepro.data.domains import DomainDataset
-from fedrepro.engine import Trainer
+from fedrepro.run.trainer import Trainer
 from fedrepro.evaluation import score
 
 # FedBN's image shapes per domain: grey 28 (MNIST), RGB 32 (SVHN, SynthDigits), grey 16 (USPS), RGB 28 (MNIST-M)
@@ -179,7 +182,7 @@ def domain_labels(domains: int = 5, per_domain: int = 400, classes: int = 10, se
 def test_each_domain_is_split_over_its_own_twenty_clients(kind, extra):
     labels, domains = domain_labels()
     setting = {"dataset": "digit5", "num_clients": 100, "kind": kind, "seed": 1, **extra}
-    parts = partition.make(labels, setting, domains=domains)
+    parts = partitions.make(labels, setting, domains=domains)
     assert len(parts) == 100
     for j, part in enumerate(parts):
         assert len(part) and set(domains[part]) == {j // 20}, "client j holds samples of domain j // 20 only"
@@ -189,21 +192,21 @@ def test_each_domain_is_split_over_its_own_twenty_clients(kind, extra):
     inner = {**setting, "num_clients": 20}
     for d in range(5):
         at = np.flatnonzero(domains == d)
-        assert all(np.array_equal(a, at[b]) for a, b in zip(parts[20 * d:20 * d + 20], partition.make(labels[at], inner)))
-    groups = partition.groups(setting)
+        assert all(np.array_equal(a, at[b]) for a, b in zip(parts[20 * d:20 * d + 20], partitions.make(labels[at], inner)))
+    groups = partitions.groups(setting)
     assert list(groups) == [f"domain_{n}" for n in digit5.DOMAINS] and list(groups["domain_USPS"]) == list(range(40, 60))
 
 
 def test_label_quantity_gives_each_client_its_classes_split_evenly():
     labels = np.repeat(np.arange(10), 37)
-    parts = partition.label_quantity(labels, 20, np.random.default_rng(3), classes_per_client=2)
+    parts = label_quantity.split(labels, 20, np.random.default_rng(3), classes_per_client=2)
     held = [set(labels[p]) for p in parts]
     assert all(len(h) == 2 and j % 10 in h for j, h in enumerate(held))
     for k in range(10):  # class k's 37 samples, all given out, in near-equal pieces among its holders
         pieces = [int((labels[p] == k).sum()) for p, h in zip(parts, held) if k in h]
         assert sum(pieces) == 37 and max(pieces) - min(pieces) <= 1
-    with pytest.raises(partition.PartitionError, match="classes_per_client = 11"):
-        partition.label_quantity(labels, 20, np.random.default_rng(3), classes_per_client=11)
+    with pytest.raises(PartitionError, match="classes_per_client = 11"):
+        label_quantity.split(labels, 20, np.random.default_rng(3), classes_per_client=11)
 
 
 def test_config_refuses_clients_that_do_not_divide_over_the_domains():
@@ -247,7 +250,7 @@ def test_digit5_federated_rounds_through_the_engine(digit_root, tmp_path):
     part = identity.partition_setting(s)  # the partition step as Snakemake runs it: its clients stay in their domains
     cli.main(["partition", "--setting", json.dumps(part), "--data-root", str(digit_root), "--out", str(tmp_path / "part")])
     domains = data.train_domains("digit5", digit_root)
-    assert [set(domains[p]) for p in partition.load(tmp_path / "part")] == [{d} for d in range(5) for _ in range(2)]
+    assert [set(domains[p]) for p in partition_records.load(tmp_path / "part")] == [{d} for d in range(5) for _ in range(2)]
     summary = Trainer(s, tmp_path / "run", tmp_path / "part", digit_root).run(progress=False)
     assert summary["status"] == "finished" and summary["rounds_done"] == 2
     import pandas as pd

@@ -6,7 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedrepro import data, engine
+from fedrepro import data
+from fedrepro.evaluation import evaluate, proxy_indices, split_test
+from fedrepro.run.cohorts import sample_cohort
+from fedrepro.run.trainer import Trainer
 from fedrepro.algorithms.proxy import FunctionalModel
 from fedrepro.spec.settings import resolve
 
@@ -28,8 +31,8 @@ def tiny_split(n: int = 256, seed: int = 0) -> data.TensorDataset:
 def test_dropout_model_scores_the_same_twice_and_as_a_manual_eval_pass():
     model, test = dropout_mlp(), tiny_split()
     model.train()
-    first = engine.evaluate(model, test, batch_size=100)
-    second = engine.evaluate(model, test, batch_size=100)
+    first = evaluate(model, test, batch_size=100)
+    second = evaluate(model, test, batch_size=100)
     assert first == second
     model.eval()
     with torch.no_grad():
@@ -44,7 +47,7 @@ def test_dropout_model_scores_the_same_twice_and_as_a_manual_eval_pass():
 def test_evaluation_restores_train_mode():
     model = dropout_mlp()
     model.train()
-    engine.evaluate(model, tiny_split(64))
+    evaluate(model, tiny_split(64))
     assert model.training and all(m.training for m in model.modules())
 
 
@@ -65,13 +68,13 @@ def test_teachers_logits_are_scored_in_eval_mode_and_training_stays_in_train_mod
     assert not torch.equal(net(w, x), net(w, x))  # training passes draw dropout masks
 
 
-def _trainer(tmp_path, name: str, mode: str = "off") -> engine.Trainer:
+def _trainer(tmp_path, name: str, mode: str = "off") -> Trainer:
     train, test = tiny_split(240, seed=1), tiny_split(128, seed=2)
     parts = [np.arange(i * 40, (i + 1) * 40) for i in range(6)]
     setting = resolve({"model": "mlp", "num_clients": 6, "participation": 4 / 6, "local_epochs": 1,
                        "batch_size": 16, "device": "cpu", "rounds": 3, "eval_every": 1,
                        "client": {"lr": 0.05, "momentum": 0.5}})
-    trainer = engine.Trainer(setting, tmp_path / name, None, None, datasets=(train, test), parts=parts,
+    trainer = Trainer(setting, tmp_path / name, None, None, datasets=(train, test), parts=parts,
                              module=dropout_mlp())
     trainer.cohort_mode = mode
     return trainer
@@ -85,7 +88,7 @@ def test_a_run_reports_eval_mode_accuracy_and_trains_in_train_mode(tmp_path):
     hook.remove()
     assert modes[0] is True and modes[-1] is False  # clients trained in train mode, the test pass in eval
     assert trainer.model.module.training
-    assert row["test_acc"] == engine.evaluate(trainer.model.module, trainer.test)[0]
+    assert row["test_acc"] == evaluate(trainer.model.module, trainer.inputs.test)[0]
 
 
 def test_a_dropout_model_trains_with_the_same_masks_batched_or_not(tmp_path):
@@ -95,8 +98,8 @@ def test_a_dropout_model_trains_with_the_same_masks_batched_or_not(tmp_path):
     rows, states = {}, {}
     for mode in ("off", "on"):
         trainer = _trainer(tmp_path, mode, mode)
-        cohort = engine.sample_cohort(1, 0, 6, trainer.k)
-        assert trainer.train_together(cohort, [1] * len(cohort)) == (mode == "on")
+        cohort = sample_cohort(1, 0, 6, trainer.k)
+        assert trainer.train_together(cohort) == (mode == "on")
         torch.manual_seed(5)
         rows[mode] = [trainer.round(t) for t in range(2)]
         states[mode] = torch.get_rng_state()
@@ -122,8 +125,8 @@ def _datasets():
 @pytest.mark.parametrize("dataset", list(_datasets()), ids=lambda d: type(d).__name__)
 def test_the_holdout_split_works_for_every_dataset_class(dataset):
     """The rest and the hold-out are the same class, keep its normalisation, and partition the samples."""
-    rest, proxy = engine.split_test(dataset, 20, seed=8)
-    index = engine.proxy_indices(dataset.labels, 20, 8)
+    rest, proxy = split_test(dataset, 20, seed=8)
+    index = proxy_indices(dataset.labels, 20, 8)
     assert type(rest) is type(dataset) and type(proxy) is type(dataset)
     assert len(rest) == 20 and len(proxy) == 20
     whole = dataset.batch(torch.arange(40))
@@ -135,7 +138,7 @@ def test_the_holdout_split_works_for_every_dataset_class(dataset):
         xa, xb = (a[0].input_ids, b[0].input_ids) if hasattr(a[0], "input_ids") else (a[0], b[0])
         torch.testing.assert_close(xa, xb[pick], rtol=0, atol=0)
         assert torch.equal(a[1], b[1][pick])
-    assert engine.split_test(dataset, 0, seed=8) == (dataset, None)
+    assert split_test(dataset, 0, seed=8) == (dataset, None)
 
 
 def test_global_train_loss_is_the_size_weighted_mean_of_the_clients_losses_in_eval_mode(tmp_path):
@@ -148,7 +151,7 @@ def test_global_train_loss_is_the_size_weighted_mean_of_the_clients_losses_in_ev
     setting = resolve({"model": "mlp", "num_clients": 6, "participation": 0.5, "local_epochs": 1,
                        "batch_size": 16, "device": "cpu", "rounds": 5, "eval_every": 1,
                        "evaluation": {"global_train_loss_every": 2}, "client": {"lr": 0.05}})
-    trainer = engine.Trainer(setting, tmp_path / "run", None, None, datasets=(train, test), parts=parts,
+    trainer = Trainer(setting, tmp_path / "run", None, None, datasets=(train, test), parts=parts,
                              module=dropout_mlp())
     trainer.run(progress=False)
     logged = [row["global_train_loss"] for row in trainer.rows]
@@ -177,7 +180,7 @@ def test_the_global_train_loss_of_augmented_data_neither_augments_nor_draws_from
     value = global_train_loss(model, train, [torch.arange(10), torch.arange(10, 24)], batch_size=7)
     assert torch.equal(before, torch.get_rng_state())
     plain = ImageDataset(images, train.labels)
-    assert value == pytest.approx(engine.evaluate(model, plain)[1], rel=1e-6)
+    assert value == pytest.approx(evaluate(model, plain)[1], rel=1e-6)
 
 
 # --------------------------------------------------------------------------- FedLAW Table 6: long-tailed proxy, balanced sampling

@@ -1,4 +1,4 @@
-"""The batched path (batched.py) against the sequential client loop (client.LocalSGD).
+"""The batched path (run/batched.py) against the sequential client loop (run/client.py's LocalSGD).
 
 Both start from the same Trainer state and draw the same batches, so every client's update, loss
 and step count must agree up to the summation order of batched kernels.
@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import data, engine, models
-from fedrepro.client import client_generator
+from fedrepro import data, models
+from fedrepro.run import trainer as trainer_module
+from fedrepro.run.client import client_generator
+from fedrepro.run.cohorts import sample_cohort
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec.settings import resolve
 from fedrepro.parts import GradientCorrection
 
@@ -22,7 +25,7 @@ ATOL = 2e-6
 
 
 def _trainer(tmp_path, model: str, sizes: list[int], momentum=0.5, weight_decay=1e-3, epochs=2, k=4,
-             mode="off") -> engine.Trainer:
+             mode="off") -> Trainer:
     gen = torch.Generator().manual_seed(0)
     n = sum(sizes)
     images = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=gen)
@@ -34,7 +37,7 @@ def _trainer(tmp_path, model: str, sizes: list[int], momentum=0.5, weight_decay=
     setting = resolve({"model": model, "num_clients": len(sizes), "participation": k / len(sizes),
                        "local_epochs": epochs, "batch_size": 16, "device": "cpu", "rounds": 3, "eval_every": 1,
                        "client": {"lr": 0.05, "momentum": momentum, "weight_decay": weight_decay}})
-    trainer = engine.Trainer(setting, tmp_path / f"run-{mode}", None, None, datasets=(train, test), parts=parts,
+    trainer = Trainer(setting, tmp_path / f"run-{mode}", None, None, datasets=(train, test), parts=parts,
                              module=_module(model))
     trainer.cohort_mode = mode
     return trainer
@@ -45,10 +48,10 @@ def _module(model: str) -> torch.nn.Module:
     return models.build(model, "fmnist")
 
 
-def _local(trainer: engine.Trainer, t: int = 0):
-    cohort = engine.sample_cohort(trainer.setting["seed"], t, trainer.setting["num_clients"], trainer.k)
+def _local(trainer: Trainer, t: int = 0):
+    cohort = sample_cohort(trainer.setting["seed"], t, trainer.setting["num_clients"], trainer.k)
     x = trainer.model.flat.clone()
-    return trainer.local_training(t, cohort, x, trainer.client_lr(t))
+    return trainer.train_cohort(trainer.plan(t, cohort, x, trainer.client_lr(t)))
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
@@ -85,12 +88,12 @@ def test_tolerance_catches_a_wrong_batch_order(tmp_path):
     sizes = [40] * 4
     plain = _local(_trainer(tmp_path, "mlp", sizes, mode="off"))
     trainer = _trainer(tmp_path, "mlp", sizes, mode="on")
-    original = engine.client_generator
+    original = trainer_module.client_generator
     try:
-        engine.client_generator = lambda seed, t, c: client_generator(seed, t, c + 1)
+        trainer_module.client_generator = lambda seed, t, c: client_generator(seed, t, c + 1)
         wrong = _local(trainer)
     finally:
-        engine.client_generator = original
+        trainer_module.client_generator = original
     assert (wrong.deltas - plain.deltas).abs().max() > 100 * ATOL
 
 
@@ -98,8 +101,8 @@ def test_unequal_sizes_train_together(tmp_path):
     """Unequal client sizes (unequal step counts and last batches) no longer force the sequential path
     (their equality with it: tests/test_batched.py)."""
     trainer = _trainer(tmp_path, "mlp", [40, 40, 41, 40], mode="on")
-    cohort = engine.sample_cohort(1, 0, 4, 4)
-    assert trainer.train_together(cohort, [2] * 4)
+    cohort = sample_cohort(1, 0, 4, 4)
+    assert trainer.train_together(cohort)
     _local(trainer)
     assert trainer._batched is not None
 
@@ -111,17 +114,17 @@ def test_client_corrections_without_a_batched_form_take_the_sequential_path(tmp_
 
     trainer = _trainer(tmp_path, "mlp", [40] * 4, mode="on")
     trainer.algorithm.corrections.append(Proximal())
-    assert not trainer.train_together(np.arange(4), [2] * 4)
+    assert not trainer.train_together(np.arange(4))
 
 
 def test_unequal_epochs_train_together(tmp_path):
     trainer = _trainer(tmp_path, "mlp", [40] * 4, mode="on")
-    assert trainer.train_together(np.arange(4), [2, 2, 3, 2])
+    assert trainer.train_together(np.arange(4))
 
 
 def test_auto_mode_keeps_cpu_on_the_sequential_path(tmp_path):
     trainer = _trainer(tmp_path, "mlp", [40] * 4, mode="auto")
-    assert not trainer.train_together(np.arange(4), [2] * 4)
+    assert not trainer.train_together(np.arange(4))
 
 
 def test_cohort_groups_larger_than_max_together(tmp_path):
@@ -145,8 +148,8 @@ def test_module_is_untouched_by_the_cohort_path(tmp_path):
 
 def test_augmentation_it_cannot_draw_ahead_takes_the_sequential_path(tmp_path):
     trainer = _trainer(tmp_path, "mlp", [40] * 4, mode="on")
-    trainer.train = type("Augmented", (), {"augment": True, "batched_cohort": True})()
-    assert not trainer.train_together(np.arange(4), [2] * 4)
+    trainer.inputs.train = type("Augmented", (), {"augment": True, "batched_cohort": True})()
+    assert not trainer.train_together(np.arange(4))
 
 
 def test_batch_gather_accepts_a_cohort_of_index_rows():

@@ -5,7 +5,7 @@ import math
 import torch
 
 from conftest import make_partition
-from fedrepro import checkpoint
+from fedrepro.run import checkpoint
 from fedrepro.spec import settings
 from fedrepro.algorithms.fedadagrad import ServerAdagrad
 from fedrepro.parts import RoundUpdates
@@ -45,7 +45,7 @@ def test_settings_come_from_its_fragment():
 
 
 def test_a_real_run_resumes_exactly(tiny_data_root, tmp_path):
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
 
     part = make_partition(tiny_data_root, tmp_path / "part", num_clients=4, kind="iid")
     s = settings.resolve({"algorithm": "fedadagrad", "num_clients": 4, "participation": 0.5, "rounds": 3,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import checkpoint
+from fedrepro.run import checkpoint
 from fedrepro.spec import schema, settings
 from fedrepro.algorithms.aware import ProjectOntoAware, project
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from conftest import make_partition
-from fedrepro import checkpoint
+from fedrepro.run import checkpoint
 from fedrepro.spec import schema, settings
 from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedbe import BayesianEnsembleDistillation, swag_sample
@@ -286,7 +286,7 @@ def tiny(method: str, seed: int = 1) -> dict:
 def test_proxy_samples_are_not_evaluated(method, tiny_data_root, partition_dir, tmp_path):
     """Every method of the comparison, with a proxy or not, is scored on the test set minus the hold-out."""
     from fedrepro import data
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
 
     s = tiny(method)
     trainer = Trainer(s, tmp_path, partition_dir, tiny_data_root)
@@ -294,15 +294,15 @@ def test_proxy_samples_are_not_evaluated(method, tiny_data_root, partition_dir, 
     index = proxy_indices(full.labels, 20, s["seed"])
     keep = torch.ones(len(full), dtype=torch.bool)
     keep[index] = False
-    assert len(trainer.test) == len(full) - 20
-    assert torch.equal(trainer.test.images, full.images[keep]) and torch.equal(trainer.test.labels, full.labels[keep])
+    assert len(trainer.inputs.test) == len(full) - 20
+    assert torch.equal(trainer.inputs.test.images, full.images[keep]) and torch.equal(trainer.inputs.test.labels, full.labels[keep])
     if method in METHODS:  # the aggregator trains on exactly the held-out samples
         assert torch.equal(trainer.algorithm.aggregator.proxy_y, full.labels[index])
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_runs_are_deterministic_and_resume_exactly(method, tiny_data_root, partition_dir, tmp_path):
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
 
     s = tiny(method)
     straight = Trainer(s, tmp_path / "a", partition_dir, tiny_data_root).run(progress=False)

@@ -12,7 +12,7 @@ from fedrepro.spec import schema, settings
 from fedrepro.algorithms import BuildContext, fedavg, fednova
 from fedrepro.algorithms.fednova import CrossClientVR, LrScaledMomentum, NormalisedAveraging, a_norm
 from fedrepro.algorithms.random_epochs import RandomEpochs
-from fedrepro.client import LocalSGD, client_generator
+from fedrepro.run.client import LocalSGD, client_generator
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.models import build as build_model

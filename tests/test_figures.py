@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import checkpoint, cli, engine, partition
+from fedrepro import cli
+from fedrepro.partitions import records as partition_records
+from fedrepro.run import checkpoint
+from fedrepro.run.cohorts import sample_cohort
 from fedrepro.errors import FedreproError
 from fedrepro.report import figures
 from fedrepro.report.figures import fednova as quad
@@ -119,10 +122,10 @@ def test_the_average_of_all_kept_client_models_is_fedavgs_next_global_model(tiny
     kept client models (their stored sizes) must be that round's next global model, and m = 1 the client."""
     run = _snap_run(tiny)
     stored = ima.snapshots(run)
-    parts = partition.load(tiny["partition"])
+    parts = partition_records.load(tiny["partition"])
     for r in (1, 2, 3):
         models, sizes, weighted = ima._clients_of_round(stored, r, run)
-        cohort = engine.sample_cohort(run.setting["seed"], r - 1, 4, 2)
+        cohort = sample_cohort(run.setting["seed"], r - 1, 4, 2)
         assert weighted and len(models) == 2
         assert sizes.tolist() == [len(parts[c]) for c in cohort], "the kept clients' data sizes"
         fma = ima.weighted_average(models, sizes)
@@ -413,7 +416,8 @@ def test_the_logged_hessian_eigenvalues_are_those_of_the_rounds_global_model(tin
     same 50 training samples (the run's seed) gives the logged values, and top1 / top3 is the ratio."""
     import torch.nn.functional as F
 
-    from fedrepro import data, hessian, models
+    from fedrepro import data, models
+    from fedrepro.run import hessian
     from fedrepro.algorithms.proxy import FunctionalModel
     run = figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
                               {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}})[0]
@@ -548,7 +552,7 @@ def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_t
 def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates_as_fedavg(tiny_data_root, tmp_path):
     """Fig. 5 middle and right: lambda_client_<id> is the round's lambda by client id; with learn_rounds 2
     rounds 1-2 learn lambda and round 3 uses the data sizes n_i / sum_j n_j of its cohort, gamma 1."""
-    from fedrepro import partition
+    from fedrepro.partitions import records as partition_records
     work = tmp_path
     (work / "data").mkdir()
     (work / "data" / "fmnist").symlink_to(tiny_data_root)
@@ -559,7 +563,7 @@ def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates
         "grid": {"fedlaw.learn_rounds": [0, 2]}}}}
     runs = config.expand(params)
     parts = make_partition(tiny_data_root, work / "partition", num_clients=4, **hybrid)
-    sizes = np.array([len(p) for p in partition.load(parts)], dtype=float)
+    sizes = np.array([len(p) for p in partition_records.load(parts)], dtype=float)
     for run in runs:
         _train(run.setting, work / "runs" / run.id, parts, tiny_data_root)
     manifest = config.manifest(params, runs, "early")

@@ -18,7 +18,11 @@ import pytest
 import torch
 
 from conftest import make_partition, subprocess_env
-from fedrepro import catalog, checkpoint, cli, engine
+from fedrepro import catalog, cli
+from fedrepro.run import checkpoint
+from fedrepro.run.fork_states import ForkError
+from fedrepro.run.jobs import fork_state
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec import config, forks, schema, settings
 
 START, WINDOW, ROUNDS = 3, 3, 6
@@ -142,7 +146,8 @@ def _with_input_dropout(build):
 TRAIN = inspect.getsource(_with_input_dropout) + """
 import os, sys, time
 from pathlib import Path
-from fedrepro import cli, client, models
+from fedrepro import cli, models
+from fedrepro.run import client
 
 pause, ready, argv = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 models.build = _with_input_dropout(models.build)
@@ -218,9 +223,9 @@ def test_the_fork_step_trains_the_prefix_again_when_nothing_was_kept(tmp_path, p
     host_run = tmp_path / "host"
     _train(parent, host_run, partition_dir, tiny_data_root, "--keep-forks", str(START), "--fork-history", "2")
     trained = tmp_path / "trained.pt"
-    engine.fork_state(parent, tmp_path / "other" / "host", START, 2, trained, partition_dir, tiny_data_root)
+    fork_state(parent, tmp_path / "other" / "host", START, 2, trained, partition_dir, tiny_data_root)
     moved = tmp_path / "moved.pt"
-    assert engine.fork_state(parent, host_run, START, 2, moved, partition_dir, tiny_data_root) == "kept"
+    assert fork_state(parent, host_run, START, 2, moved, partition_dir, tiny_data_root) == "kept"
     assert not (host_run / "fork" / f"kept-{START}.pt").exists()
     a, b = checkpoint.load(trained), checkpoint.load(moved)
     for key in ("x", "torch_rng"):
@@ -237,12 +242,12 @@ def test_a_fork_state_of_another_run_is_refused(tmp_path, partition_dir, tiny_da
     other = settings.resolve({**copy.deepcopy(BASE), "algorithm": "fedavg", "client": {"lr": 0.01}})
     _train(other, tmp_path / "other", partition_dir, tiny_data_root, "--keep-forks", str(START),
            "--fork-history", "2")
-    with pytest.raises(engine.ForkError, match="does not share its first 3 rounds"):
+    with pytest.raises(ForkError, match="does not share its first 3 rounds"):
         _train(child, tmp_path / "child", partition_dir, tiny_data_root, "--fork-from",
                str(tmp_path / "other" / "fork" / f"kept-{START}.pt"))
     # a fork state from a later round than the child's t_s is refused too
     _train(parent, tmp_path / "late", partition_dir, tiny_data_root, "--keep-forks", "4", "--fork-history", "2")
-    with pytest.raises(engine.ForkError, match="does not share its first 4 rounds"):
+    with pytest.raises(ForkError, match="does not share its first 4 rounds"):
         _train(child, tmp_path / "child2", partition_dir, tiny_data_root, "--fork-from",
                str(tmp_path / "late" / "fork" / "kept-4.pt"))
 
@@ -313,22 +318,23 @@ def test_the_workflow_asks_the_invocations_forks_and_a_finished_run_answers_from
 
 def test_a_model_with_dropout_forks_exactly(tmp_path, partition_dir, tiny_data_root):
     """Dropout draws from the global torch stream: the fork state carries its position."""
-    from fedrepro import data, partition
+    from fedrepro import data
+    from fedrepro.partitions import records as partition_records
     from fedrepro.identity import partition_setting
 
     parent, child = _settings("fedavg")
     datasets = tuple(data.load("fmnist", tiny_data_root, train=split) for split in (True, False))
-    parts = partition.load(partition_dir, partition_setting(parent))
+    parts = partition_records.load(partition_dir, partition_setting(parent))
 
     def trainer(setting, out):
         torch.manual_seed(0)
         module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), torch.nn.ReLU(),
                                      torch.nn.Dropout(0.5), torch.nn.Linear(32, 10))
-        return engine.Trainer(setting, tmp_path / out, None, None, datasets=datasets, parts=parts, module=module)
+        return Trainer(setting, tmp_path / out, None, None, datasets=datasets, parts=parts, module=module)
 
     trainer(child, "alone").run(checkpoint_every=0, progress=False)
     host = trainer(parent, "host")
-    host.keep_forks, host.history_length = {START: tmp_path / "host" / "fork.pt"}, WINDOW - 1
+    host.forks.keep, host.forks.history_length = {START: tmp_path / "host" / "fork.pt"}, WINDOW - 1
     host.run(checkpoint_every=0, progress=False)
     torch.manual_seed(123)  # the child's process starts with another stream position
     trainer(child, "forked").run(checkpoint_every=0, progress=False, fork_from=tmp_path / "host" / "fork.pt",

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import cli, engine
+from fedrepro import cli
+from fedrepro.run.process import pick_device
 from fedrepro.ops import slots
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def _train_args(setting, out, partition_dir, data_root, *extra) -> list[str]:
                                    {"SLURM_STEP_GPUS": "0,1"}, {"CUDA_VISIBLE_DEVICES": "GPU-5ad1"}])
 def test_job_given_a_gpu_without_cuda_fails_clearly(grant):
     with pytest.raises(RuntimeError) as err:
-        engine.pick_device("auto", environ=grant)
+        pick_device("auto", environ=grant)
     message = str(err.value)
     name = next(iter(grant))
     assert "given a GPU" in message and name in message and torch.__version__ in message
@@ -59,17 +60,17 @@ def test_job_given_a_gpu_without_cuda_fails_clearly(grant):
 @pytest.mark.parametrize("environ", [{}, {"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "-1"},
                                      {"SLURM_JOB_ID": "7"}])
 def test_auto_without_a_gpu_grant_trains_on_cpu(environ):
-    assert engine.pick_device("auto", environ=environ) == torch.device("cpu")
+    assert pick_device("auto", environ=environ) == torch.device("cpu")
 
 
 @no_cuda
 def test_cuda_asked_for_without_cuda_fails():
     with pytest.raises(RuntimeError, match="device: cuda was asked for"):
-        engine.pick_device("cuda", environ={})
+        pick_device("cuda", environ={})
 
 
 def test_cpu_is_cpu_even_with_a_gpu_grant():
-    assert engine.pick_device("cpu", environ={"CUDA_VISIBLE_DEVICES": "0"}) == torch.device("cpu")
+    assert pick_device("cpu", environ={"CUDA_VISIBLE_DEVICES": "0"}) == torch.device("cpu")
 
 
 def test_train_log_starts_with_device_versions_and_resume(tmp_path, partition_dir, tiny_data_root, capfd):
@@ -224,14 +225,14 @@ BLOCK = textwrap.dedent("""
 def test_gpu_check_imports_neither_snakemake_nor_mlflow(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT / 'src'}"}
-    probe = ("import sys\nfrom fedrepro import engine, cli; from fedrepro.ops import gpucheck, bench, slots\n"
+    probe = ("import sys\nfrom fedrepro import cli; from fedrepro.ops import gpucheck, bench, slots\nfrom fedrepro.run import jobs\n"
              "gpucheck.check_cohort_matches_sequential('cpu')\n"
              "assert not any(m.split('.')[0] in ('snakemake', 'mlflow') for m in sys.modules)\n"
              "import snakemake\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     # the block is active (the last import fails) and nothing before it needed those packages
     assert "snakemake is not installed on this GPU node" in proc.stderr, proc.stderr[-2000:]
-    assert proc.stderr.count("Traceback") == 1 and 'line 5' in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("Traceback") == 1 and 'line 6' in proc.stderr, proc.stderr[-2000:]
 
 
 @no_cuda
@@ -281,6 +282,6 @@ def test_a_state_loaded_onto_a_gpu_restores(tmp_path):
         next(iter(on_device["cosines"].values())).numpy()
     resumed = _trainer(BASE, tmp_path / "b", "cpu", datasets)
     resumed.restore({**state, **on_device})
-    assert resumed.cosines.keys() == trainer.cosines.keys()
-    for k, v in trainer.cosines.items():
-        assert (resumed.cosines[k] == v).all()
+    assert resumed.cosines.matrices.keys() == trainer.cosines.matrices.keys()
+    for k, v in trainer.cosines.matrices.items():
+        assert (resumed.cosines.matrices[k] == v).all()

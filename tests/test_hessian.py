@@ -1,10 +1,10 @@
-"""Lanczos on Hessian-vector products (fedrepro.hessian) against the explicit Hessian of a tiny model."""
+"""Lanczos on Hessian-vector products (fedrepro.run.hessian) against the explicit Hessian of a tiny model."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fedrepro import hessian
+from fedrepro.run import hessian
 
 
 def _tiny():

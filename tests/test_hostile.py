@@ -173,7 +173,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from conftest import make_partition  # noqa: E402
-from fedrepro import checkpoint  # noqa: E402
+from fedrepro.run import checkpoint
 
 RUN = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4, "local_epochs": 1,
        "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
@@ -269,7 +269,7 @@ def test_partial_checkpoint_writes_are_removed_on_the_next_start(tmp_path, parti
 
 
 def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partition_dir, tiny_data_root, capsys):
-    from fedrepro.partition import PartitionError
+    from fedrepro.partitions.base import PartitionError
     other = make_partition(tiny_data_root, tmp_path / "other", num_clients=4, kind="iid", seed=2)
     with pytest.raises(SystemExit) as exit_:  # the command's one line, status 2
         _train(RUN, tmp_path / "run", other, tiny_data_root)
@@ -287,12 +287,13 @@ def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partit
 
 
 def test_a_corrupt_partition_file_is_named(tmp_path, tiny_data_root):
-    from fedrepro import partition
+    from fedrepro.partitions import records as partition_records
+    from fedrepro.partitions.base import PartitionError
     folder = make_partition(tiny_data_root, tmp_path / "p", num_clients=4)
     raw = (folder / "clients.npz").read_bytes()
     (folder / "clients.npz").write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(partition.PartitionError, match="clients.npz"):
-        partition.load(folder)
+    with pytest.raises(PartitionError, match="clients.npz"):
+        partition_records.load(folder)
 
 
 def test_a_blow_up_in_the_last_round_is_diverged_not_finished(tmp_path, partition_dir, tiny_data_root):
@@ -307,7 +308,7 @@ def test_a_blow_up_in_the_last_round_is_diverged_not_finished(tmp_path, partitio
 
 
 def test_the_divergence_rule_reads_every_quantity():
-    from fedrepro.engine import diverged
+    from fedrepro.run.rows import diverged
     fine = {"train_loss": 1.0, "step_norm": 1.0, "global_norm": 1.0, "test_acc": float("nan"),
             "test_loss": float("nan"), "pseudo_grad_norm": float("nan")}
     x = torch.ones(3)

@@ -15,8 +15,10 @@ def package(tmp_path, monkeypatch):
     root = tmp_path / "fedrepro"
     files = {
         "__init__.py": "",
-        "engine.py": "from fedrepro import algorithms, data\nfrom fedrepro.flat import Flat\n"
-                     "from fedrepro.provenance import run_provenance\n",
+        "run/__init__.py": "",
+        "run/trainer.py": "from fedrepro import algorithms, data\nfrom fedrepro.flat import Flat\n"
+                          "from fedrepro.provenance import run_provenance\n",
+        "run/process.py": "import os\n",
         "provenance.py": "from fedrepro import __version__\n",
         "data.py": "import numpy\n\ndef load():\n    from . import vision  # lazy: still followed\n",
         "vision.py": "",
@@ -36,15 +38,15 @@ def package(tmp_path, monkeypatch):
 
 
 def test_closure_follows_absolute_relative_and_lazy_imports(package):
-    assert identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedlaw", []), identity.OUTSIDE_RUNS) == [
+    assert identity.code_closure(identity.run_wing() + identity.method_modules("fedlaw", []), identity.OUTSIDE_RUNS) == [
         "__init__.py", "algorithms/__init__.py", "algorithms/fedlaw.py", "algorithms/proxy.py", "data.py",
-        "engine.py", "flat.py", "server.py", "vision.py"]
+        "flat.py", "run/__init__.py", "run/process.py", "run/trainer.py", "server.py", "vision.py"]
     # fedavg does not import the proxy module: editing it must not rerun FedAvg
-    assert "algorithms/proxy.py" not in identity.code_closure(identity.RUN_ENTRY + identity.method_modules("fedavg", []))
+    assert "algorithms/proxy.py" not in identity.code_closure(identity.run_wing() + identity.method_modules("fedavg", []))
 
 
 def test_an_added_import_is_seen_without_editing_any_list(package):
-    entries = identity.RUN_ENTRY + identity.method_modules("fedavg", [])
+    entries = identity.run_wing() + identity.method_modules("fedavg", [])
     before = identity.files_hash(identity.code_closure(entries))
     assert "registry.py" not in identity.code_closure(entries)
     method = package / "algorithms" / "fedavg.py"
@@ -82,19 +84,24 @@ def test_the_real_runs_depend_on_training_code_only():
     """Validation, reporting, tracking and provenance code may change without rerunning anything."""
     for setting in SETTINGS:
         files = set(identity.run_code(setting))
-        assert {"engine.py", "client.py", "parts.py", f"algorithms/{setting['algorithm']}.py"} <= files
+        assert {*identity.run_wing(), "parts.py", f"algorithms/{setting['algorithm']}.py"} <= files
+        assert {"run/trainer.py", "run/client.py", "run/batched.py", "run/observers.py"} <= files
         assert {f"data/{identity.DATASETS[setting['dataset']]['family']}.py",
                 f"models/{identity.MODELS[setting['model']]['family']}.py"} <= files
         assert not {"registry.py", "spec/config.py", "report/page.py", "tracking/live.py", "cli/__init__.py", "cli/run.py",
-                    "ops/plan.py", "provenance.py", "identity.py", "partition.py", "report/verification.py",
+                    "ops/plan.py", "provenance.py", "identity.py", "partitions/records.py", "report/verification.py",
                     "report/evidence.py", "ops/bench.py"} & files
         others = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \
             | {f"models/{m['family']}.py" for m in identity.MODELS.values()}
         used = {*identity.family_modules(setting["dataset"], setting["model"])}
         assert not (others - used) & files, "another dataset's or model's module is in the run's code"
     assert {"algorithms/proxy.py", "algorithms/feddf.py"} <= set(identity.run_code(SETTINGS[2]))
-    assert {"partition.py", "data/__init__.py", "data/fmnist.py"} <= set(identity.partition_code("fmnist"))
-    assert "data/cifar.py" not in identity.partition_code("fmnist")
+    code = set(identity.partition_code("fmnist", "dirichlet"))
+    assert {"partitions/__init__.py", "partitions/base.py", "partitions/dirichlet.py", "data/__init__.py",
+            "data/fmnist.py"} <= code
+    assert not {"data/cifar.py", "partitions/iid.py", "partitions/shards.py", "partitions/records.py"} & code
+    # a kind's code covers the helpers it uses: hybrid draws with the Dirichlet kind's draw
+    assert "partitions/dirichlet.py" in identity.partition_code("fmnist", "hybrid")
 
 
 def test_every_catalog_family_is_a_module_and_every_module_a_family():
@@ -164,7 +171,10 @@ def test_an_edit_of_another_method_dataset_or_model_renames_no_run(real_copy):
 
 def test_an_arithmetic_edit_in_the_trainer_renames_every_run(real_copy):
     before = _hashes()
-    _edit(real_copy / "engine.py", lambda text: text.replace("LAST_ROUNDS = 10", "LAST_ROUNDS = 11"))
+    _edit(real_copy / "run" / "rows.py", lambda text: text.replace("LAST_ROUNDS = 10", "LAST_ROUNDS = 11"))
+    assert all(a != b for a, b in zip(_hashes(), before))
+    before = _hashes()
+    _edit(real_copy / "run" / "trainer.py", lambda text: text.replace("torch.sub(x, self.model.flat", "torch.sub(self.model.flat, x"))
     assert all(a != b for a, b in zip(_hashes(), before))
 
 
@@ -173,15 +183,29 @@ def test_a_partition_code_edit_renames_its_partitions_and_their_runs(real_copy):
     from fedrepro.spec import settings
     setting = settings.resolve({"dataset": "fmnist", "model": "mlp"})
     partition, run = identity.partition_id(setting), identity.run_id(setting)
-    _edit(real_copy / "partition.py", lambda text: text.replace("DIRICHLET_SECONDS = 10.0", "DIRICHLET_SECONDS = 11.0"))
+    _edit(real_copy / "partitions" / "dirichlet.py",
+          lambda text: text.replace("DIRICHLET_SECONDS = 10.0", "DIRICHLET_SECONDS = 11.0"))
     assert identity.partition_id(setting) != partition and identity.run_id(setting) != run
+    partition, run = identity.partition_id(setting), identity.run_id(setting)
+    for other in ("shards.py", "iid.py", "pachinko.py", "records.py"):  # another kind's module; the folder's writer
+        _edit(real_copy / "partitions" / other, lambda text: text + "\nCHANGED = 1\n")
+    assert (identity.partition_id(setting), identity.run_id(setting)) == (partition, run)
 
 
-# What a module outside the run hash may import: other such modules and plain data (no code that computes).
+# What a module outside the run hash may import: other such modules, plain data (no code that computes), and
+# the partitions' shared code, which every partition id hashes (and every run id its partition's id).
 PLAIN = {"__init__.py", "catalog.py", "errors.py"}
+PARTITION_GROUND = {"partitions/__init__.py", "partitions/base.py"}
 
 
-@pytest.mark.parametrize("module", sorted(identity.OUTSIDE_RUNS - {"partition.py"}))
+@pytest.mark.parametrize("module", sorted(identity.OUTSIDE_RUNS))
 def test_a_module_outside_the_run_hash_imports_no_code_that_computes(module):
     """Leaving a module out of the hash is safe only while it cannot bring code that computes with it."""
-    assert identity._imports(module, *identity._stamp(module)) <= PLAIN | identity.OUTSIDE_RUNS
+    assert identity._imports(module, *identity._stamp(module)) <= PLAIN | identity.OUTSIDE_RUNS | PARTITION_GROUND
+
+
+def test_every_partition_id_hashes_the_partitions_shared_code():
+    kinds = [p.stem for p in (identity.PACKAGE / "partitions").glob("*.py") if p.stem not in ("__init__", "base", "records")]
+    assert len(kinds) >= 9
+    for kind in kinds:
+        assert PARTITION_GROUND <= set(identity.partition_code("cifar10", kind)), kind

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from fedrepro import checkpoint
+from fedrepro.run import checkpoint
 from fedrepro.spec import schema, settings
 from fedrepro.algorithms import ima
 from fedrepro.parts import Algorithm, RoundUpdates
@@ -105,7 +105,7 @@ def test_inconsistent_keys_are_refused_by_name(keys, message):
 def test_before_the_start_round_ima_keeps_the_hosts_whole_lr_schedule_milestones_included():
     from fedrepro import algorithms
     from fedrepro.spec import settings
-    from fedrepro.client import lr_schedule
+    from fedrepro.parts import lr_schedule
     setting = settings.resolve({"algorithm": "fedavg+ima", "rounds": 100, "ima": {"start_round": 80, "window": 5},
                               "client": {"lr": 0.1, "lr_decay": 1.0, "lr_milestones": [0.5]}})
     algo = algorithms.build(setting, 4, 3, torch.device("cpu"), torch.ones(4))

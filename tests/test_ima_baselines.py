@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from conftest import make_partition
-from fedrepro import checkpoint
+from fedrepro.run import checkpoint
 from fedrepro.spec import schema, settings
 from fedrepro.algorithms.fedasam import AdaptiveSharpness
 from fedrepro.algorithms.fedfa import FeatureAnchors
 from fedrepro.algorithms.fedgma import MaskedAveraging
-from fedrepro.client import LocalSGD
+from fedrepro.run.client import LocalSGD
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
@@ -210,7 +210,7 @@ def tiny_partition(tiny_data_root, tmp_path_factory):
 
 @pytest.mark.parametrize("method", ["fedasam", "fedgma", "fedfa", "fedfa+ima"])
 def test_cnn_runs_and_resumes_exactly(method, tiny_data_root, tiny_partition, tmp_path):
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
 
     extra = {"ima": {"window": 1, "start_round": 1}} if "ima" in method else {}
     s = settings.resolve({"algorithm": method, "model": "cnn", "num_clients": 4, "participation": 0.5,

@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from fedrepro import data, engine, models
+from fedrepro import data, models
+from fedrepro.run.cohorts import sample_cohort
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec import settings
 
 # weight decay large enough that applying it outside the momentum buffer (decoupled) shows
@@ -30,7 +32,7 @@ LR, MOMENTUM, WEIGHT_DECAY, BATCH, EPOCHS = 0.05, 0.9, 0.05, 10, 2
 SIZES = [20, 30, 40]  # unequal clients: 4, 6 and 8 local steps
 
 
-def _trainer(tmp_path, algorithm: str, section: dict) -> engine.Trainer:
+def _trainer(tmp_path, algorithm: str, section: dict) -> Trainer:
     gen = torch.Generator().manual_seed(0)
     n = sum(SIZES)
     labels = torch.arange(n) % 10
@@ -42,7 +44,7 @@ def _trainer(tmp_path, algorithm: str, section: dict) -> engine.Trainer:
                               "rounds": 3, "seed": 5, **({algorithm: section} if section else {}),
                               "client": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY,
                                          "shuffle": "none"}})  # batches in the partition's order, every epoch
-    return engine.Trainer(setting, tmp_path / algorithm, None, None, datasets=(train, train), parts=parts)
+    return Trainer(setting, tmp_path / algorithm, None, None, datasets=(train, train), parts=parts)
 
 
 def plain_local_round(trainer, client: int, w_global: torch.Tensor, extra_loss) -> tuple[torch.Tensor, int]:
@@ -52,11 +54,11 @@ def plain_local_round(trainer, client: int, w_global: torch.Tensor, extra_loss) 
     vector_to_parameters(w_global.clone(), module.parameters())
     module.train()
     opt = torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
-    index = trainer.client_index[client]
+    index = trainer.inputs.client_index[client]
     steps = 0
     for _ in range(EPOCHS):
         for start in range(0, len(index), BATCH):
-            images, labels = trainer.train.batch(index[start:start + BATCH])
+            images, labels = trainer.inputs.train.batch(index[start:start + BATCH])
             opt.zero_grad()
             loss = F.cross_entropy(module(images), labels) + extra_loss(parameters_to_vector(module.parameters()))
             loss.backward()
@@ -73,12 +75,12 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 def _round_one(trainer):
     """Round 0 through the engine (so the methods' state is not zero), then round 1's global model and cohort."""
     trainer.round(0)
-    cohort = engine.sample_cohort(trainer.setting["seed"], 1, len(SIZES), len(SIZES))
+    cohort = sample_cohort(trainer.setting["seed"], 1, len(SIZES), len(SIZES))
     return trainer.model.flat.clone(), cohort
 
 
 def _compare(trainer, cohort, w_global, extra_losses) -> dict[int, tuple[torch.Tensor, int]]:
-    updates = trainer.local_training(1, cohort, w_global, LR)
+    updates = trainer.train_cohort(trainer.plan(1, cohort, w_global, LR))
     finals = {}
     for j, c in enumerate(cohort):
         final, steps = plain_local_round(trainer, int(c), w_global, extra_losses[int(c)])

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import engine, metrics
+from fedrepro import metrics
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec import settings
 from fedrepro.data import TensorDataset
 
@@ -60,7 +61,7 @@ def test_the_engine_logs_them_for_the_rounds_client_updates(tmp_path):
     setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 3, "participation": 1.0,
                               "rounds": 1, "batch_size": 20, "device": "cpu", "client": {"lr": 0.05}})
     parts = [np.arange(i, n, 3) for i in range(3)]
-    trainer = engine.Trainer(setting, tmp_path, None, None, datasets=(train, train), parts=parts)
+    trainer = Trainer(setting, tmp_path, None, None, datasets=(train, train), parts=parts)
     seen = []
     step = trainer.algorithm.server_step
     trainer.algorithm.server_step = lambda x, updates: (seen.append(updates.deltas.double().clone()), step(x, updates))[1]

@@ -6,9 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrepro import identity, partition
+from fedrepro import identity, partitions
+from fedrepro.partitions.base import content_hash
 from fedrepro.spec import config, paramsfile, schema, settings
-from fedrepro.partition import CIFAR100_COARSE, PartitionError, pachinko
+from fedrepro.partitions.base import PartitionError
+from fedrepro.partitions.pachinko import CIFAR100_COARSE
+from fedrepro.partitions import pachinko
 
 # The archive's fine_label_names (alphabetical, torchvision's label order) and the superclass table
 # of https://www.cs.toronto.edu/~kriz/cifar.html, superclasses in coarse_label_names' order.
@@ -59,7 +62,7 @@ def test_fine_to_coarse_map_is_the_cifar_pages_superclass_table():
 
 def test_every_sample_at_most_once_and_sizes_as_asked():
     labels = _cifar100_like(20)   # 2,000 samples
-    parts = pachinko(labels, CIFAR100_COARSE[labels], 12, np.random.default_rng(3), 0.1, 10, 150)
+    parts = pachinko.split(labels, CIFAR100_COARSE[labels], 12, np.random.default_rng(3), 0.1, 10, 150)
     assert [len(p) for p in parts] == [150] * 12
     used = np.concatenate(parts)
     assert len(np.unique(used)) == len(used) == 1800
@@ -69,7 +72,7 @@ def test_every_sample_at_most_once_and_sizes_as_asked():
 def test_default_size_uses_the_whole_training_set_once():
     # IMA: 100 clients on 50,000 images -> 500 each; here 10 clients on 1,000 -> 100 each, all used.
     labels = _cifar100_like(10)
-    parts = pachinko(labels, CIFAR100_COARSE[labels], 10, np.random.default_rng(1), 0.1, 10)
+    parts = pachinko.split(labels, CIFAR100_COARSE[labels], 10, np.random.default_rng(1), 0.1, 10)
     assert [len(p) for p in parts] == [100] * 10
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
 
@@ -77,10 +80,10 @@ def test_default_size_uses_the_whole_training_set_once():
 def test_same_seed_same_partition_other_seed_other_partition():
     labels = _cifar100_like(10)
     setting = {"kind": "pachinko", "num_clients": 8, "seed": 5, "alpha": 0.1, "beta": 10, "samples_per_client": 60}
-    a, b = partition.make(labels, setting), partition.make(labels, setting)
-    c = partition.make(labels, {**setting, "seed": 6})
+    a, b = partitions.make(labels, setting), partitions.make(labels, setting)
+    c = partitions.make(labels, {**setting, "seed": 6})
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert partition.content_hash(a) != partition.content_hash(c)
+    assert content_hash(a) != content_hash(c)
 
 
 def _distinct_per_client(parts, of) -> list[int]:
@@ -91,8 +94,8 @@ def test_alpha_controls_how_many_coarse_labels_a_client_holds():
     # 5,000 samples, 10 clients x 50: 10% drawn, so exhaustion plays no part.
     labels = _cifar100_like(50)
     coarse = CIFAR100_COARSE[labels]
-    peaked = pachinko(labels, coarse, 10, np.random.default_rng(0), 0.001, 10, 50)
-    flat = pachinko(labels, coarse, 10, np.random.default_rng(0), 1000.0, 10, 50)
+    peaked = pachinko.split(labels, coarse, 10, np.random.default_rng(0), 0.001, 10, 50)
+    flat = pachinko.split(labels, coarse, 10, np.random.default_rng(0), 1000.0, 10, 50)
     # Dir(0.001) over 20 coarse labels is one-hot to float precision; Dir(1000) near uniform, where
     # 50 draws hit 20 (1 - (19/20)^50) = 18.5 coarse labels on average.
     assert max(_distinct_per_client(peaked, coarse)) <= 2
@@ -102,8 +105,8 @@ def test_alpha_controls_how_many_coarse_labels_a_client_holds():
 def test_beta_controls_how_many_fine_labels_under_a_coarse_label():
     labels = _cifar100_like(50)
     coarse = CIFAR100_COARSE[labels]
-    peaked = pachinko(labels, coarse, 10, np.random.default_rng(0), 0.001, 0.001, 50)
-    spread = pachinko(labels, coarse, 10, np.random.default_rng(0), 0.001, 1000.0, 50)
+    peaked = pachinko.split(labels, coarse, 10, np.random.default_rng(0), 0.001, 0.001, 50)
+    spread = pachinko.split(labels, coarse, 10, np.random.default_rng(0), 0.001, 1000.0, 50)
     assert max(_distinct_per_client(peaked, labels)) <= 2      # one coarse label, one fine label
     assert min(_distinct_per_client(spread, labels)) >= 4      # one coarse label, its 5 fine labels
 
@@ -131,7 +134,7 @@ def test_an_exhausted_fine_label_is_renormalised_inside_its_coarse_label():
     labels = np.repeat([0, 1, 2], [1, 50, 100])
     coarse = np.array([0, 0, 1])[labels]
     rng = FixedDirichlet([[0.5, 0.5], [0.99, 0.01], [1.0]])
-    (part,) = pachinko(labels, coarse, 1, rng, 0.1, 10, 40)
+    (part,) = pachinko.split(labels, coarse, 1, rng, 0.1, 10, 40)
     counts = np.bincount(labels[part], minlength=3)
     assert counts.sum() == 40 and counts[0] <= 1
     assert counts[1] >= 10
@@ -144,7 +147,7 @@ def test_an_exhausted_coarse_label_leaves_theta_even_when_it_held_all_the_mass()
     labels = np.repeat([0, 1, 2], [1, 50, 100])
     coarse = np.array([0, 0, 1])[labels]
     rng = FixedDirichlet([[1.0, 0.0], [0.5, 0.5], [1.0]])
-    (part,) = pachinko(labels, coarse, 1, rng, 0.1, 10, 60)
+    (part,) = pachinko.split(labels, coarse, 1, rng, 0.1, 10, 60)
     counts = np.bincount(labels[part], minlength=3)
     assert counts.tolist() == [1, 50, 9]
     assert len(np.unique(part)) == 60
@@ -153,9 +156,9 @@ def test_an_exhausted_coarse_label_leaves_theta_even_when_it_held_all_the_mass()
 def test_too_many_samples_and_ambiguous_coarse_labels_are_refused():
     labels = _cifar100_like(2)
     with pytest.raises(PartitionError, match="need 210 samples"):
-        pachinko(labels, CIFAR100_COARSE[labels], 3, np.random.default_rng(0), 0.1, 10, 70)
+        pachinko.split(labels, CIFAR100_COARSE[labels], 3, np.random.default_rng(0), 0.1, 10, 70)
     with pytest.raises(PartitionError, match="exactly one coarse label"):
-        pachinko(np.array([0, 0, 1]), np.array([0, 1, 1]), 1, np.random.default_rng(0), 0.1, 10, 2)
+        pachinko.split(np.array([0, 0, 1]), np.array([0, 1, 1]), 1, np.random.default_rng(0), 0.1, 10, 2)
 
 
 def test_settings_resolve_name_and_check_pachinko():

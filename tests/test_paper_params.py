@@ -330,7 +330,7 @@ def test_plugins_and_numbers_match_exactly():
 def test_fednova_step_decay_of_the_client_lr():
     from types import SimpleNamespace
 
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
     setting = {"rounds": 100, "client": {"lr": 0.05, "lr_decay": 1.0, "lr_milestones": [0.5, 0.75],
                                          "lr_milestone_factor": 0.1}}
     fake = SimpleNamespace(algorithm=object(), setting=setting)

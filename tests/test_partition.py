@@ -7,7 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedrepro import partition
+from fedrepro import partitions
+from fedrepro.partitions import records as partition_records
+from fedrepro.partitions import dirichlet, hybrid, inner_dirichlet
+from fedrepro.partitions.base import PartitionError, class_counts, content_hash, long_tail_counts
 
 
 def _labels(n: int = 3000, classes: int = 10, seed: int = 0) -> np.ndarray:
@@ -29,7 +32,7 @@ SETTINGS = [
 
 
 def _make(labels, setting, seed=1):
-    return partition.make(labels, {"dataset": "fmnist", "seed": seed, **setting})
+    return partitions.make(labels, {"dataset": "fmnist", "seed": seed, **setting})
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
@@ -47,7 +50,7 @@ def test_every_sample_in_at_most_one_client_and_counts_add_up(setting):
         assert {len(p) for p in parts} == {shard * setting["classes_per_client"]}
     else:
         assert len(together) == len(labels), "every sample must be in exactly one client"
-    counts = partition.class_counts(labels, parts, 10)
+    counts = class_counts(labels, parts, 10)
     assert counts.shape == (setting["num_clients"], 10)
     assert counts.sum() == len(together)
     assert (counts.sum(axis=1) == [len(p) for p in parts]).all()
@@ -64,8 +67,8 @@ def test_dirichlet_min_size_holds(setting):
 
 
 def test_dirichlet_impossible_min_size_is_refused_with_the_setting_named():
-    with pytest.raises(partition.PartitionError, match="min_size"):
-        partition.dirichlet(_labels(200), 10, np.random.default_rng(0), alpha=0.05, min_size=19, max_tries=20)
+    with pytest.raises(PartitionError, match="min_size"):
+        dirichlet.split(_labels(200), 10, np.random.default_rng(0), alpha=0.05, min_size=19, max_tries=20)
 
 
 def test_dirichlet_small_alpha_is_more_skewed_than_large_alpha():
@@ -74,7 +77,7 @@ def test_dirichlet_small_alpha_is_more_skewed_than_large_alpha():
     def mean_classes_held(alpha):
         parts = _make(labels, {"kind": "dirichlet", "num_clients": 20, "alpha": alpha, "min_size": 10,
                                "balance": True})
-        counts = partition.class_counts(labels, parts, 10)
+        counts = class_counts(labels, parts, 10)
         return float((counts / counts.sum(1, keepdims=True) > 0.05).sum(1).mean())
 
     assert mean_classes_held(0.1) < mean_classes_held(100.0)
@@ -84,21 +87,21 @@ def test_hybrid_is_a_dirichlet_first_half_and_a_dirichlet_split_of_the_rest():
     """Oracle: the same generator drives the two draws in order, so the first half must be the first
     n/2 clients of Dir(alpha_balanced) on all samples, and the rest Dir(alpha) on what is left."""
     labels = _labels()
-    parts = partition.hybrid(labels, 20, np.random.default_rng(5), 10.0, 0.1, min_size=5, balance=False)
+    parts = hybrid.split(labels, 20, np.random.default_rng(5), 10.0, 0.1, min_size=5, balance=False)
     rng = np.random.default_rng(5)
-    first = partition.dirichlet(labels, 20, rng, 10.0, 5, False)[:10]
+    first = dirichlet.split(labels, 20, rng, 10.0, 5, False)[:10]
     rest = np.setdiff1d(np.arange(len(labels)), np.concatenate(first))
-    second = partition.dirichlet(labels[rest], 10, rng, 0.1, 5, False)
+    second = dirichlet.split(labels[rest], 10, rng, 0.1, 5, False)
     want = first + [rest[p] for p in second]
     assert all(np.array_equal(a, b) for a, b in zip(parts, want))
     # and the groups differ as their names say: the imbalanced clients hold fewer classes
-    counts = partition.class_counts(labels, parts, 10)
+    counts = class_counts(labels, parts, 10)
     held = (counts / counts.sum(1, keepdims=True) > 0.05).sum(1)
     assert held[:10].mean() > held[10:].mean() + 3
     setting = {"kind": "hybrid", "num_clients": 20}
-    groups = partition.groups(setting)
+    groups = partitions.groups(setting)
     assert groups["balanced"].tolist() == list(range(10)) and groups["imbalanced"].tolist() == list(range(10, 20))
-    assert partition.groups({"kind": "dirichlet", "num_clients": 20}) == {}
+    assert partitions.groups({"kind": "dirichlet", "num_clients": 20}) == {}
 
 
 def test_a_hybrid_partition_of_one_client_is_refused_before_any_work():
@@ -112,9 +115,9 @@ def test_a_hybrid_partition_of_one_client_is_refused_before_any_work():
 def test_same_seed_same_partition_other_seed_other_partition(setting):
     labels = _labels()
     a, b, c = _make(labels, setting, 1), _make(labels, setting, 1), _make(labels, setting, 2)
-    assert partition.content_hash(a) == partition.content_hash(b)
+    assert content_hash(a) == content_hash(b)
     assert all((x == y).all() for x, y in zip(a, b))
-    assert partition.content_hash(a) != partition.content_hash(c)
+    assert content_hash(a) != content_hash(c)
 
 
 def test_partition_does_not_touch_the_global_rng():
@@ -146,16 +149,16 @@ def test_shards_on_uneven_classes_have_at_most_c_majority_classes():
 def test_artifact_counts_csv_and_hash(tmp_path):
     labels = _labels()
     setting = {"dataset": "fmnist", "seed": 1, **SETTINGS[1]}
-    parts = partition.make(labels, setting)
-    info = partition.save(tmp_path, setting, labels, parts, 10)
+    parts = partitions.make(labels, setting)
+    info = partition_records.save(tmp_path, setting, labels, parts, 10)
     for name in ("clients.npz", "counts.csv", "heatmap.png", "partition.json"):
         assert (tmp_path / name).stat().st_size > 0
-    loaded = partition.load(tmp_path)
-    assert partition.content_hash(loaded) == info["content_hash"] == partition.content_hash(parts)
+    loaded = partition_records.load(tmp_path)
+    assert content_hash(loaded) == info["content_hash"] == content_hash(parts)
     frame = pd.read_csv(tmp_path / "counts.csv", index_col="client")
     assert frame.shape == (20, 10)
     assert int(frame.values.sum()) == len(labels)
-    assert (frame.values == partition.class_counts(labels, parts, 10)).all()
+    assert (frame.values == class_counts(labels, parts, 10)).all()
     assert json.loads((tmp_path / "partition.json").read_text())["setting"] == setting
 
 
@@ -164,13 +167,13 @@ def test_an_unreachable_min_size_fails_within_seconds_naming_the_setting(monkeyp
     <= 60000 the config check applies, but each class goes to one client, so no draw reaches it; the job
     redrew for 30 s and more. A cap on the redraw's time ends it, naming partition.min_size."""
     import time
-    monkeypatch.setattr(partition, "DIRICHLET_SECONDS", 1.0)
+    monkeypatch.setattr(dirichlet, "DIRICHLET_SECONDS", 1.0)
     labels = np.repeat(np.arange(10), 6000)
     setting = {"dataset": "fmnist", "kind": "dirichlet", "num_clients": 20, "alpha": 0.001, "min_size": 2999,
                "balance": True, "seed": 1}
     start = time.monotonic()
-    with pytest.raises(partition.PartitionError) as err:
-        partition.make(labels, setting)
+    with pytest.raises(PartitionError) as err:
+        partitions.make(labels, setting)
     assert time.monotonic() - start < 6, "the redraw stops at its time cap (1 s here) plus one draw"
     message = str(err.value)
     assert message.startswith("partition.min_size = 2999: ") and "lower partition.min_size or raise" in message
@@ -183,7 +186,7 @@ def test_an_unreachable_min_size_fails_within_seconds_naming_the_setting(monkeyp
 def test_long_tail_counts_follow_the_exponential_profile():
     # rho 10 over 10 classes of 100: 100 * 10^(-c/9), floored; class 0 keeps all, class 9 a tenth
     expected = [int(np.floor(100 * 10 ** (-c / 9) + 1e-9)) for c in range(10)]
-    assert list(partition.long_tail_counts(np.full(10, 100), 10.0)) == expected
+    assert list(long_tail_counts(np.full(10, 100), 10.0)) == expected
     assert expected[0] == 100 and expected[-1] == 10 and expected[5] == 27
 
 
@@ -191,14 +194,14 @@ def test_long_tail_counts_follow_the_exponential_profile():
 def test_long_tailed_clients_share_exactly_the_long_tailed_subset(kind):
     labels = _labels()
     setting = {**kind, "num_clients": 10, "seed": 3, "long_tail_rho": 5.0}
-    parts = partition.make(labels, setting)
+    parts = partitions.make(labels, setting)
     union = np.concatenate(parts)
     assert len(np.unique(union)) == len(union)  # disjoint
     held = np.bincount(labels[union], minlength=10)
-    assert list(held) == list(partition.long_tail_counts(np.bincount(labels, minlength=10), 5.0))
+    assert list(held) == list(long_tail_counts(np.bincount(labels, minlength=10), 5.0))
     assert held[0] == np.bincount(labels)[0] and held[9] < held[0] / 2
     assert all(np.all(np.diff(p) > 0) for p in parts)  # sorted training-set indices
-    assert [list(p) for p in partition.make(labels, setting)] == [list(p) for p in parts]  # the seed decides
+    assert [list(p) for p in partitions.make(labels, setting)] == [list(p) for p in parts]  # the seed decides
 
 
 def test_long_tail_and_corruption_are_refused_where_they_cannot_apply_and_vanish_when_off():
@@ -223,9 +226,9 @@ def test_label_swap_exchanges_two_classes_in_the_first_clients_only():
     import torch
 
     from fedrepro.data.base import TensorDataset
-    from fedrepro.engine import swap_labels
+    from fedrepro.run.inputs import swap_labels
     labels = _labels(600)
-    parts = partition.make(labels, {"kind": "iid", "num_clients": 4, "seed": 1})
+    parts = partitions.make(labels, {"kind": "iid", "num_clients": 4, "seed": 1})
     train = TensorDataset(torch.zeros(600, 1, 2, 2, dtype=torch.uint8), torch.as_tensor(labels), 0.0, 1.0)
     out = swap_labels(train, parts, {"fraction": 0.5, "swap": [2, 7]}, 4)
     assert torch.equal(train.labels, torch.as_tensor(labels)), "the original is not modified"
@@ -259,7 +262,7 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
     counts = pd.read_csv(parts_dir / "counts.csv", index_col=0).sum().to_numpy()
     from fedrepro import data
     full = np.bincount(data.train_labels("fmnist", tiny_data_root), minlength=10)
-    assert list(counts) == list(partition.long_tail_counts(full, 4.0))
+    assert list(counts) == list(long_tail_counts(full, 4.0))
     cli.main(["train", "--setting", json.dumps(setting), "--partition", str(parts_dir), "--data-root", str(tiny_data_root),
               "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"])
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
@@ -268,17 +271,16 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
 def test_inner_dirichlet_gives_equal_clients_their_own_class_priors():
     """FedLab's balanced inner Dirichlet (IMA's CIFAR-100 notebook): floor(N/J) samples each, disjoint, every
     sample used when J divides N, and a small alpha concentrates each client on few classes."""
-    from fedrepro import partition as P
 
     labels = np.repeat(np.arange(10), 100)  # 1000 samples, 10 classes
-    concentrated = P.inner_dirichlet(labels, 20, np.random.default_rng(0), 0.05)  # classes run out: no hang
-    spread = P.inner_dirichlet(labels, 20, np.random.default_rng(0), 1000.0)
+    concentrated = inner_dirichlet.split(labels, 20, np.random.default_rng(0), 0.05)  # classes run out: no hang
+    spread = inner_dirichlet.split(labels, 20, np.random.default_rng(0), 1000.0)
     for parts in (concentrated, spread):
         assert [len(p) for p in parts] == [50] * 20
         assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
     top = lambda parts: np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])  # noqa: E731
     assert top(concentrated) > 0.45 and top(spread) < 0.3
-    again = P.make(labels, {"kind": "inner_dirichlet", "seed": 3, "alpha": 0.5, "num_clients": 7})
-    assert all(np.array_equal(a, b) for a, b in zip(again, P.make(labels, {"kind": "inner_dirichlet", "seed": 3,
+    again = partitions.make(labels, {"kind": "inner_dirichlet", "seed": 3, "alpha": 0.5, "num_clients": 7})
+    assert all(np.array_equal(a, b) for a, b in zip(again, partitions.make(labels, {"kind": "inner_dirichlet", "seed": 3,
                                                                             "alpha": 0.5, "num_clients": 7})))
     assert [len(p) for p in again] == [1000 // 7] * 7

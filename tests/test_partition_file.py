@@ -8,7 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
-from fedrepro import identity, partition
+from fedrepro import identity, partitions
+from fedrepro.partitions import records as partition_records
+from fedrepro.partitions.base import PartitionError
 from fedrepro.spec import config, schema, settings
 from fedrepro.identity import partition_id, run_id
 
@@ -39,7 +41,7 @@ def test_a_file_partition_is_the_lists_it_holds(tmp_path, suffix):
     lists = _lists()
     s = _setting(_write(tmp_path / f"p{suffix}", lists))
     assert len(s["partition"]["sha256"]) == 64
-    parts = partition.make(np.zeros(N_TRAIN, dtype=np.int64), identity.partition_setting(s))
+    parts = partitions.make(np.zeros(N_TRAIN, dtype=np.int64), identity.partition_setting(s))
     assert [p.tolist() for p in parts] == lists and all(p.dtype == np.int64 for p in parts)
 
 
@@ -120,10 +122,10 @@ def test_the_saved_partition_loads_for_the_same_file_at_another_path(tmp_path):
     shutil.copy(a, tmp_path / "b.npz")
     sa, sb = _setting(a), _setting(tmp_path / "b.npz")
     labels = np.zeros(N_TRAIN, dtype=np.int64)
-    parts = partition.make(labels, identity.partition_setting(sa))
-    partition.save(tmp_path / "out", identity.partition_setting(sa), labels, parts, 10)
-    loaded = partition.load(tmp_path / "out", identity.partition_setting(sb))
+    parts = partitions.make(labels, identity.partition_setting(sa))
+    partition_records.save(tmp_path / "out", identity.partition_setting(sa), labels, parts, 10)
+    loaded = partition_records.load(tmp_path / "out", identity.partition_setting(sb))
     assert [p.tolist() for p in loaded] == [p.tolist() for p in parts]
     other = _setting(_write(tmp_path / "c.npz", _lists()[::-1]))
-    with pytest.raises(partition.PartitionError, match="not this run's partition"):
-        partition.load(tmp_path / "out", identity.partition_setting(other))
+    with pytest.raises(PartitionError, match="not this run's partition"):
+        partition_records.load(tmp_path / "out", identity.partition_setting(other))

@@ -1,7 +1,7 @@
 """Partitions against oracles written here from the recipes' descriptions, fed the same random draws, and the
 Dirichlet split's label shares against the moments of Dir(alpha).
 
-The oracles are written independently of ``fedrepro.partition`` (other loops, other cutting arithmetic) from
+The oracles are written independently of ``fedrepro.partitions`` (other loops, other cutting arithmetic) from
 the published recipes:
 - NIID-Bench's label-Dirichlet ("noniid-labeldir", Li et al. 2022; FedLab's ``hetero_dir``): for each class
   in turn, shuffle its samples, draw p ~ Dir_J(alpha); with the balance cap, a client already holding N/J
@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrepro import partition
+from fedrepro.partitions import dirichlet, pachinko, shards
+from fedrepro.partitions.base import class_counts
 
 
 def _labels(n: int, classes: int, seed: int) -> np.ndarray:
@@ -68,7 +69,7 @@ DIRICHLET_CASES = [  # (alpha, clients, min_size, balance): the cap binds at sma
 @pytest.mark.parametrize("seed", [0, 1])
 def test_dirichlet_equals_the_niid_bench_recipe_on_the_same_draws(alpha, clients, min_size, balance, seed):
     labels = _labels(1500, 10, seed)
-    got = partition.dirichlet(labels, clients, np.random.default_rng(seed), alpha, min_size, balance)
+    got = dirichlet.split(labels, clients, np.random.default_rng(seed), alpha, min_size, balance)
     want = niid_bench_dirichlet(labels, clients, np.random.default_rng(seed), alpha, min_size, balance)
     assert [p.tolist() for p in got] == want
 
@@ -82,8 +83,8 @@ def test_the_balance_cap_changes_the_split_where_it_binds():
     assert capped != uncapped
     # and with the cap, a client never grows past N/J by more than its last class's piece: no client that was
     # already above N/J gained anything afterwards (checked class by class on the real partition)
-    parts = partition.dirichlet(labels, 20, np.random.default_rng(0), 0.1, 10, True)
-    counts = partition.class_counts(labels, parts, 10)
+    parts = dirichlet.split(labels, 20, np.random.default_rng(0), 0.1, 10, True)
+    counts = class_counts(labels, parts, 10)
     before = np.cumsum(counts, axis=1) - counts  # samples each client held before class k
     assert (counts[before >= len(labels) / 20] == 0).all()
 
@@ -94,8 +95,8 @@ def _shares(alpha, clients, seeds, per_class=4000, classes=5):
     labels = np.repeat(np.arange(classes), per_class)
     rows = []
     for seed in seeds:
-        parts = partition.dirichlet(labels, clients, np.random.default_rng(seed), alpha, 0, False)
-        counts = partition.class_counts(labels, parts, classes)  # (clients, classes)
+        parts = dirichlet.split(labels, clients, np.random.default_rng(seed), alpha, 0, False)
+        counts = class_counts(labels, parts, classes)  # (clients, classes)
         rows.append((counts / per_class).T)
     return np.concatenate(rows)
 
@@ -149,9 +150,9 @@ def test_shards_equal_fedavgs_recipe_on_the_same_draws(clients, per_client, seed
     """``distinct: false`` is the plain recipe; ``distinct: true`` repairs it by swaps, so it is checked as a
     reshuffle of the same shards with no client holding two of one majority label."""
     labels = _labels(1003, 10, seed)
-    got = partition.shards(labels, clients, np.random.default_rng(seed), per_client, distinct=False)
+    got = shards.split(labels, clients, np.random.default_rng(seed), per_client, distinct=False)
     assert [p.tolist() for p in got] == fedavg_shards(labels, clients, np.random.default_rng(seed), per_client)
-    repaired = partition.shards(labels, clients, np.random.default_rng(seed), per_client, distinct=True)
+    repaired = shards.split(labels, clients, np.random.default_rng(seed), per_client, distinct=True)
     assert sorted(np.concatenate(repaired).tolist()) == sorted(np.concatenate(got).tolist())
     size = len(labels) // (clients * per_client)
     assert all(len(p) == per_client * size for p in repaired)
@@ -198,7 +199,7 @@ def test_pachinko_equals_the_tff_recipe_on_the_same_draws(alpha, beta, clients, 
     """CIFAR-100's coarse map over 100 fine labels of 20 samples each: clients of 150-200 exhaust fine labels and
     whole coarse labels, so the renormalisation paths run."""
     labels = np.random.default_rng(0).permutation(np.repeat(np.arange(100), 20))
-    coarse = partition.CIFAR100_COARSE[labels]
-    got = partition.pachinko(labels, coarse, clients, np.random.default_rng(7), alpha, beta, per)
+    coarse = pachinko.CIFAR100_COARSE[labels]
+    got = pachinko.split(labels, coarse, clients, np.random.default_rng(7), alpha, beta, per)
     want = tff_pachinko(labels, coarse, clients, np.random.default_rng(7), alpha, beta, per)
     assert [p.tolist() for p in got] == want

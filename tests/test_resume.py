@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import make_partition, subprocess_env
-from fedrepro import checkpoint, cli, registry
+from fedrepro import cli, registry
+from fedrepro.run import checkpoint
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 6,
         "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
@@ -215,3 +216,31 @@ def test_nan_loss_is_recorded_as_diverged(tmp_path, partition_dir, tiny_data_roo
     assert not all(math.isfinite(last[k]) for k in ("train_loss", "step_norm", "global_norm", "update_norm_max"))
     assert math.isnan(summary["final_acc"])
     assert not (out / "checkpoint.pt").exists()
+
+
+def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state(tmp_path, partition_dir,
+                                                                                   tiny_data_root):
+    """Every observer declares the state it keeps; a checkpoint holds that and the trainer's own, nothing more,
+    so a resume restores exactly what the observers say they need."""
+    from fedrepro.run.observers import Observer
+    from fedrepro.run.trainer import Trainer
+    from fedrepro.spec.settings import resolve
+    setting = resolve({**BASE, "algorithm": "fedavg", "rounds": 4, "snapshots": {"rounds": [1]}})
+    trainer = Trainer(setting, tmp_path / "run", partition_dir, tiny_data_root)
+    trainer.run(progress=False, stop_after=2)
+    saved = checkpoint.load(trainer.paths.checkpoint)
+    declared = {key for observer in trainer.observers for key in observer.saves}
+    assert declared == {"rows", "snapshots", "cosines", "history", "forked_from"}
+    core = {"next_round", "x", "buffers", "algorithm", "elapsed", "setting_hash", "client_momentum", "torch_rng"}
+    assert set(saved) == core | declared
+    assert len(saved["rows"]) == 2 and set(saved["snapshots"]) == {"round_1_global", "round_1_client_0",
+                                                                   "round_1_client_1", "round_1_sizes", "round_1_next"}
+
+
+    class Undeclared(Observer):
+        def state(self):
+            return {"kept": 1}
+
+    trainer.observers.append(Undeclared())
+    with pytest.raises(AssertionError, match="declares"):
+        trainer.state(2)

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrepro import engine
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec import settings
-from fedrepro.batched import dropout_layers
+from fedrepro.run.batchable import dropout_layers
 from fedrepro.data.cifar import ImageDataset
 from fedrepro.models import vgg
 
@@ -43,7 +43,7 @@ def _small_cnn() -> torch.nn.Module:
                                torch.nn.Flatten(), torch.nn.Linear(16, 10))
 
 
-def _trainer(run_dir, model: str, module: torch.nn.Module, augment: bool) -> engine.Trainer:
+def _trainer(run_dir, model: str, module: torch.nn.Module, augment: bool) -> Trainer:
     images, labels = _images(160, 0)
     test_images, test_labels = _images(40, 1)
     mean, std = torch.tensor([0.49, 0.48, 0.45]), torch.tensor([0.25, 0.24, 0.26])
@@ -53,7 +53,7 @@ def _trainer(run_dir, model: str, module: torch.nn.Module, augment: bool) -> eng
     setting = settings.resolve({"dataset": "cifar10", "model": model, "num_clients": 4, "participation": 0.5,
                               "rounds": ROUNDS, "batch_size": 20, "local_epochs": 1, "device": "cpu", "eval_every": 1,
                               "seed": 3, "client": {"lr": 0.05}})
-    return engine.Trainer(setting, run_dir, None, None, datasets=(train, test), parts=parts, module=module)
+    return Trainer(setting, run_dir, None, None, datasets=(train, test), parts=parts, module=module)
 
 
 def _rows(trainer) -> pd.DataFrame:
@@ -71,7 +71,7 @@ def test_a_resumed_run_with_global_randomness_equals_the_uninterrupted_one(case,
     model, build, augment = CASES[case]
     reference = _trainer(tmp_path / "ref", model, build(monkeypatch), augment)
     # the case draws from the global generator in training: dropout layers, or augmented batches
-    assert bool(dropout_layers(reference.model.module)) != augment and reference.train.augment == augment
+    assert bool(dropout_layers(reference.model.module)) != augment and reference.inputs.train.augment == augment
     reference.run(checkpoint_every=0, progress=False)
     stopped = _trainer(tmp_path / "run", model, build(monkeypatch), augment)
     assert stopped.run(checkpoint_every=0, progress=False, stop_after=STOP)["status"] == "stopped"
@@ -95,13 +95,13 @@ def test_the_randomness_is_what_the_resume_must_restore(case, tmp_path, monkeypa
     _trainer(tmp_path / "run", model, build(monkeypatch), augment).run(checkpoint_every=0, progress=False,
                                                                       stop_after=STOP)
     resumed = _trainer(tmp_path / "run", model, build(monkeypatch), augment)
-    restore = engine.Trainer.restore
+    restore = Trainer.restore
 
     def restore_but_reseed(self, state):
         restore(self, state)
         torch.manual_seed(self.setting["seed"])
 
-    monkeypatch.setattr(engine.Trainer, "restore", restore_but_reseed)
+    monkeypatch.setattr(Trainer, "restore", restore_but_reseed)
     resumed.run(checkpoint_every=0, progress=False)
     assert resumed.start_round == STOP
     assert not torch.equal(reference.model.flat, resumed.model.flat)

@@ -557,15 +557,15 @@ def test_live_metrics_are_sent_in_batches_at_most_every_10_seconds(monkeypatch):
 def test_an_exception_mid_training_marks_the_run_failed(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
                                                         monkeypatch):
     from mlflow import MlflowClient
-    from fedrepro import engine
-    round_ = engine.Trainer.round
+    from fedrepro.run.trainer import Trainer
+    round_ = Trainer.round
 
     def breaks_in_round_3(self, t):
         if t == 2:
             raise RuntimeError("a bug in round 3")
         return round_(self, t)
 
-    monkeypatch.setattr(engine.Trainer, "round", breaks_in_round_3)
+    monkeypatch.setattr(Trainer, "round", breaks_in_round_3)
     out = tmp_path / "runs" / "broken-run"
     with pytest.raises(RuntimeError, match="a bug in round 3"):
         _train(out, partition_dir, tiny_data_root, sqlite_uri, _tiny_manifest(tmp_path, ["broken-run"]))

@@ -142,19 +142,19 @@ def test_the_validation_split_is_disjoint_complete_and_drawn_by_the_seed():
 
 
 def test_a_tuning_run_scores_the_validation_samples_and_trains_on_the_rest(tiny_data_root, tmp_path):
-    from fedrepro.engine import Trainer
+    from fedrepro.run.trainer import Trainer
 
     partition = make_partition(tiny_data_root, tmp_path / "part", num_clients=4, kind="iid")
     setting = settings.resolve({**BASE, "evaluation": {"validation": 0.25}, "seed": 5})
     trainer = Trainer(setting, tmp_path / "run", partition, tiny_data_root)
     full = Trainer(settings.resolve({**BASE, "seed": 5}), tmp_path / "full", partition, tiny_data_root)
-    trained, held = validation_split(full.parts, 0.25, 5)
-    assert len(trainer.test) == len(held) == 100  # 400 samples, a quarter of each client's
-    assert np.array_equal(trainer.test.labels.numpy(), full.train.labels[held].numpy())
-    assert [len(i) for i in trainer.client_index] == [len(t) for t in trained]
-    assert trainer.client_sizes.tolist() == [len(t) for t in trained]
+    trained, held = validation_split(full.inputs.parts, 0.25, 5)
+    assert len(trainer.inputs.test) == len(held) == 100  # 400 samples, a quarter of each client's
+    assert np.array_equal(trainer.inputs.test.labels.numpy(), full.inputs.train.labels[held].numpy())
+    assert [len(i) for i in trainer.inputs.client_index] == [len(t) for t in trained]
+    assert trainer.inputs.client_sizes.tolist() == [len(t) for t in trained]
     assert trainer.run(progress=False)["scored_on"] == "validation"
-    assert full.run(progress=False)["scored_on"] == "test" and len(full.test) == 100
+    assert full.run(progress=False)["scored_on"] == "test" and len(full.inputs.test) == 100
 
 
 # --------------------------------------------------------------------------- expansion and identity

@@ -25,7 +25,7 @@ DATASETS = {
     # data/agnews.py: texts tokenised by the model's tokenizer to a fixed length (pretrained.max_length)
     "agnews": {"family": "agnews", "text": True, "train_size": 120000, "test_size": 7600, "num_classes": 4, "shape": (100,)},
     # IMA's feature-skew datasets (data/digit5.py, pacs.py): several domains side by side; each domain is split
-    # over num_clients / len(domains) clients (partition.make) and scored on its own test set (evaluation.score).
+    # over num_clients / len(domains) clients (partitions.make) and scored on its own test set (evaluation.score).
     # Digit-Five's sizes are approximate (FedBN's ten parts of about 743 images a domain; its test files vary):
     # only the bounds checks and the plan's cost estimate read them. PACS: 9,991 images, 10% of each domain test.
     "digit5": {"family": "digit5", "train_size": 37150, "test_size": 7430, "num_classes": 10, "shape": (3, 28, 28),

@@ -4,12 +4,12 @@ Light by design (the standard library only): the Snakefile names thousands of ru
 starts. The code a run depends on is read from the imports of the files that run it, not from a
 hand-kept list that goes stale when someone adds an import:
 
-    run        engine.py + the method's and plug-ins' modules + the run's dataset and model families,
-               and what they import; the partition's code enters through the partition id
-    partition  partition.py + data/__init__.py (the labels it splits) + the dataset's family, and what
-               they import
+    run        the run wing (every module of run/) + the method's and plug-ins' modules + the run's dataset
+               and model families, and what they import; the partition's code enters through the partition id
+    partition  its kind's module (partitions/<kind>.py) + data/__init__.py (the labels it splits) + the
+               dataset's family, and what they import (partitions/__init__.py, the shared helpers of base.py)
 
-A family package (data/, models/, algorithms/) dispatches to its members by name, so its ``__init__``
+A family package (data/, models/, algorithms/, partitions/) dispatches to its members by name, so its ``__init__``
 imports every member; those imports are not followed. A run covers the members it uses (named above)
 and what they import, so editing another method's, dataset's or model's module renames no run.
 
@@ -30,13 +30,13 @@ from typing import Any
 from fedrepro.catalog import DATASETS, MODELS
 
 PACKAGE = Path(__file__).resolve().parent
-RUN_ENTRY = ("engine.py",)
-PARTITION_ENTRY = ("partition.py", "data/__init__.py")
-FAMILY_PACKAGES = ("data", "models", "algorithms")
-# Naming (this module), provenance, record files and the run folder's layout: what a summary records about its
-# origin may grow a field, and a helper may move, without renaming and retraining every run. partition.py is
-# in every run through the partition id, which hashes it with the partition's own closure.
-OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partition.py"})
+RUN_WING = "run"  # fedrepro.run: what a training job executes, every module of it in every run
+PARTITION_ENTRY = ("data/__init__.py",)
+FAMILY_PACKAGES = ("data", "models", "algorithms", "partitions")
+# Naming (this module), provenance, record files, the run folder's layout and the partition folder's: what a
+# summary records about its origin may grow a field, and a helper may move, without renaming and retraining
+# every run. A run's partition code enters through its partition id, which hashes the kind's own closure.
+OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partitions/records.py"})
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:
@@ -167,6 +167,11 @@ def normalised(name: str) -> str:
     return _normalised(name, *_stamp(name))
 
 
+def run_wing() -> tuple[str, ...]:
+    """Every module of the run wing: a job may execute any of them (a resume, a fork, the batched path)."""
+    return tuple(sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / RUN_WING).glob("*.py")))
+
+
 def method_modules(algorithm: str, plugins: list[str]) -> tuple[str, ...]:
     return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins])
 
@@ -177,8 +182,8 @@ def family_modules(dataset: str, model: str | None = None) -> tuple[str, ...]:
 
 
 def run_code(setting: dict) -> list[str]:
-    """The package files a run of this setting can execute (partition.py: through its partition id)."""
-    entries = RUN_ENTRY + method_modules(setting["algorithm"], setting["plugins"]) \
+    """The package files a run of this setting can execute (its partition's code: through its partition id)."""
+    entries = run_wing() + method_modules(setting["algorithm"], setting["plugins"]) \
         + family_modules(setting["dataset"], setting["model"])
     return code_closure(entries, OUTSIDE_RUNS)
 
@@ -188,12 +193,13 @@ def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str) -> s
     return files_hash(run_code({"algorithm": algorithm, "plugins": plugins, "dataset": dataset, "model": model}))
 
 
-def partition_code(dataset: str) -> list[str]:
-    return code_closure(PARTITION_ENTRY + family_modules(dataset), OUTSIDE_RUNS - {"partition.py"})
+def partition_code(dataset: str, kind: str) -> list[str]:
+    """The package files a partition of this kind of this dataset executes."""
+    return code_closure(PARTITION_ENTRY + (f"partitions/{kind}.py",) + family_modules(dataset), OUTSIDE_RUNS)
 
 
-def partition_code_hash(dataset: str) -> str:
-    return files_hash(partition_code(dataset))
+def partition_code_hash(dataset: str, kind: str) -> str:
+    return files_hash(partition_code(dataset, kind))
 
 
 # --------------------------------------------------------------------------- names
@@ -232,7 +238,7 @@ def identity_setting(setting: dict) -> dict:
 
 def partition_id(setting: dict) -> str:
     part = setting["partition"]
-    key = {**without_path(partition_setting(setting)), "code": partition_code_hash(setting["dataset"])}
+    key = {**without_path(partition_setting(setting)), "code": partition_code_hash(setting["dataset"], part["kind"])}
     desc = {"file": f"file{part.get('sha256', '')[:8]}", "iid": "iid", "dirichlet": f"dir{_fmt(part.get('alpha', 0))}",
             "inner_dirichlet": f"idir{_fmt(part.get('alpha', 0))}",
             "hybrid": f"hyb{_fmt(part.get('alpha_balanced', 0))}-{_fmt(part.get('alpha', 0))}",

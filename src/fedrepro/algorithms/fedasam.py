@@ -27,7 +27,7 @@ def default_rho_eta(model: str) -> tuple[float, float]:
 
 
 class AdaptiveSharpness(ClientObjective):
-    forwards_per_step = 2  # two forward passes a step: a dropout model draws two masks (batched.py)
+    forwards_per_step = 2  # two forward passes a step: a dropout model draws two masks (run/batched.py)
 
     def __init__(self, rho: float, eta: float):
         self.rho, self.eta = rho, eta
@@ -53,7 +53,7 @@ class AdaptiveSharpness(ClientObjective):
         return loss
 
     def batched(self, view, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The same two passes for the (k, P) rows of clients training together (batched.py): each row's
+        """The same two passes for the (k, P) rows of clients training together (run/batched.py): each row's
         ascent scaled by its own ||T_w g||."""
         loss = view.loss_and_grad(inputs, labels)
         w = view.x

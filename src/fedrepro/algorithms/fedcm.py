@@ -27,7 +27,7 @@ class ClientMomentum(GradientCorrection):
         grad.mul_(self.alpha).add_(self.global_gradient, alpha=1 - self.alpha)
 
     def batched(self, grad: torch.Tensor, view) -> None:
-        """Every row mixes with the same G_{t-1} (batched.py)."""
+        """Every row mixes with the same G_{t-1} (run/batched.py)."""
         grad.mul_(self.alpha).add_(self.global_gradient, alpha=1 - self.alpha)
 
     def end_round(self, updates: RoundUpdates) -> None:

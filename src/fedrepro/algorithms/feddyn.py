@@ -36,7 +36,7 @@ class DynamicRegulariser(GradientCorrection):
             grad.add_(offset * (self.alpha / 2 / offset.norm().clamp_min(1e-30)))
 
     def batched(self, grad: torch.Tensor, view) -> None:
-        """The same term for the (k, P) rows of clients training together (batched.py): each row's own
+        """The same term for the (k, P) rows of clients training together (run/batched.py): each row's own
         l_i and, in the norm form, its own ||x - x_global||."""
         grad.sub_(self.grad_state[view.clients])
         offset = view.x - view.x_global

@@ -100,7 +100,7 @@ class CrossClientVR(GradientCorrection):
         norm = a_norm(run.steps, run.lr, self.rho, self.mu)
         self.d_clients[run.client] = (run.x_global - run.model.flat) / (run.lr * norm) - self.current
 
-    # clients trained together (batched.py): c_i of every client of the group at once, row by row
+    # clients trained together (run/batched.py): c_i of every client of the group at once, row by row
     def batched_begin(self, cohort) -> None:
         self.currents = self.d_mean - self.d_clients[cohort.clients]
 

@@ -17,7 +17,7 @@ class ProximalTerm(GradientCorrection):
         grad.add_(run.model.flat - run.x_global, alpha=self.mu)
 
     def batched(self, grad: torch.Tensor, view) -> None:
-        """The same term for the (k, P) rows of clients training together (batched.py)."""
+        """The same term for the (k, P) rows of clients training together (run/batched.py)."""
         grad.add_(view.x - view.x_global, alpha=self.mu)
 
 

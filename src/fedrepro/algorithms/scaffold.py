@@ -26,7 +26,7 @@ class ControlVariates(GradientCorrection):
         grad.sub_(self.c_clients[run.client]).add_(self.c)
 
     def batched(self, grad: torch.Tensor, view) -> None:
-        """The same correction for the (k, P) rows of clients training together (batched.py); ``end`` runs
+        """The same correction for the (k, P) rows of clients training together (run/batched.py); ``end`` runs
         client by client there too, and c moves only in end_round."""
         grad.sub_(self.c_clients[view.clients]).add_(self.c)
 

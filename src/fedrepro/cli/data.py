@@ -59,7 +59,8 @@ def add_partition(sub) -> None:
 
 
 def cmd_partition(args) -> None:
-    from fedrepro import data, partition, partition_records, registry
+    from fedrepro import data, partitions, registry
+    from fedrepro.partitions import records as partition_records
     setting = args.setting  # parsed and checked by the parser
     labels = data.train_labels(setting["dataset"], args.data_root)
     groups = None
@@ -67,7 +68,7 @@ def cmd_partition(args) -> None:
         from fedrepro.data import synthetic
         groups = synthetic.train_groups(setting["dataset"], args.data_root)
     # a multi-domain dataset (digit5, pacs): each domain is split over its own clients
-    parts = partition.make(labels, setting, groups, data.train_domains(setting["dataset"], args.data_root))
-    info = partition_records.write(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
+    parts = partitions.make(labels, setting, groups, data.train_domains(setting["dataset"], args.data_root))
+    info = partition_records.save(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
     print(f"partition {Path(args.out).name}: {info['content_hash']}, client sizes {info['sizes']}, "
           f"{partition_records.caption(info['heterogeneity'])}")

@@ -53,9 +53,10 @@ def add_train(sub) -> None:
 
 def cmd_train(args) -> None:
     import torch
-    from fedrepro import engine
+    from fedrepro.run.jobs import train
+    from fedrepro.run.process import die_with_parent
     from fedrepro.spec.settings import resolve
-    engine.die_with_parent()  # killing Snakemake stops its training jobs too
+    die_with_parent()  # killing Snakemake stops its training jobs too
     if args.threads:
         torch.set_num_threads(args.threads)
     setting = resolve(args.setting)
@@ -67,16 +68,16 @@ def cmd_train(args) -> None:
         bound = slots.bind_gpu()
         if bound:
             print(bound, file=sys.stderr, flush=True)
-    observer = None
+    tracker = None
     if args.mlflow_experiment:
         from fedrepro.tracking import live
-        observer = live.live_run(args.out, args.tracking_uri, args.mlflow_experiment, args.mlflow_manifest,
-                                     args.partition)
+        tracker = live.live_run(args.out, args.tracking_uri, args.mlflow_experiment, args.mlflow_manifest,
+                                args.partition)
     from fedrepro.spec import forks
-    summary = engine.train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
-                           progress=not args.no_progress, stop_after=args.stop_after, observer=observer,
-                           keep_forks=args.keep_forks, history=args.fork_history, fork_from=args.fork_from,
-                           accepts=lambda parent, rounds: forks.shares_prefix(setting, parent, rounds))
+    summary = train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
+                    progress=not args.no_progress, stop_after=args.stop_after, tracker=tracker,
+                    keep_forks=args.keep_forks, history=args.fork_history, fork_from=args.fork_from,
+                    accepts=lambda parent, rounds: forks.shares_prefix(setting, parent, rounds))
     print(json.dumps({k: summary.get(k) for k in ("run", "status", "final_acc", "best_acc", "runtime_s")}))
 
 
@@ -112,12 +113,13 @@ def add_fork(sub) -> None:
 
 def cmd_fork(args) -> None:
     import torch
-    from fedrepro import engine
+    from fedrepro.run.jobs import fork_state
+    from fedrepro.run.process import die_with_parent
     from fedrepro.spec.settings import resolve
-    engine.die_with_parent()
+    die_with_parent()
     if args.threads:
         torch.set_num_threads(args.threads)
-    how = engine.fork_state(resolve(args.setting), args.run_dir, args.round, args.history, args.out, args.partition,
+    how = fork_state(resolve(args.setting), args.run_dir, args.round, args.history, args.out, args.partition,
                             args.data_root)
     print(f"fork state of {Path(args.run_dir).name} after {args.round} rounds: {args.out} "
           f"({'kept by the run' if how == 'kept' else 'its first rounds trained again'})")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro.partition import PartitionError
+from fedrepro.partitions.base import PartitionError
 
 # Synthetic(alpha, beta): name -> (alpha, beta). The generation seed is fixed: the data is part of
 # the benchmark, not of a run, and FedProx's own script set none (so no seed is "the paper's").

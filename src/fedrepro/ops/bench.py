@@ -1,9 +1,9 @@
 """``fedrepro bench``: seconds per federated round of the engine, of a reference-style loop, and
 of the pure compute, measured in one process on the same partition, model and cohorts.
 
-(a) engine     ``engine.Trainer.round``: data on the device as one uint8 tensor, batches by index,
+(a) engine     ``Trainer.round``: data on the device as one uint8 tensor, batches by index,
                one flat parameter buffer reused for every client (and, where it pays, the round's
-               clients trained together as one batched computation, ``batched.py``).
+               clients trained together as one batched computation, ``fedrepro.run.batched``).
 (b) reference  the loop the papers' public code runs: a torchvision dataset on the CPU returning
                PIL-converted samples, a ``DataLoader`` per client, ``copy.deepcopy`` of the global
                model per client, ``torch.optim.SGD``, and averaging of ``state_dict``s.
@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedrepro import data, engine, models, partition
+from fedrepro import data, models, partitions
+from fedrepro.run.trainer import Trainer
 from fedrepro.ops.bench_baselines import ComputeFloor, ReferenceLoop, reference_dataset
 from fedrepro.ops.bench_settings import SETTINGS, BenchSetting
 from fedrepro.provenance import machine
@@ -67,7 +68,7 @@ def make_parts(bench: BenchSetting, labels: torch.Tensor, quick: bool) -> list[n
         spec.update(alpha=0.5, min_size=10, balance=True)
     if bench.partition == "shards":
         spec.update(classes_per_client=2, distinct=True)
-    parts = partition.make(labels.numpy(), spec)
+    parts = partitions.make(labels.numpy(), spec)
     if quick:  # two batches per client keep a CI run in seconds
         parts = [p[:2 * bench.batch_size] for p in parts]
     return parts
@@ -118,7 +119,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _set_mode_and_round(trainer: engine.Trainer, mode: str, t: int) -> None:
+def _set_mode_and_round(trainer: Trainer, mode: str, t: int) -> None:
     trainer.cohort_mode = mode
     trainer.round(t)
 
@@ -134,13 +135,13 @@ def bench_one(bench: BenchSetting, device_name: str, rounds: int, repeats: int, 
     seed = 1
 
     with tempfile.TemporaryDirectory(prefix="fedrepro-bench-") as run_dir:
-        trainer = engine.Trainer(engine_setting(bench, device_name), run_dir, None, None,
+        trainer = Trainer(engine_setting(bench, device_name), run_dir, None, None,
                                  datasets=(data.TensorDataset(images, labels, 0.0, 1.0), test),
                                  parts=parts, module=copy.deepcopy(module))
         # Both paths are timed (the batched one whatever the client sizes), to show what it buys; (a) is
         # the one the engine picks by itself ("auto").
         trainer.cohort_mode = "auto"
-        chosen = "cohort" if trainer.train_together(np.arange(bench.per_round), [bench.epochs] * bench.per_round) \
+        chosen = "cohort" if trainer.train_together(np.arange(bench.per_round)) \
             else "sequential"
         modes = {"sequential": "off", **({"cohort": "on"} if bench.per_round > 1 else {})}
         reference = ReferenceLoop(module, reference_dataset(bench, images, labels, origin, data_root), parts,
@@ -211,11 +212,11 @@ print(json.dumps(bench.throughput_worker(*json.loads(sys.argv[1]))), flush=True)
 """
 
 
-def _engine_trainer(bench: BenchSetting, device_name: str, quick: bool, data_root, run_dir) -> engine.Trainer:
+def _engine_trainer(bench: BenchSetting, device_name: str, quick: bool, data_root, run_dir) -> Trainer:
     images, labels, _ = load_train(bench.dataset, data_root, quick)
     parts = make_parts(bench, labels, quick)
     torch.manual_seed(1)
-    return engine.Trainer(engine_setting(bench, device_name), run_dir, None, None,
+    return Trainer(engine_setting(bench, device_name), run_dir, None, None,
                           datasets=(data.TensorDataset(images, labels, 0.0, 1.0),
                                     data.TensorDataset(images[:256], labels[:256], 0.0, 1.0)),
                           parts=parts, module=build_module(bench))

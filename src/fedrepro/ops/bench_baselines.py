@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro import engine
+from fedrepro.run.cohorts import sample_cohort
 from fedrepro.ops.bench_settings import BenchSetting
 
 
@@ -51,7 +51,7 @@ class ReferenceLoop:
 
     def round(self, t: int) -> None:
         b = self.bench
-        cohort = engine.sample_cohort(self.seed, t, b.num_clients, b.per_round)
+        cohort = sample_cohort(self.seed, t, b.num_clients, b.per_round)
         states, sizes = [], []
         for c in cohort:
             local = copy.deepcopy(self.model)
@@ -94,7 +94,7 @@ class ComputeFloor:
         """The engine's batch sizes in round t: full batches and each client's last partial one."""
         b = self.bench
         sizes = []
-        for c in engine.sample_cohort(self.seed, t, b.num_clients, b.per_round):
+        for c in sample_cohort(self.seed, t, b.num_clients, b.per_round):
             n = len(self.parts[c])
             per_epoch = [b.batch_size] * (n // b.batch_size) + ([n % b.batch_size] if n % b.batch_size else [])
             sizes += per_epoch * b.epochs

@@ -17,7 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import data, engine, models, partition, registry
+from fedrepro import data, models, partitions, registry
+from fedrepro.run.cohorts import sample_cohort
+from fedrepro.run.process import pick_device
+from fedrepro.run.trainer import Trainer
 from fedrepro.spec import config, forks, paramsfile, settings
 from fedrepro.provenance import device_line, machine
 from fedrepro.rundir import RunDir
@@ -51,12 +54,12 @@ def tiny_fmnist(n_train: int = 400, n_test: int = 100):
     return tuple(out)
 
 
-def _trainer(setting: dict, run_dir, device: str, datasets=None) -> engine.Trainer:
+def _trainer(setting: dict, run_dir, device: str, datasets=None) -> Trainer:
     setting = settings.resolve({**setting, "device": device})
     datasets = datasets or tiny_fmnist()
-    parts = partition.make(datasets[0].labels.numpy(), {"kind": "iid", "seed": 1, "num_clients": setting["num_clients"],
+    parts = partitions.make(datasets[0].labels.numpy(), {"kind": "iid", "seed": 1, "num_clients": setting["num_clients"],
                                                         "dataset": "fmnist"})
-    return engine.Trainer(setting, run_dir, None, None, datasets=datasets, parts=parts)
+    return Trainer(setting, run_dir, None, None, datasets=datasets, parts=parts)
 
 
 def check_models(device: str) -> list[str]:
@@ -116,12 +119,12 @@ def check_cohort_matches_sequential(device: str) -> float:
     setting = {**BASE, "num_clients": 4, "participation": 1.0, "algorithm": "fedavg", "batch_size": 25}
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = _trainer(setting, run_dir, device)
-        cohort = engine.sample_cohort(1, 0, 4, 4)
+        cohort = sample_cohort(1, 0, 4, 4)
         x = trainer.model.flat.clone()
         results = {}
         for mode in ("off", "on"):
             trainer.cohort_mode = mode
-            results[mode] = trainer.local_training(0, cohort, x.clone(), 0.05).deltas.clone()
+            results[mode] = trainer.train_cohort(trainer.plan(0, cohort, x.clone(), 0.05)).deltas.clone()
             trainer.model.flat.copy_(x)
     gap = float((results["on"] - results["off"]).abs().max() / results["off"].abs().max())
     assert gap < 1e-4, f"cohort and sequential updates differ by {gap:.2e} (relative) on {device}"
@@ -141,11 +144,11 @@ def _unequal_parts(n_train: int) -> list[np.ndarray]:
 def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) -> dict:
     """One method (or FedAvg with one plug-in) on unequal clients, every client each round: the first
     rounds one client after another in two trainers (so the method's state, c_i, l_i, momenta, anchors,
-    is not trivial), then the last round's local training batched (batched.py) in one and sequential in the
+    is not trivial), then the last round's local training batched (run/batched.py) in one and sequential in the
     other, from the same state: the same client updates up to float rounding. Returns the path taken and
     the largest difference of the updates relative to the largest update; a method without a batched form
     reports the sequential path and why."""
-    from fedrepro import batched
+    from fedrepro.run import batchable
     algorithm, *plugins = method.split("+")
     setting = {**BASE, "num_clients": len(UNEQUAL_SIZES), "participation": 1.0, "rounds": rounds,
                "batch_size": 25, "algorithm": algorithm, "plugins": plugins, **METHOD_EXTRAS.get(method, {})}
@@ -155,7 +158,7 @@ def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) 
     with tempfile.TemporaryDirectory() as run_dir:
         for mode in ("off", "on"):
             resolved = settings.resolve({**setting, "device": device})
-            trainer = engine.Trainer(resolved, f"{run_dir}/{mode}", None, None, datasets=datasets,
+            trainer = Trainer(resolved, f"{run_dir}/{mode}", None, None, datasets=datasets,
                                      parts=_unequal_parts(len(datasets[0])))
             trainer.cohort_mode = "off"
             torch.manual_seed(0)
@@ -163,9 +166,9 @@ def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) 
                 trainer.round(t)
             trainer.cohort_mode = mode
             x = trainer.model.flat.clone()
-            cohort = engine.sample_cohort(resolved["seed"], last, resolved["num_clients"], trainer.k)
-            updates[mode] = trainer.local_training(last, cohort, x, trainer.client_lr(last))
-        why = batched.unsupported(trainer.model.module, trainer.train, trainer.algorithm.corrections,
+            cohort = sample_cohort(resolved["seed"], last, resolved["num_clients"], trainer.k)
+            updates[mode] = trainer.train_cohort(trainer.plan(last, cohort, x, trainer.client_lr(last)))
+        why = batchable.unsupported(trainer.model.module, trainer.inputs.train, trainer.algorithm.corrections,
                                   trainer.algorithm.objective)
     if why:
         assert trainer._batched is None, f"{method} on {device}: batched although {why}"
@@ -217,7 +220,7 @@ def check_fork_child(device: str) -> None:
             tempfile.TemporaryDirectory() as forked:
         _trainer(child, alone, device, datasets).run(checkpoint_every=0, progress=False)
         host_run = _trainer(parent, host, device, datasets)
-        host_run.keep_forks, host_run.history_length = {start: host_run.paths.kept_fork(start)}, window - 1
+        host_run.forks.keep, host_run.forks.history_length = {start: host_run.paths.kept_fork(start)}, window - 1
         host_run.run(checkpoint_every=0, progress=False)
         child_run = _trainer(child, forked, device, datasets)
         summary = child_run.run(checkpoint_every=0, progress=False, fork_from=host_run.paths.kept_fork(start),
@@ -296,7 +299,7 @@ def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rou
         raise SystemExit(f"fedrepro check-gpu: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) sees "
                          "no CUDA device; run it on a GPU node")
     device = "cuda"  # the current CUDA device, as a setting names it
-    log(device_line(engine.pick_device(device), None))
+    log(device_line(pick_device(device), None))
     report = {"machine": machine(), "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
               "checks": run_checks(device, log)}
     out = Path(out)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro import partition_records, records
+from fedrepro import records
+from fedrepro.partitions import records as partition_records
 from fedrepro.identity import stable_hash
 from fedrepro.report import tables
 from fedrepro.report.frames import load_runs, summary_table, switch_effects

@@ -129,7 +129,8 @@ def check_data_transforms(setting: dict, where: str) -> None:
 def check_partition_file(setting: dict, where: str) -> None:
     """Kind ``file``: read and check the index lists before any job, and put the file's content hash in the
     setting (the run's and the partition's identity; a changed file is a new partition)."""
-    from fedrepro import partition
+    from fedrepro.partitions import file as partition_file
+    from fedrepro.partitions.base import PartitionError
     from fedrepro.identity import file_sha256
 
     part = setting["partition"]
@@ -140,8 +141,8 @@ def check_partition_file(setting: dict, where: str) -> None:
                           f"client index lists in it")
     try:
         digest = file_sha256(part["path"]) if Path(part["path"]).is_file() else None
-        partition.read_file(part["path"], setting["num_clients"], registry.DATASETS[setting["dataset"]]["train_size"],
+        partition_file.read_file(part["path"], setting["num_clients"], registry.DATASETS[setting["dataset"]]["train_size"],
                             part.get("sha256"))
-    except partition.PartitionError as err:
+    except PartitionError as err:
         raise ConfigError(f"{where}: partition.path: {err}") from None
     part["sha256"] = digest

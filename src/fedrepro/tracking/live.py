@@ -40,7 +40,7 @@ def _guarded(method):
 
 
 class LiveRun:
-    """The training job's observer (see ``engine.Trainer.run``): logs the run while it trains."""
+    """The training job's observer (see ``fedrepro.run.trainer.Trainer.run``): logs the run while it trains."""
 
     def __init__(self, run_dir: str | Path, uri: str | None = None, experiment: str = "fedrepro/runs",
                  parent: str | None = None, membership: str = "", prefix: str = "fedrepro",

@@ -33,10 +33,10 @@ def cosines(spec, runs, context):
                            f"list them in snapshots.cosine_rounds")
     from matplotlib.ticker import MaxNLocator
 
-    from fedrepro import partition
+    from fedrepro import partitions
     from fedrepro.identity import partition_setting
 
-    groups = partition.groups(partition_setting(run.setting))
+    groups = partitions.groups(partition_setting(run.setting))
     boundary = len(groups["balanced"]) if groups and run.setting["participation"] == 1.0 else None
     fig, axes = plt.subplots(1, len(shown), figsize=(4.0 * len(shown) + 1.2, 3.6), squeeze=False,
                              constrained_layout=True)

@@ -4,7 +4,7 @@ and the error of averages of m client models with their CKA similarity.
 The plane through models a, b, c has origin a and the orthonormal basis u = (b - a)/|b - a|,
 v = the part of (c - a) orthogonal to u, normalised; a point (s, t) is the model a + s u + t v, so
 the three models sit at (0, 0), (|b - a|, 0) and ((c - a).u, (c - a).v). Every grid point is
-evaluated on the whole test set with ``engine.evaluate`` (eval mode, large batches, on the run's
+evaluated on the whole test set with ``evaluation.evaluate`` (eval mode, large batches, on the run's
 device), the function the runs are scored with.
 """
 from __future__ import annotations
@@ -46,17 +46,19 @@ class Evaluator:
     """The run's model and test set, loaded once; ``__call__`` scores flat parameter vectors."""
 
     def __init__(self, setting: dict, data_root: Path | None, device: str = "auto"):
-        from fedrepro import data, engine, models
+        from fedrepro import data, models
+        from fedrepro.evaluation import evaluate
+        from fedrepro.run.process import pick_device
         from fedrepro.flat import FlatModel
 
         if data_root is None:
             raise MissingInput("no data root given to evaluate models")
-        self.device = engine.pick_device(device)
+        self.device = pick_device(device)
         self.test = data.load(setting["dataset"], Path(data_root) / setting["dataset"], train=False,
                               preprocess=setting.get("preprocess"), pretrained=setting.get("pretrained")).to(self.device)
         self.model = FlatModel(models.build(setting["model"], setting["dataset"], setting.get("pretrained")),
                                self.device)
-        self.evaluate = engine.evaluate
+        self.evaluate = evaluate
 
     def logits(self, x: torch.Tensor, samples: int) -> torch.Tensor:
         """The model's logits (eval mode, float64) on the first ``samples`` test images."""
@@ -233,7 +235,7 @@ def interpolate(evaluator: Evaluator, a: torch.Tensor, b: torch.Tensor, alphas: 
 
 
 def _final_model(run) -> torch.Tensor:
-    from fedrepro import checkpoint
+    from fedrepro.run import checkpoint
 
     path = run.folder.model
     if not path.exists():

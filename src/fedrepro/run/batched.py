@@ -46,44 +46,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedrepro.client import LocalSGD
+from fedrepro.run.batchable import dropout_layers
+from fedrepro.run.batched_draws import GroupState
+from fedrepro.run.client import LocalSGD
 from fedrepro.flat import learnt_buffers
-from fedrepro.parts import ClientObjective, ClientRun, RoundUpdates
-
-
-# ---------------------------------------------------------------- what can be batched
-
-def dropout_layers(module: nn.Module) -> list[nn.Module]:
-    return [m for m in module.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
-
-
-def unsupported(module: nn.Module, data, corrections, objective) -> list[str]:
-    """Why this model, data set and method cannot train batched (empty: they can)."""
-    why = []
-    if not getattr(data, "batched_cohort", False):
-        why.append(f"{type(data).__name__} batches cannot be vmapped over")
-    if getattr(data, "augment", False) and not hasattr(data, "augment_draws"):
-        why.append(f"{type(data).__name__} augments without drawing its randomness ahead")
-    odd = [type(m).__name__ for m in dropout_layers(module) if type(m) is not nn.Dropout]
-    if odd:
-        why.append(f"dropout layers other than nn.Dropout ({', '.join(odd)})")
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.momentum is None
-           for m in module.modules()):
-        why.append("a BatchNorm with momentum=None (its average counts the batches of the shared module)")
-    for hook in corrections:
-        if not hasattr(hook, "batched"):
-            why.append(f"{type(hook).__name__} has no batched form")
-    if objective is not None:
-        if not hasattr(objective, "batched"):
-            why.append(f"{type(objective).__name__} has no batched form")
-        for name in ("after_step", "end_epoch"):
-            if _overrides(objective, name) and not hasattr(objective, f"batched_{name}"):
-                why.append(f"{type(objective).__name__}.{name} has no batched form")
-    return why
-
-
-def _overrides(obj, name: str) -> bool:
-    return getattr(type(obj), name) is not getattr(ClientObjective, name)
+from fedrepro.parts import ClientRun, RoundUpdates
 
 
 # ---------------------------------------------------------------- the clients' schedules
@@ -227,7 +194,7 @@ class BatchedSGD:
         grad = torch.empty_like(x)
         # one contiguous (K, *shape) tensor per buffer: BatchNorm's batching rule updates a batched running
         # statistic in place only where its rows are contiguous (a column slice of a (K, B) stack is not)
-        state = self._state = _GroupState(
+        state = self._state = GroupState(
             () if buffers is None or not len(buffers) else
             tuple(b.contiguous() for b in self._split(buffers.expand(k, -1).clone(), self.buffer_shapes)))
         velocity = None
@@ -339,97 +306,26 @@ def _subview(view: StepView, rows: list[int], chosen: list[int], device) -> Step
                     view.module, view._forward)
 
 
-class _GroupState:
-    """Per group: the clients' BatchNorm buffers, the stored random draws, and a forward count."""
-
-    def __init__(self, buffers: tuple[torch.Tensor, ...]):
-        self.buffers = buffers  # per learnt buffer, (K, *shape)
-        self.forwards = 0
-        self.augment: dict[tuple[int, int], object] = {}      # (client row, step) -> augmentation draws
-        self.masks: dict[tuple[int, int], list[list[torch.Tensor]]] = {}  # -> per forward, per dropout call
-        self.dropout_calls: list[tuple[float, torch.Size]] = []  # (p, input shape past the batch dimension)
-        self.step, self.rows_list, self.forward_no = 0, [], {}
-
-    def draw(self, engine: BatchedSGD, data, plans: list[ClientPlan], forwards: int) -> None:
-        """Make the sequential path's global-generator draws, in its order, and keep them."""
-        augment = bool(getattr(data, "augment", False))
-        if not augment and not engine.dropouts:
-            return
-        if engine.dropouts:
-            self.dropout_calls = _dropout_calls(engine.module, engine.dropouts, data, plans)
-        for j, plan in enumerate(plans):
-            for s, batch in enumerate(plan.batches):
-                b = len(batch)
-                if augment:
-                    self.augment[(j, s)] = data.augment_draws(b)
-                if engine.dropouts:
-                    self.masks[(j, s)] = [
-                        [F.dropout(torch.ones((b, *shape), device=batch.device), p, True)
-                         for p, shape in self.dropout_calls]
-                        for _ in range(forwards)]
-
-    def batch(self, data, indices: list[torch.Tensor], rows: list[int], step: int):
-        """The (k, b, ...) inputs and labels of the rows' batches, with their stored augmentation."""
-        index = torch.stack(indices)
-        for j in rows:
-            self.forward_no[j] = 0
-        if (rows[0], step) in self.augment:
-            return data.batch_drawn(index, [self.augment[(j, step)] for j in rows])
-        return data.batch(index)
-
-    def next_masks(self, view: StepView) -> tuple[torch.Tensor, ...]:
-        """The stored masks of the rows' next forward pass of this step, one (k, b, ...) stack per call."""
-        if not self.masks:
-            return ()
-        rows = self.rows_list
-        f = self.forward_no[rows[0]]
-        for j in rows:
-            self.forward_no[j] += 1
-        per_row = [self.masks[(j, self.step)][f] for j in rows]
-        return tuple(torch.stack([m[i] for m in per_row]) for i in range(len(self.dropout_calls)))
-
-
-def _dropout_calls(module: nn.Module, dropouts: list[nn.Module], data, plans) -> list[tuple[float, torch.Size]]:
-    """The dropout layers' calls in one forward pass, in order, and each one's input shape past the batch
-    dimension: a one-sample forward in eval mode (no dropout draws, no BatchNorm update)."""
-    calls = []
-    handles = [m.register_forward_hook(lambda mod, args, out: calls.append((mod, args[0].shape[1:])))
-               for m in dropouts]
-    sample = next(p.batches[0][:1] for p in plans if p.batches)
-    was = module.training
-    devices = [sample.device] if sample.device.type == "cuda" else []
-    try:
-        module.eval()
-        # an augmenting data set draws for this batch: the generator is put back as it was
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            module(data.batch(sample)[0])
-    finally:
-        module.train(was)
-        for h in handles:
-            h.remove()
-    return [(m.p, shape) for m, shape in calls]
-
-
 def train_round(trainer, t: int, cohort, x: torch.Tensor, lr: float, client_epochs: list[int],
                 client_batches: list[int]) -> RoundUpdates:
     """The engine's round of local training through the batched path: the RoundUpdates the sequential
-    loop in ``Trainer.local_training`` returns, with the same BatchNorm average and kept momentum."""
+    loop in ``Trainer.train_sequentially`` returns, with the same BatchNorm average and kept momentum."""
     device = trainer.device
     if getattr(trainer, "_batched", None) is None:
         trainer._batched = BatchedSGD(trainer.model.module, trainer.local)
     engine = trainer._batched
     ids = [int(c) for c in cohort]
-    plans = [ClientPlan.draw(trainer.client_index[c], e, b, trainer.shuffle_generator(t, c))
+    plans = [ClientPlan.draw(trainer.inputs.client_index[c], e, b, trainer.shuffle_generator(t, c))
              for c, e, b in zip(ids, client_epochs, client_batches)]
     clients = torch.as_tensor(cohort, device=device)
     kept = None if trainer.client_momentum is None else trainer.client_momentum[clients]
     global_buffers = trainer.model.buffers.clone()
     finals, client_buffers, steps, losses = engine.train(
-        t, trainer.train, clients, plans, x, lr, global_buffers if len(global_buffers) else None, kept,
+        t, trainer.inputs.train, clients, plans, x, lr, global_buffers if len(global_buffers) else None, kept,
         trainer.algorithm.corrections, trainer.algorithm.objective)
     if kept is not None:
         trainer.client_momentum[clients] = kept
-    updates = RoundUpdates(t, clients, x - finals, trainer.client_sizes[clients],
+    updates = RoundUpdates(t, clients, x - finals, trainer.inputs.client_sizes[clients],
                            torch.tensor(steps, dtype=torch.float32, device=device), losses, lr,
                            buffers=client_buffers)
     if client_buffers is not None:

@@ -1,4 +1,6 @@
-"""What a partition's record says about how heterogeneous its clients are, and the heatmap that shows it.
+"""A partition folder: its client index lists, class counts, record and heatmap, written and read here.
+
+The record says how heterogeneous the clients are, and the heatmap shows it.
 
 The statistic is the mean, over clients, of the total-variation distance between a client's label distribution
 and the global one (all clients' samples pooled):
@@ -9,8 +11,9 @@ and the global one (all clients' samples pooled):
 Dirichlet split with alpha = 0.1 lies far above one with alpha = 100, so a partitioner that ignored alpha would
 show here and in the heatmap's caption.
 
-Outside every partition id: the split is ``fedrepro.partition``'s (whose code is part of a partition's id); this
-module only describes what it made, so it can say more without renaming a partition or a run.
+Outside every partition id and run id (``identity.OUTSIDE_RUNS``): the split is its kind module's (whose code is
+part of a partition's id); this module only stores and describes what it made, so it can say more without
+renaming a partition or a run.
 """
 from __future__ import annotations
 
@@ -19,6 +22,10 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+
+from fedrepro.identity import without_path
+from fedrepro.partitions.base import PartitionError, class_counts, content_hash
+from fedrepro.records import read_json
 
 MEASURE = "mean total-variation distance of the clients' label distributions from the global one"
 
@@ -48,15 +55,22 @@ def caption(stat: dict) -> str:
     return f"label heterogeneity: mean TV from the global label mix {stat['mean_tv']:.3f} (0: IID; 1: disjoint)"
 
 
-def write(out_dir: str | Path, setting: dict, labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> dict:
-    """The partition artifact (``partition.save``: indices, class counts, record, heatmap) with the heterogeneity
-    in its record and in its heatmap's caption."""
-    from fedrepro import partition
+def save(out_dir: str | Path, setting: dict, labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> dict:
+    """Write the partition folder: indices, class counts (csv), its record (setting, content hash, sizes,
+    heterogeneity) and the heatmap captioned with the heterogeneity."""
+    import pandas as pd
 
     out = Path(out_dir)
-    info = partition.save(out, setting, labels, parts, num_classes)
-    counts = partition.class_counts(labels, parts, num_classes)
-    info["heterogeneity"] = heterogeneity(counts)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "clients.npz", **{f"client_{i}": p for i, p in enumerate(parts)})
+    counts = class_counts(labels, parts, num_classes)
+    frame = pd.DataFrame(counts, columns=[f"class_{k}" for k in range(num_classes)])
+    frame.index.name = "client"
+    frame.to_csv(out / "counts.csv")
+    info = {"setting": setting, "content_hash": content_hash(parts), "num_samples": int(sum(map(len, parts))),
+            "sizes": {"min": int(counts.sum(1).min()), "max": int(counts.sum(1).max()),
+                      "mean": float(counts.sum(1).mean())},
+            "heterogeneity": heterogeneity(counts)}
     heatmap(counts, out / "heatmap.png", setting, info["heterogeneity"])
     (out / "partition.json").write_text(json.dumps(info, indent=2))
     return info
@@ -100,3 +114,27 @@ def of_folder(folder: str | Path) -> dict | None:
 
     frame = pd.read_csv(counts, index_col="client")
     return heterogeneity(frame.to_numpy())
+
+
+def load(out_dir: str | Path, setting: dict | None = None) -> list[np.ndarray]:
+    """The clients' index arrays; with ``setting``, checked to be that partition: partition.json must
+    describe ``setting`` and record the content hash of the arrays read (a file copied over another
+    partition's, or altered, is refused)."""
+    out = Path(out_dir)
+    path = out / "clients.npz"
+    try:
+        with np.load(path) as data:
+            parts = [data[f"client_{i}"] for i in range(len(data.files))]
+    except Exception as err:  # noqa: BLE001 - BadZipFile, zlib.error, OSError, KeyError, ValueError
+        raise PartitionError(f"{path}: cannot be read ({type(err).__name__}: {err}); delete {out} and rerun "
+                             f"to make it again") from None
+    if setting is not None:
+        info = read_json(out / "partition.json")
+        if without_path(info.get("setting") or {}) != without_path(setting):
+            raise PartitionError(f"{out / 'partition.json'} describes {json.dumps(info.get('setting'), sort_keys=True)}, "
+                                 f"not this run's partition {json.dumps(setting, sort_keys=True)}")
+        if info.get("content_hash") != content_hash(parts):
+            raise PartitionError(f"{path} holds other indices (content hash {content_hash(parts)}) than "
+                                 f"{out / 'partition.json'} records ({info.get('content_hash')}); delete {out} and "
+                                 f"rerun to make it again")
+    return parts

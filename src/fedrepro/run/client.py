@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 from fedrepro import streams
 from fedrepro.data import TensorDataset
-from fedrepro.flat import FlatModel
-from fedrepro.parts import ClientObjective, ClientRun, GradientCorrection, lr_schedule  # noqa: F401 (re-export)
+from fedrepro.parts import ClientObjective, ClientRun, GradientCorrection
 
 
 def client_generator(seed: int, round_: int, client: int) -> torch.Generator:

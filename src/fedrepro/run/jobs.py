@@ -1,0 +1,53 @@
+"""The two jobs a run is asked for: train it (``fedrepro train``), and give a child the state of its first
+rounds (``fedrepro fork``)."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from fedrepro.identity import stable_hash
+from fedrepro.run import checkpoint
+from fedrepro.run.fork_states import ForkError, ForkStates
+from fedrepro.run.trainer import Trainer
+from fedrepro.rundir import RunDir
+
+
+def train(setting: dict, run_dir, partition_dir, data_root, checkpoint_every: int = 10, progress: bool = True,
+          stop_after: int | None = None, tracker=None, keep_forks: list[int] = (), history: int = 0,
+          fork_from: str | Path | None = None, accepts=None) -> dict:
+    """``keep_forks``: rounds at which to keep a fork state for children (with the last ``history`` models);
+    ``fork_from``: a parent's fork state to start from (``accepts`` checks the parent's setting)."""
+    paths = RunDir(Path(run_dir))
+    forks = ForkStates({int(r): paths.kept_fork(int(r)) for r in keep_forks}, history)
+    trainer = Trainer(setting, run_dir, partition_dir, data_root, forks=forks)
+    return trainer.run(checkpoint_every, progress, stop_after, tracker, fork_from, accepts)
+
+
+def fork_state(setting: dict, run_dir, round_: int, history: int, out, partition_dir, data_root) -> str:
+    """The state of run ``run_dir`` after ``round_`` rounds, with its last ``history`` models, at ``out``: the
+    one the run kept while it trained (moved, not copied), else that prefix trained again, which gives the
+    same bytes (a run that finished before a child asked for this round, or a kept state already used)."""
+    paths, out = RunDir(Path(run_dir)), Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = paths.kept_fork(round_)
+    if kept.exists():
+        try:
+            state = checkpoint.load(kept)
+            usable = (state.get("fork", {}).get("round") == round_ and state["setting_hash"] == stable_hash(setting)
+                      and len(state.get("history", [])) >= min(history, round_))
+        except checkpoint.CheckpointError as err:
+            print(f"warning: {err}; training the prefix again", file=sys.stderr)
+            usable = False
+        if usable:
+            os.replace(kept, out)
+            return "kept"
+    scratch = out.parent / f".prefix-{round_}"
+    # the fork state names the run
+    trainer = Trainer(setting, scratch / paths.id, partition_dir, data_root, forks=ForkStates({round_: out}, history))
+    trainer.run(checkpoint_every=10, progress=False, stop_after=round_)
+    shutil.rmtree(scratch, ignore_errors=True)
+    if not out.exists():
+        raise ForkError(f"{out}: training {paths.id}'s first {round_} rounds wrote no fork state")
+    return "trained"
