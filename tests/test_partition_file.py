@@ -72,7 +72,7 @@ def test_a_pinned_checksum_refuses_another_file(tmp_path):
 @pytest.mark.parametrize("edit,message", [
     (lambda ls: [ls[0], ls[1], [*ls[2], N_TRAIN], ls[3]], f"client 2 holds index {N_TRAIN}, outside"),
     (lambda ls: [ls[0], [*ls[1], -1], ls[2], ls[3]], "client 1 holds index -1, outside"),
-    (lambda ls: [ls[0], ls[1], [*ls[2], ls[0][5]], ls[3]], f"client 2 holds index {{}} a second time"),
+    (lambda ls: [ls[0], ls[1], [*ls[2], ls[0][5]], ls[3]], "client 2 holds index {} a second time"),
     (lambda ls: [ls[0], [*ls[1], ls[1][0]], ls[2], ls[3]], "client 1 holds index {} a second time"),
     (lambda ls: [ls[0], [], ls[2], ls[3]], "client 1 is empty"),
     (lambda ls: ls[:3], "holds 3 clients, the setting asks for num_clients = 4"),

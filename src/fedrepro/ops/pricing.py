@@ -14,10 +14,14 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedrepro import catalog, registry
 from fedrepro.spec import config
 from fedrepro.provenance import machine
+
+if TYPE_CHECKING:
+    import torch
 from fedrepro.errors import FedreproError
 
 
