@@ -219,11 +219,15 @@ def test_a_checkpoint_with_a_flipped_bit_is_refused_named_and_set_aside(tmp_path
 
 def test_a_truncated_checkpoint_does_not_block_the_rerun(tmp_path, partition_dir, tiny_data_root):
     out = tmp_path / "run"
+    ref = _train(RUN, tmp_path / "ref", partition_dir, tiny_data_root)
     _train(RUN, out, partition_dir, tiny_data_root, "--stop-after", "2")
     raw = (out / "checkpoint.pt").read_bytes()
     (out / "checkpoint.pt").write_bytes(raw[: len(raw) // 2])
     summary = _train(RUN, out, partition_dir, tiny_data_root)
     assert summary["status"] == "finished" and summary["rounds_done"] == 4
+    # starting over is an uninterrupted run from round 0: the same model bit for bit, the same scores
+    assert torch.equal(checkpoint.load(out / "model.pt")["x"], checkpoint.load(tmp_path / "ref" / "model.pt")["x"])
+    assert summary["final_acc"] == ref["final_acc"]
 
 
 def test_a_plain_truncated_torch_file_is_named(tmp_path):
