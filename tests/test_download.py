@@ -5,6 +5,7 @@ the real fetch / verify / rename / extract / load path runs without the internet
 """
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,13 @@ def test_falls_back_to_the_next_mirror(tmp_path, serve, fmnist_mirror):
 def test_local_folder_is_a_mirror(tmp_path, serve, fmnist_mirror):
     root = tmp_path / "data"
     data.download("fmnist", root, [str(tmp_path / "nowhere"), str(fmnist_mirror)], log=lambda *_: None)
-    assert data.load("fmnist", root, train=False).labels.shape == (20,)
+    test = data.load("fmnist", root, train=False)
+    assert test.labels.shape == (20,)
+    # the mirror's own bytes decoded by the idx layout (8-byte label header, 16-byte image header)
+    labels = gzip.decompress((fmnist_mirror / "t10k-labels-idx1-ubyte.gz").read_bytes())[8:]
+    images = gzip.decompress((fmnist_mirror / "t10k-images-idx3-ubyte.gz").read_bytes())[16:]
+    assert test.labels.tolist() == list(labels)
+    assert test.images.flatten().tolist() == list(images)
 
 
 def test_error_lists_every_mirror_tried_and_how_to_get_the_data(tmp_path, serve, fmnist_mirror):
