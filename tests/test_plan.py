@@ -164,7 +164,14 @@ def test_cli_plan_with_only(tmp_path, capsys):
     cli.main(["plan", "--configfile", str(path), "--only", "b", "--json", "--runs-dir", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
     assert list(out["experiments"]) == ["b"] and out["total"]["runs"] == 2
-    assert math.isfinite(out["total"]["seconds"])
+    # b alone trains both its runs in full (its seed-2 run is shared with a only when a is planned too):
+    # 2 runs x 4 rounds x 5 clients x 2 epochs x 6000 / 100 steps, each at the rough table's MLP price
+    # scaled from its batch to 100
+    steps = 2 * 4 * 5 * 2 * 60
+    assert out["total"]["steps"] == steps
+    run = next(r for r in config.expand(_params()) if r.experiment == "b")
+    price, _ = pricing.step_costs("cuda").price(run.setting)
+    assert out["total"]["seconds"] == pytest.approx(steps * price, rel=1e-12)
 
 
 def test_cli_plan_merges_a_subset_file_as_snakemake_does(tmp_path, capsys):
