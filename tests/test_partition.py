@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from fedrepro import partitions
 from fedrepro.partitions import records as partition_records
@@ -246,7 +247,7 @@ def test_label_swap_exchanges_two_classes_in_the_first_clients_only():
 
 def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root, tmp_path):
     """The partition the workflow makes from the run's setting carries the long tail, and training with a
-    corruption section runs end to end (the engine swaps the labels of the first clients)."""
+    corruption section is training on data whose first clients' labels were swapped in the files."""
     import json
 
     from conftest import make_partition
@@ -266,6 +267,23 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
     cli.main(["train", "--setting", json.dumps(setting), "--partition", str(parts_dir), "--data-root", str(tiny_data_root),
               "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"])
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
+    # the same run on a copy of the data whose files have the swap written into them by hand: round(0.5 x 4)
+    # = 2 first clients' samples of class 0 labelled 1 and of class 1 labelled 0; training is then the same
+    from conftest import fake_fmnist_arrays, write_fake_fmnist
+    from fedrepro import checkpoint
+    arrays = fake_fmnist_arrays(400, 100)
+    images, labels = arrays["train"]
+    swapped = labels.copy()
+    for client in partition.load(parts_dir)[:2]:
+        swapped[client] = np.where(labels[client] == 0, 1, np.where(labels[client] == 1, 0, labels[client]))
+    assert (swapped != labels).sum() > 0
+    root = tmp_path / "swapped_data"
+    write_fake_fmnist(root / "FashionMNIST" / "raw", raw=True, arrays={**arrays, "train": (images, swapped)})
+    plain = {k: v for k, v in setting.items() if k != "corruption"}
+    cli.main(["train", "--setting", json.dumps(plain), "--partition", str(parts_dir), "--data-root", str(root),
+              "--out", str(tmp_path / "plain"), "--no-progress", "--threads", "1"])
+    assert torch.equal(checkpoint.load(tmp_path / "run" / "model.pt")["x"],
+                       checkpoint.load(tmp_path / "plain" / "model.pt")["x"])
 
 
 def test_inner_dirichlet_gives_equal_clients_their_own_class_priors():
