@@ -161,6 +161,9 @@ def test_checkpoint_of_another_setting_is_not_used(tmp_path, partition_dir, tiny
     other = _setting("fedavg", client={"lr": 0.01})
     cli.main(_train_args(other, out, partition_dir, tiny_data_root))
     assert json.loads((out / "summary.json").read_text())["resumed"] is False
+    # nothing of the other setting's rounds was kept: the model is that of a fresh run of this setting
+    cli.main(_train_args(other, tmp_path / "fresh", partition_dir, tiny_data_root))
+    assert torch.equal(checkpoint.load(out / "model.pt")["x"], checkpoint.load(tmp_path / "fresh" / "model.pt")["x"])
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
