@@ -79,7 +79,7 @@ def test_cifar_download_over_http_then_load(tmp_path, monkeypatch, serve, datase
 
 
 def test_cifar_local_folder_mirror_and_corrupt_mirror(tmp_path, monkeypatch):
-    served, _ = make_fake_cifar(tmp_path, "cifar10", monkeypatch)
+    served, first_images = make_fake_cifar(tmp_path, "cifar10", monkeypatch)
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     name = cifar._cifar_class("cifar10").filename
@@ -87,7 +87,10 @@ def test_cifar_local_folder_mirror_and_corrupt_mirror(tmp_path, monkeypatch):
     root = tmp_path / "data"
     cifar.download("cifar10", root, [str(corrupt), str(served)], log=lambda *_: None)
     assert not list(root.glob(".*part")), "temporary files must not stay behind"
-    assert len(data.load("cifar10", root, train=True)) == 20
+    train = data.load("cifar10", root, train=True)
+    assert len(train) == 20
+    # the good mirror's archive, not a leftover of the corrupt one: its images as written
+    assert torch.equal(train.images[: len(first_images)], torch.from_numpy(first_images))
 
 
 def test_cifar_no_mirror_names_each_failure(tmp_path, monkeypatch):
