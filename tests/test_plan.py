@@ -456,7 +456,8 @@ def test_runtime_requests_after_a_cpu_benchmark_are_those_of_the_gpu_table(tmp_p
 
 
 def test_plan_names_the_device_option_on_a_device_it_does_not_know(tmp_path, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:
         cli.main(["plan", "--configfile", str(_two_settings(tmp_path)), "--device", "tpu"])
+    assert exit_.value.code == 2  # argparse's usage error
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--device" in err and "'cuda', 'cpu'" in err

@@ -333,10 +333,10 @@ def test_evidence_keeps_the_runs_a_manifest_names_when_they_ran_with_earlier_cod
     (project / "results" / "manifests").mkdir(parents=True)
     written = project / "results" / "manifests" / "two-0123456789.json"
     written.write_text(json.dumps(manifest))
-    with pytest.raises(SystemExit):  # today's ids find none of them
+    with pytest.raises(SystemExit) as exit_:  # today's ids find none of them
         cli.main(["evidence", "keep", "--configfile", str(path), "--name", "two", "--root", str(tmp_path / "ev"),
                   "--runs-dir", str(project / "results" / "runs")])
-    assert "nothing to keep" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "nothing to keep" in capsys.readouterr().err
     cli.main(["evidence", "keep", "--manifest", str(written), "--name", "two", "--root", str(tmp_path / "ev"),
               "--runs-dir", str(project / "results" / "runs"), "--partitions-dir", str(project / "results" / "partitions")])
     kept = tmp_path / "ev" / "two"
@@ -680,9 +680,12 @@ def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tm
         cli.main([*compare, "--tolerance", "1e-5"])
     assert exit_.value.code == 0 and "1 bit for bit, 0 beyond the tolerance 1e-05" in capsys.readouterr().out
     (today / "partitions" / runs[0].partition / "partition.json").write_text(json.dumps({"content_hash": "other"}))
-    with pytest.raises(SystemExit):  # another draw of the clients is not the kept run's rerun
+    with pytest.raises(SystemExit) as exit_:  # another draw of the clients is not the kept run's rerun
         cli.main(compare)
-    assert f"{earlier[0].id}: not declared" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # the runs share that partition: none is declared any more, so nothing is compared, which is a failure
+    assert f"{earlier[0].id}: not declared" in out and "0 of 3 kept runs rerun" in out
+    assert exit_.value.code == 2
 
 
 def test_the_provenance_names_the_gpu_stack_and_the_determinism_switches(tmp_path, ima_fmnist_runs):
