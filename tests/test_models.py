@@ -1,5 +1,6 @@
-"""Every model: forward/backward on a batch of its dataset's shape, parameter counts from the specs,
-and learnt buffers only where registry.MODELS says it has BatchNorm (the flat engine averages them)."""
+"""Every model: forward/backward on a batch of its dataset's shape, each sample scored on its own in eval
+mode, parameter counts from the specs, and learnt buffers only where registry.MODELS says it has BatchNorm
+(the flat engine averages them)."""
 from __future__ import annotations
 
 import pytest
@@ -35,6 +36,14 @@ def test_forward_backward_on_a_batch_of_the_right_shape(name, dataset):
     buffers = [b for b, _ in model.named_buffers() if not b.endswith("num_batches_tracked")]
     assert bool(buffers) == bool(registry.MODELS[name].get("batchnorm")), "learnt buffers only with BatchNorm"
     assert all(b.endswith(("running_mean", "running_var")) for b in buffers)
+    # in eval mode (dropout off, BatchNorm on its running statistics) each sample's logits are its own:
+    # the batch scored at once equals its samples scored one by one; another batch size may pick other
+    # float32 kernels, which reorder sums (~1e-6 relative), while mixing samples moves logits by their scale
+    model.eval()
+    with torch.no_grad():
+        together = model(x)
+        alone = torch.cat([model(x[i:i + 1]) for i in range(len(x))])
+    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-4 * float(alone.abs().max()))
 
 
 @pytest.mark.parametrize("name,dataset,count", [
