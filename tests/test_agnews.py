@@ -149,6 +149,12 @@ def test_classifier_on_the_flat_engine(agnews_root, tiny_model):
     loss = flat.loss_and_grad(torch.nn.functional.cross_entropy, x, y)
     assert torch.isfinite(loss) and flat.grad.abs().sum() > 0
     flat.check_bound()
+    # the flat buffers hold the module's own loss and gradient: autograd on the same batch, asked here for
+    # the parameters' gradients directly (the same float32 kernels: at most a few summation orders differ)
+    expected = torch.nn.functional.cross_entropy(module(x), y)
+    grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(expected, list(module.parameters()))])
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(flat.grad, grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()))
     # the head reads the last real token: more padding does not change the logits
     longer = data.load("agnews", agnews_root, train=True, pretrained={"path": tiny_model, "max_length": 24})
     with torch.no_grad():
