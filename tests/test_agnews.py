@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrepro import checkpoint, data, identity, models, partitions, registry
+from fedrepro import data, identity, models, partitions, registry
 from fedrepro.partitions import records as partition_records
 from fedrepro.spec import config, paramsfile, settings
 from fedrepro.data import agnews
+from fedrepro.run import checkpoint
 from fedrepro.run.trainer import Trainer
 from fedrepro.flat import FlatModel, learnt_buffers
 

@@ -270,11 +270,11 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
     # the same run on a copy of the data whose files have the swap written into them by hand: round(0.5 x 4)
     # = 2 first clients' samples of class 0 labelled 1 and of class 1 labelled 0; training is then the same
     from conftest import fake_fmnist_arrays, write_fake_fmnist
-    from fedrepro import checkpoint
+    from fedrepro.run import checkpoint
     arrays = fake_fmnist_arrays(400, 100)
     images, labels = arrays["train"]
     swapped = labels.copy()
-    for client in partition.load(parts_dir)[:2]:
+    for client in partition_records.load(parts_dir)[:2]:
         swapped[client] = np.where(labels[client] == 0, 1, np.where(labels[client] == 1, 0, labels[client]))
     assert (swapped != labels).sum() > 0
     root = tmp_path / "swapped_data"
