@@ -191,36 +191,20 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
         return _evaluate_gain_order(check, labels, lines, cell, stated)
     if check["kind"] in ACROSS_LINES:
         return _evaluate_gains(check, labels, lines, cell, stated)
-    paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
-    for line in lines:
-        for better, worse in _comparisons(check, labels):
-            involved = [cell(line, label) for label in better + worse]
-            # the comparisons the paper's numbers make; a stated claim (no numbers) makes every one ours
-            published = involved if stated else [c for c in involved if c.value is not None]
-            if not stated and check["kind"] == "best":  # the best among what the paper printed
-                better = [l for l in better if cell(line, l).value is not None]
-                worse = [l for l in worse if cell(line, l).value is not None]
-                if not better or not worse:
-                    continue
-            elif len(published) < len(involved):
-                continue
-            paper_holds = None
-            if not stated:
-                paper_holds = _holds(check, [cell(line, l).value for l in better], [cell(line, l).value for l in worse])
-                paper.total += 1
-                paper.holds += paper_holds
-            if any(_ours(c, check) is None for c in published):
-                if all(c.in_scope for c in published):
-                    pending += 1
-                else:
-                    outside += 1
-                continue
-            ours_holds = _holds(check, [_ours(cell(line, l), check) for l in better],
-                                [_ours(cell(line, l), check) for l in worse])
-            ours.total += 1
-            ours.holds += ours_holds
-            _tally(agree, paper_holds, ours_holds)
-    return Verdict(check["text"], paper, ours, pending, outside, stated, agree)
+
+    def pairwise():  # one comparison per line and (better, worse) pair
+        for line in lines:
+            for better, worse in _comparisons(check, labels):
+                if not stated and check["kind"] == "best":  # the best among what the paper printed
+                    better = [l for l in better if cell(line, l).value is not None]
+                    worse = [l for l in worse if cell(line, l).value is not None]
+                    if not better or not worse:
+                        continue
+                yield ([cell(line, l) for l in better + worse],
+                       lambda value, line=line, better=better, worse=worse: _holds(
+                           check, [value(cell(line, l)) for l in better], [value(cell(line, l)) for l in worse]))
+
+    return _judged(check, stated, pairwise())
 
 
 def _tally(agree: Count, paper_holds: bool | None, ours_holds: bool) -> None:
