@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrepro import data, identity, models, partitions, registry
+from fedrepro import catalog, data, identity, models, partitions
 from fedrepro.partitions import records as partition_records
 from fedrepro.spec import config, paramsfile, settings
 from fedrepro.data import agnews
@@ -172,7 +172,7 @@ def test_pythia70m_parameter_count_from_its_published_config():
                         use_parallel_residual=True, num_labels=4, pad_token_id=0)
     with torch.device("meta"):
         count = models.num_parameters(GPTNeoXForSequenceClassification(cfg))
-    assert count == registry.MODELS["pythia70m"]["params"]["agnews"] == 44673024
+    assert count == catalog.MODELS["pythia70m"]["params"]["agnews"] == 44673024
 
 
 def test_pretrained_section_enters_only_pretrained_runs():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import data, partitions, registry
+from fedrepro import catalog, data, partitions
 from fedrepro.partitions.base import PartitionError
 from fedrepro.data import cifar, synthetic
 from fedrepro.spec.schema import ConfigError
@@ -37,7 +37,7 @@ def make_fake_cifar(tmp: Path, dataset: str, monkeypatch, n_train: int = 20, n_t
     folder = build / cls.base_folder
     folder.mkdir(parents=True)
     label_key = "labels" if dataset == "cifar10" else "fine_labels"
-    classes = registry.DATASETS[dataset]["num_classes"]
+    classes = catalog.DATASETS[dataset]["num_classes"]
     train_list, first_images = [], None
     for name, _ in cls.train_list:
         images = rng.integers(0, 256, (n_train // len(cls.train_list), 3, 32, 32), dtype=np.uint8)
@@ -155,7 +155,7 @@ def test_synthetic_is_seeded_and_matches_the_registry(tmp_path):
     root = synthetic.download("synthetic_1_1", tmp_path / "a", log=lambda *_: None)
     train = data.load("synthetic_1_1", root, train=True)
     test = data.load("synthetic_1_1", root, train=False)
-    spec = registry.DATASETS["synthetic_1_1"]
+    spec = catalog.DATASETS["synthetic_1_1"]
     assert len(train) == spec["train_size"] and len(test) == spec["test_size"]
     assert train.features.shape[1] == 60 and int(train.labels.max()) < 10
     again = data.load("synthetic_1_1", synthetic.download("synthetic_1_1", tmp_path / "b", log=lambda *_: None), True)

@@ -259,10 +259,18 @@ def test_digit5_federated_rounds_through_the_engine(digit_root, tmp_path):
     assert models.num_parameters(models.build("digit_cnn_gn2", "digit5")) == 806090
 
 
-def test_every_catalog_dataset_is_served_by_exactly_one_family():
-    from fedrepro.catalog import DATASETS
-    for name in DATASETS:
-        assert [f for f in data.FAMILIES if name in f.HANDLED] == [data.family(name)], name
-    assert {n for f in data.FAMILIES for n in f.HANDLED} == set(DATASETS)
+def test_a_dataset_is_served_by_the_one_family_whose_fragment_declares_it(tmp_path, monkeypatch):
+    from fedrepro import catalog
     with pytest.raises(ValueError, match=r"unknown dataset 'mnist'; known: .*digit5.*pacs"):
         data.family("mnist")
+    # a name declared by two fragments is refused, naming both
+    for family in ("fmnist", "cifar"):
+        (tmp_path / "data").mkdir(exist_ok=True)
+        (tmp_path / "data" / f"{family}.py").write_text("")
+        (tmp_path / "data" / f"{family}.yaml").write_text("datasets:\n  fmnist: {num_classes: 10}\n")
+    monkeypatch.setattr(catalog, "PACKAGE", tmp_path)
+    with pytest.raises(catalog.FragmentError, match=r"data/fmnist.yaml: dataset 'fmnist' is declared in data/cifar.yaml"):
+        catalog._members("data", "datasets")
+    (tmp_path / "data" / "fmnist.py").unlink()
+    with pytest.raises(catalog.FragmentError, match=r"fmnist.yaml: no fmnist.py beside it"):
+        catalog._members("data", "datasets")

@@ -10,7 +10,7 @@ from fedrepro import data
 from fedrepro.evaluation import evaluate, proxy_indices, split_test
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.algorithms.proxy import FunctionalModel
+from fedrepro.functional import FunctionalModel
 from fedrepro.spec.settings import resolve
 
 

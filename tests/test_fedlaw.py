@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedrepro.algorithms.fedlaw import LearnedAggregation, proxy_indices
+from fedrepro.algorithms.fedlaw import LearnedAggregation
+from fedrepro.evaluation import proxy_indices
 from fedrepro.parts import RoundUpdates
 
 CFG = {"variant": "fedlaw", "gamma": 1.0, "proxy_size": 20, "server_epochs": 1, "server_lr": 0.01,

@@ -15,7 +15,9 @@ from fedrepro.spec import schema, settings
 from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedbe import BayesianEnsembleDistillation, swag_sample
 from fedrepro.algorithms.fedlaw import LearnedAggregation
-from fedrepro.algorithms.proxy import FunctionalModel, optimizer_settings, proxy_indices, round_generator
+from fedrepro.algorithms.proxy import optimizer_settings, round_generator
+from fedrepro.evaluation import proxy_indices
+from fedrepro.functional import FunctionalModel
 from fedrepro.algorithms.serverft import ProxyFineTune
 from fedrepro.parts import RoundUpdates
 from test_fedlaw import problem as mlp_problem

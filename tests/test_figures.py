@@ -418,7 +418,7 @@ def test_the_logged_hessian_eigenvalues_are_those_of_the_rounds_global_model(tin
 
     from fedrepro import data, models
     from fedrepro.run import hessian
-    from fedrepro.algorithms.proxy import FunctionalModel
+    from fedrepro.functional import FunctionalModel
     run = figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
                               {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}})[0]
     m = run.metrics

@@ -138,7 +138,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.gpu
 @cuda
 def test_every_model_family_forward_backward_on_cuda():
-    assert len(gpucheck.check_models("cuda")) >= len(gpucheck.registry.MODELS) - 1
+    assert len(gpucheck.check_models("cuda")) >= len(gpucheck.catalog.MODELS) - 1
 
 
 @pytest.mark.gpu

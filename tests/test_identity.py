@@ -1,4 +1,5 @@
 """A run's code hash covers the files its training imports, found by reading imports, not from lists."""
+import importlib
 import os
 import re
 import shutil
@@ -104,26 +105,28 @@ def test_the_real_runs_depend_on_training_code_only():
     assert "partitions/dirichlet.py" in identity.partition_code("fmnist", "hybrid")
 
 
-def test_every_catalog_family_is_a_module_and_every_module_a_family():
-    """The catalog's families are the one list: each names a file, and each data/models member is named."""
-    named = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \
-        | {f"models/{m['family']}.py" for m in identity.MODELS.values()}
-    present = {str(p.relative_to(identity.PACKAGE)) for folder in ("data", "models")
-               for p in (identity.PACKAGE / folder).glob("*.py") if p.name not in ("__init__.py", "base.py", "domains.py")}
-    assert named == present
+MEMBERS_NOT_FAMILIES = {"__init__", "base", "domains", "records"}  # dispatch and shared helpers
 
 
-def test_the_catalog_family_is_the_module_that_serves_the_dataset_and_builds_the_model():
+@pytest.mark.parametrize("folder", ["data", "models", "partitions"])
+def test_every_family_module_has_its_fragment_and_every_fragment_its_module(folder):
+    """A dataset family, model family or partition kind is two files side by side, found by the catalog."""
+    modules = {p.stem for p in (identity.PACKAGE / folder).glob("*.py")} - MEMBERS_NOT_FAMILIES
+    fragments = {p.stem for p in (identity.PACKAGE / folder).glob("*.yaml")}
+    assert modules == fragments
+    declared = {"data": {d["family"] for d in identity.DATASETS.values()},
+                "models": {m["family"] for m in identity.MODELS.values()},
+                "partitions": set(identity.PARTITION_KINDS)}[folder]
+    assert declared == modules
+
+
+def test_a_family_serves_the_datasets_and_builds_the_models_its_fragment_declares():
     from fedrepro import data, models
     for dataset, facts in identity.DATASETS.items():
         assert data.family(dataset).__name__ == f"fedrepro.data.{facts['family']}", dataset
-    for model, facts in identity.MODELS.items():
-        if facts.get("pretrained"):
-            continue  # built by a lazy import (transformers); its family is named in the catalog by hand
-        # the classes and functions its builder calls (no model is built: some are large)
-        called = {getattr(models, name).__module__ for name in models.BUILDERS[model].__code__.co_names
-                  if callable(getattr(models, name, None)) and name[0] != "_"} - {"math", "builtins"}
-        assert called == {f"fedrepro.models.{facts['family']}"}, (model, called)
+    for family in {m["family"] for m in identity.MODELS.values()}:
+        module = importlib.import_module(f"{models.__name__}.{family}")
+        assert set(module.BUILDERS) == {m for m, facts in identity.MODELS.items() if facts["family"] == family}, family
 
 
 @pytest.fixture
@@ -191,6 +194,36 @@ def test_a_partition_code_edit_renames_its_partitions_and_their_runs(real_copy):
         _edit(real_copy / "partitions" / other, lambda text: text + "\nCHANGED = 1\n")
     assert (identity.partition_id(setting), identity.run_id(setting)) == (partition, run)
 
+
+
+def test_a_run_hashes_its_own_dataset_and_model_facts_and_no_other(monkeypatch):
+    """An edit to another entry of a fragment, or to a fact that only describes, renames no run."""
+    from fedrepro import catalog
+    from fedrepro.spec import settings
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp"})
+    run, partition = identity.run_id(setting), identity.partition_id(setting)
+    monkeypatch.setitem(catalog.DATASETS["cifar10"], "num_classes", 11)  # another dataset of another family
+    monkeypatch.setitem(catalog.MODELS["logreg"], "datasets", ["fmnist"])  # another model of the same family
+    for descriptive in ("doc", "params", "rough_step_seconds"):
+        monkeypatch.setitem(catalog.MODELS["mlp"], descriptive, "changed")
+    monkeypatch.setitem(catalog.DATASETS["fmnist"], "doc", "changed")
+    assert (identity.run_id(setting), identity.partition_id(setting)) == (run, partition)
+    monkeypatch.setitem(catalog.MODELS["mlp"], "feature_classifier", True)  # a fact training reads
+    assert identity.run_id(setting) != run and identity.partition_id(setting) == partition
+    monkeypatch.setitem(catalog.DATASETS["fmnist"], "num_classes", 11)
+    assert identity.partition_id(setting) != partition
+
+
+def test_a_partition_kinds_readable_name_is_its_fragments():
+    from fedrepro.spec import settings
+    names = {"dirichlet": "dir0.5", "iid": "iid", "hybrid": "hyb10-0.5", "shards": "shards2", "inner_dirichlet": "idir0.5",
+             "label_quantity": "labels2", "pachinko": "pa0.5b10"}
+    for kind, name in names.items():
+        dataset, model = ("cifar100", "cnn") if kind == "pachinko" else ("fmnist", "mlp")  # coarse labels
+        setting = settings.resolve({"dataset": dataset, "model": model, "partition": {"kind": kind}})
+        assert identity.partition_id(setting).startswith(f"{dataset}-{name}-n"), kind
+    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "partition": {"long_tail_rho": 5}})
+    assert identity.partition_id(setting).startswith("fmnist-dir0.5-lt5-n")
 
 # What a module outside the run hash may import: other such modules, plain data (no code that computes), and
 # the partitions' shared code, which every partition id hashes (and every run id its partition's id).

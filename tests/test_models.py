@@ -1,18 +1,18 @@
 """Every model: forward/backward on a batch of its dataset's shape, each sample scored on its own in eval
-mode, parameter counts from the specs, and learnt buffers only where registry.MODELS says it has BatchNorm
+mode, parameter counts from the specs, and learnt buffers only where catalog.MODELS says it has BatchNorm
 (the flat engine averages them)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fedrepro import models, registry
+from fedrepro import catalog, models
 from fedrepro.flat import FlatModel
 from fedrepro.models.cnn import CifarCNN
 from fedrepro.models.resnet import ResNet18GN
 
 # Pretrained models (Pythia) need their weights; tests/test_agnews.py covers them with a tiny local config.
-BUILT_HERE = {name: spec for name, spec in registry.MODELS.items() if not spec.get("pretrained")}
+BUILT_HERE = {name: spec for name, spec in catalog.MODELS.items() if not spec.get("pretrained")}
 CASES = [(name, dataset) for name, spec in BUILT_HERE.items() for dataset in spec["datasets"]]
 # Heavy models on 2 shared cores: one dataset each is enough for forward/backward.
 SKIP_SECOND = {"resnet18_gn32", "resnet18_gn2", "vgg11", "vgg11_gn2", "resnet56", "resnet110", "wrn56_4",
@@ -23,7 +23,7 @@ CASES = [c for i, c in enumerate(CASES) if not (c[0] in SKIP_SECOND and c[1] == 
 @pytest.mark.parametrize("name,dataset", CASES)
 def test_forward_backward_on_a_batch_of_the_right_shape(name, dataset):
     torch.manual_seed(0)
-    spec = registry.DATASETS[dataset]
+    spec = catalog.DATASETS[dataset]
     model = models.build(name, dataset)
     x = torch.randn(4, *spec["shape"])
     y = torch.randint(0, spec["num_classes"], (4,))
@@ -34,7 +34,7 @@ def test_forward_backward_on_a_batch_of_the_right_shape(name, dataset):
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads)
     buffers = [b for b, _ in model.named_buffers() if not b.endswith("num_batches_tracked")]
-    assert bool(buffers) == bool(registry.MODELS[name].get("batchnorm")), "learnt buffers only with BatchNorm"
+    assert bool(buffers) == bool(catalog.MODELS[name].get("batchnorm")), "learnt buffers only with BatchNorm"
     assert all(b.endswith(("running_mean", "running_var")) for b in buffers)
     # in eval mode (dropout off, BatchNorm on its running statistics) each sample's logits are its own:
     # the batch scored at once equals its samples scored one by one; another batch size may pick other
@@ -54,9 +54,9 @@ def test_parameter_counts_given_by_the_specs(name, dataset, count):
 
 def test_spec_counts_are_the_ones_the_papers_give():
     # FedAWARE 4.2: CNN 122,570 and ResNet-18-GN(32) 11,220,132 (CIFAR-100); FedNova 4.2: VGG-11 9,750,922.
-    assert registry.MODELS["cnn_fedaware"]["params"]["cifar10"] == 122570
-    assert registry.MODELS["resnet18_gn32"]["params"]["cifar100"] == 11220132
-    assert registry.MODELS["vgg11"]["params"]["cifar10"] == 9750922
+    assert catalog.MODELS["cnn_fedaware"]["params"]["cifar10"] == 122570
+    assert catalog.MODELS["resnet18_gn32"]["params"]["cifar100"] == 11220132
+    assert catalog.MODELS["vgg11"]["params"]["cifar10"] == 9750922
 
 
 def test_ima_cifar_cnn_is_the_1600_feature_variant():
@@ -109,7 +109,7 @@ def test_fedlaw_alexnet_and_resnet8_parameter_counts_by_hand():
     # AlexNet (CIFAR-10): five biased convs and one Linear(256, 10).
     alexnet = (_conv(3, 64, 11) + _conv(64, 192, 5) + _conv(192, 384, 3) + _conv(384, 256, 3)
                + _conv(256, 256, 3) + 256 * 10 + 10)
-    assert alexnet == 2472266 == registry.MODELS["alexnet"]["params"]["cifar10"]
+    assert alexnet == 2472266 == catalog.MODELS["alexnet"]["params"]["cifar10"]
     # ResNet-8: bias-free convs, BatchNorm affine (2 per channel), one block per stage, 1x1 shortcuts
     # where the width changes, Linear(64, 10).
     bn = lambda c: 2 * c  # noqa: E731
@@ -118,9 +118,9 @@ def test_fedlaw_alexnet_and_resnet8_parameter_counts_by_hand():
     stage2 = _conv(16, 32, 3, False) + bn(32) + _conv(32, 32, 3, False) + bn(32) + _conv(16, 32, 1, False) + bn(32)
     stage3 = _conv(32, 64, 3, False) + bn(64) + _conv(64, 64, 3, False) + bn(64) + _conv(32, 64, 1, False) + bn(64)
     resnet8 = stem + stage1 + stage2 + stage3 + 64 * 10 + 10
-    assert resnet8 == 78042 == registry.MODELS["resnet8"]["params"]["cifar10"]
+    assert resnet8 == 78042 == catalog.MODELS["resnet8"]["params"]["cifar10"]
     for name in ("alexnet", "resnet8"):
-        assert models.num_parameters(models.build(name, "cifar10")) == registry.MODELS[name]["params"]["cifar10"]
+        assert models.num_parameters(models.build(name, "cifar10")) == catalog.MODELS[name]["params"]["cifar10"]
 
 
 def test_fedlaw_alexnet_maps_a_cifar_image_to_256_features_and_resnet8_has_one_block_per_stage():
@@ -165,15 +165,15 @@ def _densenet_bc(blocks=(6, 12, 24, 16), growth: int = 32, classes: int = 10) ->
 def test_fedlaw_table5_models_parameter_counts_by_hand():
     # He et al. 2016 (Table 6) give 0.27M (ResNet-20), 0.85M (56), 1.7M (110) for their option-A shortcuts;
     # the 1x1 conv shortcuts of Li et al. add a few thousand parameters
-    assert _cifar_resnet(8) == registry.MODELS["resnet8"]["params"]["cifar10"]  # the formula agrees with ResNet-8's
+    assert _cifar_resnet(8) == catalog.MODELS["resnet8"]["params"]["cifar10"]  # the formula agrees with ResNet-8's
     for name, depth, width, paper in (("resnet20", 20, 1, 0.27e6), ("resnet56", 56, 1, 0.85e6),
                                       ("resnet110", 110, 1, 1.7e6), ("wrn56_4", 56, 4, None)):
         count = _cifar_resnet(depth, width)
         assert models.num_parameters(models.build(name, "cifar10")) == count, name
         assert paper is None or abs(count - paper) / paper < 0.03, name
-        assert registry.MODELS[name].get("params", {}).get("cifar10", count) == count
+        assert catalog.MODELS[name].get("params", {}).get("cifar10", count) == count
     # DenseNet-BC-121 for CIFAR-10 (Li et al. 2018 / kuangliu's pytorch-cifar): about 6.96 M
-    assert _densenet_bc() == 6956298 == registry.MODELS["densenet121"]["params"]["cifar10"]
+    assert _densenet_bc() == 6956298 == catalog.MODELS["densenet121"]["params"]["cifar10"]
     assert models.num_parameters(models.build("densenet121", "cifar10")) == _densenet_bc()
     assert models.num_parameters(models.build("densenet121", "cifar100")) == _densenet_bc(classes=100)
 
@@ -198,16 +198,16 @@ def test_ima_feature_skew_models_parameter_counts_by_hand():
     digit = (_conv(3, 64, 5) + gn(64) + _conv(64, 64, 5) + gn(64) + _conv(64, 128, 5) + gn(128)
              + 1152 * 384 + 384 + 384 * 128 + 128 + 128 * 10 + 10)
     assert 128 * 3 * 3 == 1152
-    assert digit == 806090 == registry.MODELS["digit_cnn_gn2"]["params"]["digit5"]
+    assert digit == 806090 == catalog.MODELS["digit_cnn_gn2"]["params"]["digit5"]
     # IMA's PACS AlexNet (code: alexnet_gn): torchvision's five convs, GroupNorm after each, 224 -> 55 -> 27
     # -> 13 -> 6 (three 3x3 stride-2 pools), adaptive pool 6x6, FC 9216-1024-128 and the classifier (7 classes).
     alexnet = (_conv(3, 64, 11) + gn(64) + _conv(64, 192, 5) + gn(192) + _conv(192, 384, 3) + gn(384)
                + _conv(384, 256, 3) + gn(256) + _conv(256, 256, 3) + gn(256)
                + 256 * 6 * 6 * 1024 + 1024 + 1024 * 128 + 128 + 128 * 7 + 7)
-    assert alexnet == 12042311 == registry.MODELS["alexnet_gn32"]["params"]["pacs"]
+    assert alexnet == 12042311 == catalog.MODELS["alexnet_gn32"]["params"]["pacs"]
     for name, dataset in (("digit_cnn_gn2", "digit5"), ("alexnet_gn32", "pacs")):
         model = models.build(name, dataset)
-        assert models.num_parameters(model) == registry.MODELS[name]["params"][dataset]
+        assert models.num_parameters(model) == catalog.MODELS[name]["params"][dataset]
         # FedFA's anchors: the last Linear is the classifier over a 128-d feature; GroupNorm as the code has it
         assert [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].in_features == 128
         groups = {m.num_groups for m in model.modules() if isinstance(m, torch.nn.GroupNorm)}

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedrepro import registry
+from fedrepro import catalog, registry
 from fedrepro.report import claims, paper
 from fedrepro.spec import config, paramsfile, schema, settings
 
@@ -142,7 +142,7 @@ def test_params_file_validates_and_expands_to_the_papers_grid(name):
     assert not _missing_algorithms(params), "every method a params file names is implemented"
     assert dict(experiment_runs(params)) == EXPECTED[name]
     runs = config.expand(params)
-    assert all(r.setting["dataset"] in registry.DATASETS for r in runs)
+    assert all(r.setting["dataset"] in catalog.DATASETS for r in runs)
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/configuration.md"])

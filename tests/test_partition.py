@@ -209,7 +209,7 @@ def test_long_tail_and_corruption_are_refused_where_they_cannot_apply_and_vanish
     from fedrepro.spec import schema, settings
     base = {"dataset": "cifar10", "model": "simplecnn", "num_clients": 20, "rounds": 2}
     hybrid = {"kind": "hybrid", "alpha": 0.1, "alpha_balanced": 10, "long_tail_rho": 5}
-    with pytest.raises(schema.ConfigError, match=r"partition.long_tail_rho = 5 applies to partition kinds iid, dirichlet, not hybrid"):
+    with pytest.raises(schema.ConfigError, match=r"partition.long_tail_rho = 5 applies to partition kinds dirichlet, iid, not hybrid"):
         settings.resolve({**base, "partition": hybrid})
     with pytest.raises(schema.ConfigError, match=r"corruption.swap = \[3, 3\]: two different classes of cifar10, 0..9"):
         settings.resolve({**base, "corruption": {"fraction": 0.5, "swap": [3, 3]}})

@@ -1,7 +1,8 @@
-"""What a run and a partition are: content hashes of their resolved settings and of the code they run.
+"""What a run and a partition are: content hashes of their resolved settings, of the code they run and of
+the facts they read.
 
-Light by design (the standard library only): the Snakefile names thousands of runs before any job
-starts. The code a run depends on is read from the imports of the files that run it, not from a
+Light by design (the standard library and the YAML-only catalog): the Snakefile names thousands of runs before
+any job starts. The code a run depends on is read from the imports of the files that run it, not from a
 hand-kept list that goes stale when someone adds an import:
 
     run        the run wing (every module of run/) + the method's and plug-ins' modules + the run's dataset
@@ -9,9 +10,11 @@ hand-kept list that goes stale when someone adds an import:
     partition  its kind's module (partitions/<kind>.py) + data/__init__.py (the labels it splits) + the
                dataset's family, and what they import (partitions/__init__.py, the shared helpers of base.py)
 
-A family package (data/, models/, algorithms/, partitions/) dispatches to its members by name, so its ``__init__``
-imports every member; those imports are not followed. A run covers the members it uses (named above)
-and what they import, so editing another method's, dataset's or model's module renames no run.
+A family package (data/, models/, algorithms/, partitions/) dispatches to its members by name; where its
+``__init__`` imports a member, that import is not followed. A run covers the members it uses (named above)
+and what they import, so editing another method's, dataset's or model's module renames no run. Of the
+fragments (fedrepro.catalog) a run hashes its own dataset's and model's facts, and a partition its dataset's,
+so an edit to another entry, or to a fact that only describes (a doc, a parameter count), renames none.
 
 Code is hashed as its syntax tree without docstrings (``normalised``): comments, docstrings, blank lines
 and formatting do not rename runs; a changed expression does. Modules that name, record or lay out files
@@ -27,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedrepro.catalog import DATASETS, MODELS
+from fedrepro.catalog import DATASETS, MODELS, PARTITION_KINDS, identity_facts
 
 PACKAGE = Path(__file__).resolve().parent
 RUN_WING = "run"  # fedrepro.run: what a training job executes, every module of it in every run
@@ -238,13 +241,9 @@ def identity_setting(setting: dict) -> dict:
 
 def partition_id(setting: dict) -> str:
     part = setting["partition"]
-    key = {**without_path(partition_setting(setting)), "code": partition_code_hash(setting["dataset"], part["kind"])}
-    desc = {"file": f"file{part.get('sha256', '')[:8]}", "iid": "iid", "dirichlet": f"dir{_fmt(part.get('alpha', 0))}",
-            "inner_dirichlet": f"idir{_fmt(part.get('alpha', 0))}",
-            "hybrid": f"hyb{_fmt(part.get('alpha_balanced', 0))}-{_fmt(part.get('alpha', 0))}",
-            "shards": f"shards{part.get('classes_per_client')}", "natural": "natural",
-            "label_quantity": f"labels{part.get('classes_per_client')}",
-            "pachinko": f"pa{_fmt(part.get('alpha', 0))}b{_fmt(part.get('beta', 0))}"}[part["kind"]]
+    key = {**without_path(partition_setting(setting)), "code": partition_code_hash(setting["dataset"], part["kind"]),
+           "data": identity_facts(DATASETS[setting["dataset"]])}
+    desc = PARTITION_KINDS[part["kind"]]["name"].format_map(part)  # the kind's readable name (its fragment)
     if part.get("long_tail_rho", 1) != 1:
         desc += f"-lt{_fmt(part['long_tail_rho'])}"
     return f"{setting['dataset']}-{desc}-n{setting['num_clients']}-{stable_hash(key, 8)}"
@@ -262,5 +261,7 @@ def run_id(setting: dict) -> str:
     desc = partition.rsplit("-", 2)[0]
     # the partition's id holds its code's hash: a changed split renames the runs that train on it
     identity = {"setting": identity_setting(setting), "partition": partition,
-                "code": code_hash(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"])}
+                "code": code_hash(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"]),
+                "facts": {"data": identity_facts(DATASETS[setting["dataset"]]),
+                          "model": identity_facts(MODELS[setting["model"]])}}
     return f"{algo}-{desc}-{setting['model']}-s{setting['seed']}-{stable_hash(identity)}"

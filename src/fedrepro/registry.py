@@ -24,39 +24,31 @@ from __future__ import annotations
 
 import copy
 import functools
-from pathlib import Path
 
 import yaml
 
+from fedrepro import catalog
+from fedrepro.catalog import DATASETS, MODELS, PARTITION_KEYS, PARTITION_KINDS, FragmentError
 from fedrepro.spec import conditions
-# Facts training code reads too live in catalog.py, so that editing a fragment changes no other run
-from fedrepro.catalog import (DATASETS, FEATURE_CLASSIFIER_MODELS, LONG_TAIL_KINDS, MODELS,  # noqa: F401
-                             PARTITION_KEYS, ima_start_round)
-from fedrepro.errors import FedreproError
 
-FRAGMENTS = Path(__file__).resolve().parent / "algorithms"
-SCHEMAS = Path(__file__).resolve().parent / "schemas"
-
-
-class FragmentError(FedreproError, ValueError):
-    """A settings fragment that cannot be assembled."""
+FRAGMENTS = catalog.PACKAGE / "algorithms"
+SCHEMAS = catalog.PACKAGE / "schemas"
 
 
 def _stamps() -> tuple:
-    return tuple((p.name, p.stat().st_mtime_ns) for p in sorted(FRAGMENTS.glob("*.yaml")))
+    return catalog.stamps(FRAGMENTS)
 
 
 @functools.lru_cache(maxsize=4)
 def _fragments(stamps: tuple) -> dict[str, dict]:
-    fragments = {}
-    for name, _ in stamps:
-        path = FRAGMENTS / name
-        fragment = yaml.safe_load(path.read_text()) or {}
+    fragments = catalog.fragments(FRAGMENTS)
+    for name, fragment in fragments.items():
+        path = FRAGMENTS / f"{name}.yaml"
         kind = fragment.get("kind")
         if kind not in ("algorithm", "plugin", "part"):
             raise FragmentError(f"{path}: kind must be algorithm, plugin or part, not {kind!r}")
-        if kind != "part" and not (FRAGMENTS / name).with_suffix(".py").is_file():
-            raise FragmentError(f"{path}: no {Path(name).stem}.py beside it")
+        if kind != "part" and not path.with_suffix(".py").is_file():
+            raise FragmentError(f"{path}: no {name}.py beside it")
         for condition in fragment.get("requires", []):
             conditions.parse(condition["check"])  # a malformed condition fails here, not in a grid
         fork = fragment.get("fork")
@@ -66,7 +58,6 @@ def _fragments(stamps: tuple) -> dict[str, dict]:
                 raise FragmentError(f"{path}: fork: a plug-in's acts_from (and needs_models) expressions only")
             for expression in fork.values():
                 conditions.parse(str(expression))
-        fragments[Path(name).stem] = fragment
     return fragments
 
 
@@ -123,9 +114,21 @@ def setting_schema() -> dict:
 @functools.lru_cache(maxsize=4)
 def _setting_schema(stamps: tuple, core_mtime: int) -> dict:
     schema = yaml.safe_load((SCHEMAS / "setting.schema.yaml").read_text())
-    # the datasets and models that exist are the catalog's, listed once there
+    # the datasets, models and partition kinds that exist are their fragments' (fedrepro.catalog)
     schema["properties"]["dataset"]["enum"] = list(DATASETS)
     schema["properties"]["model"]["enum"] = list(MODELS)
+    partition = schema["properties"]["partition"]
+    partition["properties"]["kind"]["enum"] = list(PARTITION_KINDS)
+    partition["properties"]["kind"]["description"] += "".join(
+        f"; {kind} = {spec['doc']}" for kind, spec in PARTITION_KINDS.items())
+    for kind, spec in PARTITION_KINDS.items():
+        for key, sub in (spec.get("properties") or {}).items():
+            if key in partition["properties"]:
+                raise FragmentError(f"partitions/{kind}.yaml: partition.{key} is defined twice")
+            partition["properties"][key] = sub
+        unknown = set(PARTITION_KEYS[kind]) - set(partition["properties"])
+        if unknown:
+            raise FragmentError(f"partitions/{kind}.yaml: keys {sorted(unknown)} are no partition setting")
     for name, fragment in _fragments(stamps).items():
         for section, sub in fragment.get("schema", {}).items():
             if section in schema["properties"]:

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from fedrepro import metrics
-from fedrepro.algorithms.proxy import FunctionalModel, epoch_batches, proxy_indices, proxy_samples  # noqa: F401
+from fedrepro.algorithms.proxy import epoch_batches, proxy_samples
+from fedrepro.functional import FunctionalModel
 from fedrepro.algorithms.proxy import round_generator as _generator
 from fedrepro.parts import Aggregator, Algorithm, RoundUpdates
 from fedrepro.server import ServerSGD

@@ -15,8 +15,7 @@ from __future__ import annotations
 import torch
 
 from fedrepro import streams
-from fedrepro.evaluation import proxy_indices  # noqa: F401 (re-export)
-from fedrepro.functional import FunctionalModel  # noqa: F401 (re-export: FedLAW reads it here)
+from fedrepro.functional import FunctionalModel
 from fedrepro.parts import Aggregator, RoundUpdates
 
 

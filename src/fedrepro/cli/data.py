@@ -15,7 +15,7 @@ def add_parsers(sub) -> None:
 
 def add_download(sub) -> None:
     """Fetch a dataset from its mirrors."""
-    from fedrepro.registry import DATASETS
+    from fedrepro.catalog import DATASETS
     p = sub.add_parser("download", help="fetch a dataset from its mirrors, checksum-verified")
     p.add_argument("--dataset", default="fmnist", choices=sorted(DATASETS), help="which dataset (default fmnist)")
     p.add_argument("--root", default="data/fmnist", help="folder the dataset goes into")
@@ -36,7 +36,7 @@ def cmd_download(args) -> None:
 
 
 def _partition_setting(text: str) -> dict:
-    from fedrepro.registry import DATASETS
+    from fedrepro.catalog import DATASETS
     setting = _json_arg(text)
     missing = [k for k in ("dataset", "kind") if k not in setting]
     if missing:
@@ -59,7 +59,7 @@ def add_partition(sub) -> None:
 
 
 def cmd_partition(args) -> None:
-    from fedrepro import data, partitions, registry
+    from fedrepro import catalog, data, partitions
     from fedrepro.partitions import records as partition_records
     setting = args.setting  # parsed and checked by the parser
     labels = data.train_labels(setting["dataset"], args.data_root)
@@ -69,6 +69,6 @@ def cmd_partition(args) -> None:
         groups = synthetic.train_groups(setting["dataset"], args.data_root)
     # a multi-domain dataset (digit5, pacs): each domain is split over its own clients
     parts = partitions.make(labels, setting, groups, data.train_domains(setting["dataset"], args.data_root))
-    info = partition_records.save(args.out, setting, labels, parts, registry.DATASETS[setting["dataset"]]["num_classes"])
+    info = partition_records.save(args.out, setting, labels, parts, catalog.DATASETS[setting["dataset"]]["num_classes"])
     print(f"partition {Path(args.out).name}: {info['content_hash']}, client sizes {info['sizes']}, "
           f"{partition_records.caption(info['heterogeneity'])}")

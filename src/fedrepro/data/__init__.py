@@ -2,33 +2,36 @@
 device dataset (``base.Dataset``), ``train_labels`` the labels a partition splits, ``train_domains`` the
 domain of each training sample (multi-domain families only).
 
-A family is one module over ``base`` listed in ``FAMILIES``; it declares the names it serves (``HANDLED``)
-and provides ``download(dataset, root, mirrors, timeout, log)`` and ``load(dataset, root, train,
-preprocess, pretrained)``, optionally ``train_labels(dataset, root)`` (labels without decoding the inputs)
-and ``train_domains(dataset, root)``. Nothing here names a dataset; the families never import this module.
+A family is a module over ``base`` and its fragment: ``data/<family>.py`` and ``data/<family>.yaml``, which
+declares the datasets it serves and their facts (fedrepro.catalog). The module provides ``download(dataset,
+root, mirrors, timeout, log)`` and ``load(dataset, root, train, preprocess, pretrained)``, optionally ``train_labels(dataset, root)`` (labels without decoding the inputs)
+and ``train_domains(dataset, root)``. Nothing here names a dataset or a family; the families never import this
+module.
 """
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
+from types import ModuleType
 
-from fedrepro.data import agnews, cifar, digit5, fmnist, pacs, synthetic
+from fedrepro.catalog import DATASETS
 from fedrepro.data.base import DataError, Dataset, DownloadError, TensorDataset, fetch_from_mirrors, gather
 
-__all__ = ["DataError", "Dataset", "DownloadError", "FAMILIES", "TensorDataset", "download", "family",
+__all__ = ["DataError", "Dataset", "DownloadError", "TensorDataset", "download", "families", "family",
            "fetch_from_mirrors", "gather", "load", "prepare", "train_domains", "train_labels"]
 
-# The one list of families (imported above by name, so a run's code hash covers each of them)
-FAMILIES = (fmnist, cifar, synthetic, agnews, digit5, pacs)
+
+def family(dataset: str) -> ModuleType:
+    """The module that serves ``dataset`` (the fragment that declares it names it)."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset '{dataset}'; known: {', '.join(sorted(DATASETS))}")
+    return importlib.import_module(f"{__name__}.{DATASETS[dataset]['family']}")
 
 
-def family(dataset: str):
-    """The module that serves ``dataset``."""
-    for module in FAMILIES:
-        if dataset in module.HANDLED:
-            return module
-    known = sorted(name for module in FAMILIES for name in module.HANDLED)
-    raise ValueError(f"unknown dataset '{dataset}'; known: {', '.join(known)}")
+def families() -> dict[str, ModuleType]:
+    """Every family module by name."""
+    return {facts["family"]: family(name) for name, facts in DATASETS.items()}
 
 
 def download(dataset: str, root: str | Path, mirrors: list[str] | None = None,

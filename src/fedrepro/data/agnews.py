@@ -34,7 +34,6 @@ import torch
 from fedrepro.data.base import DataError, DownloadError, fetch_from_mirrors, file_sha256, gather
 
 AGNEWS = "agnews"
-HANDLED = {AGNEWS}
 DEFAULT_MODEL = "EleutherAI/pythia-70m"
 DEFAULT_MAX_LENGTH = 100
 

@@ -56,8 +56,6 @@ AUGMENT = ("none", "crop_flip", "crop_flip_static")
 # Published sizes of the CIFAR archives: a download stops there (base.fetch_from_mirrors)
 ARCHIVE_BYTES = {"cifar10": 170498071, "cifar100": 169001437}
 
-HANDLED = set(CIFAR)
-
 
 def _cifar_class(dataset: str):
     import torchvision.datasets as tvd

@@ -22,7 +22,6 @@ from fedrepro.data.base import DataError
 from fedrepro.data.domains import DomainDataset, concatenate, missing
 
 DATASET = "digit5"
-HANDLED = {DATASET}
 # IMA's code's domain order (and FedBN's folder names); metrics.csv names the domains by these
 DOMAINS = ("MNIST", "SVHN", "USPS", "SynthDigits", "MNIST_M")
 TRAIN_PARTS = 10

@@ -12,7 +12,6 @@ from fedrepro.data.base import (DEFAULT_MAX_BYTES, TensorDataset, extract, fetch
                                 not_downloaded, verify_loaded)
 
 DATASET = "fmnist"
-HANDLED = {DATASET}
 
 DEBIAN_FMNIST = "/usr/share/datasets/fashion-mnist/"
 

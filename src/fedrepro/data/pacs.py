@@ -24,7 +24,6 @@ from fedrepro.data.base import DataError
 from fedrepro.data.domains import DomainDataset, concatenate, missing
 
 DATASET = "pacs"
-HANDLED = {DATASET}
 DOMAINS = ("photo", "art_painting", "cartoon", "sketch")
 CLASSES = ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person")
 EXTENSIONS = (".jpg", ".jpeg", ".png")

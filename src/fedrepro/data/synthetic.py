@@ -22,8 +22,6 @@ SYNTHETIC_SEED = 0
 SYNTHETIC_USERS, SYNTHETIC_DIM, SYNTHETIC_CLASSES = 30, 60, 10
 SYNTHETIC_FILE = "synthetic.npz"
 
-HANDLED = set(SYNTHETIC)
-
 
 def download(dataset: str, root: str | Path, mirrors=None, timeout: float = 0.0, log=print) -> Path:
     """Generate ``dataset`` into ``root`` (nothing to fetch); return ``root``. Idempotent."""

@@ -53,3 +53,10 @@ class AlexNetGN(nn.Module):
 
     def forward(self, x):
         return self.classifier(self.fc(self.features(x).flatten(1)))
+
+
+# name -> builder(shape, number of classes): the models of alexnet.yaml
+BUILDERS = {
+    "alexnet": lambda shape, k: CifarAlexNet(shape[0], k),
+    "alexnet_gn32": lambda shape, k: AlexNetGN(shape[0], k, groups=32),
+}

@@ -87,3 +87,13 @@ class DigitCNNGN(nn.Module):
 
     def forward(self, x):
         return self.classifier(self.fc(self.features(x).flatten(1)))
+
+
+# name -> builder(shape (channels, height, width), number of classes): the models of cnn.yaml
+BUILDERS = {
+    "lenet5": lambda shape, k: LeNet5(shape[0], k),
+    "cnn": lambda shape, k: TwoConvCNN(shape[0], 32 if shape[0] == 1 else 64, shape[1], k),
+    "cnn_fedaware": lambda shape, k: CifarCNN(shape[0], k, init="fedaware"),
+    "simplecnn": lambda shape, k: CifarCNN(shape[0], k),
+    "digit_cnn_gn2": lambda shape, k: DigitCNNGN(shape[0], k, groups=2),
+}

@@ -1,6 +1,8 @@
 """The fully connected models: FedLAW's and FedAWARE's MLP, FedNova's logistic regression."""
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 
@@ -25,3 +27,10 @@ class LogisticRegression(nn.Module):
 
     def forward(self, x):
         return self.linear(x.flatten(1))
+
+
+# name -> builder(shape, number of classes): the models of mlp.yaml
+BUILDERS = {
+    "mlp": lambda shape, k: MLP(math.prod(shape), k),
+    "logreg": lambda shape, k: LogisticRegression(math.prod(shape), k),
+}

@@ -37,3 +37,7 @@ class SequenceClassifier(nn.Module):
 
 def pythia70m(num_classes: int, pretrained: dict | None = None) -> SequenceClassifier:
     return SequenceClassifier(dict(pretrained or {}).get("path", DEFAULT_MODEL), num_classes)
+
+
+# name -> builder(shape, number of classes, pretrained): the model of pythia.yaml
+BUILDERS = {"pythia70m": lambda shape, k, pretrained: pythia70m(k, pretrained)}

@@ -130,3 +130,17 @@ def densenet121_cifar(in_channels: int = 3, num_classes: int = 10, running_stats
             if isinstance(m, nn.BatchNorm2d):
                 m.track_running_stats, m.running_mean, m.running_var, m.num_batches_tracked = False, None, None, None
     return model
+
+
+# name -> builder(shape, number of classes[, running_stats]): the models of resnet.yaml (those marked batchnorm
+# take running_stats)
+BUILDERS = {
+    "resnet18_gn32": lambda shape, k: ResNet18GN(shape[0], k, groups=32),
+    "resnet18_gn2": lambda shape, k: ResNet18GN(shape[0], k, groups=2, projector=128),
+    "resnet8": lambda shape, k, running_stats: CifarResNet(8, shape[0], k, running_stats),
+    "resnet20": lambda shape, k, running_stats: CifarResNet(20, shape[0], k, running_stats),
+    "resnet56": lambda shape, k, running_stats: CifarResNet(56, shape[0], k, running_stats),
+    "resnet110": lambda shape, k, running_stats: CifarResNet(110, shape[0], k, running_stats),
+    "wrn56_4": lambda shape, k, running_stats: CifarResNet(56, shape[0], k, running_stats, width=4),
+    "densenet121": lambda shape, k, running_stats: densenet121_cifar(shape[0], k, running_stats),
+}

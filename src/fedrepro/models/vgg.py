@@ -54,3 +54,10 @@ class VGG11GN(nn.Module):
 
     def forward(self, x):
         return self.head(self.features(x).flatten(1))
+
+
+# name -> builder(shape, number of classes): the models of vgg.yaml
+BUILDERS = {
+    "vgg11": lambda shape, k: VGG11(shape[0], k),
+    "vgg11_gn2": lambda shape, k: VGG11GN(shape[0], k, groups=2),
+}

@@ -30,7 +30,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedrepro import data, models, partitions
+from fedrepro import data, partitions
+from fedrepro.models.cnn import LeNet5, TwoConvCNN
+from fedrepro.models.mlp import MLP
 from fedrepro.run.trainer import Trainer
 from fedrepro.ops.bench_baselines import ComputeFloor, ReferenceLoop, reference_dataset
 from fedrepro.ops.bench_settings import SETTINGS, BenchSetting
@@ -77,11 +79,11 @@ def make_parts(bench: BenchSetting, labels: torch.Tensor, quick: bool) -> list[n
 def build_module(bench: BenchSetting) -> nn.Module:
     channels, side, _ = SHAPES[bench.dataset]
     if bench.model == "mlp":
-        return models.MLP(channels * side * side, 10)
+        return MLP(channels * side * side, 10)
     if bench.model == "cnn":
-        return models.TwoConvCNN(channels, 32 if channels == 1 else 64, side, 10)
+        return TwoConvCNN(channels, 32 if channels == 1 else 64, side, 10)
     if bench.model == "lenet5":
-        return models.LeNet5(channels, 10)
+        return LeNet5(channels, 10)
     raise ValueError(f"unknown model '{bench.model}'")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import data, models, partitions, registry
+from fedrepro import catalog, data, models, partitions, registry
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.process import pick_device
 from fedrepro.run.trainer import Trainer
@@ -65,16 +65,16 @@ def _trainer(setting: dict, run_dir, device: str, datasets=None) -> Trainer:
 def check_models(device: str) -> list[str]:
     """Every model family: a forward and backward pass gives finite logits and a gradient for every parameter."""
     done = []
-    for name, spec in registry.MODELS.items():
+    for name, spec in catalog.MODELS.items():
         if spec.get("pretrained"):
             continue  # hub weights; timed by `fedrepro plan --measure` on its architecture instead
         dataset = spec["datasets"][0]
-        shape = registry.DATASETS[dataset]["shape"]
+        shape = catalog.DATASETS[dataset]["shape"]
         torch.manual_seed(0)
         net = models.build(name, dataset).to(device)
         x = torch.rand((4, *shape), device=device)
         logits = net(x)
-        assert logits.shape == (4, registry.DATASETS[dataset]["num_classes"]), (name, logits.shape)
+        assert logits.shape == (4, catalog.DATASETS[dataset]["num_classes"]), (name, logits.shape)
         torch.nn.functional.cross_entropy(logits, torch.arange(4, device=device) % logits.shape[1]).backward()
         for pname, p in net.named_parameters():
             assert p.grad is not None and torch.isfinite(p.grad).all(), f"{name}: no or non-finite gradient for {pname}"

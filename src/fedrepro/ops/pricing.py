@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedrepro import catalog, registry
+from fedrepro import catalog
 from fedrepro.spec import config
 from fedrepro.provenance import machine
 
@@ -36,18 +36,9 @@ STEP_COSTS_FILE = Path("results/bench/step_costs.json")
 H200_STEP_COSTS_FILE = Path("evidence/gpu/step_costs-h200.json")
 H200_BENCH_FILE = Path("evidence/gpu/bench_fmnist_cnn-7b632ae.json")
 
-# Rough seconds per local step at batch 64 on one recent data-centre GPU; only used without a
-# measurement, and reported as a guess.
-ROUGH_STEP_SECONDS = {
-    "mlp": 4e-4, "lenet5": 6e-4, "cnn": 7e-4, "logreg": 2e-4, "cnn_fedaware": 7e-4, "simplecnn": 7e-4,
-    "resnet20": 4e-3, "resnet56": 1e-2, "resnet18_gn32": 1.2e-2, "resnet18_gn2": 1.2e-2,
-    "vgg11": 4e-3, "vgg11_gn2": 6e-3, "alexnet": 2e-3, "resnet8": 2e-3, "pythia70m": 3e-2,
-    # FedLAW Table 5, guessed from the FLOPs relative to ResNet-56 (not measured)
-    "resnet110": 2e-2, "wrn56_4": 6e-2, "densenet121": 8e-2,
-    # IMA's feature-skew models, guessed the same way: the Digit CNN about the CIFAR CNN's FLOPs x 3, the
-    # PACS AlexNet (224 x 224 inputs) about torchvision's AlexNet (not measured)
-    "digit_cnn_gn2": 2e-3, "alexnet_gn32": 8e-3,
-}
+# Rough seconds per local step at batch 64 on one recent data-centre GPU (each model's fragment, models/<family>.yaml);
+# only used without a measurement, and reported as a guess.
+ROUGH_STEP_SECONDS = {name: spec["rough_step_seconds"] for name, spec in catalog.MODELS.items()}
 ROUGH_BATCH = 64
 
 # Pythia-70M's published architecture (EleutherAI model card), to time it without the hub's weights.
@@ -59,7 +50,7 @@ def local_steps(setting: dict, start: int = 0, stop: int | None = None) -> float
     """The local steps of rounds start..stop-1, every round by default: a run that starts from another run's
     state at round t (fedrepro.spec.forks) trains rounds t..R-1, the fork step that trains a parent's first
     rounds again 0..t-1. Every round costs the same here."""
-    spec = registry.DATASETS[setting["dataset"]]
+    spec = catalog.DATASETS[setting["dataset"]]
     mean_size = spec["train_size"] / setting["num_clients"]
     epochs = setting["local_epochs"]
     if "random_epochs" in setting.get("plugins", []):
@@ -182,7 +173,7 @@ def gpu_tables() -> list[CostTable]:
                                 next(iter(h200.values()))))
     rough = {m: {"seconds": s, "batch_size": ROUGH_BATCH} for m, s in ROUGH_STEP_SECONDS.items()}
     tables.append(CostTable("guess (rough table)", "rough guess of a data-centre GPU's seconds per step "
-                            "(fedrepro.ops.pricing.ROUGH_STEP_SECONDS); fedrepro plan --measure measures them",
+                            "(each model's rough_step_seconds, models/<family>.yaml); fedrepro plan --measure measures them",
                             rough, guess=True))
     return tables
 
@@ -233,7 +224,7 @@ def _timed_model(setting: dict, device: torch.device):
     import torch  # only measuring needs torch: the Snakefile reads step costs without importing it
 
     from fedrepro import models
-    spec = registry.DATASETS[setting["dataset"]]
+    spec = catalog.DATASETS[setting["dataset"]]
     batch = setting["batch_size"]
     labels = torch.randint(0, spec["num_classes"], (batch,), device=device)
     if spec.get("text"):

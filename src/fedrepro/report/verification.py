@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from fedrepro import catalog
 from fedrepro.report import claims, paper
 from fedrepro.spec.paramsfile import ROOT
 from fedrepro.spec.schema import ConfigError
@@ -35,10 +36,9 @@ from fedrepro.spec.schema import ConfigError
 
 EVIDENCE = ROOT / "evidence"
 EXPLANATIONS = "explanations.yaml"
-# Datasets a machine without internet has: Debian's package dataset-fashion-mnist holds the real
-# Fashion-MNIST, and Synthetic(a, b) is generated. CIFAR and AGNews must be downloaded.
-OFFLINE_DATASETS = {"fmnist": "Debian's dataset-fashion-mnist", "synthetic_1_1": "generated",
-                    "synthetic_0_0": "generated"}
+# Datasets a machine without internet has: those whose fragment names where they come from offline (Debian's
+# dataset-fashion-mnist holds the real Fashion-MNIST; Synthetic(a, b) is generated)
+OFFLINE_DATASETS = {name: facts["offline"] for name, facts in catalog.DATASETS.items() if facts.get("offline")}
 
 
 def protocol(manifest: dict) -> str:

@@ -203,7 +203,7 @@ class BatchedSGD:
         hooks = [*corrections, *([objective] if objective is not None else [])]
         steps = [0] * k
         cohort = CohortRun(round_, clients, x, x_global, lr, steps, self.module)
-        self._begin(hooks, cohort)
+        self._call(hooks, cohort, "begin")
         forwards = getattr(objective, "forwards_per_step", 1) if objective is not None else 1
         state.draw(self, data, plans, forwards)  # the global generator's draws, in the sequential order
         loss_sum = torch.zeros(k, device=device)
@@ -246,7 +246,7 @@ class BatchedSGD:
         # the shared module's batch counters advance once per client forward pass, as client after client
         for counter in bn_counters.values():
             counter.add_(state.forwards)
-        self._end(hooks, cohort)
+        self._call(hooks, cohort, "end")
         if kept is not None:
             kept.copy_(velocity)
         # the mean loss of each client, divided as LocalSGD divides (a 0-dim tensor by its step count)
@@ -254,21 +254,14 @@ class BatchedSGD:
         final_buffers = torch.cat([b.reshape(k, -1) for b in state.buffers], dim=1) if state.buffers else None
         return x, final_buffers, list(steps), losses
 
-    def _begin(self, hooks, cohort: CohortRun) -> None:
+    def _call(self, hooks, cohort: CohortRun, name: str) -> None:
+        """Each hook's ``batched_<name>(cohort)``, or its ``<name>(run)`` once a client where it has none."""
         for hook in hooks:
-            if hasattr(hook, "batched_begin"):
-                hook.batched_begin(cohort)
+            if hasattr(hook, f"batched_{name}"):
+                getattr(hook, f"batched_{name}")(cohort)
             else:
                 for run in self._runs(cohort):
-                    hook.begin(run)
-
-    def _end(self, hooks, cohort: CohortRun) -> None:
-        for hook in hooks:
-            if hasattr(hook, "batched_end"):
-                hook.batched_end(cohort)
-            else:
-                for run in self._runs(cohort):
-                    hook.end(run)
+                    getattr(hook, name)(run)
 
     def _runs(self, cohort: CohortRun):
         """Each client's ClientRun, in cohort order, its model the client's row."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedrepro import registry
-from fedrepro.catalog import cohort_size
+from fedrepro import catalog, registry
 from fedrepro.spec.schema import ConfigError, _short
 
 
@@ -21,17 +20,17 @@ def check_compatible(setting: dict, where: str) -> None:
             problems.append(f"plug-in '+{plugin}' is unknown; known: {', '.join('+' + p for p in sorted(registry.PLUGINS))}")
         elif algo in registry.PLUGINS[plugin].get("refuses", ()):
             problems.append(f"'+{plugin}' cannot be combined with algorithm '{algo}': {registry.PLUGINS[plugin]['refuses'][algo]}")
-    if cohort_size(setting) < 1:
+    if catalog.cohort_size(setting) < 1:
         problems.append(
             f"participation = {setting['participation']} with num_clients = {setting['num_clients']} samples no client "
             f"per round; need participation * num_clients >= 1")
-    model_spec = registry.MODELS.get(setting["model"])
+    model_spec = catalog.MODELS.get(setting["model"])
     if model_spec and setting["dataset"] not in model_spec["datasets"]:
         problems.append(f"model '{setting['model']}' does not fit dataset '{setting['dataset']}'; it fits: "
                         f"{', '.join(model_spec['datasets'])}")
     part = setting["partition"]
-    n_train = registry.DATASETS[setting["dataset"]]["train_size"]
-    natural = registry.DATASETS[setting["dataset"]].get("natural_clients")
+    n_train = catalog.DATASETS[setting["dataset"]]["train_size"]
+    natural = catalog.DATASETS[setting["dataset"]].get("natural_clients")
     if part["kind"] == "natural" and natural is None:
         problems.append(f"partition.kind = natural needs a dataset with its own clients; "
                         f"'{setting['dataset']}' has none")
@@ -40,20 +39,20 @@ def check_compatible(setting: dict, where: str) -> None:
                         f"num_clients = {setting['num_clients']}")
     if setting["num_clients"] > n_train:
         problems.append(f"num_clients = {setting['num_clients']} exceeds the {n_train} training samples")
-    domains = registry.DATASETS[setting["dataset"]].get("domains")
+    domains = catalog.DATASETS[setting["dataset"]].get("domains")
     if domains and setting["num_clients"] % len(domains):
         problems.append(f"num_clients = {setting['num_clients']}: {setting['dataset']} splits each of its "
                         f"{len(domains)} domains over its own clients, so num_clients must be a multiple of "
                         f"{len(domains)}")
-    if part["kind"] == "label_quantity" and part["classes_per_client"] > registry.DATASETS[setting["dataset"]]["num_classes"]:
+    if part["kind"] == "label_quantity" and part["classes_per_client"] > catalog.DATASETS[setting["dataset"]]["num_classes"]:
         problems.append(f"partition.classes_per_client = {part['classes_per_client']} exceeds the "
-                        f"{registry.DATASETS[setting['dataset']]['num_classes']} classes of {setting['dataset']}")
+                        f"{catalog.DATASETS[setting['dataset']]['num_classes']} classes of {setting['dataset']}")
     if part["kind"] == "shards":
         shards = setting["num_clients"] * part["classes_per_client"]
         if shards > n_train:
             problems.append(f"partition.classes_per_client = {part['classes_per_client']} with num_clients = "
                             f"{setting['num_clients']} asks for {shards} shards, more than the {n_train} samples")
-        n_classes = registry.DATASETS[setting["dataset"]]["num_classes"]
+        n_classes = catalog.DATASETS[setting["dataset"]]["num_classes"]
         if part["classes_per_client"] > n_classes:
             problems.append(f"partition.classes_per_client = {part['classes_per_client']} exceeds the "
                             f"{n_classes} classes of {setting['dataset']}")
@@ -71,7 +70,7 @@ def check_compatible(setting: dict, where: str) -> None:
     if part["kind"] in ("dirichlet", "hybrid") and part["min_size"] * setting["num_clients"] > n_train:
         problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
                         f"than the {n_train} samples")
-    holdout, spec = setting["evaluation"]["proxy_holdout"], registry.DATASETS[setting["dataset"]]
+    holdout, spec = setting["evaluation"]["proxy_holdout"], catalog.DATASETS[setting["dataset"]]
     if holdout % spec["num_classes"] or holdout >= spec["test_size"]:
         problems.append(f"evaluation.proxy_holdout = {holdout} must be a multiple of the {spec['num_classes']} classes "
                         f"of {setting['dataset']} (the hold-out is class-balanced) and smaller than its test set")
@@ -95,8 +94,8 @@ def check_compatible(setting: dict, where: str) -> None:
 
 def _refuse_unread_pretrained(raw: dict, setting: dict, where: str) -> None:
     """A ``pretrained`` section given for a model that loads no weights would be dropped in silence."""
-    if "pretrained" in raw and not registry.MODELS[setting["model"]].get("pretrained"):
-        readers = sorted(name for name, spec in registry.MODELS.items() if spec.get("pretrained"))
+    if "pretrained" in raw and not catalog.MODELS[setting["model"]].get("pretrained"):
+        readers = sorted(name for name, spec in catalog.MODELS.items() if spec.get("pretrained"))
         raise ConfigError(f"{where}: pretrained = {_short(json.dumps(raw['pretrained'], sort_keys=True))} is given for "
                           f"model '{setting['model']}', which loads no weights; only {', '.join(readers)} read it: "
                           f"remove the pretrained key or choose such a model")
@@ -106,16 +105,16 @@ def check_data_transforms(setting: dict, where: str) -> None:
     """Long-tailed client data and label swaps, refused where they cannot apply (before pruning drops them)."""
     problems = []
     part = setting["partition"]
-    if part.get("long_tail_rho", 1) != 1 and part["kind"] not in registry.LONG_TAIL_KINDS:
+    if part.get("long_tail_rho", 1) != 1 and part["kind"] not in catalog.LONG_TAIL_KINDS:
         problems.append(f"partition.long_tail_rho = {part['long_tail_rho']} applies to partition kinds "
-                        f"{', '.join(registry.LONG_TAIL_KINDS)}, not {part['kind']}")
+                        f"{', '.join(catalog.LONG_TAIL_KINDS)}, not {part['kind']}")
     evaluation = setting["evaluation"]
     if evaluation.get("proxy_long_tail_rho", 1) != 1 and not evaluation["proxy_holdout"]:
         problems.append(f"evaluation.proxy_long_tail_rho = {evaluation['proxy_long_tail_rho']} shapes the proxy "
                         f"hold-out, but evaluation.proxy_holdout is 0 (no proxy set)")
     corruption = setting.get("corruption", {})
     if corruption.get("fraction"):
-        classes = registry.DATASETS[setting["dataset"]]["num_classes"]
+        classes = catalog.DATASETS[setting["dataset"]]["num_classes"]
         a, b = corruption["swap"]
         if a == b or max(a, b) >= classes:
             problems.append(f"corruption.swap = {[a, b]}: two different classes of {setting['dataset']}, 0..{classes - 1}")
@@ -141,7 +140,7 @@ def check_partition_file(setting: dict, where: str) -> None:
                           f"client index lists in it")
     try:
         digest = file_sha256(part["path"]) if Path(part["path"]).is_file() else None
-        partition_file.read_file(part["path"], setting["num_clients"], registry.DATASETS[setting["dataset"]]["train_size"],
+        partition_file.read_file(part["path"], setting["num_clients"], catalog.DATASETS[setting["dataset"]]["train_size"],
                             part.get("sha256"))
     except PartitionError as err:
         raise ConfigError(f"{where}: partition.path: {err}") from None

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedrepro import registry
+from fedrepro import catalog, registry
 from fedrepro.identity import partition_id
 from fedrepro.spec.checks import _refuse_unread_pretrained, check_compatible, check_data_transforms, check_partition_file
 from fedrepro.spec.schema import validate
@@ -70,7 +70,7 @@ def prune(setting: dict) -> dict:
     used = registry.sections_used(setting["algorithm"], setting["plugins"])
     out = {k: v for k, v in setting.items() if k not in registry.OPTIONAL_SECTIONS or k in used}
     part = out["partition"]
-    out["partition"] = {k: part[k] for k in registry.PARTITION_KEYS[part["kind"]] if k in part}
+    out["partition"] = {k: part[k] for k in catalog.PARTITION_KEYS[part["kind"]] if k in part}
     if out["partition"].get("long_tail_rho") == 1:
         del out["partition"]["long_tail_rho"]  # the whole training set: the partition's identity is unchanged
     if not out.get("hessian", {}).get("every"):
@@ -79,11 +79,11 @@ def prune(setting: dict) -> dict:
         out.pop("log_cohort_classes", None)  # off: the run's identity is unchanged
     if not out.get("corruption", {}).get("fraction"):
         out.pop("corruption", None)  # no corrupted client: the run's identity is unchanged
-    if not registry.DATASETS[out["dataset"]].get("preprocess"):
+    if not catalog.DATASETS[out["dataset"]].get("preprocess"):
         out.pop("preprocess", None)  # only CIFAR has per-paper transforms
-    if not registry.MODELS[out["model"]].get("pretrained"):
+    if not catalog.MODELS[out["model"]].get("pretrained"):
         out.pop("pretrained", None)  # only pretrained models (Pythia) read a weights path and a token length
-    if not registry.MODELS[out["model"]].get("batchnorm"):
+    if not catalog.MODELS[out["model"]].get("batchnorm"):
         out.pop("batchnorm", None)  # only BatchNorm models read running_stats / batch_stats
     if out["client"].get("keep_momentum") and not out["client"]["momentum"]:
         # nothing to keep: a protocol that keeps momentum buffers applies to the methods that have them
@@ -104,7 +104,7 @@ def derive_defaults(setting: dict) -> dict:
         # a new draw per training seed (FedLAW App. D.4): the run and its partition are named by the number
         setting["partition"] = {**setting["partition"], "seed": setting["seed"]}
     if "ima" in setting and setting["ima"].get("start_round") is None:
-        setting["ima"] = {**setting["ima"], "start_round": registry.ima_start_round(setting)}  # 0.75 R
+        setting["ima"] = {**setting["ima"], "start_round": catalog.ima_start_round(setting)}  # 0.75 R
     return setting
 
 

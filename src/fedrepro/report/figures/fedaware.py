@@ -64,7 +64,6 @@ def cosines(spec, runs, context):
 
 def coherence_lud(spec, runs, context):
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     data = frame(runs, "e_lud").dropna(subset=["coherence", "e_lud"])
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
