@@ -192,6 +192,7 @@ EXPECTED_STATED = {
     ('fedlaw_fig6', 'FedAvg reaches the critical point within rounds 1-100 (so that rounds 101-200 lie after it)'): 1,
     ('fedlaw_fig5', '"we discover a critical point exists" (the coherence\'s 5-round moving average reaches 0 within rounds 1-100)'): 2,
     ('fedlaw_fig5', '"After the critical point ... the coherence is kept negative but close to zero" (mean coherence over rounds 101-200 in [-0.1, 0])'): 2,
+    ('fedlaw_fig5', '"After the critical point, the test accuracy gain is marginal" (at most half of the accuracy gained from round 1 to the last 10 rounds comes after the critical round)'): 2,
 }
 
 
@@ -519,6 +520,40 @@ def test_fedlaw_fig5_critical_point_and_coherence_close_to_zero_fail_on_changed_
     found = verdicts(_coherence(0.4, 0.03), _coherence(0.5, -0.05))  # FedAvg stays positive: no critical point
     assert found[next(k for k in found if k.startswith(exists))] == (1, 2)
     assert found[next(k for k in found if k.startswith(close))] == (1, 2)
+
+
+def _accuracy(first: float, at_turn: float, end: float, turn: int = 20, rounds: int = 200):
+    """Accuracy rising linearly from ``first`` at round 1 to ``at_turn`` at ``turn``, then to ``end`` at the last round."""
+    return lambda t: first + (at_turn - first) * (t - 1) / (turn - 1) if t <= turn \
+        else at_turn + (end - at_turn) * (t - turn) / (rounds - turn)
+
+
+def test_fedlaw_fig5_marginal_gain_after_the_critical_point_fails_on_changed_values():
+    hybrid = {"partition": {"alpha": 0.1}, "local_epochs": 3}
+    attentive = {"algorithm": "fedlaw", "fedlaw": {"variant": "attentive", "learn_rounds": 0}, **hybrid}
+    marginal = "\"After the critical point, the test accuracy gain is marginal"
+
+    def verdicts(fedavg_end, law_end):
+        # the coherence turns negative at round 20, so its 5-round moving average reaches zero at round 22
+        return _fedlaw_verdicts("fedlaw_fig5", [
+            _run({"algorithm": "fedavg", **hybrid}, coherence=_coherence(0.4, -0.03), test_acc=_accuracy(0.1, 0.5, fedavg_end)),
+            _run(attentive, coherence=_coherence(0.5, -0.05), test_acc=_accuracy(0.1, 0.5, law_end))])
+    found = verdicts(0.55, 0.6)  # most of the gain before the critical point
+    assert found[next(k for k in found if k.startswith(marginal))] == (2, 2)
+    found = verdicts(0.55, 1.0)  # attentive LAW gains more after it than before
+    assert found[next(k for k in found if k.startswith(marginal))] == (1, 2)
+
+
+def test_the_share_of_the_gain_after_the_critical_point_is_a_ratio_of_differences():
+    import math
+    import pandas as pd
+
+    frame = pd.DataFrame({"round": range(1, 11), "test_acc": [0.1, 0.3, 0.5, 0.6, 0.6, 0.6, 0.6, 0.7, 0.7, 0.7]})
+    # gain from 0.1 to the last 2 rounds' mean 0.7 is 0.6; at round 4 the run holds 0.6: 0.1 of 0.6 comes after
+    assert paper.gain_share_after(frame, 4, last_rounds=2) == pytest.approx(0.1 / 0.6)
+    assert paper.gain_share_after(frame, 1, last_rounds=2) == pytest.approx(1.0)
+    assert paper.gain_share_after(frame, math.inf) is None  # no critical point
+    assert paper.gain_share_after(frame.assign(test_acc=0.5), 4) is None  # no gain to share
 
 
 def test_critical_round_is_the_first_round_the_moving_average_reaches_zero():

@@ -110,7 +110,7 @@ TABLE_SHAPES = {
     "fedlaw_fig2": (4, 4, 16),      # {IID, NonIID} x {FedAvg, adaptive GWS} x E = 1, 2, 3, 5
     "fedlaw_fig9": (2, 6, 12),      # {FedAvg, adaptive GWS} x 6 alphas
     "fedlaw_fig6": (2, 2, 4),       # {FedAvg, adaptive GWS} x {coherence after the critical point, critical round}
-    "fedlaw_fig5": (2, 2, 4),       # {FedAvg, attentive LAW} x {critical round, coherence after it}
+    "fedlaw_fig5": (2, 3, 6),       # {FedAvg, attentive LAW} x {critical round, coherence after it, gain after it}
     "fednova_table1_convergence": (7, 2, 14),  # Table I's rows where FedAvg has a number, in rounds
 }
 

@@ -151,6 +151,12 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
             return None
         logged = frame[["round", metric["column"]]].dropna()
         return critical_round(logged["round"].to_numpy(), logged[metric["column"]].to_numpy(), metric.get("window", 5))
+    if kind == "gain_after_critical":  # FedLAW section 5: the share of the accuracy gain made after the critical point
+        if metric["column"] not in frame or acc is None:
+            return None
+        logged = frame[["round", metric["column"]]].dropna()
+        critical = critical_round(logged["round"].to_numpy(), logged[metric["column"]].to_numpy(), metric.get("window", 5))
+        return gain_share_after(frame[["round", "test_acc"]].dropna(), critical, metric.get("last_rounds", 10))
     if kind == "weight_correlation":
         return weight_correlation(summary, frame, metric["factor"])
     if kind == "rounds_to_target":
@@ -169,6 +175,20 @@ def critical_round(rounds, values, window: int = 5) -> float:
     smooth = np.convolve(values, np.ones(window) / window, mode="valid")
     below = np.flatnonzero(smooth <= 0)
     return float(rounds[below[0] + window - 1]) if len(below) else math.inf
+
+
+def gain_share_after(accuracy, critical: float, last_rounds: int = 10) -> float | None:
+    """Of a run's accuracy gain, from its first logged round to the mean of its last ``last_rounds`` logged rounds,
+    the share made after round ``critical`` (its accuracy at the first logged round from there on). None where
+    there is no critical point or no gain to share."""
+    rounds, values = accuracy["round"].to_numpy(), accuracy["test_acc"].to_numpy()
+    at = rounds >= critical
+    if critical == math.inf or not at.any():
+        return None
+    first, end, then = values[0], float(values[-last_rounds:].mean()), values[at.argmax()]
+    if end <= first:
+        return None
+    return float((end - then) / (end - first))
 
 
 def client_factors(class_counts) -> dict:
