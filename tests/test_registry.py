@@ -110,3 +110,32 @@ def test_a_broken_fragment_is_named(tmp_path, monkeypatch):
     (tmp_path / "bad.yaml").write_text("kind: method\n")
     with pytest.raises(registry.FragmentError, match="bad.yaml: kind must be"):
         registry.fragments()
+
+
+def test_a_fragment_without_a_fact_that_is_read_is_named_before_any_job(monkeypatch):
+    from fedrepro import catalog
+    registry.check_fragments()  # the shipped fragments give every fact
+    monkeypatch.setitem(catalog.DATASETS, "blobs", {"family": "fmnist", "train_size": 10, "test_size": 5, "shape": [2]})
+    with pytest.raises(catalog.FragmentError, match=r"data/fmnist.yaml: dataset 'blobs': missing num_classes"):
+        registry.check_fragments()
+    monkeypatch.setitem(catalog.DATASETS["blobs"], "num_classes", 2)
+    monkeypatch.setitem(catalog.DATASETS["blobs"], "models", ["nosuchmodel"])
+    with pytest.raises(catalog.FragmentError, match=r"lists model 'nosuchmodel', which no models/\*.yaml declares"):
+        registry.check_fragments()
+    monkeypatch.setitem(catalog.DATASETS["blobs"], "models", ["mlp"])
+    registry.check_fragments()
+    assert "blobs" in registry.fits("mlp") and "fmnist" in registry.fits("mlp")
+    monkeypatch.setitem(catalog.PARTITION_KINDS, "halves", {"doc": "x", "keys": ["seed"]})
+    with pytest.raises(catalog.FragmentError, match=r"partitions/halves.yaml: missing name"):
+        registry.check_fragments()
+
+
+def test_a_partition_kind_may_read_a_setting_another_kind_declares_whatever_their_order(monkeypatch):
+    from fedrepro import catalog
+    for kind in ("aaa", "zzz"):  # before and after pachinko, which declares beta
+        monkeypatch.setitem(catalog.PARTITION_KINDS, kind, {"doc": "x", "keys": ["seed", "beta"], "name": kind})
+        monkeypatch.setitem(catalog.PARTITION_KEYS, kind, ["kind", "seed", "beta"])
+        schema = registry._setting_schema(("edited", kind), 0)
+        assert kind in schema["properties"]["partition"]["properties"]["kind"]["enum"]
+        monkeypatch.delitem(catalog.PARTITION_KINDS, kind)
+        monkeypatch.delitem(catalog.PARTITION_KEYS, kind)

@@ -6,7 +6,9 @@
     partitions/<kind>.yaml   a partition kind: the keys of its identity, its readable name, its own settings
     report/figures/<paper>.yaml   a paper's figure kinds (read by fedrepro.report.figures)
 
-Adding a dataset, a model or a partition kind is its module and its fragment; nothing else lists them.
+Adding a dataset, a model or a partition kind is its module and its fragment (fedrepro.registry checks that
+each gives the facts that are read). A family module may still key its own tables by dataset name (the CIFAR
+archive names, Synthetic's parameters), so a dataset added to an existing family goes into both its files.
 This module reads YAML only (no torch), so validation and the Snakefile use it before any job starts, and
 training code reads the same facts. A run's identity hashes its own dataset's and model's facts
 (``identity_facts``), not these files, so editing another entry renames no run.

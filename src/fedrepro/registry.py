@@ -91,6 +91,47 @@ def extra_checks(algorithm: str, plugins: list[str]):
             yield functools.partial(conditions.violations, entry["requires"], owner=name)
 
 
+# --------------------------------------------------------------------------- datasets, models, partition kinds
+
+# The facts every entry of a kind's fragments must give (the others are optional)
+REQUIRED_FACTS = {"data": ("train_size", "test_size", "num_classes", "shape"), "models": ("datasets",),
+                  "partitions": ("doc", "keys", "name")}
+
+
+def check_fragments() -> None:
+    """The data, model and partition fragments give what validation, training and naming read, before any job;
+    a missing fact is named with its file rather than met as a KeyError later."""
+    for name, facts in DATASETS.items():
+        _require(f"data/{facts['family']}.yaml: dataset '{name}'", facts, REQUIRED_FACTS["data"])
+        for model in facts.get("models", []):
+            if model not in MODELS:
+                raise FragmentError(f"data/{facts['family']}.yaml: dataset '{name}' lists model '{model}', which no "
+                                    f"models/*.yaml declares")
+    for name, facts in MODELS.items():
+        _require(f"models/{facts['family']}.yaml: model '{name}'", facts, REQUIRED_FACTS["models"])
+        if not fits(name):
+            raise FragmentError(f"models/{facts['family']}.yaml: model '{name}' fits no dataset")
+    for kind, spec in PARTITION_KINDS.items():
+        _require(f"partitions/{kind}.yaml", spec, REQUIRED_FACTS["partitions"])
+    for folder, section in (("data", "datasets"), ("models", "models")):
+        for family, fragment in catalog.fragments(folder).items():
+            for name, facts in (fragment.get(section) or {}).items():
+                if "family" in facts:
+                    raise FragmentError(f"{folder}/{family}.yaml: {name}: family is the fragment's own name, not a fact")
+
+
+def _require(where: str, facts: dict, keys) -> None:
+    missing = [k for k in keys if k not in facts]
+    if missing:
+        raise FragmentError(f"{where}: missing {', '.join(missing)}")
+
+
+def fits(model: str) -> list[str]:
+    """The datasets a model fits: those its fragment lists, and those whose fragment lists it."""
+    return [*MODELS[model].get("datasets", []),
+            *(name for name, facts in DATASETS.items() if model in facts.get("models", []))]
+
+
 # --------------------------------------------------------------------------- schemas
 
 
@@ -117,15 +158,17 @@ def _setting_schema(stamps: tuple, core_mtime: int) -> dict:
     # the datasets, models and partition kinds that exist are their fragments' (fedrepro.catalog)
     schema["properties"]["dataset"]["enum"] = list(DATASETS)
     schema["properties"]["model"]["enum"] = list(MODELS)
+    check_fragments()
     partition = schema["properties"]["partition"]
     partition["properties"]["kind"]["enum"] = list(PARTITION_KINDS)
     partition["properties"]["kind"]["description"] += "".join(
-        f"; {kind} = {spec['doc']}" for kind, spec in PARTITION_KINDS.items())
+        f" | {kind}: {spec['doc']}" for kind, spec in PARTITION_KINDS.items())
     for kind, spec in PARTITION_KINDS.items():
         for key, sub in (spec.get("properties") or {}).items():
-            if key in partition["properties"]:
-                raise FragmentError(f"partitions/{kind}.yaml: partition.{key} is defined twice")
+            if partition["properties"].get(key, sub) != sub:  # two kinds may declare one setting, alike
+                raise FragmentError(f"partitions/{kind}.yaml: partition.{key} is defined twice, differently")
             partition["properties"][key] = sub
+    for kind in PARTITION_KINDS:  # after every kind has added its settings: one kind may read another's
         unknown = set(PARTITION_KEYS[kind]) - set(partition["properties"])
         if unknown:
             raise FragmentError(f"partitions/{kind}.yaml: keys {sorted(unknown)} are no partition setting")

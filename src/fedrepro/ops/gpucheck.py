@@ -68,7 +68,7 @@ def check_models(device: str) -> list[str]:
     for name, spec in catalog.MODELS.items():
         if spec.get("pretrained"):
             continue  # hub weights; timed by `fedrepro plan --measure` on its architecture instead
-        dataset = spec["datasets"][0]
+        dataset = registry.fits(name)[0]
         shape = catalog.DATASETS[dataset]["shape"]
         torch.manual_seed(0)
         net = models.build(name, dataset).to(device)

@@ -38,7 +38,8 @@ H200_BENCH_FILE = Path("evidence/gpu/bench_fmnist_cnn-7b632ae.json")
 
 # Rough seconds per local step at batch 64 on one recent data-centre GPU (each model's fragment, models/<family>.yaml);
 # only used without a measurement, and reported as a guess.
-ROUGH_STEP_SECONDS = {name: spec["rough_step_seconds"] for name, spec in catalog.MODELS.items()}
+ROUGH_STEP_SECONDS = {name: spec["rough_step_seconds"] for name, spec in catalog.MODELS.items()
+                      if "rough_step_seconds" in spec}
 ROUGH_BATCH = 64
 
 # Pythia-70M's published architecture (EleutherAI model card), to time it without the hub's weights.

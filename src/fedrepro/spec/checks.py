@@ -25,10 +25,7 @@ def check_compatible(setting: dict, where: str) -> None:
             f"participation = {setting['participation']} with num_clients = {setting['num_clients']} samples no client "
             f"per round; need participation * num_clients >= 1")
     model_spec = catalog.MODELS.get(setting["model"])
-    # a model fits the datasets its fragment lists, and a dataset the models its own fragment lists (so that a new
-    # dataset is its two files)
-    fits = [*model_spec["datasets"], *(name for name, facts in catalog.DATASETS.items()
-                                       if setting["model"] in facts.get("models", []))] if model_spec else []
+    fits = registry.fits(setting["model"]) if model_spec else []
     if model_spec and setting["dataset"] not in fits:
         problems.append(f"model '{setting['model']}' does not fit dataset '{setting['dataset']}'; it fits: "
                         f"{', '.join(fits)}")
