@@ -5,7 +5,9 @@ long-tailed subset, FedLAW Table 7), ``hybrid`` (FedLAW's balanced and imbalance
 (index lists another program wrote). A multi-domain dataset (IMA's Digit-Five, PACS) is split domain by domain,
 each over its own share of the clients (``base.per_domain``).
 
-Each kind's module has ``make(labels, setting, groups)``; this package finds it by the kind's name (a partition
+Each kind is ``partitions/<kind>.py`` with ``make(labels, setting, groups)`` and ``partitions/<kind>.yaml`` (the
+settings its identity reads, its readable name, its own settings: fedrepro.catalog); this package finds the module by
+the kind's name (a partition
 id hashes its own kind's module and the helpers it imports, ``identity.partition_code``). What a partition
 folder holds (indices, counts, record, heatmap) is written and read by ``records``, outside every hash.
 """
