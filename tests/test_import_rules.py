@@ -119,3 +119,12 @@ def test_the_command_line_imports_no_torch_to_answer(name, tmp_path):
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE.parent)})
     assert out.stdout.strip().splitlines()[-1] == "exit 0 NO TORCH", out.stdout + out.stderr
+
+
+MAX_MODULE_LINES = 400  # a module a reader takes in at a glance; a longer one is split along its concepts
+
+
+def test_no_module_is_over_400_lines():
+    long = {str(p.relative_to(identity.PACKAGE)): n for p in identity.PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

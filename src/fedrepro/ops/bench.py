@@ -31,8 +31,7 @@ import torch
 from torch import nn
 
 from fedrepro import data, partitions
-from fedrepro.models.cnn import LeNet5, TwoConvCNN
-from fedrepro.models.mlp import MLP
+from fedrepro.models import cnn, mlp
 from fedrepro.run.trainer import Trainer
 from fedrepro.ops.bench_baselines import ComputeFloor, ReferenceLoop, reference_dataset
 from fedrepro.ops.bench_settings import SETTINGS, BenchSetting
@@ -78,13 +77,9 @@ def make_parts(bench: BenchSetting, labels: torch.Tensor, quick: bool) -> list[n
 
 def build_module(bench: BenchSetting) -> nn.Module:
     channels, side, _ = SHAPES[bench.dataset]
-    if bench.model == "mlp":
-        return MLP(channels * side * side, 10)
-    if bench.model == "cnn":
-        return TwoConvCNN(channels, 32 if channels == 1 else 64, side, 10)
-    if bench.model == "lenet5":
-        return LeNet5(channels, 10)
-    raise ValueError(f"unknown model '{bench.model}'")
+    if bench.model not in ("mlp", "cnn", "lenet5"):
+        raise ValueError(f"unknown model '{bench.model}'")
+    return {**mlp.BUILDERS, **cnn.BUILDERS}[bench.model]((channels, side, side), 10)  # the models' own builders
 
 
 def engine_setting(bench: BenchSetting, device: str) -> dict:
