@@ -147,15 +147,11 @@ def run_metric(metric: dict, summary: dict, frame) -> float | None:
         inside = inside[inside.abs() != math.inf].dropna()
         return float(inside.mean()) * scale if len(inside) else None
     if kind == "critical_round":  # FedLAW section 5: the first round the coherence's moving average is <= 0
-        if metric["column"] not in frame:
-            return None
-        logged = frame[["round", metric["column"]]].dropna()
-        return critical_round(logged["round"].to_numpy(), logged[metric["column"]].to_numpy(), metric.get("window", 5))
+        return _run_critical_round(metric, frame)
     if kind == "gain_after_critical":  # FedLAW section 5: the share of the accuracy gain made after the critical point
-        if metric["column"] not in frame or acc is None:
+        critical = _run_critical_round(metric, frame)
+        if critical is None or acc is None:
             return None
-        logged = frame[["round", metric["column"]]].dropna()
-        critical = critical_round(logged["round"].to_numpy(), logged[metric["column"]].to_numpy(), metric.get("window", 5))
         return gain_share_after(frame[["round", "test_acc"]].dropna(), critical, metric.get("last_rounds", 10))
     if kind == "weight_correlation":
         return weight_correlation(summary, frame, metric["factor"])
@@ -175,6 +171,14 @@ def critical_round(rounds, values, window: int = 5) -> float:
     smooth = np.convolve(values, np.ones(window) / window, mode="valid")
     below = np.flatnonzero(smooth <= 0)
     return float(rounds[below[0] + window - 1]) if len(below) else math.inf
+
+
+def _run_critical_round(metric: dict, frame) -> float | None:
+    """A run's critical round of ``metric["column"]``, or None where the run does not log that column."""
+    if metric["column"] not in frame:
+        return None
+    logged = frame[["round", metric["column"]]].dropna()
+    return critical_round(logged["round"].to_numpy(), logged[metric["column"]].to_numpy(), metric.get("window", 5))
 
 
 def gain_share_after(accuracy, critical: float, last_rounds: int = 10) -> float | None:
