@@ -104,6 +104,20 @@ def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cell
     assert "FMNIST a=0.1 / FedLAW: all seeds diverged. unexplained" in text
 
 
+def test_the_newest_keep_of_a_seed_counts_even_where_it_diverged(tmp_path, results):
+    """A seed kept again (another partition draw, another commit) counts as its newest keep: an older run
+    that finished never stands in for a newer one that diverged, nor the other way round."""
+    root = tmp_path / "evidence"
+    _folder(root, "old", [("fedlaw-old-s1", "fedlaw", 0.85, "finished", 1),
+                          ("fedlaw-old-s2", "fedlaw", 0.0, "diverged", 2)], kept="2026-01-01")
+    _folder(root, "new", [("fedlaw-new-s1", "fedlaw", 0.0, "diverged", 1),
+                          ("fedlaw-new-s2", "fedlaw", 0.84, "finished", 2)], kept="2026-01-02")
+    (row,) = verification.matrix(root, results)
+    (cell,) = [c for c in row.cells if c["column"] == "FedLAW"]
+    assert (cell["seeds"], cell["diverged"], cell["ours"]) == (1, 1, pytest.approx(84.0))
+    assert row.folders == ["new"]
+
+
 @pytest.mark.parametrize("entry, words", [
     ({"row": "FMNIST a=0.1", "column": "FedLaw", "text": "a typo in the column"}, "names no cell"),
     ({"row": "FMNIST a=0.1", "column": "FedLAW", "text": "x", "summary": "two\nlines"}, "summary one line"),

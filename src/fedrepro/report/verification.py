@@ -124,20 +124,17 @@ def _folders(root: Path) -> list[tuple[Path, dict]]:
 
 
 def _one_per_seed(cell: paper.Cell, runs: dict[str, dict]) -> None:
-    """Keep one run per seed in the cell, the one of the most recently kept folder (runs is in keep order)."""
+    """Keep one run per seed in the cell, the one of the most recently kept folder (runs is in keep order),
+    whether it diverged or not: an older run of another draw or code never stands in for a newer one."""
     order = {run_id: i for i, run_id in enumerate(runs)}
-    by_seed: dict = {}
-    for run_id, value in zip(cell.runs, cell.ours):
-        by_seed.setdefault(runs[run_id]["setting"]["seed"], []).append((order[run_id], run_id, value))
-    kept = sorted(max(entries) for entries in by_seed.values())
-    cell.runs, cell.ours = [r for _, r, _ in kept], [v for _, _, v in kept]
-    seeds = {runs[r]["setting"]["seed"] for r in cell.runs}
-    diverged = {}
-    for run_id in sorted(cell.diverged, key=order.get):
-        seed = runs[run_id]["setting"]["seed"]
-        if seed not in seeds:
-            diverged[seed] = run_id
-    cell.diverged = list(diverged.values())
+    value = dict(zip(cell.runs, cell.ours))
+    latest: dict = {}
+    for run_id in sorted(cell.runs + cell.diverged, key=order.get):
+        latest[runs[run_id]["setting"]["seed"]] = run_id
+    kept = sorted(latest.values(), key=order.get)
+    cell.runs = [r for r in kept if r in value]
+    cell.ours = [value[r] for r in cell.runs]
+    cell.diverged = [r for r in kept if r not in value]
 
 
 def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE) -> list[Row]:
