@@ -37,18 +37,22 @@ def test_a_subset_expands_with_its_params_file(subset, tmp_path):
     assert [r for r in runs if not r.tuning], f"{subset.name} selects no run"
 
 
-def test_fedlaw_table3_draw_per_seed_gives_each_seed_its_own_partition():
-    """FedLAW App. D.4 draws a partition per seed: the subset's 48 runs (2 alpha x 8 methods x 3 seeds) hold
-    6 partitions, one per (alpha, seed), each drawn with the run's seed; none is a run of the shared draw."""
-    subset = ROOT / "params" / "subsets" / "fedlaw_table3_fmnist_mlp_draw_per_seed.yaml"
-    base = ROOT / BASE.search(subset.read_text()).group(1)
-    runs = [r for r in config.expand(paramsfile.load_params_files([base, subset]), {}) if not r.tuning]
+def test_fedlaw_table3_draws_a_partition_per_seed_and_the_shared_draw_is_a_switch():
+    """FedLAW App. D.4 draws a partition per seed: Table 3's FMNIST MLP columns (2 alpha x 8 methods x 3 seeds)
+    hold 6 partitions, one per (alpha, seed), each drawn with the run's seed. The switches subset holds these
+    same runs (same ids) beside the shared draw, one partition per alpha for all three seeds."""
+    subsets = ROOT / "params" / "subsets"
+    base = ROOT / "params" / "fedlaw.yaml"
+    runs = [r for r in config.expand(paramsfile.load_params_files(
+        [base, subsets / "verify_fedlaw_table3_fmnist_mlp.yaml"]), {}) if not r.tuning]
     assert len(runs) == 48
     assert {r.setting["model"] for r in runs} == {"mlp"}
     assert all(r.setting["partition"]["seed"] == r.setting["seed"] for r in runs)
     by_draw = {(r.setting["partition"]["alpha"], r.setting["seed"]): r.partition for r in runs}
     assert sorted(by_draw) == [(0.1, 8), (0.1, 9), (0.1, 10), (100, 8), (100, 9), (100, 10)]
     assert len(set(by_draw.values())) == 6 == len({r.partition for r in runs})
-    shared = config.expand(paramsfile.load_params_files(
-        [base, ROOT / "params" / "subsets" / "verify_fedlaw_table3_fmnist_mlp.yaml"]), {})
-    assert not {r.id for r in shared} & {r.id for r in runs}
+    both = [r for r in config.expand(paramsfile.load_params_files(
+        [base, subsets / "fedlaw_table3_fmnist_mlp_partition_draw.yaml"]), {}) if not r.tuning]
+    shared = [r for r in both if r.setting["partition"]["seed"] == 1]
+    assert {r.id for r in both} - {r.id for r in shared} == {r.id for r in runs}
+    assert len(shared) == 48 and len({r.partition for r in shared}) == 2
