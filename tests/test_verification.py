@@ -221,17 +221,23 @@ def _explanations_with(tmp_path, entry: dict):
 
 @pytest.mark.parametrize("text, cited, problem", [
     # a final accuracy one hundredth off
-    ("FedDF ends at 72.92.", [{"value": "72.92", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
+    ("FedDF ends at 72.92.", [{"value": "72.92", "run": "fedlaw_table3_fmnist_mlp_partition_draw/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
      "states 72.92, its source gives 72.91"),
     # a number the text states without a cite
-    ("FedDF ends at 72.91 and 72.45.", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
+    ("FedDF ends at 72.91 and 72.45.", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp_partition_draw/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}],
      "72.45 is stated and not cited"),
     # the accuracy at a round, and the paper's number
-    ("to 10.02% at round 23", [{"value": "10.02", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s10-4d568d9ecd",
+    ("to 10.02% at round 23", [{"value": "10.02", "run": "fedlaw_table3_fmnist_mlp_partition_draw/feddf-fmnist-dir0.1-mlp-s10-4d568d9ecd",
                                 "of": "round", "round": 23}], "states 10.02, its source gives 10.01"),
     ("paper 78.49", [{"value": "78.49", "paper": ["fedlaw_table3", "FedDF", "FMNIST α=0.1 mlp"]}], "states 78.49"),
     # a pattern naming two runs where one is meant
-    ("72.91", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s*"}], "names 3 kept runs"),
+    ("72.91", [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp_partition_draw/feddf-fmnist-dir0.1-mlp-s8-*"}],
+     "names 2 kept runs"),
+    # the mean of a list of runs (one draw of the switches folder), each run counted once
+    ("a mean of 72.34", [{"value": "72.34", "runs": [f"fedlaw_table3_fmnist_mlp_partition_draw/feddf-fmnist-dir0.1-mlp-{r}"
+                                                     for r in ("s8-b84c62a854", "s9-65f45ea6f3", "s10-4d568d9ecd",
+                                                               "s8-b84c62a854")]}],
+     "states 72.34, its source gives 72.33"),
 ])
 def test_a_changed_or_uncited_number_fails_the_check(tmp_path, text, cited, problem):
     root = _explanations_with(tmp_path, {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": text, "cites": cited})
@@ -239,7 +245,7 @@ def test_a_changed_or_uncited_number_fails_the_check(tmp_path, text, cited, prob
     assert len(problems) == 1 and problem in problems[0], problems
     # the same entry with the number its source gives passes
     right = {"row": "FedDF", "column": "FMNIST α=0.1 mlp", "text": "ends at 72.91",
-             "cites": [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}]}
+             "cites": [{"value": "72.91", "run": "fedlaw_table3_fmnist_mlp_partition_draw/feddf-fmnist-dir0.1-mlp-s8-b84c62a854"}]}
     assert cites.check_cites(_explanations_with(tmp_path / "ok", right)) == []
 
 

@@ -16,10 +16,14 @@ from fedrepro.report.verification import EVIDENCE, EXPLANATIONS
 NUMBER = r"(?<![\d.])\d+\.\d{2}(?![\d])"  # a number with two decimals, as accuracies and std are written
 
 
-def _cited_runs(root: Path, ref: str) -> list[Path]:
-    """'folder/run id pattern' -> the kept run folders it names (``*`` is a wildcard)."""
-    folder, pattern = ref.split("/", 1)
-    return sorted(p for p in (root / folder / "runs").glob(pattern) if p.is_dir())
+def _cited_runs(root: Path, ref: str | list[str]) -> list[Path]:
+    """'folder/run id pattern' (``*`` is a wildcard), or a list of them -> the kept run folders named, each once
+    (a list names runs that no one pattern separates from their neighbours, e.g. one draw of a switches folder)."""
+    found = set()
+    for one in [ref] if isinstance(ref, str) else ref:
+        folder, pattern = one.split("/", 1)
+        found.update(p for p in (root / folder / "runs").glob(pattern) if p.is_dir())
+    return sorted(found)
 
 
 def _run_number(run: Path, cite: dict) -> float | None:
