@@ -122,3 +122,20 @@ def test_keep_writes_the_record_into_the_kept_summary(tmp_path):
     with pytest.raises(evidence.EvidenceError, match="not an evidence folder"):
         evidence.record_collapses(tmp_path)
     assert math.isclose(kept["collapse"]["largest_fall"]["drop"], 70.0)
+
+
+def test_every_flagged_run_of_fedlaw_table3_mlp_on_the_paper_draws():
+    """The paper-protocol evidence (a partition per seed): Server-FT at both alphas on every seed, FedDF Dir(100)
+    seed 8 (to 65.45% at round 66) and Dir(0.1) seed 10 (51.42% at round 117), FedProx Dir(0.1) seed 9 (51.52% at
+    round 8) and FedDyn Dir(0.1) before each NaN; no other run."""
+    flagged = {}
+    for run in (ROOT / "evidence" / "fedlaw_table3_fmnist_mlp" / "runs").iterdir():
+        record = collapses.of_run(json.loads((run / "summary.json").read_text()), pd.read_csv(run / "metrics.csv"))
+        if record and record["collapsed"]:
+            flagged[run.name.rsplit("-", 1)[0]] = {(e["low_round"], e["low_acc"]) for e in record["episodes"]}
+    assert set(flagged) == {f"serverft-fmnist-dir{a}-mlp-s{s}" for a in ("100", "0.1") for s in (8, 9, 10)} | {
+        "feddf-fmnist-dir100-mlp-s8", "feddf-fmnist-dir0.1-mlp-s10", "fedprox-fmnist-dir0.1-mlp-s9",
+        "feddyn-fmnist-dir0.1-mlp-s8", "feddyn-fmnist-dir0.1-mlp-s9", "feddyn-fmnist-dir0.1-mlp-s10"}
+    assert (66, 65.45) in flagged["feddf-fmnist-dir100-mlp-s8"]
+    assert (117, 51.42) in flagged["feddf-fmnist-dir0.1-mlp-s10"]
+    assert (8, 51.52) in flagged["fedprox-fmnist-dir0.1-mlp-s9"]
