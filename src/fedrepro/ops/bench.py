@@ -30,8 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedrepro import data, partitions
-from fedrepro.models import cnn, mlp
+from fedrepro import catalog, data, models, partitions
 from fedrepro.run.trainer import Trainer
 from fedrepro.ops.bench_baselines import ComputeFloor, ReferenceLoop, reference_dataset
 from fedrepro.ops.bench_settings import SETTINGS, BenchSetting
@@ -39,10 +38,6 @@ from fedrepro.provenance import machine
 
 GOALS = {"cpu": {"reference_over_engine": 4.0, "engine_over_floor": 1.15},
          "cuda": {"reference_over_engine": 10.0, "engine_over_floor": 1.2}}
-
-
-SHAPES = {"fmnist": (1, 28, 28), "cifar10": (3, 32, 32)}
-TRAIN_SIZE = {"fmnist": 60000, "cifar10": 50000}
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -56,10 +51,11 @@ def load_train(dataset: str, data_root: str | Path | None, quick: bool) -> tuple
             return split.images, split.labels, "real"
         except (OSError, RuntimeError):
             pass
-    n = TRAIN_SIZE[dataset] // (10 if quick else 1)
+    facts = catalog.DATASETS[dataset]
+    n = facts["train_size"] // (10 if quick else 1)
     gen = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (n, *SHAPES[dataset]), dtype=torch.uint8, generator=gen)
-    labels = torch.randint(0, 10, (n,), generator=gen)
+    images = torch.randint(0, 256, (n, *facts["shape"]), dtype=torch.uint8, generator=gen)
+    labels = torch.randint(0, facts["num_classes"], (n,), generator=gen)
     return images, labels, "generated"
 
 
@@ -76,10 +72,7 @@ def make_parts(bench: BenchSetting, labels: torch.Tensor, quick: bool) -> list[n
 
 
 def build_module(bench: BenchSetting) -> nn.Module:
-    channels, side, _ = SHAPES[bench.dataset]
-    if bench.model not in ("mlp", "cnn", "lenet5"):
-        raise ValueError(f"unknown model '{bench.model}'")
-    return {**mlp.BUILDERS, **cnn.BUILDERS}[bench.model]((channels, side, side), 10)  # the models' own builders
+    return models.build(bench.model, bench.dataset)
 
 
 def engine_setting(bench: BenchSetting, device: str) -> dict:
