@@ -60,6 +60,16 @@ def _shared_draw_runs() -> list:
             if json.loads((r / "summary.json").read_text())["setting"]["partition"]["seed"] == 1]
 
 
+def _flagged(runs) -> dict:
+    """The runs the rule flags, by name without the hash: each one's episodes as (low round, low accuracy)."""
+    flagged = {}
+    for run in runs:
+        record = collapses.of_run(json.loads((run / "summary.json").read_text()), pd.read_csv(run / "metrics.csv"))
+        if record and record["collapsed"]:
+            flagged[run.name.rsplit("-", 1)[0]] = {(e["low_round"], e["low_acc"]) for e in record["episodes"]}
+    return flagged
+
+
 def _kept(run_prefix: str) -> dict:
     (run,) = [r for r in _shared_draw_runs() if r.name.startswith(run_prefix)]
     summary = json.loads((run / "summary.json").read_text())
@@ -85,15 +95,11 @@ def test_every_flagged_run_of_fedlaw_table3_mlp_on_the_shared_draw():
     """The whole list the rule finds in the folder: the known collapses above, FedDyn's falls to chance before it
     diverges, Server-FT's seed 8 (to 29.42% at round 66), FedBE α=100 seed 10 (55.68%) and FedBE α=0.1 seed 9
     (54.07% at round 10)."""
-    flagged = set()
-    for run in _shared_draw_runs():
-        record = collapses.of_run(json.loads((run / "summary.json").read_text()), pd.read_csv(run / "metrics.csv"))
-        if record and record["collapsed"]:
-            flagged.add(run.name.rsplit("-", 1)[0])
-    assert flagged == {"feddf-fmnist-dir0.1-mlp-s10", "feddf-fmnist-dir100-mlp-s8", "fedbe-fmnist-dir100-mlp-s10",
-                       "fedbe-fmnist-dir0.1-mlp-s9", "serverft-fmnist-dir0.1-mlp-s8", "serverft-fmnist-dir0.1-mlp-s9",
-                       "serverft-fmnist-dir0.1-mlp-s10", "feddyn-fmnist-dir0.1-mlp-s8", "feddyn-fmnist-dir0.1-mlp-s9",
-                       "feddyn-fmnist-dir0.1-mlp-s10"}
+    assert set(_flagged(_shared_draw_runs())) == {
+        "feddf-fmnist-dir0.1-mlp-s10", "feddf-fmnist-dir100-mlp-s8", "fedbe-fmnist-dir100-mlp-s10",
+        "fedbe-fmnist-dir0.1-mlp-s9", "serverft-fmnist-dir0.1-mlp-s8", "serverft-fmnist-dir0.1-mlp-s9",
+        "serverft-fmnist-dir0.1-mlp-s10", "feddyn-fmnist-dir0.1-mlp-s8", "feddyn-fmnist-dir0.1-mlp-s9",
+        "feddyn-fmnist-dir0.1-mlp-s10"}
 
 
 def test_every_kept_summary_holds_the_record_the_rule_computes_today():
@@ -128,11 +134,7 @@ def test_every_flagged_run_of_fedlaw_table3_mlp_on_the_paper_draws():
     """The paper-protocol evidence (a partition per seed): Server-FT at both alphas on every seed, FedDF Dir(100)
     seed 8 (to 65.45% at round 66) and Dir(0.1) seed 10 (51.42% at round 117), FedProx Dir(0.1) seed 9 (51.52% at
     round 8) and FedDyn Dir(0.1) before each NaN; no other run."""
-    flagged = {}
-    for run in (ROOT / "evidence" / "fedlaw_table3_fmnist_mlp" / "runs").iterdir():
-        record = collapses.of_run(json.loads((run / "summary.json").read_text()), pd.read_csv(run / "metrics.csv"))
-        if record and record["collapsed"]:
-            flagged[run.name.rsplit("-", 1)[0]] = {(e["low_round"], e["low_acc"]) for e in record["episodes"]}
+    flagged = _flagged((ROOT / "evidence" / "fedlaw_table3_fmnist_mlp" / "runs").iterdir())
     assert set(flagged) == {f"serverft-fmnist-dir{a}-mlp-s{s}" for a in ("100", "0.1") for s in (8, 9, 10)} | {
         "feddf-fmnist-dir100-mlp-s8", "feddf-fmnist-dir0.1-mlp-s10", "fedprox-fmnist-dir0.1-mlp-s9",
         "feddyn-fmnist-dir0.1-mlp-s8", "feddyn-fmnist-dir0.1-mlp-s9", "feddyn-fmnist-dir0.1-mlp-s10"}
