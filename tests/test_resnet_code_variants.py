@@ -74,3 +74,17 @@ def test_fedaware_code_resnet_equals_batchnorm_trained_on_batches_and_evaluated_
         ours.eval(), twin.eval()
         frozen = _batchnorm_twin(ours).eval()
         assert torch.equal(ours(x), frozen(x)) and not torch.equal(ours(x), twin(x))
+
+
+def test_fedlaw_densenet_starts_from_pytorch_default_init_as_its_code():
+    """kaiming_uniform_(a = sqrt(5)) draws within +-1/sqrt(fan_in), and a uniform law's std is bound/sqrt(3);
+    torchvision's kaiming_normal_ (std sqrt(2/fan_in)) is 2.45 times wider and leaves that bound in every conv
+    of more than a few hundred weights. Linear biases are drawn too (torchvision sets them to 0)."""
+    torch.manual_seed(0)
+    model = models.build("densenet121", "cifar10")
+    for conv in _convs(model):
+        bound = 1 / math.sqrt(conv.weight[0].numel())
+        w = conv.weight.detach().double()
+        assert w.abs().max() <= bound, conv
+        assert abs(w.std().item() / (bound / math.sqrt(3)) - 1) < 6 / math.sqrt(2 * w.numel())
+    assert model.classifier.bias.abs().max() > 0

@@ -157,8 +157,11 @@ def densenet121_cifar(in_channels: int = 3, num_classes: int = 10, running_stats
     BatchNorm + ReLU + global average pool + Linear(1024, classes)) with the CIFAR stem, one 3x3 conv
     of 2 x growth = 64 channels, stride 1, and no BatchNorm, ReLU or max-pool after it (ImageNet's stem:
     7x7 stride 2, BN, ReLU, max-pool). The four stages then see 32, 16, 8, 4 pixels, and the global pool
-    is the 4x4 average pool of Li et al. Initialisation is torchvision's (Kaiming-normal convs, BN 1/0,
-    zero Linear bias), theirs PyTorch's default: a difference of initial values only."""
+    is the 4x4 average pool of Li et al. Initialisation is PyTorch's default, as FedLAW's code (kuangliu's
+    DenseNet) leaves it: torchvision's constructor draws Kaiming-normal convs and a zero Linear bias, so every
+    conv and the Linear are drawn again (BatchNorm's 1 and 0 are the default already). Their DenseNet
+    concatenates a layer's new channels before its input, torchvision's after: the same network up to that
+    order of channels (docs/parity.md)."""
     from torchvision.models import DenseNet
 
     model = DenseNet(growth_rate=32, block_config=(6, 12, 24, 16), num_init_features=64, bn_size=4,
@@ -166,6 +169,9 @@ def densenet121_cifar(in_channels: int = 3, num_classes: int = 10, running_stats
     model.features.conv0 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
     for name in ("norm0", "relu0", "pool0"):
         setattr(model.features, name, nn.Identity())
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            m.reset_parameters()
     if not running_stats:  # normalise with each batch's statistics (module doc)
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
