@@ -16,8 +16,14 @@ RESOLUTIONS = {
     ("fedaware", "cifar100", "resnet18_gn32"):
         "the code's `ResNet18_gn` has BatchNorm blocks (model.py's later `BasicBlock` wins), ours GroupNorm as the "
         "paper says; switch: model `resnet18_gn32_code` in `params/subsets/fedaware_official_protocol.yaml`",
+    ("fedlaw", "cifar10", "densenet121"):
+        "the code's DenseNet concatenates new channels before a layer's input, torchvision's after: the same network "
+        "up to that channel order, not mapped by the harness; initialisation fixed to the code's",
 }
-NOT_BUILT = "not compared: the harness has no check of this step yet"
+SERVER_RESOLUTIONS = {
+    ("ima", "window 3, t_s 1"): "the code averages only once its window has filled; no setting has t_s < P",
+}
+NOT_BUILT = "not checked yet (below)"
 
 
 def _model_cell(paper: str, row: dict) -> str:
@@ -52,7 +58,8 @@ def _server_cell(record: dict) -> str:
     differs = [r["case"] for r in rows if r["status"] != "equal"]
     worst = max(r["relative_gap"] for r in rows)
     text = f"equal in {len(equal)} of {len(rows)} cases ({', '.join(equal)}; largest gap {worst:.1e})"
-    return text + (f"; differs: {', '.join(differs)}" if differs else "")
+    paper = record["paper"]
+    return text + "".join(f"; differs: {c} ({SERVER_RESOLUTIONS.get((paper, c), 'unexplained')})" for c in differs)
 
 
 def render(folder: Path) -> str:
