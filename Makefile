@@ -85,7 +85,7 @@ lint: setup
 
 # Parity with the authors' code (docs/parity.md): run the harness on a checkout of a paper's official repository,
 # e.g. `make parity-fednova CHECKOUT=../FedNova`, then `make parity-matrix` to rewrite the page's matrix. CPU
-# cost on 2 shared cores (measured, 2026-11-28): FedAWARE about 4 min, FedLAW 12, IMA 8, FedNova 8.
+# cost on 2 shared cores (measured 2026-11-28, wall, beside other jobs): FedAWARE 4.5 min, FedLAW 4.5, IMA 16, FedNova 9.
 CHECKOUT ?=
 parity-fedaware parity-fedlaw parity-ima parity-fednova: setup
 	@[ -n "$(CHECKOUT)" ] || { echo "CHECKOUT=<path of the paper's official repository> is required"; exit 2; }

@@ -56,8 +56,8 @@ def _server_cell(record: dict) -> str:
         return NOT_BUILT
     equal = [r["case"] for r in rows if r["status"] == "equal"]
     differs = [r["case"] for r in rows if r["status"] != "equal"]
-    worst = max(r["relative_gap"] for r in rows)
-    text = f"equal in {len(equal)} of {len(rows)} cases ({', '.join(equal)}; largest gap {worst:.1e})"
+    worst = max((r["relative_gap"] for r in rows if r["status"] == "equal"), default=float("nan"))
+    text = f"equal in {len(equal)} of {len(rows)} cases ({', '.join(equal)}; their largest gap {worst:.1e})"
     paper = record["paper"]
     return text + "".join(f"; differs: {c} ({SERVER_RESOLUTIONS.get((paper, c), 'unexplained')})" for c in differs)
 
