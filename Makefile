@@ -6,7 +6,7 @@ export PATH := $(BIN):$(PATH)
 PROFILE ?= workflow/profiles/local
 CONFIG ?= params/default.yaml
 
-.PHONY: setup run test test-fast dry-run clean-results lock lint
+.PHONY: setup run test test-fast dry-run clean-results lock lint parity-fedaware parity-fedlaw parity-ima parity-fednova parity-matrix
 
 setup: $(VENV)/.installed fmnist-data
 
@@ -82,3 +82,14 @@ test-fast: setup
 lint: setup
 	snakefmt --check Snakefile workflow/rules/*.smk
 	python scripts/lint_workflow.py
+
+# Parity with the authors' code (docs/parity.md): run the harness on a checkout of a paper's official repository,
+# e.g. `make parity-fednova CHECKOUT=../FedNova`, then `make parity-matrix` to rewrite the page's matrix. CPU
+# cost on 2 shared cores (measured 2026-11-28, wall, beside other jobs): FedAWARE 4.5 min, FedLAW 4.5, IMA 16, FedNova 9.
+CHECKOUT ?=
+parity-fedaware parity-fedlaw parity-ima parity-fednova: setup
+	@[ -n "$(CHECKOUT)" ] || { echo "CHECKOUT=<path of the paper's official repository> is required"; exit 2; }
+	PYTHONPATH=$(CURDIR)/src python -m fedrepro.parity $(@:parity-%=%) --checkout $(CHECKOUT)
+
+parity-matrix: setup
+	PYTHONPATH=$(CURDIR)/src python -m fedrepro.parity --matrix

@@ -16,7 +16,7 @@ LAYERS = {
     "command line": {"cli/*", "__main__.py"},
     "reports": {"report/*"},
     "tracking": {"tracking/*"},
-    "operations": {"ops/*"},
+    "operations": {"ops/*", "parity/*"},  # parity: drives the authors' code beside ours; no run imports it
     "settings": {"spec/*", "registry.py"},
     # the run wing: never the settings (a job receives a resolved setting)
     "run": {"run/*", "rundir.py", "provenance.py"},

@@ -15,7 +15,7 @@ from fedrepro.models.resnet import ResNet18GN
 BUILT_HERE = {name: spec for name, spec in catalog.MODELS.items() if not spec.get("pretrained")}
 CASES = [(name, dataset) for name, spec in BUILT_HERE.items() for dataset in spec["datasets"]]
 # Heavy models on 2 shared cores: one dataset each is enough for forward/backward.
-SKIP_SECOND = {"resnet18_gn32", "resnet18_gn2", "vgg11", "vgg11_gn2", "resnet56", "resnet110", "wrn56_4",
+SKIP_SECOND = {"resnet18_gn32", "resnet18_gn32_code", "resnet18_gn2", "vgg11", "vgg11_gn2", "resnet56", "resnet110", "wrn56_4",
                "densenet121"}
 CASES = [c for i, c in enumerate(CASES) if not (c[0] in SKIP_SECOND and c[1] == "cifar100")]
 

@@ -17,6 +17,7 @@ batches hold 4096 test images), as this project did before the engine carried bu
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -24,10 +25,37 @@ from torch import nn
 
 
 def _norm(kind: str, channels: int, groups: int) -> nn.Module:
-    """gn: GroupNorm(groups); bn: BatchNorm with running statistics; bn_batch: batch statistics only."""
+    """gn: GroupNorm(groups); bn: BatchNorm with running statistics; bn_batch: batch statistics only;
+    bn_init_stats: BatchNorm that trains on batch statistics and evaluates with its initial ones (FrozenStatsNorm)."""
     if kind == "gn":
         return nn.GroupNorm(groups, channels)
+    if kind == "bn_init_stats":
+        return FrozenStatsNorm(channels)
     return nn.BatchNorm2d(channels, track_running_stats=kind == "bn")
+
+
+class FrozenStatsNorm(nn.Module):
+    """BatchNorm2d as a server that never receives running statistics evaluates it: training normalises with
+    the batch's statistics, evaluation with the initial running mean 0 and variance 1, i.e. x / sqrt(1 + eps)
+    times the weight plus the bias.
+
+    FedAWARE's code builds its CIFAR-100 ResNet18_gn with BatchNorm blocks (model.py defines BasicBlock twice,
+    the later BatchNorm one wins) and FedLab sends parameters only, so the server model's running statistics
+    stay at 0 and 1 for the whole run and every test accuracy is taken with them. The module keeps them as
+    constants made in the forward pass (no buffers, so nothing is averaged or carried) and calls the same ``batch_norm`` kernel
+    BatchNorm2d calls, with BatchNorm2d's parameter names."""
+
+    def __init__(self, channels: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x):
+        if self.training:
+            return nn.functional.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        mean, var = self.weight.new_zeros(self.weight.shape), self.weight.new_ones(self.weight.shape)
+        return nn.functional.batch_norm(x, mean, var, self.weight, self.bias, False, 0.0, self.eps)
 
 
 class BasicBlock(nn.Module):
@@ -55,19 +83,32 @@ class ResNet18GN(nn.Module):
     FedAWARE: 32 groups, avg-pool then Linear(512, classes): 11,220,132 parameters for CIFAR-100.
     IMA: 2 groups and a 512->128 linear projector before the classifier (``projector=128``); the
     specs say "linear projector", so no activation sits between projector and classifier.
+
+    ``conv_init``: "default" leaves PyTorch's initialisation; "kaiming_fan_out" draws every convolution from
+    kaiming_normal_(mode="fan_out", nonlinearity="relu") as IMA's code (resnetcifar.py) does, the paper being
+    silent (its norm layers' 1 and 0 are PyTorch's default already). ``block_norm``: "gn", or "bn_init_stats"
+    for FedAWARE's code's network (GroupNorm stem, BatchNorm blocks evaluated with the initial statistics,
+    FrozenStatsNorm).
     """
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, groups: int = 32, projector: int = 0):
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, groups: int = 32, projector: int = 0,
+                 conv_init: str = "default", block_norm: str = "gn"):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.GroupNorm(groups, 64), nn.ReLU())
         layers, in_planes = [], 64
         for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
             for s in (stride, 1):
-                layers.append(BasicBlock(in_planes, planes, s, "gn", groups))
+                layers.append(BasicBlock(in_planes, planes, s, block_norm, groups))
                 in_planes = planes
         self.layers = nn.Sequential(*layers)
         head = [nn.Linear(512, projector), nn.Linear(projector, num_classes)] if projector else [nn.Linear(512, num_classes)]
         self.head = nn.Sequential(*head)
+        if conv_init == "kaiming_fan_out":
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif conv_init != "default":
+            raise ValueError(f"conv_init = {conv_init!r}; allowed: default, kaiming_fan_out")
 
     def forward(self, x):
         out = self.layers(self.stem(x))
@@ -116,8 +157,11 @@ def densenet121_cifar(in_channels: int = 3, num_classes: int = 10, running_stats
     BatchNorm + ReLU + global average pool + Linear(1024, classes)) with the CIFAR stem, one 3x3 conv
     of 2 x growth = 64 channels, stride 1, and no BatchNorm, ReLU or max-pool after it (ImageNet's stem:
     7x7 stride 2, BN, ReLU, max-pool). The four stages then see 32, 16, 8, 4 pixels, and the global pool
-    is the 4x4 average pool of Li et al. Initialisation is torchvision's (Kaiming-normal convs, BN 1/0,
-    zero Linear bias), theirs PyTorch's default: a difference of initial values only."""
+    is the 4x4 average pool of Li et al. Initialisation is PyTorch's default, as FedLAW's code (kuangliu's
+    DenseNet) leaves it: torchvision's constructor draws Kaiming-normal convs and a zero Linear bias, so every
+    conv and the Linear are drawn again (BatchNorm's 1 and 0 are the default already). Their DenseNet
+    concatenates a layer's new channels before its input, torchvision's after: the same network up to that
+    order of channels (docs/parity.md)."""
     from torchvision.models import DenseNet
 
     model = DenseNet(growth_rate=32, block_config=(6, 12, 24, 16), num_init_features=64, bn_size=4,
@@ -125,6 +169,9 @@ def densenet121_cifar(in_channels: int = 3, num_classes: int = 10, running_stats
     model.features.conv0 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
     for name in ("norm0", "relu0", "pool0"):
         setattr(model.features, name, nn.Identity())
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            m.reset_parameters()
     if not running_stats:  # normalise with each batch's statistics (module doc)
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
@@ -136,7 +183,8 @@ def densenet121_cifar(in_channels: int = 3, num_classes: int = 10, running_stats
 # take running_stats)
 BUILDERS = {
     "resnet18_gn32": lambda shape, k: ResNet18GN(shape[0], k, groups=32),
-    "resnet18_gn2": lambda shape, k: ResNet18GN(shape[0], k, groups=2, projector=128),
+    "resnet18_gn32_code": lambda shape, k: ResNet18GN(shape[0], k, groups=32, block_norm="bn_init_stats"),
+    "resnet18_gn2": lambda shape, k: ResNet18GN(shape[0], k, groups=2, projector=128, conv_init="kaiming_fan_out"),
     "resnet8": lambda shape, k, running_stats: CifarResNet(8, shape[0], k, running_stats),
     "resnet20": lambda shape, k, running_stats: CifarResNet(20, shape[0], k, running_stats),
     "resnet56": lambda shape, k, running_stats: CifarResNet(56, shape[0], k, running_stats),

@@ -1,0 +1,113 @@
+"""The parity harness (fedrepro.parity, docs/parity.md): its matrix is the records' rendering, it stays outside
+every run's hashed code, and FedNova's legacy Dirichlet draw is the code's recipe. The checks that import an
+authors' checkout run only where its path is given: FEDREPRO_FEDNOVA_CHECKOUT (JYWa/FedNova),
+FEDREPRO_IMA_CHECKOUT (TailinZhou/FedIMA)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fedrepro import identity, partitions
+from fedrepro.parity import matrix, models as parity_models, records, shim
+
+FEDNOVA = os.environ.get("FEDREPRO_FEDNOVA_CHECKOUT")
+IMA = os.environ.get("FEDREPRO_IMA_CHECKOUT")
+
+
+def test_the_page_matrix_is_the_rendering_of_the_records():
+    assert sorted(records.load(records.FOLDER)), "no parity records in evidence/official_code/parity"
+    assert matrix.section(matrix.PAGE.read_text()) == matrix.render(records.FOLDER)
+
+
+def test_every_pair_of_the_papers_tables_has_a_row_in_the_records():
+    """The records hold a row for every (dataset, model) the params files run, each with a status."""
+    from fedrepro.spec import config, paramsfile
+
+    recs = records.load(records.FOLDER)
+    for paper in recs:
+        runs = config.expand(paramsfile.load_params_files([str(records.ROOT / "params" / f"{paper}.yaml")]))
+        pairs = {(r.setting["dataset"], r.setting["model"]) for r in runs}
+        rows = {(r["dataset"], r["model"]): r["status"] for r in recs[paper]["checks"]["models"]}
+        assert pairs <= set(rows), (paper, pairs - set(rows))
+        assert set(rows.values()) <= {"equal", "differs", "not comparable"}
+
+
+def test_no_run_executes_the_harness():
+    closure = identity.run_code({"algorithm": "fednova", "plugins": [], "dataset": "cifar10", "model": "vgg11"})
+    assert not [f for f in closure if f.startswith("parity/")]
+    assert not [f for f in identity.partition_code("cifar10", "dirichlet_legacy") if f.startswith("parity/")]
+
+
+def _legacy_recipe(labels, n, alpha, seed):
+    """FedNova's util_v4 recipe written out (the oracle when no checkout is given): numpy's global legacy
+    stream seeded once, per class an in-place shuffle and a Dirichlet, the balance rule, redrawn until every
+    client holds 10 samples."""
+    np.random.seed(seed)
+    smallest = 0
+    while smallest < 10:
+        batch = [[] for _ in range(n)]
+        for k in range(10):
+            idx = np.where(labels == k)[0]
+            np.random.shuffle(idx)
+            p = np.random.dirichlet(np.repeat(alpha, n))
+            p = np.array([q * (len(b) < len(labels) / n) for q, b in zip(p, batch)])
+            p = p / p.sum()
+            cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
+            batch = [b + part.tolist() for b, part in zip(batch, np.split(idx, cuts))]
+            smallest = min(len(b) for b in batch)
+    return [np.sort(np.asarray(b, dtype=np.int64)) for b in batch]
+
+
+def test_dirichlet_legacy_draws_fednovas_client_sets():
+    labels = np.random.default_rng(5).permutation(np.repeat(np.arange(10), 300))
+    setting = {"seed": 2020, "alpha": 0.1, "min_size": 10, "balance": True, "num_clients": 16}
+    if FEDNOVA:
+        from fedrepro.parity.partitions import fednova_code_clients
+        code = fednova_code_clients(FEDNOVA, labels, 16, 0.1)
+    else:
+        code = _legacy_recipe(labels, 16, 0.1, 2020)
+    legacy = partitions.make(labels, {"kind": "dirichlet_legacy", **setting})
+    pcg = partitions.make(labels, {"kind": "dirichlet", **setting})
+    assert all(np.array_equal(a, b) for a, b in zip(code, legacy)) and len(code) == len(legacy) == 16
+    assert not all(np.array_equal(a, b) for a, b in zip(code, pcg))  # the same recipe on another stream
+
+
+def test_matching_pairs_layers_by_use_not_declaration():
+    """Two programs declaring the same layers in another order (IMA's digit CNN: convs first, norms after)."""
+    class Declared(torch.nn.Module):
+        def __init__(self, order):
+            super().__init__()
+            for name in order:
+                setattr(self, name, torch.nn.Linear(4, 4) if name.startswith("fc") else torch.nn.LayerNorm(4))
+
+        def forward(self, x):
+            return self.fc2(self.n1(self.fc1(x)))
+
+    a, b = Declared(["fc1", "fc2", "n1"]), Declared(["fc1", "n1", "fc2"])
+    pairs = parity_models.match(a, b, torch.randn(2, 4))
+    assert pairs == [("fc1.weight", "fc1.weight"), ("fc1.bias", "fc1.bias"), ("n1.weight", "n1.weight"),
+                     ("n1.bias", "n1.bias"), ("fc2.weight", "fc2.weight"), ("fc2.bias", "fc2.bias")]
+
+
+def test_the_shim_keeps_checkouts_apart_and_restores_cuda(tmp_path):
+    for name, value in (("one", 1), ("two", 2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.py").write_text(f"VALUE = {value}\nimport torch\nX = torch.zeros(1).cuda()\n")
+    cuda = torch.Tensor.cuda
+    with shim.checkout_on_path(tmp_path / "one", stubs=("a_module_nobody_installs",)):
+        import model
+        assert model.VALUE == 1 and "a_module_nobody_installs" in sys.modules
+    with shim.checkout_on_path(tmp_path / "two"):
+        import model
+        assert model.VALUE == 2
+    assert torch.Tensor.cuda is cuda and "model" not in sys.modules and "a_module_nobody_installs" not in sys.modules
+
+
+@pytest.mark.skipif(not IMA, reason="FEDREPRO_IMA_CHECKOUT (a checkout of TailinZhou/FedIMA) is not set")
+def test_ima_resnet18_is_our_resnet18_gn2_with_the_codes_init():
+    row, = parity_models.compare("ima", IMA, inits=2, only=("resnet18_gn2",))[:1]
+    assert row["status"] == "equal", row
