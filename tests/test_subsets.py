@@ -56,3 +56,27 @@ def test_fedlaw_table3_draws_a_partition_per_seed_and_the_shared_draw_is_a_switc
     shared = [r for r in both if r.setting["partition"]["seed"] == 1]
     assert {r.id for r in both} - {r.id for r in shared} == {r.id for r in runs}
     assert len(shared) == 48 and len({r.partition for r in shared}) == 2
+
+
+def test_the_fedlaw_code_draws_run_feddyn_at_the_seed_that_drew_them(tmp_path):
+    """Each export of the FedLAW code's Dir(0.1) partition (seeds 8, 9, 10) is read, pinned by its own SHA-256,
+    by FedDyn runs at the seed the code drew it with (the code draws its partition with the run's seed)."""
+    import hashlib
+    subsets = ROOT / "params" / "subsets"
+    kept = ROOT / "evidence" / "official_code" / "partitions"
+    (tmp_path / "partitions").mkdir()
+    for npz in kept.glob("fedlaw_fmnist_dir0.1_seed*_n20.npz"):
+        shutil.copy(npz, tmp_path / "partitions" / npz.name)
+    names = {8: "fedlaw_table3_feddyn_code_partition.yaml", 9: "fedlaw_table3_feddyn_code_partition_seed9.yaml",
+             10: "fedlaw_table3_feddyn_code_partition_seed10.yaml"}
+    for seed, name in names.items():
+        params = paramsfile.load_params_files([ROOT / "params" / "fedlaw.yaml", subsets / name])
+        params["data"] = {**params.get("data", {}), "root": str(tmp_path)}
+        runs = [r for r in config.expand(params, {}) if not r.tuning]
+        assert runs and {r.setting["seed"] for r in runs} == {seed}, name
+        assert {r.setting["algorithm"] for r in runs} == {"feddyn"}, name
+        for run in runs:
+            part = run.setting["partition"]
+            assert part["kind"] == "file" and part["path"].endswith(f"fedlaw_fmnist_dir0.1_seed{seed}_n20.npz"), name
+            assert hashlib.sha256((kept / f"fedlaw_fmnist_dir0.1_seed{seed}_n20.npz").read_bytes()).hexdigest() \
+                == part["sha256"], name

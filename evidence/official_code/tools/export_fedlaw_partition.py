@@ -1,29 +1,49 @@
-"""Export FedLAW's FMNIST Dir(0.1) / seed 8 / 20-client partition and its splits.
+"""Export FedLAW's FMNIST Dir(0.1) / 20-client partition of one seed and its splits.
 
 Replays, in a fresh process and with the run's arguments, exactly the start of
 main_baselines.py / main_fedlaw.py (setup_seed, Data(args), Node(-1, ...), Node(i, ...)),
-importing the authors' modules unchanged (CPU shim via PYTHONPATH=/work/parity/shim), and
-reads the index lists the Nodes hold.  The numpy stream that draws the splits is the same
+importing the authors' modules unchanged (CPU shim: this folder's sitecustomize.py on PYTHONPATH),
+and reads the index lists the Nodes hold.  The numpy stream that draws the splits is the same
 for FedAvg and FedLAW (model init consumes only torch's stream).
-Run from /work/parity/FedLAW:
-  PYTHONPATH=/work/parity/shim PARITY_PATCH_FEDLAB=0 PARITY_REMAP_ROOT=/home/Dataset/FashionMNIST=/work/parity/FedLAW/data \
-  python ../export/export_fedlaw_partition.py
+Arguments: --seed (the run's --random_seed, 8 unless given), --code (the authors' checkout, the
+current folder unless given), --out (the output path without extension; writes .npz and .json),
+--kept (optional: also write the form kept in evidence/official_code/partitions/, only client_0..19
+as uint16 in a compressed .npz, the file `partition.kind: file` reads; numpy writes it byte for byte
+the same for the same lists).
+The code reads /home/Dataset/FashionMNIST; PARITY_REMAP_ROOT points it at a folder holding
+FashionMNIST/raw/ with the four unzipped idx files.  Run as (seed 8 was exported from /work/parity/FedLAW):
+  PYTHONPATH=evidence/official_code/tools PARITY_PATCH_FEDLAB=0 \
+  PARITY_REMAP_ROOT=/home/Dataset/FashionMNIST=<data root> \
+  python evidence/official_code/tools/export_fedlaw_partition.py --seed 9 --code <checkout> \
+    --out <folder>/fedlaw_fmnist_dir0.1_seed9_n20
 """
+import argparse
 import json
+import os
 import sys
 
 import numpy as np
 
+_cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_cli.add_argument("--seed", type=int, default=8, help="the run's --random_seed (draws the partition)")
+_cli.add_argument("--code", default=".", help="the FedLAW checkout (ZexiLee/ICML-2023-FedLAW)")
+_cli.add_argument("--out", default=None, help="output path without extension")
+_cli.add_argument("--kept", default=None, help="also write client_0..19 as uint16, compressed, to this .npz")
+_opts = _cli.parse_args()
+if not os.path.isfile(os.path.join(_opts.code, "datasets.py")):
+    sys.exit("--code %s: no datasets.py there; give the FedLAW checkout" % _opts.code)
+SEED = _opts.seed
+OUT = _opts.out or "/work/parity/partitions/fedlaw_fmnist_dir0.1_seed%d_n20" % SEED
+
 sys.argv = ["main_baselines.py", "--dataset", "fmnist", "--local_model", "MLP", "--dirichlet_alpha", "0.1",
-            "--node_num", "20", "--T", "200", "--E", "3", "--random_seed", "8", "--lr", "0.08",
+            "--node_num", "20", "--T", "200", "--E", "3", "--random_seed", str(SEED), "--lr", "0.08",
             "--local_wd_rate", "5e-4", "--momentum", "0.9", "--server_method", "fedavg", "--client_method", "local_train"]
-sys.path.insert(0, ".")
+sys.path.insert(0, os.path.abspath(_opts.code))
 from datasets import Data  # noqa: E402  (FedLAW's datasets.py)
 from nodes import Node  # noqa: E402
 from args import args_parser  # noqa: E402
 from utils import setup_seed  # noqa: E402
 
-OUT = "/work/parity/partitions/fedlaw_fmnist_dir0.1_seed8_n20"
 args = args_parser()
 setup_seed(args.random_seed)
 data = Data(args)
@@ -74,3 +94,7 @@ meta = {"source": "ZexiLee/ICML-2023-FedLAW@47f7a7226baeb4d684e5d555f793caba874a
         "note": "clients/client_train/client_valid index the FashionMNIST TRAIN set (60000); server_* index the TEST set (10000)"}
 json.dump(meta, open(OUT + ".json", "w"))
 print("wrote", OUT + ".npz", OUT + ".json")
+if _opts.kept:
+    assert allidx.max() < 2 ** 16  # uint16 holds every train-set index (all below 60,000)
+    np.savez_compressed(_opts.kept, **{"client_%d" % i: groups[i].astype(np.uint16) for i in range(args.node_num)})
+    print("wrote", _opts.kept)
