@@ -740,7 +740,9 @@ def test_the_index_opens_with_the_verified_results_of_the_evidence(tmp_path):
             assert (f"<td>{row.consistent - row.through_spread}/{row.with_interval}</td>\n"
                     f"<td>{row.through_spread}/{row.with_interval}</td>") in html
     assert html.count("<i>inside the interval only through our spread</i>") == sum(r.through_spread for r in rows)
-    assert html.count("device-hours over") >= 2 * len(rows)  # the summary table and each table's section
+    trained = [r for r in rows if not r.computed]  # a closed-form figure (FedNova Figs. 2, 4) trains nothing
+    assert html.count("device-hours over") >= 2 * len(trained)  # the summary table and each table's section
+    assert html.count("none: computed in closed form from params/fednova.yaml") == 2 * (len(rows) - len(trained))
     assert '<a href="evidence/fedlaw_table3_fmnist_mlp.html">fedlaw_table3_fmnist_mlp</a>' in html
     assert "fedrepro evidence report evidence/ima_table1_fmnist --out" in html
     # without evidence, the page is the survey of the runs alone

@@ -98,7 +98,8 @@ def verified(root: str | Path, reports_dir: Path) -> dict:
                        "checks": [{"text": v.text, "ours": str(v.ours), "holds": v.ours.holds == v.ours.total,
                                    "paper": str(v.paper_on_ours) if v.paper_on_ours.total else v.paper_side}
                                   for v in row.checks_evaluated],
-                       "compute": compute.text(cost), "estimate_source": cost["estimate_source"],
+                       "compute": (f"none: computed in closed form from {row.computed}" if row.computed
+                                   else compute.text(cost)), "estimate_source": cost["estimate_source"],
                        "folders": [{"name": f, "page": page(f)} for f in row.folders]})
     waiting = [row.title for row in rows if not row.run]
     folders = []

@@ -149,7 +149,8 @@ def markdown(rows: list[Row]) -> str:
              "same cells) | evidence |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or "—"
+        folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or (f"computed from `{r.computed}`" if r.computed
+                                                                      else "—")
         reported, within_text = ("figure", "—") if r.figure_only else (r.reported, f"{r.within}/{r.run}")
         lines.append(f"| {r.title} | {reported} | {r.runnable} | {r.run} | {_seeds(r.seeds)} | "
                      f"{within_text} | {_consistent(r)} | {_gap(r)} | {_collapsed(r)} | "
@@ -217,9 +218,11 @@ def glance(rows: list[Row]) -> str:
         holding = len(evaluated) - sum(len(r.checks_failing) for r in group)
         on_paper = [v for v in evaluated if v.paper_on_ours.total]
         paper_holding = sum(v.paper_on_ours.holds == v.paper_on_ours.total for v in on_paper)
-        kept = sum(r.run > 0 for r in group)
-        in_figures = sum(r.run for r in group if r.figure_only)
-        cells = f"{run}" + (f" (+{in_figures} in figures)" if in_figures else "")
+        kept = sum(r.run > 0 and not r.computed for r in group)
+        in_figures = sum(r.run for r in group if r.figure_only and not r.computed)
+        closed = sum(r.run for r in group if r.computed)
+        cells = f"{run}" + (f" (+{in_figures} in figures)" if in_figures else "") + (
+            f" (+{closed} computed in closed form)" if closed else "")
         page = f"[docs/papers/{paper_key}.md](docs/papers/{paper_key}.md)"
         reproduced_text = f"{reproduced}/{run}" + (f" ({no_number} with no number: every seed diverged)"
                                                    if no_number else "") if run else "—"

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from fedrepro import catalog
-from fedrepro.report import claims, paper
+from fedrepro.report import claims, computed, paper
 from fedrepro.spec.paramsfile import ROOT
 from fedrepro.spec.schema import ConfigError
 
@@ -77,6 +77,7 @@ class Row:
     deltas: list[float] = field(default_factory=list)  # ours − paper of every cell run with a number
     cells: list[dict] = field(default_factory=list)   # every cell run: ours beside the paper's, and the verdict
     run_dirs: list[Path] = field(default_factory=list)  # the kept runs the cells count
+    computed: str = ""                   # a closed-form figure's source ("params/fednova.yaml: fig"), no runs
 
     @property
     def checks_evaluated(self) -> list[claims.Verdict]:
@@ -157,6 +158,14 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
         joined = paper.join({name: table}, list(runs.values()))
         row = Row(name, table["title"], paper_key=table.get("paper", name.split("_")[0]),
                   figure_only=all(cell.value is None for cell in joined), tolerance=paper.tolerance(table))
+        if table.get("computed"):  # a closed-form figure: its cells are computed, its claims checked on them
+            computed.fill(table, joined)
+            row.computed = f"{table['computed']['params']}: {table['computed']['figure']}"
+            row.runnable = row.run = len(joined)
+            row.seeds = [1] * len(joined)
+            row.checks = claims.evaluate_table(name, table, joined)
+            rows.append(row)
+            continue
         for cell in joined:
             if cell.ours or cell.diverged:
                 _one_per_seed(cell, runs)
