@@ -210,6 +210,13 @@ EXPECTED_STATED = {
     ('fedlaw_fig5', '"we discover a critical point exists" (the coherence\'s 5-round moving average reaches 0 within rounds 1-100)'): 2,
     ('fedlaw_fig5', '"After the critical point ... the coherence is kept negative but close to zero" (mean coherence over rounds 101-200 in [-0.1, 0])'): 2,
     ('fedlaw_fig5', '"After the critical point, the test accuracy gain is marginal" (at most half of the accuracy gained from round 1 to the last 10 rounds comes after the critical round)'): 2,
+    ('fednova_fig2', 'with the same local steps FedNova ends where FedAvg does'): 1,
+    ('fednova_fig2', 'with random local steps FedNova ends nearer the optimum than FedAvg, FedProx and VRLSGD'): 3,
+    ('fednova_fig2', 'with random local steps FedProx ends nearer the optimum than FedAvg'): 1,
+    ('fednova_fig4', 'the weight bias χ² falls as α grows'): 6,
+    ('fednova_fig4', 'the slowdown τ̄/τ_eff rises as α grows'): 6,
+    ('fednova_fig4', 'at α = 1 the weights are p (χ² = 0)'): 1,
+    ('fednova_fig4', 'at α = 1, τ_eff = 1'): 1,
 }
 
 
