@@ -49,6 +49,23 @@ def test_agreement_counts_the_comparisons_where_ours_holds_exactly_when_the_pape
     assert (stated.agree.holds, stated.agree.total) == (0, 0), "a stated claim has no numbers to agree with"
 
 
+def test_the_papers_numbers_are_counted_on_the_comparisons_ours_makes():
+    """Beside ours, the paper's own numbers on the same comparisons: c1 and c3 here (the paper holds in c1, breaks
+    in c3: 1/2), not c2 (pending on ours), where over its whole table the paper holds 2/3."""
+    values = {("FedAvg", c): v for c, v in zip(["c1", "c2", "c3"], [80, 70, 90])}
+    values |= {("FedLAW", c): v for c, v in zip(["c1", "c2", "c3"], [81, 72, 89])}
+    check = {"text": "FedLAW beats FedAvg", "kind": "beats", "axis": "rows", "winner": "FedLAW", "loser": "FedAvg"}
+    ours = {("FedAvg", "c1"): [1.0], ("FedLAW", "c1"): [2.0], ("FedAvg", "c3"): [5.0], ("FedLAW", "c3"): [4.0]}
+    verdict = claims.evaluate(check, "t", table(values, ours))
+    assert (verdict.paper.holds, verdict.paper.total) == (2, 3)
+    assert (verdict.paper_on_ours.holds, verdict.paper_on_ours.total) == (1, 2)
+    # the paper's c3 changed to a FedLAW win: its numbers now hold on both comparisons ours makes
+    won = claims.evaluate(check, "t", table({**values, ("FedLAW", "c3"): 91}, ours))
+    assert (won.paper_on_ours.holds, won.paper_on_ours.total) == (2, 2)
+    stated = claims.evaluate({**check, "stated": "Fig. 1"}, "t", table(values, ours))
+    assert stated.paper_on_ours.total == 0
+
+
 def test_beats_with_plain_labels_pairs_every_winner_with_every_loser_and_lower_is_better():
     values = {("r", "x"): 10, ("r", "y"): 12, ("r", "base"): 11}
     check = {"text": "", "kind": "beats", "winner": ["x", "y"], "loser": "base", "better": "lower"}
@@ -193,6 +210,13 @@ EXPECTED_STATED = {
     ('fedlaw_fig5', '"we discover a critical point exists" (the coherence\'s 5-round moving average reaches 0 within rounds 1-100)'): 2,
     ('fedlaw_fig5', '"After the critical point ... the coherence is kept negative but close to zero" (mean coherence over rounds 101-200 in [-0.1, 0])'): 2,
     ('fedlaw_fig5', '"After the critical point, the test accuracy gain is marginal" (at most half of the accuracy gained from round 1 to the last 10 rounds comes after the critical round)'): 2,
+    ('fednova_fig2', 'with the same local steps FedNova ends where FedAvg does'): 1,
+    ('fednova_fig2', 'with random local steps FedNova ends nearer the optimum than FedAvg, FedProx and VRLSGD'): 3,
+    ('fednova_fig2', 'with random local steps FedProx ends nearer the optimum than FedAvg'): 1,
+    ('fednova_fig4', 'the weight bias χ² falls as α grows'): 6,
+    ('fednova_fig4', 'the slowdown τ̄/τ_eff rises as α grows'): 6,
+    ('fednova_fig4', 'at α = 1 the weights are p (χ² = 0)'): 1,
+    ('fednova_fig4', 'at α = 1, τ_eff = 1'): 1,
 }
 
 

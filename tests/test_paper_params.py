@@ -106,6 +106,8 @@ TABLE_SHAPES = {
     "fedaware_fig4": (11, 6, 66),  # FedAWARE and FedAWARE-NA at 5 alphas, and FedAvg-Full
     "fedaware_fig2": (4, 2, 8),
     "fednova_fig5": (6, 2, 12),     # the final loss and its mean over rounds 1-50, 3 settings each
+    "fednova_fig2": (2, 4, 8),      # closed form: equal and random local steps x 4 methods
+    "fednova_fig4": (3, 7, 21),     # closed form: 3 curves x 7 values of alpha
     "fedlaw_fig3_fig11": (2, 3, 6),  # r of Fig. 3's run and of every run of Figs. 2 and 9, in three windows
     "fedlaw_fig2": (4, 4, 16),      # {IID, NonIID} x {FedAvg, adaptive GWS} x E = 1, 2, 3, 5
     "fedlaw_fig9": (2, 6, 12),      # {FedAvg, adaptive GWS} x 6 alphas

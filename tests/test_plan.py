@@ -361,6 +361,52 @@ def test_without_a_measurement_of_its_own_the_plan_uses_the_h200s(tmp_path, monk
     assert (first.costs, first.description) == ({"fmnist/mlp:64": 0.5}, f"measured on cuda ({pricing.STEP_COSTS_FILE})")
 
 
+def test_a_cpu_plan_reads_the_kept_cpu_table_before_guessing(tmp_path, monkeypatch):
+    """Without a CPU measurement of its own, a CPU plan prices what evidence/bench measured on the project's CPU;
+    only what that table lacks is the GPU's cost x ROUGH_CPU_OVER_GPU; a measurement of its own comes first."""
+    kept = json.loads((ROOT / pricing.CPU_STEP_COSTS_FILE).read_text())
+    monkeypatch.chdir(tmp_path)
+    _copy_evidence(tmp_path)
+    assert [t.label for t in pricing.step_costs("cpu").tables] == ["guess (GPU table x 50)", "guess (rough table x 50)"]
+    (tmp_path / pricing.CPU_STEP_COSTS_FILE).parent.mkdir(parents=True)
+    (tmp_path / pricing.CPU_STEP_COSTS_FILE).write_text((ROOT / pricing.CPU_STEP_COSTS_FILE).read_text())
+    tables = pricing.step_costs("cpu").tables
+    assert tables[0].costs == kept["step_seconds"] and not tables[0].guess
+    assert tables[0].description == f"measured on cpu ({pricing.CPU_STEP_COSTS_FILE})"
+    assert [t.label for t in pricing.step_costs("cuda").tables][0] == "GPU table"  # a GPU plan never reads it
+    own = tmp_path / pricing.STEP_COSTS_FILE
+    own.parent.mkdir(parents=True)
+    own.write_text(json.dumps({"device": "cpu", "step_seconds": {"fmnist/lenet5:128": 0.5}}))
+    assert pricing.step_costs("cpu").tables[0].costs == {"fmnist/lenet5:128": 0.5}
+
+
+def test_the_kept_cpu_table_prices_every_model_of_the_cpu_reachable_experiments():
+    """FedLAW Table 3's FMNIST columns (MLP and LeNet-5), IMA Table 1's FMNIST CNN, FedNova Fig. 5's logistic
+    regression and the default file's MLP: each (dataset, model, batch) has a CPU measurement, none a guess."""
+    costs = json.loads((ROOT / pricing.CPU_STEP_COSTS_FILE).read_text())
+    assert costs["device"] == "cpu" and costs["machine"]["torch_threads"] == 1
+    files = {"params/fedlaw.yaml": "fedlaw_table3_fmnist", "params/ima.yaml": "ima_table1_fmnist",
+             "params/fednova.yaml": "fednova_fig5_synthetic", "params/default.yaml": None}
+    keys = set()
+    for path, only in files.items():
+        params = paramsfile.load_params_files([str(ROOT / path)])
+        if only:
+            params["only"] = only
+        keys |= {pricing.step_key(r.setting) for r in config.expand(params)}
+    assert {"fmnist/lenet5:128", "fmnist/mlp:128", "fmnist/cnn:50", "synthetic_1_1/logreg:20"} <= keys
+    assert keys <= set(costs["step_seconds"]), sorted(keys - set(costs["step_seconds"]))
+    assert all(v > 0 for v in costs["step_seconds"].values())
+
+
+def test_a_cpu_step_is_timed_in_cpu_seconds_not_wall_seconds(monkeypatch):
+    """A plan prices CPU-hours: time another process holds the core (wall clock only) is not the step's cost."""
+    clocks = {"process_time": iter([10.0, 10.5]), "perf_counter": iter([0.0, 99.0])}
+    monkeypatch.setattr(pricing.time, "process_time", lambda: next(clocks["process_time"]))
+    monkeypatch.setattr(pricing.time, "perf_counter", lambda: next(clocks["perf_counter"]))
+    setting = {"dataset": "fmnist", "model": "mlp", "batch_size": 4}
+    assert pricing.measure_step(setting, "cpu", steps=5, warmup=1) == pytest.approx(0.1)
+
+
 def test_the_h200_table_prices_every_setting_of_the_papers():
     costs = json.loads((ROOT / pricing.H200_STEP_COSTS_FILE).read_text())["step_seconds"]
     from fedrepro.ops.gpucheck import PAPER_PARAMS  # the files the table was measured from

@@ -66,7 +66,8 @@ def test_report_puts_paper_numbers_beside_ours_and_lists_missing(tmp_path, ima_f
             '<small>Δ +5.32 (strict ±1.50)</small></td>') in html
     # 95 comparisons lack a cell of ours: 15 of them in this experiment's scope (not run yet), 80 need
     # CIFAR/other cells that this params file (only=ima_table1_fmnist) never runs
-    assert ('<td>+IMA beats FMA (per method and setting)</td><td>96/96</td><td class="ok">1/1</td>'
+    # beside ours, the paper's own numbers on the one comparison ours makes (1/1)
+    assert ('<td>+IMA beats FMA (per method and setting)</td><td>96/96</td><td class="ok">1/1</td><td>1/1</td>'
             '<td class="ok">1/1</td><td>15 <small>(+80 outside this params file)</small></td>') in html
     assert ("1/2 cells run so far are reproduced (|Δ| ≤ 1.5 points). Separately, 1/1 with two or more seeds are "
             "consistent within seed noise") in html
@@ -726,16 +727,22 @@ def test_the_index_opens_with_the_verified_results_of_the_evidence(tmp_path):
     assert rows
     for row in rows:
         assert str(escape(row.title)) in html
-        if not row.figure_only:
-            assert f">{row.within}/{row.run}</td>" in html
+        if not row.figure_only:  # a cell with no number (every seed diverged) is said so
+            no_number = f" ({row.diverged} with no number: every seed diverged)" if row.diverged else ""
+            assert f">{row.within}/{row.run}{no_number}</td>" in html
     assert html.count(">reproduced (±") == sum(r.within for r in rows)
     assert html.count(">not reproduced (±") == sum(len([o for o in r.outside if o["delta"] is not None]) for r in rows)
     # the second verdict, counted apart: the cells whose paper value lies inside our 95% t interval
     assert html.count("· inside the 95% t interval") == sum(r.consistent for r in rows)
+    # the cells consistent only through our spread are counted apart, in a column of their own
     for row in rows:
         if row.with_interval:
-            assert f"<td>{row.consistent}/{row.with_interval}</td>" in html
-    assert html.count("device-hours over") >= 2 * len(rows)  # the summary table and each table's section
+            assert (f"<td>{row.consistent - row.through_spread}/{row.with_interval}</td>\n"
+                    f"<td>{row.through_spread}/{row.with_interval}</td>") in html
+    assert html.count("<i>inside the interval only through our spread</i>") == sum(r.through_spread for r in rows)
+    trained = [r for r in rows if not r.computed]  # a closed-form figure (FedNova Figs. 2, 4) trains nothing
+    assert html.count("device-hours over") >= 2 * len(trained)  # the summary table and each table's section
+    assert html.count("none: computed in closed form from params/fednova.yaml") == 2 * (len(rows) - len(trained))
     assert '<a href="evidence/fedlaw_table3_fmnist_mlp.html">fedlaw_table3_fmnist_mlp</a>' in html
     assert "fedrepro evidence report evidence/ima_table1_fmnist --out" in html
     # without evidence, the page is the survey of the runs alone

@@ -4,6 +4,7 @@ reproduces within the allowed gap."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -101,7 +102,57 @@ def test_a_cell_outside_the_gap_without_an_explanation_says_so_and_diverged_cell
     assert row.within == 0 and row.diverged == 1
     text = matrix_text.markdown([row])
     assert "+10.00 (strict ±1.50; one seed: no interval). unexplained" in text  # the paper's std widens nothing
-    assert "FMNIST a=0.1 / FedLAW: all seeds diverged. unexplained" in text
+    assert "FMNIST a=0.1 / FedLAW: all seeds diverged: no number. unexplained" in text
+    # the cell with no number is named beside the largest gap, and in the README's summary
+    assert "+10.00 (FMNIST a=0.1 / FedAvg): unexplained; also no number: FMNIST a=0.1 / FedLAW (every seed diverged) |" \
+        in text
+    assert "| 0/2 (1 with no number: every seed diverged) |" in matrix_text.glance([row])
+    assert "; 1 of them with no number (every seed diverged)." in text
+
+
+@pytest.mark.parametrize("fedlaw_seeds, verdict", [
+    # FedAvg 79, 80, 81: s = 1, half-width 4.303 / sqrt 3 = 2.484. FedLAW 74, 78, 82: s = 4, half-width 9.937;
+    # the table's median half-width (2.484 + 9.937) / 2 = 6.21 < |78 - 85| = 7 < 9.937: inside only through
+    # our spread, counted apart from the consistent cells
+    ((0.74, 0.78, 0.82), "through our spread"),
+    # FedLAW 76, 78, 80: s = 2, half-width 4.969 < 7: outside the interval, no spread to blame
+    ((0.76, 0.78, 0.80), "neither"),
+    # FedLAW 70, 78, 86: s = 8, half-width 19.87, median 11.18 > 7: inside, as a typical cell's interval would be
+    ((0.70, 0.78, 0.86), "seed noise only"),
+])
+def test_a_cell_consistent_only_through_our_spread_is_counted_apart(tmp_path, results, fedlaw_seeds, verdict):
+    root = tmp_path / "evidence"
+    _folder(root, "a", [("fedavg-s1", "fedavg", 0.79), ("fedavg-s2", "fedavg", 0.80), ("fedavg-s3", "fedavg", 0.81)]
+            + [(f"fedlaw-s{i + 1}", "fedlaw", acc) for i, acc in enumerate(fedlaw_seeds)])
+    (row,) = verification.matrix(root, results)
+    assert row.typical == pytest.approx((4.302653 + 4.302653 * {0.74: 4, 0.76: 2, 0.70: 8}[fedlaw_seeds[0]])
+                                        / math.sqrt(3) / 2, rel=1e-5)
+    (outside,) = row.outside
+    assert outside["verdict"] == verdict
+    through = verdict == "through our spread"
+    consistent = 1 + (verdict != "neither")  # FedAvg, and FedLAW where inside its interval
+    assert (row.with_interval, row.consistent, row.through_spread) == (2, consistent, int(through))
+    text = matrix_text.markdown([row])
+    shown = f"{consistent - through}/2" + (" (+1 only through our spread)" if through else
+                                          " (1 of them only so)" if verdict == "seed noise only" else "")
+    assert f"| 1/2 | {shown} |" in text
+    assert ("inside it only through our spread: the table's median half-width is ±6.21)" in text) is through
+    assert f"| {consistent - through}/2 | {int(through)}/2 |" in matrix_text.glance([row])
+
+
+def test_a_collapse_makes_a_consistent_cell_one_through_our_spread():
+    """Through our spread: inside the interval, outside the strict gap, and beyond the typical half-width or
+    holding a collapsed run; a reproduced cell, or one outside its interval, never is."""
+    from fedrepro.report import paper
+    assert paper.typical_half_width([3.0, None, 1.0, 2.0, float("nan")]) == 2.0
+    assert paper.typical_half_width([1.0, 4.0]) == 2.5 and paper.typical_half_width([None]) is None
+    assert paper.through_spread(-3.0, 1.5, 5.0, 4.0) is False
+    assert paper.through_spread(-3.0, 1.5, 5.0, 4.0, collapsed=True) is True
+    assert paper.through_spread(-4.5, 1.5, 5.0, 4.0) is True
+    assert paper.through_spread(-1.0, 1.5, 5.0, 0.5, collapsed=True) is False  # reproduced
+    assert paper.through_spread(-6.0, 1.5, 5.0, 4.0, collapsed=True) is False  # outside the interval
+    assert paper.verdict(-3.0, 1.5, 5.0, 4.0, collapsed=True) == "through our spread"
+    assert paper.verdict(-3.0, 1.5, 5.0, 4.0) == "seed noise only"
 
 
 def test_the_newest_keep_of_a_seed_counts_even_where_it_diverged(tmp_path, results):
@@ -157,7 +208,7 @@ def test_a_figure_only_table_is_judged_by_its_claims_on_our_runs(tmp_path, fedla
     assert (check.ours.holds, check.ours.total, check.pending) == (int(holds), 1, 1)
     text = matrix_text.markdown([row])
     assert f"| Toy Fig. 5 (figure only) | figure | 2 | 2 | 2 | — | — | — | none | {int(holds)}/1 | `evidence/a/` |" in text
-    failing = "- toy_fig5: FedLAW beats FedAvg in every row: 0/1"
+    failing = "- toy_fig5: FedLAW beats FedAvg in every row: ours 0/1; the paper: stated in Fig. 5 (no numbers)"
     assert (failing in text) is not holds
     assert ("No claim check evaluated on our runs fails." in text) is holds
 
@@ -185,19 +236,20 @@ def test_a_collapsed_run_is_flagged_in_its_cell_and_in_the_list_of_cells_not_rep
     assert row.collapsed == [] and "No run of a cell collapsed." in matrix_text.markdown([row])
 
 
-def test_what_chance_alone_gives_is_the_binomial_count_of_interval_misses():
-    """19 cells with an interval, 11 outside: 0.05 x 19 = 0.95 expected, and P(at least 11) from the binomial sum
-    written out by hand."""
-    import math
-    row = verification.Row("t", "T", noise=[{"n": 3, "sd": 1.0, "tolerance": 1.5, "consistent": i >= 11}
+def test_what_chance_alone_gives_is_an_expected_count_and_the_shared_draws_are_counted():
+    """19 cells with an interval, 11 outside: 0.05 x 19 = 0.95 expected; the cells rest on shared partition draws
+    (here 8 cells on draws a-c, 11 on d-f: 6 draws in 2 sets), so no binomial probability is given."""
+    row = verification.Row("t", "T", noise=[{"n": 3, "sd": 1.0, "tolerance": 1.5, "consistent": i >= 11,
+                                             "draws": ["a", "b", "c"] if i < 8 else ["d", "e", "f"]}
                                             for i in range(19)])
     c = verification.chance([row])
     assert (c["cells"], c["misses"]) == (19, 11) and c["expected"] == pytest.approx(0.95)
-    by_hand = sum(math.comb(19, k) * 0.05 ** k * 0.95 ** (19 - k) for k in range(11, 20))
-    assert c["p_at_least"] == pytest.approx(by_hand, rel=1e-9)
+    assert (c["draws"], c["draw_sets"]) == (6, 2) and "p_at_least" not in c
     # three seeds of spread 1: P(|t(2)| > 1.5 / (1 / sqrt 3)) = P(|t(2)| > 2.598) = 0.1217 each
     assert c["strict_expected"] == pytest.approx(19 * 0.12168, rel=1e-3)
-    assert "0.95 of them would be expected outside it" in matrix_text._chance_text([row])
+    text = matrix_text._chance_text([row])
+    assert "0.95 of them would be expected outside it" in text
+    assert "they rest on 6 partition draws in 2 sets" in text and "no chance of at least so many misses" in text
 
 
 def test_every_collapsed_run_of_the_matrix_is_named_by_its_cells_explanation():
@@ -264,12 +316,12 @@ def test_the_docs_hold_the_generated_matrix_and_the_readme_its_summary():
 
 def test_the_summary_counts_per_paper_the_reproduced_and_the_consistent_cells_apart():
     rows = [verification.Row("toy_table1", "Toy Table 1", paper_key="toy", reported=4, runnable=4, run=3, seeds=[3, 3, 3],
-                             within=1, with_interval=3, consistent=2),
+                             within=1, with_interval=3, consistent=2, through_spread=1),
             verification.Row("toy_fig5", "Toy Fig. 5", paper_key="toy", figure_only=True, runnable=2, run=2, seeds=[3, 3]),
             verification.Row("other_table1", "Other Table 1", paper_key="other", reported=5)]
     text = matrix_text.glance(rows)
-    assert "| toy | 2 | 2 | 3 (+2 in figures) | 1/3 | 2/3 | — | [docs/papers/toy.md](docs/papers/toy.md) |" in text
-    assert "| other | 1 | 0 | 0 | — | — | — | [docs/papers/other.md](docs/papers/other.md) |" in text
+    assert "| toy | 2 | 2 | 3 (+2 in figures) | 1/3 | 1/3 | 1/3 | — | [docs/papers/toy.md](docs/papers/toy.md) |" in text
+    assert "| other | 1 | 0 | 0 | — | — | — | — | [docs/papers/other.md](docs/papers/other.md) |" in text
 
 
 def test_write_readme_rewrites_only_the_blocks_between_the_markers(tmp_path):

@@ -4,8 +4,8 @@
 params file uses on this machine's device, on random inputs of the dataset's shape, and keeps them in
 ``results/bench/step_costs.json`` (the benchmark's ``bench.json`` serves too, for the settings it measures).
 A plan is for one device (``--device``, a GPU by default) and uses only measurements of that device: per
-setting, a GPU plan falls back to the H200's table (evidence/gpu), a CPU plan to a guess made from it; the
-plan names what priced each experiment.
+setting, a GPU plan falls back to the H200's table (evidence/gpu), a CPU plan to the CPU table kept in
+evidence/bench, then to a guess made from the GPU's; the plan names what priced each experiment.
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ STEP_COSTS_FILE = Path("results/bench/step_costs.json")
 # so a cluster's runtime requests start from a real GPU's step costs rather than the rough guesses below.
 H200_STEP_COSTS_FILE = Path("evidence/gpu/step_costs-h200.json")
 H200_BENCH_FILE = Path("evidence/gpu/bench_fmnist_cnn-7b632ae.json")
+# Measured on this project's 2-core CPU VM, one torch thread (evidence/bench/README.md): a CPU plan's step costs
+# where this checkout has no CPU measurement of its own, before any guess.
+CPU_STEP_COSTS_FILE = Path("evidence/bench/step_costs-cpu.json")
 
 # Rough seconds per local step at batch 64 on one recent data-centre GPU (each model's fragment, models/<family>.yaml);
 # only used without a measurement, and reported as a guess.
@@ -190,10 +193,11 @@ def as_cpu_guess(table: CostTable) -> CostTable:
 def step_costs(device: str = "cuda", bench: str | Path | None = None) -> StepCosts:
     """What prices a plan for ``device``, per (dataset, model, batch size): that device's measurement,
     then for a GPU the H200's table, and what neither has a rough guess. A CPU plan's entries without
-    a CPU measurement are the GPU's costs x ROUGH_CPU_OVER_GPU, marked as guesses."""
+    a CPU measurement (its own, then the kept one, CPU_STEP_COSTS_FILE) are the GPU's costs x ROUGH_CPU_OVER_GPU,
+    marked as guesses."""
     fallback = gpu_tables()
     if check_device(device) == "cpu":
-        fallback = [as_cpu_guess(table) for table in fallback]
+        fallback = device_tables(CPU_STEP_COSTS_FILE, "cpu") + [as_cpu_guess(table) for table in fallback]
     return StepCosts(device, tuple(own_measurements(device, bench) + fallback))
 
 
@@ -243,9 +247,12 @@ def _timed_model(setting: dict, device: torch.device):
 
 
 def measure_step(setting: dict, device: str = "cpu", steps: int = 10, warmup: int = 3) -> float:
-    """Seconds per local SGD step (forward, backward, update) of this setting's model and batch."""
+    """Seconds per local SGD step (forward, backward, update) of this setting's model and batch. On a CPU, the
+    process's CPU seconds: a plan prices CPU-hours, and on a shared machine the wall clock also counts the time
+    other processes hold the core (on the project's 2-core VM at load 16, 5 times the CPU time)."""
     import torch
     device = torch.device(device)
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
     forward, module, inputs, labels = _timed_model(setting, device)
     opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
 
@@ -258,12 +265,12 @@ def measure_step(setting: dict, device: str = "cpu", steps: int = 10, warmup: in
         step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(steps):
         step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / steps
+    return (clock() - start) / steps
 
 
 def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE, steps: int = 10,

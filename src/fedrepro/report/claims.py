@@ -78,6 +78,9 @@ class Verdict:
     # of the comparisons both sides make, those where ours holds exactly when the paper's numbers hold: a
     # claim the paper itself breaks in one column is confirmed by ours breaking it in that column too
     agree: Count = field(default_factory=Count)
+    # the paper's own numbers on the comparisons ours makes (where it printed every involved cell): what the
+    # paper's numbers give beside ours, on the same cells
+    paper_on_ours: Count = field(default_factory=Count)
 
     @property
     def paper_side(self) -> str:
@@ -207,10 +210,12 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
     return _judged(check, stated, pairwise())
 
 
-def _tally(agree: Count, paper_holds: bool | None, ours_holds: bool) -> None:
+def _tally(agree: Count, paper_on_ours: Count, paper_holds: bool | None, ours_holds: bool) -> None:
     if paper_holds is not None:  # a stated claim has no numbers to agree with
         agree.total += 1
         agree.holds += paper_holds == ours_holds
+        paper_on_ours.total += 1
+        paper_on_ours.holds += paper_holds
 
 
 def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stated: str) -> Verdict:
@@ -238,7 +243,7 @@ def _judged(check: dict, stated: str, comparisons) -> Verdict:
     """The verdict of whole comparisons, each ``(involved cells, holds)`` where ``holds(value)`` judges it with
     ``value(cell)`` as each cell's number: the paper's side when it printed every involved cell (a stated claim
     has none), ours when every involved cell has a run."""
-    paper, ours, agree, pending, outside = Count(), Count(), Count(), 0, 0
+    paper, ours, agree, on_ours, pending, outside = Count(), Count(), Count(), Count(), 0, 0
     for involved, holds in comparisons:
         paper_holds = None
         if not stated and all(c.value is not None for c in involved):
@@ -256,8 +261,8 @@ def _judged(check: dict, stated: str, comparisons) -> Verdict:
         ours_holds = holds(lambda c: _ours(c, check))
         ours.total += 1
         ours.holds += ours_holds
-        _tally(agree, paper_holds, ours_holds)
-    return Verdict(check["text"], paper, ours, pending, outside, stated, agree)
+        _tally(agree, on_ours, paper_holds, ours_holds)
+    return Verdict(check["text"], paper, ours, pending, outside, stated, agree, on_ours)
 
 
 def _evaluate_gain_order(check: dict, labels: list[str], lines: list[str], cell, stated: str) -> Verdict:

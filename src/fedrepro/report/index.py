@@ -92,11 +92,14 @@ def verified(root: str | Path, reports_dir: Path) -> dict:
         cost = compute.of_runs(row.run_dirs)
         tables.append({"name": row.table, "title": row.title, "figure_only": row.figure_only,
                        "reported": row.reported, "run": row.run, "within": row.within, "diverged": row.diverged,
-                       "with_interval": row.with_interval, "consistent": row.consistent,
+                       "with_interval": row.with_interval, "through_spread": row.through_spread,
+                       "consistent": row.consistent - row.through_spread,  # counted apart from through_spread
                        "seeds": sorted(set(row.seeds)), "cells": row.cells,
-                       "checks": [{"text": v.text, "ours": str(v.ours), "holds": v.ours.holds == v.ours.total}
+                       "checks": [{"text": v.text, "ours": str(v.ours), "holds": v.ours.holds == v.ours.total,
+                                   "paper": str(v.paper_on_ours) if v.paper_on_ours.total else v.paper_side}
                                   for v in row.checks_evaluated],
-                       "compute": compute.text(cost), "estimate_source": cost["estimate_source"],
+                       "compute": (f"none: computed in closed form from {row.computed}" if row.computed
+                                   else compute.text(cost)), "estimate_source": cost["estimate_source"],
                        "folders": [{"name": f, "page": page(f)} for f in row.folders]})
     waiting = [row.title for row in rows if not row.run]
     folders = []

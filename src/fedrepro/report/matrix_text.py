@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedrepro.spec.paramsfile import ROOT
-from fedrepro.report import claims, collapses
+from fedrepro.report import claims, collapses, paper
 from fedrepro.report.verification import Row, chance
 
 
@@ -27,12 +27,21 @@ def _seeds(seeds: list[int]) -> str:
     return str(low) if low == high else f"{low}–{high}"
 
 
-def _gap(entry: dict | None, within: bool) -> str:
+def _no_number(row: Row) -> list[str]:
+    """The cells run whose every seed diverged: they have no number, so no gap, and are named instead."""
+    return [f"{o['row']} / {o['column']}" for o in row.outside if o["delta"] is None]
+
+
+def _gap(row: Row) -> str:
+    entry = row.largest
+    within = entry is not None and all(o is not entry for o in row.outside)
+    none = _no_number(row)
+    tail = f"no number: {', '.join(none)} (every seed diverged)" if none else ""
     if entry is None:
-        return "—"
-    where = f"{entry['row']} / {entry['column']}"
-    text = f"{entry['delta']:+.2f} ({where})"
-    return text if within else f"{text}: {entry['summary']}"
+        return tail or "—"
+    text = f"{entry['delta']:+.2f} ({entry['row']} / {entry['column']})"
+    text = text if within else f"{text}: {entry['summary']}"
+    return f"{text}; also {tail}" if tail else text
 
 
 def _checks(row: Row) -> str:
@@ -40,6 +49,10 @@ def _checks(row: Row) -> str:
         return "—"
     evaluated = row.checks_evaluated
     text = f"{len(evaluated) - len(row.checks_failing)}/{len(evaluated)}"
+    numbered = [v for v in evaluated if v.paper_on_ours.total]
+    if numbered:  # the same checks on the paper's own numbers of the same comparisons, beside ours
+        held = sum(v.paper_on_ours.holds == v.paper_on_ours.total for v in numbered)
+        text += f" (the paper's: {held}/{len(numbered)})"
     waiting = len(row.checks) - len(evaluated)
     return text + (f" ({waiting} not run)" if waiting else "")
 
@@ -52,11 +65,23 @@ def _agreement(verdict: claims.Verdict) -> str:
     return f"; agrees with the paper's numbers in {agree}{same}"
 
 
+def _paper_beside(verdict: claims.Verdict) -> str:
+    """What the paper's own numbers give on the comparisons ours makes, and over its whole table."""
+    if not verdict.paper_on_ours.total:
+        return f"the paper: {verdict.paper_side}"
+    return (f"the paper's own numbers {verdict.paper_on_ours} on the same comparisons ({verdict.paper_side} over "
+            f"the whole table)")
+
+
 def _consistent(row: Row) -> str:
+    """Consistent cells of the row, those inside only through our spread counted apart (paper.through_spread)."""
     if row.figure_only:
         return "—"
-    text = f"{row.consistent}/{row.with_interval}"
-    return text + (f" ({row.noise_only} only so)" if row.noise_only else "")
+    only_so = row.noise_only - row.through_spread
+    text = f"{row.consistent - row.through_spread}/{row.with_interval}"
+    notes = ([f"{only_so} of them only so"] if only_so else []) + (
+        [f"+{row.through_spread} only through our spread"] if row.through_spread else [])
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _collapsed(row: Row) -> str:
@@ -74,14 +99,17 @@ def _flagged(flagged: list[dict]) -> str:
                                       for f in flagged) + "."
 
 
-def _verdict_text(o: dict) -> str:
+def _verdict_text(o: dict, row: Row) -> str:
     if o["delta"] is None:
-        return "all seeds diverged"
+        return "all seeds diverged: no number"
     strict = f"{o['delta']:+.2f} (strict ±{o['allowed']:.2f}"
     if o["interval"] is None:
         return strict + "; one seed: no interval)"
-    where = "inside it: seed noise only" if o["verdict"] == "seed noise only" else "outside it"
-    return strict + f"; 95% t interval ±{o['interval']:.2f}, the paper's value {where})"
+    where = {"seed noise only": "inside it: seed noise only",
+             "through our spread": "inside it only through our spread: the table's median half-width is "
+                                   + (f"±{row.typical:.2f}" if row.typical is not None else "unknown")
+                                   + (", and a run of the cell collapsed" if o["collapsed"] else "")}
+    return strict + f"; 95% t interval ±{o['interval']:.2f}, the paper's value {where.get(o['verdict'], 'outside it')})"
 
 
 def _chance_text(rows: list[Row]) -> str:
@@ -90,11 +118,14 @@ def _chance_text(rows: list[Row]) -> str:
         return "No cell has two or more seeds yet: there is no interval to count misses of."
     return (f"**What chance alone gives.** {c['cells']} cells have a 95% t interval (two or more seeds). Were every "
             f"paper value the true mean of our runs, {c['expected']:.2f} of them would be expected outside it "
-            f"(Binomial({c['cells']}, 0.05)); {c['misses']} are, and at least {c['misses']} misses happen by chance "
-            f"with probability {c['p_at_least']:.2g}. For the strict gap, our seeds' own spread would put "
+            f"(0.05 each); {c['misses']} are. For the strict gap, our seeds' own spread would put "
             f"{c['strict_expected']:.2f} of those {c['cells']} cells more than 1.5 points from a true paper value "
             f"(sum over the cells of P(|t(n−1)| > 1.5 / (s/√n)), our s standing in for the true spread); "
-            f"{sum(1 for r in rows for o in r.outside if o['interval'] is not None)} are.")
+            f"{sum(1 for r in rows for o in r.outside if o['interval'] is not None)} are. Expected counts add up "
+            f"whatever the cells' dependence, but the cells are not independent trials: they rest on "
+            f"{c['draws']} partition draws in {c['draw_sets']} sets (a table's methods at one setting share a "
+            f"setting's draws, e.g. FedLAW Table 3's eight methods the three draws of each α), and a hard draw "
+            f"moves every method on it together, so no chance of at least so many misses is given.")
 
 
 def markdown(rows: list[Row]) -> str:
@@ -102,22 +133,27 @@ def markdown(rows: list[Row]) -> str:
     within = sum(r.within for r in rows if not r.figure_only)
     consistent = sum(r.consistent for r in rows)
     with_interval = sum(r.with_interval for r in rows)
-    noise_only = sum(r.noise_only for r in rows)
+    through = sum(r.through_spread for r in rows)
+    only_so = sum(r.noise_only for r in rows) - through
+    no_number = sum(r.diverged for r in rows if not r.figure_only)
     lines = [f"**Reproduced: {within} of the {run} cells run** (|ours − paper| ≤ 1.5 points, the table's "
-             f"tolerance; 20 rounds for rounds-to-target). Separately, consistent within seed noise: {consistent} of "
-             f"the {with_interval} cells with two or more seeds (the paper's value inside the 95% t interval of our "
-             f"mean), {noise_only} of them only so.",
+             f"tolerance; 20 rounds for rounds-to-target){f'; {no_number} of them with no number (every seed diverged)' if no_number else ''}. "
+             f"Separately, consistent within seed noise: {consistent - through} of the {with_interval} cells with "
+             f"two or more seeds (the paper's value inside the 95% t interval of our mean), {only_so} of them only "
+             f"so (outside the strict gap); counted apart, {through} more are consistent only through our own "
+             f"spread ({paper.THROUGH_SPREAD}).",
              "",
              "| paper table | cells reported | runnable here | run at full settings | seeds per cell | "
              "reproduced (\\|Δ\\| ≤ 1.5) | consistent within seed noise (95% t) | largest gap (ours − paper) and "
-             "its explanation | collapsed runs | claim checks that hold on our runs | evidence |",
+             "its explanation | collapsed runs | claim checks that hold on our runs (on the paper's numbers of the "
+             "same cells) | evidence |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        largest_within = r.largest is not None and all(o is not r.largest for o in r.outside)
-        folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or "—"
+        folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or (f"computed from `{r.computed}`" if r.computed
+                                                                      else "—")
         reported, within_text = ("figure", "—") if r.figure_only else (r.reported, f"{r.within}/{r.run}")
         lines.append(f"| {r.title} | {reported} | {r.runnable} | {r.run} | {_seeds(r.seeds)} | "
-                     f"{within_text} | {_consistent(r)} | {_gap(r.largest, largest_within)} | {_collapsed(r)} | "
+                     f"{within_text} | {_consistent(r)} | {_gap(r)} | {_collapsed(r)} | "
                      f"{_checks(r)} | {folders} |")
     outside = [(r, o) for r in rows for o in r.outside]
     lines.append("")
@@ -128,7 +164,7 @@ def markdown(rows: list[Row]) -> str:
                      "95% t interval and its explanation):")
         lines.append("")
         for r, o in outside:
-            lines.append(f"- {r.table}, {o['row']} / {o['column']}: {_verdict_text(o)}.{_flagged(o['collapsed'])} "
+            lines.append(f"- {r.table}, {o['row']} / {o['column']}: {_verdict_text(o, r)}.{_flagged(o['collapsed'])} "
                          f"{o['explanation']}")
     else:
         lines.append("Every cell that was run is reproduced.")
@@ -149,10 +185,11 @@ def markdown(rows: list[Row]) -> str:
     failing = [(r, v) for r in rows for v in r.checks_failing]
     lines.append("")
     if failing:
-        lines.append("Claim checks our runs do not confirm (comparisons that hold on ours / made; then, of the "
-                     "comparisons both make, those where ours holds exactly when the paper's numbers do):")
+        lines.append("Claim checks our runs do not confirm (comparisons that hold on ours / made; the same "
+                     "comparisons on the paper's own numbers; then, of the comparisons both make, those where ours "
+                     "holds exactly when the paper's numbers do):")
         lines.append("")
-        lines.extend(f"- {r.table}: {v.text}: {v.ours}{_agreement(v)}" for r, v in failing)
+        lines.extend(f"- {r.table}: {v.text}: ours {v.ours}; {_paper_beside(v)}{_agreement(v)}" for r, v in failing)
     else:
         lines.append("No claim check evaluated on our runs fails.")
     return "\n".join(lines) + "\n"
@@ -163,8 +200,9 @@ def glance(rows: list[Row]) -> str:
     reproduced (within the table's tolerance, 1.5 points), how many are consistent within seed noise (of the cells
     run at two or more seeds), and the claim checks that hold. The two verdicts are never merged."""
     lines = ["| paper | tables and figures | with kept runs | cells run | reproduced (within 1.5 points) "
-             "| consistent within seed noise | claim checks that hold | page |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| consistent within seed noise | consistent only through our spread | claim checks that hold on "
+             "ours (on the paper's numbers of the same cells) | page |",
+             "|---|---|---|---|---|---|---|---|---|"]
     papers: dict[str, list[Row]] = {}
     for r in rows:
         papers.setdefault(r.paper_key, []).append(r)
@@ -172,18 +210,27 @@ def glance(rows: list[Row]) -> str:
         numbered = [r for r in group if not r.figure_only]
         run = sum(r.run for r in numbered)
         reproduced = sum(r.within for r in numbered)
+        no_number = sum(r.diverged for r in numbered)
         with_interval = sum(r.with_interval for r in numbered)
-        consistent = sum(r.consistent for r in numbered)
-        evaluated = sum(len(r.checks_evaluated) for r in group)
-        holding = evaluated - sum(len(r.checks_failing) for r in group)
-        kept = sum(r.run > 0 for r in group)
-        in_figures = sum(r.run for r in group if r.figure_only)
-        cells = f"{run}" + (f" (+{in_figures} in figures)" if in_figures else "")
+        through = sum(r.through_spread for r in numbered)
+        consistent = sum(r.consistent for r in numbered) - through
+        evaluated = [v for r in group for v in r.checks_evaluated]
+        holding = len(evaluated) - sum(len(r.checks_failing) for r in group)
+        on_paper = [v for v in evaluated if v.paper_on_ours.total]
+        paper_holding = sum(v.paper_on_ours.holds == v.paper_on_ours.total for v in on_paper)
+        kept = sum(r.run > 0 and not r.computed for r in group)
+        in_figures = sum(r.run for r in group if r.figure_only and not r.computed)
+        closed = sum(r.run for r in group if r.computed)
+        cells = f"{run}" + (f" (+{in_figures} in figures)" if in_figures else "") + (
+            f" (+{closed} computed in closed form)" if closed else "")
         page = f"[docs/papers/{paper_key}.md](docs/papers/{paper_key}.md)"
+        reproduced_text = f"{reproduced}/{run}" + (f" ({no_number} with no number: every seed diverged)"
+                                                   if no_number else "") if run else "—"
+        checks_text = (f"{holding}/{len(evaluated)}" + (f" ({paper_holding}/{len(on_paper)})" if on_paper else "")
+                       if evaluated else "—")
         lines.append(f"| {PAPER_NAMES.get(paper_key, paper_key)} | {len(group)} | {kept} | {cells} | "
-                     f"{f'{reproduced}/{run}' if run else '—'} | "
-                     f"{f'{consistent}/{with_interval}' if with_interval else '—'} | "
-                     f"{f'{holding}/{evaluated}' if evaluated else '—'} | {page} |")
+                     f"{reproduced_text} | {f'{consistent}/{with_interval}' if with_interval else '—'} | "
+                     f"{f'{through}/{with_interval}' if with_interval else '—'} | {checks_text} | {page} |")
     return "\n".join(lines) + "\n"
 
 

@@ -69,13 +69,15 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         all_diverged = int((frame["paper"].notna() & frame["ours"].isna() & (frame["diverged"] > 0)).sum())
         in_scope = frame.dropna(subset=["paper"])["in_scope"]
         noise = compared[compared["verdict"] == "seed noise only"]
+        spread = compared[compared["verdict"] == "through our spread"]  # counted apart (paper.through_spread)
         with_interval = compared["consistent"].notna()
         verdict = (f"{int(compared['within'].sum())}/{len(compared) + all_diverged} cells run so far are reproduced"
                    f" (|Δ| ≤ {tolerance:g} {table.get('unit', 'rounds' if metric == 'rounds_to_target' else 'points')})"
                    f"{f'; {all_diverged} diverged at every seed' if all_diverged else ''}. Separately, "
-                   f"{int(compared.loc[with_interval, 'consistent'].astype(bool).sum())}/{int(with_interval.sum())} "
-                   f"with two or more seeds are consistent within seed noise (the paper's value inside the "
-                   f"{paper.CONFIDENCE:.0%} t interval){f', {len(noise)} of them only so' if len(noise) else ''}. "
+                   f"{int(compared.loc[with_interval, 'consistent'].astype(bool).sum()) - len(spread)}/"
+                   f"{int(with_interval.sum())} with two or more seeds are consistent within seed noise (the paper's "
+                   f"value inside the {paper.CONFIDENCE:.0%} t interval){f', {len(noise)} of them only so' if len(noise) else ''}"
+                   f"{f'; counted apart, {len(spread)} more only through our spread ({paper.THROUGH_SPREAD})' if len(spread) else ''}. "
                    f"{int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope.")
         counted = dict.fromkeys(runs_dir / r for cell in joined for r in cell.runs + cell.diverged)
         out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,

@@ -305,14 +305,43 @@ def consistent(delta: float | None, interval: float | None) -> bool | None:
     return abs(delta) <= interval
 
 
-def verdict(delta: float | None, tolerance: float, interval: float | None) -> str:
-    """The cell's label: 'reproduced' (strict), 'seed noise only' (outside the strict gap, inside our interval:
-    the spread of our seeds alone admits the paper's value), 'neither', 'no interval' (outside the strict gap,
-    one seed: no spread to judge by), or '' where nothing is compared."""
+THROUGH_SPREAD = ("inside our interval but outside the strict gap, and either farther from our mean than the "
+                  "table's median interval half-width or in a cell holding a run flagged as collapsed")
+
+
+def typical_half_width(intervals) -> float | None:
+    """The median half-width of a table's 95% t intervals (its cells with two or more seeds): the spread of a
+    typical cell of the table, against which one cell's wide interval is judged. None without any interval."""
+    widths = sorted(w for w in intervals if w is not None and math.isfinite(w))
+    if not widths:
+        return None
+    mid = len(widths) // 2
+    return widths[mid] if len(widths) % 2 else (widths[mid - 1] + widths[mid]) / 2
+
+
+def through_spread(delta: float | None, tolerance: float, interval: float | None, typical: float | None,
+                   collapsed: bool = False) -> bool:
+    """Consistent within seed noise only through our own spread (THROUGH_SPREAD): the paper's value lies inside
+    our interval and outside the strict gap, and either an interval of the table's typical (median) half-width
+    would leave it outside, or a run of the cell collapsed (a collapse is what widens the interval)."""
+    if not consistent(delta, interval) or reproduced(delta, tolerance):
+        return False
+    return collapsed or (typical is not None and abs(delta) > typical)
+
+
+def verdict(delta: float | None, tolerance: float, interval: float | None, typical: float | None = None,
+            collapsed: bool = False) -> str:
+    """The cell's label: 'reproduced' (strict), 'through our spread' (inside our interval only through our own
+    spread: through_spread, given the table's typical half width and whether a run of the cell collapsed),
+    'seed noise only' (outside the strict gap, inside our interval: the spread of our seeds alone admits the
+    paper's value), 'neither', 'no interval' (outside the strict gap, one seed: no spread to judge by), or ''
+    where nothing is compared."""
     if delta is None:
         return ""
     if reproduced(delta, tolerance):
         return "reproduced"
+    if through_spread(delta, tolerance, interval, typical, collapsed):
+        return "through our spread"
     inside = consistent(delta, interval)
     return "no interval" if inside is None else ("seed noise only" if inside else "neither")
 
@@ -326,18 +355,19 @@ def table_frame(joined: list[Cell], table: str, tolerance: float = MIN_GAP, pape
     paper's std over ``paper_seeds`` where it prints one). Each is None where it cannot be judged."""
     import pandas as pd
 
+    mine = [c for c in joined if c.table == table]
+    intervals = {id(c): noise_interval(c.ours, c.std, paper_seeds) for c in mine}
+    typical = typical_half_width(intervals[id(c)] for c in mine if c.value is not None)
     records = []
-    for c in joined:
-        if c.table != table:
-            continue
+    for c in mine:
         allowed = c.metric.get("tolerance", tolerance)
-        interval = noise_interval(c.ours, c.std, paper_seeds)
+        interval = intervals[id(c)]
         records.append({"row": c.row, "column": c.column, "paper": c.value, "paper_std": c.std,
                         "ours": c.ours_mean, "ours_std": c.ours_std, "seeds": len(c.ours), "delta": c.delta,
                         "diverged": len(c.diverged), "in_scope": c.in_scope, "allowed": allowed,
                         "within": reproduced(c.delta, allowed), "interval": interval,
                         "consistent": consistent(c.delta, interval),
-                        "verdict": verdict(c.delta, allowed, interval),
+                        "verdict": verdict(c.delta, allowed, interval, typical, bool(c.collapses)),
                         "collapsed": len(c.collapses),
                         "collapse_text": "; ".join(collapses.describe(r) for r in c.collapses.values())})
     return pd.DataFrame.from_records(records)

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from fedrepro import catalog
-from fedrepro.report import claims, paper
+from fedrepro.report import claims, computed, paper
 from fedrepro.spec.paramsfile import ROOT
 from fedrepro.spec.schema import ConfigError
 
@@ -65,6 +65,8 @@ class Row:
     with_interval: int = 0               # cells run at two or more seeds: a t interval exists
     consistent: int = 0                  # of those, the paper's value inside the interval
     noise_only: int = 0                  # not reproduced, but inside the interval: our spread alone admits it
+    through_spread: int = 0              # of those, inside only through our own spread (paper.through_spread)
+    typical: float | None = None         # the median half-width of the table's intervals (paper.typical_half_width)
     diverged: int = 0
     largest: dict | None = None          # {row, column, delta, allowed, explanation}
     outside: list[dict] = field(default_factory=list)  # every cell not reproduced
@@ -75,6 +77,7 @@ class Row:
     deltas: list[float] = field(default_factory=list)  # ours − paper of every cell run with a number
     cells: list[dict] = field(default_factory=list)   # every cell run: ours beside the paper's, and the verdict
     run_dirs: list[Path] = field(default_factory=list)  # the kept runs the cells count
+    computed: str = ""                   # a closed-form figure's source ("params/fednova.yaml: fig"), no runs
 
     @property
     def checks_evaluated(self) -> list[claims.Verdict]:
@@ -155,10 +158,21 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
         joined = paper.join({name: table}, list(runs.values()))
         row = Row(name, table["title"], paper_key=table.get("paper", name.split("_")[0]),
                   figure_only=all(cell.value is None for cell in joined), tolerance=paper.tolerance(table))
+        if table.get("computed"):  # a closed-form figure: its cells are computed, its claims checked on them
+            computed.fill(table, joined)
+            row.computed = f"{table['computed']['params']}: {table['computed']['figure']}"
+            row.runnable = row.run = len(joined)
+            row.seeds = [1] * len(joined)
+            row.checks = claims.evaluate_table(name, table, joined)
+            rows.append(row)
+            continue
         for cell in joined:
             if cell.ours or cell.diverged:
                 _one_per_seed(cell, runs)
                 used.update(runs[r]["folder"] for r in cell.runs + cell.diverged)
+        row.typical = paper.typical_half_width(paper.noise_interval(c.ours, c.std, table.get("paper_seeds"))
+                                               for c in joined if c.value is not None and c.ours)
+        for cell in joined:
             if cell.value is None and not row.figure_only:
                 continue
             row.reported += not row.figure_only
@@ -177,7 +191,8 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             shown = {"row": cell.row, "column": cell.column, "ours": cell.ours_mean, "ours_std": cell.ours_std,
                      "seeds": len(cell.ours), "diverged": len(cell.diverged), "paper": cell.value,
                      "paper_std": cell.std, "delta": cell.delta, "allowed": None, "verdict": "figure",
-                     "summary": "", "interval": None, "consistent": None, "noise_only": False}
+                     "summary": "", "interval": None, "consistent": None, "noise_only": False,
+                     "through_spread": False}
             row.cells.append(shown)
             if not cell.ours:  # every seed diverged
                 row.diverged += 1
@@ -191,7 +206,8 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             allowed = cell.metric.get("tolerance", row.tolerance)
             interval = paper.noise_interval(cell.ours, cell.std, table.get("paper_seeds"))
             entry = {"row": cell.row, "column": cell.column, "delta": cell.delta, "allowed": allowed,
-                     "interval": interval, "verdict": paper.verdict(cell.delta, allowed, interval),
+                     "interval": interval,
+                     "verdict": paper.verdict(cell.delta, allowed, interval, row.typical, bool(flagged)),
                      "collapsed": flagged, **_explained(explain, key)}
             shown.update(interval=interval)
             if interval is not None:
@@ -201,16 +217,19 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 row.consistent += inside
                 row.noise.append({"n": len(cell.ours), "sd": cell.ours_std, "tolerance": allowed,
                                   "paper_std": cell.std, "paper_seeds": table.get("paper_seeds"),
-                                  "consistent": inside})
+                                  "consistent": inside,
+                                  "draws": sorted({str(runs[r]["summary"].get("partition")) for r in cell.runs})})
             row.deltas.append(cell.delta)
             if paper.reproduced(cell.delta, allowed):
                 row.within += 1
                 shown.update(allowed=allowed, verdict="within")
             else:
                 row.outside.append(entry)
-                row.noise_only += entry["verdict"] == "seed noise only"
+                row.noise_only += entry["verdict"] in ("seed noise only", "through our spread")
+                row.through_spread += entry["verdict"] == "through our spread"
                 shown.update(allowed=allowed, verdict="outside", summary=entry["summary"],
-                             noise_only=entry["verdict"] == "seed noise only")
+                             noise_only=entry["verdict"] == "seed noise only",
+                             through_spread=entry["verdict"] == "through our spread")
             if row.largest is None or abs(cell.delta) > abs(row.largest["delta"]):
                 row.largest = entry
         row.run_dirs = list(dict.fromkeys(row.run_dirs))  # a run two cells count is one run's compute
@@ -235,9 +254,12 @@ def unnamed_collapses(rows: list[Row]) -> list[str]:
 def chance(rows: list[Row], confidence: float = paper.CONFIDENCE) -> dict:
     """How many misses seed noise alone would give at this number of cells, were each paper value the true mean
     of our runs. Interval: each of the n cells with a t interval misses with probability 1 − confidence, so
-    the misses are Binomial(n, 0.05): their expectation and the chance of at least as many as we have. Strict
-    gap: a cell of n seeds with spread s misses 1.5 points with probability P(|t(n−1)| > 1.5 / (s / sqrt(n)))
-    (our s standing in for the true spread); their sum is the expected number of strict misses from noise."""
+    (1 − confidence) n misses are expected. Strict gap: a cell of n seeds with spread s misses 1.5 points with
+    probability P(|t(n−1)| > 1.5 / (s / sqrt(n))) (our s standing in for the true spread); their sum is the
+    expected number of strict misses from noise. Expectations add up whatever the cells' dependence; the chance
+    of at least so many misses does not: a table's methods at one setting train on the same partition draws
+    (``draws``: the distinct partitions, ``draw_sets``: the distinct sets of them the cells rest on), so a hard
+    draw moves them together and the cells are not independent trials; no such probability is given."""
     from scipy import stats
 
     cells = [c for r in rows for c in r.noise]
@@ -246,6 +268,6 @@ def chance(rows: list[Row], confidence: float = paper.CONFIDENCE) -> dict:
     for c in cells:
         se = (c["sd"] or 0.0) / math.sqrt(c["n"])
         strict_expected += 2 * stats.t.sf(c["tolerance"] / se, c["n"] - 1) if se > 0 else 0.0
-    return {"cells": n, "misses": misses, "expected": (1 - confidence) * n,
-            "p_at_least": float(stats.binom.sf(misses - 1, n, 1 - confidence)) if n else 1.0,
-            "strict_expected": strict_expected}
+    sets = {tuple(c["draws"]) for c in cells if c.get("draws")}
+    return {"cells": n, "misses": misses, "expected": (1 - confidence) * n, "strict_expected": strict_expected,
+            "draws": len({d for s in sets for d in s}), "draw_sets": len(sets)}
