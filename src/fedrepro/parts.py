@@ -144,6 +144,16 @@ class ClientObjective(ClientHook):
         pass
 
 
+class FeatureTerm:
+    """A loss on a model's features added to cross-entropy, for the batched path (FedFA's anchor loss):
+    ``tap`` is the module whose input the features are; ``__call__(features, labels)`` is one client's
+    term (vmapped over the clients training together), or None where it adds nothing."""
+    tap: object  # an nn.Module
+
+    def __call__(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
+
+
 @dataclass
 class Algorithm:
     """A federated method: the client's local rule and the server's chain."""

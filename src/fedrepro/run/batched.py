@@ -50,7 +50,7 @@ from fedrepro.run.batchable import dropout_layers
 from fedrepro.run.batched_draws import GroupState
 from fedrepro.run.client import LocalSGD
 from fedrepro.flat import learnt_buffers
-from fedrepro.parts import ClientRun, RoundUpdates
+from fedrepro.parts import ClientRun, FeatureTerm, RoundUpdates
 
 
 # ---------------------------------------------------------------- the clients' schedules
@@ -103,10 +103,12 @@ class StepView:
         """The rows of a (K, ...) per-group tensor that belong to this step's clients."""
         return stacked if self.rows is None else stacked[self.rows]
 
-    def loss_and_grad(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss_and_grad(self, inputs: torch.Tensor, labels: torch.Tensor, term: FeatureTerm | None = None):
         """Cross-entropy forward and backward of every row at its current ``x`` on its own batch; the
-        gradients land in ``grad``, the (k,) losses are returned (detached), BatchNorm statistics move."""
-        return self._forward(self, inputs, labels)
+        gradients land in ``grad``, the (k,) losses are returned (detached), BatchNorm statistics move.
+        With a ``term``: its loss on the features (the input of ``term.tap``) is added to each row's, and
+        (losses, features (k, b, ...) detached) is returned."""
+        return self._forward(self, inputs, labels, term)
 
 
 class _RowModel:
@@ -144,7 +146,19 @@ class BatchedSGD:
                        **dict(zip(self.counter_names, counters))}
             return F.cross_entropy(functional_call(self.module, tensors, (x,)), y)
 
+        def loss_with_term(params, bufs, counters, x, y, masks):
+            term, captured = self._term, []
+            hook = term.tap.register_forward_hook(lambda mod, args, out: captured.append(args[0]))
+            try:
+                value = loss(params, bufs, counters, x, y, masks)
+            finally:
+                hook.remove()
+            extra = term(captured[0], y)  # added after cross-entropy, as the sequential objective adds it
+            return (value if extra is None else value + extra), captured[0].detach()
+
         self._grad = vmap(grad_and_value(loss))
+        self._grad_term = vmap(grad_and_value(loss_with_term, has_aux=True))
+        self._term = None
 
     # ---- views into (K, P) and (K, B) stacks
     @staticmethod
@@ -156,19 +170,28 @@ class BatchedSGD:
             offset += n
         return tuple(views)
 
-    def _forward(self, view: StepView, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _forward(self, view: StepView, inputs: torch.Tensor, labels: torch.Tensor, term=None):
         k = len(view.x)
         state = self._state
         bufs = tuple(view.take(b) for b in state.buffers)
         counters = tuple(torch.zeros(k, dtype=torch.long, device=view.x.device) for _ in self.counter_names)
         masks = state.next_masks(view)
-        grads, loss = self._grad(self._split(view.x, self.shapes), bufs, counters, inputs, labels, masks)
+        args = (self._split(view.x, self.shapes), bufs, counters, inputs, labels, masks)
+        features = None
+        if term is None:
+            grads, loss = self._grad(*args)
+        else:
+            self._term = term
+            try:
+                grads, (loss, features) = self._grad_term(*args)
+            finally:
+                self._term = None
         torch.cat([g.reshape(k, -1) for g in grads], dim=1, out=view.grad)
         if view.rows is not None:
             for whole, moved in zip(state.buffers, bufs):
                 whole[view.rows] = moved  # a gathered copy moved; the group's stack did not
         state.forwards += k
-        return loss.detach()
+        return loss.detach() if term is None else (loss.detach(), features)
 
     # ---- training
     def train(self, round_: int, data, clients: torch.Tensor, plans: list[ClientPlan], x_global: torch.Tensor,
@@ -231,18 +254,19 @@ class BatchedSGD:
                         c.batched(view.grad, view)
                     buf = None if velocity is None else take(velocity)
                     self.rule.step(view.x, view.grad, lr, buf)
-                    if not everyone:  # gathered copies: put the moved rows back
-                        x[idx] = view.x
-                        if buf is not None:
-                            velocity[idx] = buf
                     loss_sum[rows if not everyone else slice(None)] += loss
                     for j in rows:
                         steps[j] += 1
+                    # before the gathered rows go back: an after_step may move them (FedFA's calibration)
                     if objective is not None and hasattr(objective, "batched_after_step"):
                         objective.batched_after_step(view)
                     ended = [j for j in rows if s in plans[j].epoch_ends]
                     if ended and objective is not None and hasattr(objective, "batched_end_epoch"):
                         objective.batched_end_epoch(_subview(view, rows, ended, device))
+                    if not everyone:  # gathered copies: put the moved rows back
+                        x[idx] = view.x
+                        if buf is not None:
+                            velocity[idx] = buf
         # the shared module's batch counters advance once per client forward pass, as client after client
         for counter in bn_counters.values():
             counter.add_(state.forwards)
