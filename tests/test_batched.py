@@ -109,7 +109,7 @@ def _assert_updates_equal(plain, fast, bound):
 def test_unequal_clients_train_together_as_one_after_another(tmp_path, model):
     plain, fast = _pair(tmp_path, model=model)
     a, b = _local(plain), _local(fast)
-    assert fast._batched is not None, "the batched path was not taken"
+    assert fast.batched.rounds_trained, "the batched path was not taken"
     assert a.steps.tolist() == [2 * math.ceil(n / BATCH) for n in SIZES]  # unequal: 6, 2, 4, 8, 6
     bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
     _assert_updates_equal(a, b, bound)
@@ -161,8 +161,10 @@ def test_modes_and_fallbacks(tmp_path):
     assert not auto.train_together(np.arange(5))  # CPU: sequential unless asked
     fast = _trainer(tmp_path, "on")
     assert fast.train_together(np.arange(5))
-    fast.algorithm.corrections.append(type("Unbatched", (ClientObjective.__base__,), {})())
-    assert not fast.train_together(np.arange(5))
+    unbatched = _trainer(tmp_path, "on")
+    unbatched.algorithm.corrections.append(type("Unbatched", (ClientObjective.__base__,), {})())
+    assert not unbatched.train_together(np.arange(5))  # decided once, from the declared forms
+    assert unbatched.batched.why_not == ["Unbatched has no batched form"]
     fast.inputs.train = type("Tokens", (), {"batched_cohort": False, "augment": False})()
     assert unsupported(fast.model.module, fast.inputs.train, [], None)
 
@@ -204,7 +206,7 @@ def test_methods_client_terms_train_together(tmp_path, name):
     fast.cohort_mode = "on"
     x = plain.model.flat.clone()
     a, b = _local(plain, 1, x), _local(fast, 1, x)
-    assert fast._batched is not None, "the batched path was not taken"
+    assert fast.batched.rounds_trained, "the batched path was not taken"
     bound = rounding_bound(plain, int(a.steps.max()), 0.05, plain.setting["client"]["momentum"], passes)
     _assert_updates_equal(a, b, bound)
     if kept is not None:
@@ -366,7 +368,7 @@ def test_fedfa_trains_together(tmp_path, calibration_start):
     for t in range(2):
         x = plain.model.flat.clone()
         a, b = _local(plain, t, x), _local(fast, t, x)
-        assert fast._batched is not None, "the batched path was not taken"
+        assert fast.batched.rounds_trained, "the batched path was not taken"
         # calibration's Adam moves each classifier entry by at most its lr a step, in both paths alike
         bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
         _assert_updates_equal(a, b, bound)
@@ -381,3 +383,11 @@ def test_fedfa_trains_together(tmp_path, calibration_start):
             trainer.algorithm.objective.end_round(updates)
             trainer.model.flat.copy_(x - updates.weighted_mean())
         fast.model.flat.copy_(plain.model.flat)
+
+
+def test_a_declared_form_must_be_defined(tmp_path):
+    """A part that declares a batched form it does not define is refused when the run's batched path is built."""
+    trainer = _trainer(tmp_path, "on")
+    trainer.algorithm.corrections.append(type("Claims", (ClientObjective.__base__,), {"batched_forms": {"step"}})())
+    with pytest.raises(TypeError, match="Claims declares batched forms it does not define: batched"):
+        trainer.train_together(np.arange(5))

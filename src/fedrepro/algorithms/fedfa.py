@@ -40,6 +40,7 @@ def initial_anchors(num_classes: int, dim: int, seed: int) -> torch.Tensor:
 
 
 class FeatureAnchors(ClientObjective):
+    batched_forms = frozenset({"begin", "step", "after_step", "end_epoch", "end"})  # run/batched.py
     state = ("anchors",)
 
     def __init__(self, anchors: torch.Tensor, lam: float, momentum: float, calibrate_after: float,

@@ -15,11 +15,15 @@ the same clients the same computation, batched over a (K, P) stack of their flat
       GradientCorrection.batched(grad, view)              grad (k, P) of the rows ``view`` names, in place
       ClientObjective.batched(view, inputs, labels)       fills view.grad (k, P), returns the losses (k,)
 
-  ``begin`` and ``end`` run client by client with a ``ClientRun`` whose model is the client's row, in
-  cohort order, before and after the batched training; a hook that keeps per-client state between them
-  and its gradient term instead defines ``batched_begin(cohort)`` / ``batched_end(cohort)``. An ``end``
+  A hook declares which forms it has (``batched_forms``: "step", "begin", "end", ...; checked once when the
+  run's batched path is built). ``begin`` and ``end`` run client by client with a ``ClientRun`` whose model
+  is the client's row, in cohort order, before and after the batched training; a hook that keeps per-client
+  state between them and its gradient term instead declares and defines ``batched_begin(cohort)`` /
+  ``batched_end(cohort)``. An ``end``
   may change only its own client's state (as every method's does): no client of the round reads it.
-  An objective with per-step or per-epoch work (``after_step``, ``end_epoch``) needs their batched forms
+  An objective whose loss adds a term on the model's features (FedFA's anchor loss) passes a
+  ``parts.FeatureTerm`` to ``loss_and_grad``, which vmaps it with the forward pass and returns the features
+  too. An objective with per-step or per-epoch work (``after_step``, ``end_epoch``) needs their batched forms
   too (``batched_after_step(view)``, ``batched_end_epoch(view)``); without them the round is sequential.
 * **Optimiser state.** The momentum buffers are a (K, P) stack: zeros, or the rows of the kept client
   momentum (``client.keep_momentum``), written back after the round.
@@ -227,7 +231,7 @@ class BatchedSGD:
         steps = [0] * k
         cohort = CohortRun(round_, clients, x, x_global, lr, steps, self.module)
         self._call(hooks, cohort, "begin")
-        forwards = getattr(objective, "forwards_per_step", 1) if objective is not None else 1
+        forwards = objective.forwards_per_step if objective is not None else 1
         state.draw(self, data, plans, forwards)  # the global generator's draws, in the sequential order
         loss_sum = torch.zeros(k, device=device)
         bn_counters = {n: b for n, b in self.module.named_buffers() if n in self.counter_names}
@@ -258,10 +262,10 @@ class BatchedSGD:
                     for j in rows:
                         steps[j] += 1
                     # before the gathered rows go back: an after_step may move them (FedFA's calibration)
-                    if objective is not None and hasattr(objective, "batched_after_step"):
+                    if objective is not None and "after_step" in objective.batched_forms:
                         objective.batched_after_step(view)
                     ended = [j for j in rows if s in plans[j].epoch_ends]
-                    if ended and objective is not None and hasattr(objective, "batched_end_epoch"):
+                    if ended and objective is not None and "end_epoch" in objective.batched_forms:
                         objective.batched_end_epoch(_subview(view, rows, ended, device))
                     if not everyone:  # gathered copies: put the moved rows back
                         x[idx] = view.x
@@ -279,9 +283,9 @@ class BatchedSGD:
         return x, final_buffers, list(steps), losses
 
     def _call(self, hooks, cohort: CohortRun, name: str) -> None:
-        """Each hook's ``batched_<name>(cohort)``, or its ``<name>(run)`` once a client where it has none."""
+        """Each hook's ``batched_<name>(cohort)``, or its ``<name>(run)`` once a client where it declares none."""
         for hook in hooks:
-            if hasattr(hook, f"batched_{name}"):
+            if name in hook.batched_forms:
                 getattr(hook, f"batched_{name}")(cohort)
             else:
                 for run in self._runs(cohort):
@@ -321,30 +325,3 @@ def _subview(view: StepView, rows: list[int], chosen: list[int], device) -> Step
     group_rows = torch.as_tensor(chosen, device=device)
     return StepView(view.round, group_rows, view.clients[pos], view.x[pos], view.x_global, view.lr, view.grad[pos],
                     view.module, view._forward)
-
-
-def train_round(trainer, t: int, cohort, x: torch.Tensor, lr: float, client_epochs: list[int],
-                client_batches: list[int]) -> RoundUpdates:
-    """The engine's round of local training through the batched path: the RoundUpdates the sequential
-    loop in ``Trainer.train_sequentially`` returns, with the same BatchNorm average and kept momentum."""
-    device = trainer.device
-    if getattr(trainer, "_batched", None) is None:
-        trainer._batched = BatchedSGD(trainer.model.module, trainer.local)
-    engine = trainer._batched
-    ids = [int(c) for c in cohort]
-    plans = [ClientPlan.draw(trainer.inputs.client_index[c], e, b, trainer.shuffle_generator(t, c))
-             for c, e, b in zip(ids, client_epochs, client_batches)]
-    clients = torch.as_tensor(cohort, device=device)
-    kept = None if trainer.client_momentum is None else trainer.client_momentum[clients]
-    global_buffers = trainer.model.buffers.clone()
-    finals, client_buffers, steps, losses = engine.train(
-        t, trainer.inputs.train, clients, plans, x, lr, global_buffers if len(global_buffers) else None, kept,
-        trainer.algorithm.corrections, trainer.algorithm.objective)
-    if kept is not None:
-        trainer.client_momentum[clients] = kept
-    updates = RoundUpdates(t, clients, x - finals, trainer.inputs.client_sizes[clients],
-                           torch.tensor(steps, dtype=torch.float32, device=device), losses, lr,
-                           buffers=client_buffers)
-    if client_buffers is not None:
-        trainer.model.buffers.copy_(updates.weights @ client_buffers)
-    return updates
