@@ -11,8 +11,9 @@ from fedrepro.cli.common import EXAMPLES, _existing, _json_arg, _number, finish
 
 
 def add_parsers(sub) -> None:
-    """train, fork."""
+    """train, train-pack, fork."""
     add_train(sub)
+    add_train_pack(sub)
     add_fork(sub)
 
 
@@ -79,6 +80,49 @@ def cmd_train(args) -> None:
                     keep_forks=args.keep_forks, history=args.fork_history, fork_from=args.fork_from,
                     accepts=lambda parent, rounds: forks.shares_prefix(setting, parent, rounds))
     print(json.dumps({k: summary.get(k) for k in ("run", "status", "final_acc", "best_acc", "runtime_s")}))
+
+
+def add_train_pack(sub) -> None:
+    """Several runs in one process, their clients trained as one computation (run/packed.py)."""
+    p = sub.add_parser("train-pack", help="train several runs of one model architecture in one process as a pack")
+    p.add_argument("--members", required=True, type=_json_arg, help="the runs as a JSON list (or a JSON file): each "
+                   "{setting, out, partition, data_root}; a run whose folder holds its summary is left alone")
+    p.add_argument("--checkpoint-every", type=_number(int, 0), default=10, help="rounds between checkpoints (0: never)")
+    p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--report", help="write each run's outcome here as JSON")
+    p.set_defaults(func=cmd_train_pack)
+
+
+def cmd_train_pack(args) -> None:
+    import torch
+    from fedrepro.errors import SetupError
+    from fedrepro.run.jobs import train_pack
+    from fedrepro.run.process import die_with_parent
+    from fedrepro.spec import forks
+    from fedrepro.spec.settings import resolve
+    die_with_parent()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not isinstance(args.members, list) or not args.members:
+        raise SetupError("--members: a non-empty JSON list of {setting, out, partition, data_root}")
+    members = []
+    for i, m in enumerate(args.members):
+        missing = {"setting", "out", "partition", "data_root"} - set(m)
+        if missing:
+            raise SetupError(f"--members[{i}]: missing {', '.join(sorted(missing))}")
+        setting = resolve(m["setting"])
+        _check_run_folder(setting, m["out"])
+        members.append({**m, "setting": setting,
+                        "accepts": lambda parent, rounds, s=setting: forks.shares_prefix(s, parent, rounds)})
+    outcomes = train_pack(members, args.checkpoint_every)
+    shown = [{k: o.get(k) for k in ("run", "status", "final_acc", "runtime_s")} if isinstance(o, dict)
+             else {"status": "failed", "error": f"{type(o).__name__}: {o}"} for o in outcomes]
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(shown, indent=1))
+    print(json.dumps(shown))
+    if any(s["status"] == "failed" for s in shown):
+        sys.exit(1)
 
 
 RUN_FOLDER = re.compile(r".+-s-?\d+-[0-9a-f]{10}")

@@ -203,11 +203,15 @@ class BatchedSGD:
               corrections=(), objective=None):
         """Train the clients (ids ``clients``, schedules ``plans``) from ``x_global``. ``buffers``: the global
         learnt buffers (every client starts from them); ``momentum``: (K, P) kept buffers, updated in place.
-        Returns (final parameters (K, P), final buffers (K, B) or None, steps per client, mean losses (K,))."""
+        Returns (final parameters (K, P), final buffers (K, B) or None, steps per client, mean losses (K,)).
+        Packed runs (run/packed.py) give each row its own start: ``x_global`` (K, P) and ``buffers`` (K, B)."""
         finals, final_buffers, steps, losses = [], [], [], []
+        per_row = x_global.dim() == 2
         for lo in range(0, len(plans), self.max_together):
             hi = lo + self.max_together
-            f, b, s, l = self._train_group(round_, data, clients[lo:hi], plans[lo:hi], x_global, lr, buffers,
+            start = x_global[lo:hi] if per_row else x_global
+            bufs = buffers[lo:hi] if per_row and buffers is not None else buffers
+            f, b, s, l = self._train_group(round_, data, clients[lo:hi], plans[lo:hi], start, lr, bufs,
                                            None if momentum is None else momentum[lo:hi], corrections, objective)
             finals.append(f)
             final_buffers.append(b)

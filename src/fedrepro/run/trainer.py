@@ -77,6 +77,7 @@ class Trainer:
         # "auto": train a round's clients together (batched.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"
         self.batched: BatchedRounds | None = None  # built from the run's declared inputs when first asked
+        self.pack = None  # the PackedRuns this run trains in (run/packed.py); None: alone
         self.k = cohort_size(setting)
         self.snapshots, self.cosines, self.metrics = Snapshots(setting), Cosines(setting), MetricsRows()
         self.forks, self.checkpoints = forks or ForkStates(), Checkpoints()
@@ -113,6 +114,8 @@ class Trainer:
                          [batch(t, int(c), len(index[c])) if batch else s["batch_size"] for c in cohort])
 
     def train_cohort(self, plan: RoundPlan) -> RoundUpdates:
+        if self.pack is not None:
+            return self.pack.train(self, plan)
         if self.train_together(plan.cohort):
             return self.batched.train(plan.t, plan.cohort, plan.x, plan.lr, plan.epochs, plan.batches,
                                       self.model.buffers)
