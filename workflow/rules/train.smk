@@ -125,3 +125,72 @@ rule fork:
         "exec {FEDREPRO} fork --setting {params.setting:q} --run-dir results/runs/{wildcards.run:q} "
         "--round {wildcards.round} --history {params.history} --partition {params.partition_dir:q} "
         "--data-root {params.data_root:q} --out {output:q} --threads {threads} > {log:q} 2>&1"
+
+
+# Packed runs (config pack.packs > 0; fedrepro.spec.packs): the runs of one dataset, model and device are spread
+# over that many processes, each training its runs as one pack into staging folders; each run's own job then
+# takes its result into its run folder. A run's pack is fixed by its own id, so a changed run retrains in its
+# pack while its pack-mates' results (already in their run folders) stay; a killed pack resumes each run from
+# its own checkpoint. Runs that fork or keep fork states train alone (rule train). pack.packs 0: no run packs.
+from fedrepro.spec import packs as fpacks
+
+PACKS = fpacks.WorkflowPacks(
+    {run: r.setting for run, r in dict.items(RUNS)},
+    config["pack"]["packs"],
+    {run for run in dict.keys(RUNS) if FORKS.of_run(run) is not None or FORKS.train_args(run, None)},
+)
+
+
+def pack_members(pack):
+    return fpacks.WorkflowPacks.job_members(
+        PACKS,
+        pack,
+        lambda run: f"results/partitions/{fidentity.partition_id(RUNS[run].setting)}",
+        lambda run: f"{DATA_ROOT}/{RUNS[run].setting['dataset']}",
+    )
+
+
+ruleorder: take_packed > train
+
+
+rule train_pack:
+    input:
+        partitions=lambda w: ancient(sorted({f"{m['partition']}/clients.npz" for m in pack_members(w.pack)})),
+        data=lambda w: ancient(sorted({f"{m['data_root']}/download.json" for m in pack_members(w.pack)})),
+    output:
+        "results/packs/{pack}/outcomes.json",
+    log:
+        "logs/train_pack/{pack}.log",
+    benchmark:
+        "benchmarks/train_pack/{pack}.tsv"
+    threads: 1
+    resources:
+        gpu=lambda w: 0 if w.pack.split("-")[-2] == "cpu" else 1,
+        gpu_slot=lambda w: 0 if w.pack.split("-")[-2] == "cpu" else 1,
+        mem_mb=lambda w, attempt: 4000 * attempt,
+    params:
+        members=lambda w: json.dumps(pack_members(w.pack), sort_keys=True),
+    shell:
+        "exec {FEDREPRO} train-pack --members {params.members:q} --report {output:q} --threads {threads} "
+        "> {log:q} 2>&1"
+
+
+rule take_packed:
+    input:
+        pack=lambda w: ancient(f"results/packs/{PACKS.pack[w.run]}/outcomes.json"),
+    output:
+        summary="results/runs/{run}/summary.json",
+        metrics="results/runs/{run}/metrics.csv",
+        model="results/runs/{run}/model.pt",
+    log:
+        "logs/take_packed/{run}.log",
+    benchmark:
+        "benchmarks/take_packed/{run}.tsv"
+    wildcard_constraints:
+        run=PACKS.run_pattern(),
+    params:
+        setting=lambda w: json.dumps(run_setting(w), sort_keys=True),
+        staged=lambda w: PACKS.staged(w.run),
+    shell:
+        "{FEDREPRO} take-packed --setting {params.setting:q} --staged {params.staged:q} "
+        "--out results/runs/{wildcards.run:q} > {log:q} 2>&1"

@@ -56,7 +56,8 @@ def fork_state(setting: dict, run_dir, round_: int, history: int, out, partition
 def train_pack(members: list[dict], checkpoint_every: int = 10, progress: bool = False) -> list[dict]:
     """Several runs in one process as a pack (``run/packed.py``). ``members``: per run its ``setting``, ``out``
     folder, ``partition`` folder and ``data_root`` (and, where it has them, ``keep_forks``, ``history``,
-    ``fork_from`` with its ``accepts``). A run whose folder holds a summary of its setting is done and left alone (so a changed
+    ``fork_from`` with its ``accepts``, and ``done_at``: its final folder where it trains elsewhere). A run whose
+    folder (or ``done_at``) holds a summary of its setting is done and left alone (so a changed
     pack-mate retrains only itself); the others resume from their own checkpoints where they have one. Each data
     set is loaded once, on the device, and shared by the runs that train on it. Returns each run's outcome."""
     from fedrepro import data
@@ -67,7 +68,8 @@ def train_pack(members: list[dict], checkpoint_every: int = 10, progress: bool =
     trainers, outcomes, loaded = [], [], {}
     for m in members:
         setting, paths = m["setting"], RunDir(Path(m["out"]))
-        if paths.summary.exists() and read_json(paths.summary).get("setting_hash") == stable_hash(setting):
+        done = [RunDir(Path(d)).summary for d in (m["out"], m.get("done_at")) if d]
+        if any(f.exists() and read_json(f).get("setting_hash") == stable_hash(setting) for f in done):
             outcomes.append({"run": paths.root.name, "status": "done before"})
             continue
         device = pick_device(setting["device"])
