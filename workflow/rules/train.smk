@@ -132,6 +132,8 @@ rule fork:
 # takes its result into its run folder. A run's pack is fixed by its own id, so a changed run retrains in its
 # pack while its pack-mates' results (already in their run folders) stay; a killed pack resumes each run from
 # its own checkpoint. Runs that fork or keep fork states train alone (rule train). pack.packs 0: no run packs.
+import re
+
 from fedrepro.spec import packs as fpacks
 
 PACKS = fpacks.WorkflowPacks(
@@ -153,31 +155,39 @@ def pack_members(pack):
 ruleorder: take_packed > train
 
 
-rule train_pack:
-    input:
-        partitions=lambda w: ancient(sorted({f"{m['partition']}/clients.npz" for m in pack_members(w.pack)})),
-        data=lambda w: ancient(sorted({f"{m['data_root']}/download.json" for m in pack_members(w.pack)})),
-    output:
-        "results/packs/{pack}/outcomes.json",
-    log:
-        "logs/train_pack/{pack}.log",
-    benchmark:
-        "benchmarks/train_pack/{pack}.tsv"
-    threads: 1
-    resources:
-        gpu=lambda w: 0 if w.pack.split("-")[-2] == "cpu" else 1,
-        gpu_slot=lambda w: 0 if w.pack.split("-")[-2] == "cpu" else 1,
-        mem_mb=lambda w, attempt: 4000 * attempt,
-    params:
-        members=lambda w: json.dumps(pack_members(w.pack), sort_keys=True),
-    shell:
-        "exec {FEDREPRO} train-pack --members {params.members:q} --report {output:q} --threads {threads} "
-        "> {log:q} 2>&1"
+# One rule a pack, its outputs a marker per member: a pack whose member list grows has a missing marker, so its job
+# reruns (training only the runs not yet in their run folders); a finished run's marker path never changes, so its
+# take_packed job never reruns for a pack-mate.
+for _pack, _members in PACKS.members.items():
+
+    rule:
+        name:
+            "train_pack_" + re.sub(r"\W", "_", _pack)
+        input:
+            partitions=ancient(sorted({f"{m['partition']}/clients.npz" for m in pack_members(_pack)})),
+            data=ancient(sorted({f"{m['data_root']}/download.json" for m in pack_members(_pack)})),
+        output:
+            [PACKS.marker(run) for run in _members],
+        log:
+            f"logs/train_pack/{_pack}.log",
+        benchmark:
+            f"benchmarks/train_pack/{_pack}.tsv"
+        threads: 1
+        resources:
+            gpu=0 if _pack.split("-")[-2] == "cpu" else 1,
+            gpu_slot=0 if _pack.split("-")[-2] == "cpu" else 1,
+            mem_mb=lambda w, attempt: 4000 * attempt,
+        params:
+            members=json.dumps(pack_members(_pack), sort_keys=True),
+            done=f"results/packs/{_pack}/done",
+        shell:
+            "exec {FEDREPRO} train-pack --members {params.members:q} --done-dir {params.done:q} "
+            "--threads {threads} > {log:q} 2>&1"
 
 
 rule take_packed:
     input:
-        pack=lambda w: ancient(f"results/packs/{PACKS.pack[w.run]}/outcomes.json"),
+        pack=lambda w: ancient(PACKS.marker(w.run)),
     output:
         summary="results/runs/{run}/summary.json",
         metrics="results/runs/{run}/metrics.csv",

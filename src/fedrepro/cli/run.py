@@ -91,8 +91,9 @@ def add_train_pack(sub) -> None:
     p.add_argument("--checkpoint-every", type=_number(int, 0), default=10, help="rounds between checkpoints (0: never)")
     p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--report", help="write each run's outcome here as JSON")
+    p.add_argument("--done-dir", help="write <run>.json here for each run trained or found done (a failed run none)")
     p.set_defaults(func=cmd_train_pack)
-    finish(p, "fedrepro train-pack --members pack.json --report results/packs/fmnist-mlp-cpu-0/outcomes.json  "
+    finish(p, "fedrepro train-pack --members pack.json --done-dir results/packs/fmnist-mlp-cpu-0/done  "
               "(pack.json: [{\"setting\": {...}, \"out\": ..., \"partition\": ..., \"data_root\": ...}, ...])")
 
 
@@ -137,6 +138,11 @@ def cmd_train_pack(args) -> None:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(json.dumps(shown, indent=1))
     print(json.dumps(shown))
+    if args.done_dir:
+        Path(args.done_dir).mkdir(parents=True, exist_ok=True)
+        for m, s in zip(members, shown):
+            if s["status"] != "failed":
+                (Path(args.done_dir) / f"{Path(m['out']).name}.json").write_text(json.dumps(s))
     if any(s["status"] == "failed" for s in shown):
         sys.exit(1)
 

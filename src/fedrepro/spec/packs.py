@@ -33,6 +33,10 @@ class WorkflowPacks:
         """A regular expression the packed runs' ids match and no other run's (one that matches none if none)."""
         return "|".join(re.escape(run) for run in sorted(self.pack)) or "(?!)"
 
+    def marker(self, run: str) -> str:
+        """The file a pack's job writes once it has trained (or found done) this run."""
+        return f"results/packs/{self.pack[run]}/done/{run}.json"
+
     def staged(self, run: str) -> str:
         return STAGING.format(pack=self.pack[run], run=run)
 
