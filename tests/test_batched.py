@@ -109,7 +109,7 @@ def _assert_updates_equal(plain, fast, bound):
 def test_unequal_clients_train_together_as_one_after_another(tmp_path, model):
     plain, fast = _pair(tmp_path, model=model)
     a, b = _local(plain), _local(fast)
-    assert fast._batched is not None, "the batched path was not taken"
+    assert fast.batched.rounds_trained, "the batched path was not taken"
     assert a.steps.tolist() == [2 * math.ceil(n / BATCH) for n in SIZES]  # unequal: 6, 2, 4, 8, 6
     bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
     _assert_updates_equal(a, b, bound)
@@ -161,8 +161,10 @@ def test_modes_and_fallbacks(tmp_path):
     assert not auto.train_together(np.arange(5))  # CPU: sequential unless asked
     fast = _trainer(tmp_path, "on")
     assert fast.train_together(np.arange(5))
-    fast.algorithm.corrections.append(type("Unbatched", (ClientObjective.__base__,), {})())
-    assert not fast.train_together(np.arange(5))
+    unbatched = _trainer(tmp_path, "on")
+    unbatched.algorithm.corrections.append(type("Unbatched", (ClientObjective.__base__,), {})())
+    assert not unbatched.train_together(np.arange(5))  # decided once, from the declared forms
+    assert unbatched.batched.why_not == ["Unbatched has no batched form"]
     fast.inputs.train = type("Tokens", (), {"batched_cohort": False, "augment": False})()
     assert unsupported(fast.model.module, fast.inputs.train, [], None)
 
@@ -204,7 +206,7 @@ def test_methods_client_terms_train_together(tmp_path, name):
     fast.cohort_mode = "on"
     x = plain.model.flat.clone()
     a, b = _local(plain, 1, x), _local(fast, 1, x)
-    assert fast._batched is not None, "the batched path was not taken"
+    assert fast.batched.rounds_trained, "the batched path was not taken"
     bound = rounding_bound(plain, int(a.steps.max()), 0.05, plain.setting["client"]["momentum"], passes)
     _assert_updates_equal(a, b, bound)
     if kept is not None:
@@ -330,3 +332,62 @@ def test_drawn_ahead_crops_are_the_crops_batch_draws():
     x, y = train.batch_drawn(index, draws)
     for k, (ex, ey) in enumerate(expected):
         assert torch.equal(x[k], ex) and torch.equal(y[k], ey)
+
+
+# ------------------------------------------------------------------ FedFA: a feature loss, calibration, anchors
+
+
+def _feature_gain(trainer) -> float:
+    """How far the features (the classifier's input) move per unit of parameter gap, in the random-walk
+    reading ``rounding_bound`` takes of rounding gaps (independent signs add like sqrt of their count): through
+    a layer whose output sums R inputs (a Linear's fan-in, a convolution's patch), a gap delta in every weight
+    moves an output by sqrt(R) delta max|input| (+ delta, its bias), and an input gap g by sqrt(R) max|w| g;
+    ReLU and pooling do not enlarge a gap. Measured on the sequential path's first batch, in this process."""
+    module, index = trainer.model.module, trainer.inputs.client_index[0][:BATCH]
+    x, _ = trainer.inputs.train.batch(index)
+    layers = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv2d))][:-1]  # up to the features
+    largest = []
+    hooks = [m.register_forward_hook(lambda m, i, o: largest.append(float(i[0].abs().max()))) for m in layers]
+    with torch.no_grad():
+        module(x)
+    for h in hooks:
+        h.remove()
+    gain = 0.0
+    for layer, biggest in zip(layers, largest):
+        root = math.sqrt(layer.weight[0].numel())  # R: the terms one output sums
+        gain = root * float(layer.weight.detach().abs().max()) * gain + root * biggest + 1
+    return gain
+
+
+@pytest.mark.parametrize("calibration_start", [0.25, 0.0])
+def test_fedfa_trains_together(tmp_path, calibration_start):
+    """Round 0 (cross-entropy alone) and round 1 (the anchor loss, and with calibration_start 0 the classifier's
+    Adam calibration after every step): the updates, each client's anchors and the averaged anchors."""
+    setting = {"algorithm": "fedfa", "model": "cnn", "fedfa": {"calibration_start": calibration_start}}
+    plain, fast = _pair(tmp_path, **setting)
+    for t in range(2):
+        x = plain.model.flat.clone()
+        a, b = _local(plain, t, x), _local(fast, t, x)
+        assert fast.batched.rounds_trained, "the batched path was not taken"
+        # calibration's Adam moves each classifier entry by at most its lr a step, in both paths alike
+        bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
+        _assert_updates_equal(a, b, bound)
+        mine, theirs = plain.algorithm.objective, fast.algorithm.objective
+        # an anchor is a mean of features, each moved by at most the feature gain times the parameter gap
+        anchor_bound = _feature_gain(plain) * bound
+        for c in mine.client_anchors:
+            torch.testing.assert_close(theirs.client_anchors[c], mine.client_anchors[c], rtol=0, atol=anchor_bound)
+        assert max(float((mine.client_anchors[c] - mine.anchors).abs().max()) for c in mine.client_anchors) \
+            > 100 * anchor_bound, "the anchor bound does not separate moving from not moving"
+        for trainer, updates in ((plain, a), (fast, b)):
+            trainer.algorithm.objective.end_round(updates)
+            trainer.model.flat.copy_(x - updates.weighted_mean())
+        fast.model.flat.copy_(plain.model.flat)
+
+
+def test_a_declared_form_must_be_defined(tmp_path):
+    """A part that declares a batched form it does not define is refused when the run's batched path is built."""
+    trainer = _trainer(tmp_path, "on")
+    trainer.algorithm.corrections.append(type("Claims", (ClientObjective.__base__,), {"batched_forms": {"step"}})())
+    with pytest.raises(TypeError, match="Claims declares batched forms it does not define: batched"):
+        trainer.train_together(np.arange(5))

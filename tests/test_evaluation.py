@@ -103,7 +103,7 @@ def test_a_dropout_model_trains_with_the_same_masks_batched_or_not(tmp_path):
         torch.manual_seed(5)
         rows[mode] = [trainer.round(t) for t in range(2)]
         states[mode] = torch.get_rng_state()
-        assert (trainer._batched is not None) == (mode == "on")
+        assert bool(trainer.batched and trainer.batched.rounds_trained) == (mode == "on")
     assert torch.equal(states["off"], states["on"])
     for off, on in zip(rows["off"], rows["on"]):
         assert on["train_loss"] == pytest.approx(off["train_loss"], rel=1e-5)

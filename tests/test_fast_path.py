@@ -60,7 +60,7 @@ def test_cohort_updates_equal_sequential_updates(tmp_path, model):
     plain = _local(_trainer(tmp_path, model, sizes, mode="off"))
     fast_trainer = _trainer(tmp_path, model, sizes, mode="on")
     fast = _local(fast_trainer)
-    assert fast_trainer._batched is not None, "the batched path was not taken"
+    assert fast_trainer.batched.rounds_trained, "the batched path was not taken"
     assert torch.equal(plain.clients, fast.clients)
     assert torch.equal(plain.steps, fast.steps)
     assert plain.deltas.abs().max() > 1e-3  # the clients did move
@@ -104,7 +104,7 @@ def test_unequal_sizes_train_together(tmp_path):
     cohort = sample_cohort(1, 0, 4, 4)
     assert trainer.train_together(cohort)
     _local(trainer)
-    assert trainer._batched is not None
+    assert trainer.batched.rounds_trained
 
 
 def test_client_corrections_without_a_batched_form_take_the_sequential_path(tmp_path):
@@ -133,7 +133,7 @@ def test_cohort_groups_larger_than_max_together(tmp_path):
     whole = _trainer(tmp_path, "mlp", sizes, k=5, mode="on")
     split = _trainer(tmp_path, "mlp", sizes, k=5, mode="on")
     _local(split)  # builds the BatchedSGD
-    split._batched.max_together = 2
+    split.batched.sgd.max_together = 2
     split.model.flat.copy_(whole.model.flat)
     torch.testing.assert_close(_local(split).deltas, _local(whole).deltas, atol=ATOL, rtol=0)
 

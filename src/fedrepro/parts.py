@@ -110,7 +110,12 @@ class ClientRun:
 class ClientHook(Part):
     """A method's part in a client's local training. The engine calls ``begin`` before the first step,
     ``end`` after the last (``run.steps`` then counts them all) and ``end_round`` once the server step of
-    the round is done; the two kinds below add what they act on."""
+    the round is done; the two kinds below add what they act on.
+
+    ``batched_forms`` declares which of its calls have a form for clients training together
+    (``fedrepro.run.batched``): "step" (``batched``), "begin", "end", "after_step", "end_epoch"
+    (``batched_<name>``). A hook that declares none trains one client after another."""
+    batched_forms: frozenset[str] = frozenset()
 
     def begin(self, run: ClientRun) -> None:
         pass
@@ -134,6 +139,8 @@ class ClientObjective(ClientHook):
     (ASAM's two passes, FedFA's anchor loss). LocalSGD calls it in place of ``loss_and_grad``; the
     corrections, weight decay and momentum then act on ``model.grad`` as for every method."""
 
+    forwards_per_step: int = 1  # forward passes a step makes (a dropout model draws masks for each)
+
     def __call__(self, run: ClientRun, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError  # fills run.model.grad, returns the detached loss
 
@@ -142,6 +149,16 @@ class ClientObjective(ClientHook):
 
     def end_epoch(self, run: ClientRun) -> None:
         pass
+
+
+class FeatureTerm:
+    """A loss on a model's features added to cross-entropy, for the batched path (FedFA's anchor loss):
+    ``tap`` is the module whose input the features are; ``__call__(features, labels)`` is one client's
+    term (vmapped over the clients training together), or None where it adds nothing."""
+    tap: object  # an nn.Module
+
+    def __call__(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
 
 
 @dataclass

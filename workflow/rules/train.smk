@@ -125,3 +125,82 @@ rule fork:
         "exec {FEDREPRO} fork --setting {params.setting:q} --run-dir results/runs/{wildcards.run:q} "
         "--round {wildcards.round} --history {params.history} --partition {params.partition_dir:q} "
         "--data-root {params.data_root:q} --out {output:q} --threads {threads} > {log:q} 2>&1"
+
+
+# Packed runs (config pack.packs > 0; fedrepro.spec.packs): the runs of one dataset, model and device are spread
+# over that many processes, each training its runs as one pack into staging folders; each run's own job then
+# takes its result into its run folder. A run's pack is fixed by its own id, so a changed run retrains in its
+# pack while its pack-mates' results (already in their run folders) stay; a killed pack resumes each run from
+# its own checkpoint. Runs that fork or keep fork states train alone (rule train). pack.packs 0: no run packs.
+import re
+
+from fedrepro.spec import packs as fpacks
+
+PACKS = fpacks.WorkflowPacks(
+    {run: r.setting for run, r in dict.items(RUNS)},
+    config["pack"]["packs"],
+    {run for run in dict.keys(RUNS) if FORKS.of_run(run) is not None or FORKS.train_args(run, None)},
+)
+
+
+def pack_members(pack):
+    return fpacks.WorkflowPacks.job_members(
+        PACKS,
+        pack,
+        lambda run: f"results/partitions/{fidentity.partition_id(RUNS[run].setting)}",
+        lambda run: f"{DATA_ROOT}/{RUNS[run].setting['dataset']}",
+    )
+
+
+ruleorder: take_packed > train
+
+
+# One rule a pack, its outputs a marker per member: a pack whose member list grows has a missing marker, so its job
+# reruns (training only the runs not yet in their run folders); a finished run's marker path never changes, so its
+# take_packed job never reruns for a pack-mate.
+for _pack, _members in PACKS.members.items():
+
+    rule:
+        name:
+            "train_pack_" + re.sub(r"\W", "_", _pack)
+        input:
+            partitions=ancient(sorted({f"{m['partition']}/clients.npz" for m in pack_members(_pack)})),
+            data=ancient(sorted({f"{m['data_root']}/download.json" for m in pack_members(_pack)})),
+        output:
+            [PACKS.marker(run) for run in _members],
+        log:
+            f"logs/train_pack/{_pack}.log",
+        benchmark:
+            f"benchmarks/train_pack/{_pack}.tsv"
+        threads: 1
+        resources:
+            gpu=0 if _pack.split("-")[-2] == "cpu" else 1,
+            gpu_slot=0 if _pack.split("-")[-2] == "cpu" else 1,
+            mem_mb=lambda w, attempt: 4000 * attempt,
+        params:
+            members=json.dumps(pack_members(_pack), sort_keys=True),
+            done=f"results/packs/{_pack}/done",
+        shell:
+            "exec {FEDREPRO} train-pack --members {params.members:q} --done-dir {params.done:q} "
+            "--threads {threads} > {log:q} 2>&1"
+
+
+rule take_packed:
+    input:
+        pack=lambda w: ancient(PACKS.marker(w.run)),
+    output:
+        summary="results/runs/{run}/summary.json",
+        metrics="results/runs/{run}/metrics.csv",
+        model="results/runs/{run}/model.pt",
+    log:
+        "logs/take_packed/{run}.log",
+    benchmark:
+        "benchmarks/take_packed/{run}.tsv"
+    wildcard_constraints:
+        run=PACKS.run_pattern(),
+    params:
+        setting=lambda w: json.dumps(run_setting(w), sort_keys=True),
+        staged=lambda w: PACKS.staged(w.run),
+    shell:
+        "{FEDREPRO} take-packed --setting {params.setting:q} --staged {params.staged:q} "
+        "--out results/runs/{wildcards.run:q} > {log:q} 2>&1"

@@ -27,6 +27,7 @@ def default_rho_eta(model: str) -> tuple[float, float]:
 
 
 class AdaptiveSharpness(ClientObjective):
+    batched_forms = frozenset({"step"})  # run/batched.py
     forwards_per_step = 2  # two forward passes a step: a dropout model draws two masks (run/batched.py)
 
     def __init__(self, rho: float, eta: float):

@@ -17,6 +17,7 @@ from fedrepro.server import ServerSGD, WeightedMean
 
 
 class ClientMomentum(GradientCorrection):
+    batched_forms = frozenset({"step"})  # run/batched.py
     state = ("global_gradient",)
 
     def __init__(self, alpha: float, dim: int, device=None):

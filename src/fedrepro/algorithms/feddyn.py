@@ -21,6 +21,7 @@ from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 
 
 class DynamicRegulariser(GradientCorrection):
+    batched_forms = frozenset({"step"})  # run/batched.py
     state = ("grad_state",)
 
     def __init__(self, alpha: float, num_clients: int, dim: int, device=None, squared: bool = True):

@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro.parts import Algorithm, ClientObjective, ClientRun, RoundUpdates
+from torch.func import vmap
+
+from fedrepro.parts import Algorithm, ClientObjective, ClientRun, FeatureTerm, RoundUpdates
 from fedrepro.catalog import FEATURE_CLASSIFIER_MODELS
 from fedrepro.server import ServerSGD, WeightedMean
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which the code uses
@@ -38,6 +40,7 @@ def initial_anchors(num_classes: int, dim: int, seed: int) -> torch.Tensor:
 
 
 class FeatureAnchors(ClientObjective):
+    batched_forms = frozenset({"begin", "step", "after_step", "end_epoch", "end"})  # run/batched.py
     state = ("anchors",)
 
     def __init__(self, anchors: torch.Tensor, lam: float, momentum: float, calibrate_after: float,
@@ -117,11 +120,112 @@ class FeatureAnchors(ClientObjective):
     def end(self, run: ClientRun) -> None:
         self.client_anchors[run.client] = self.local
 
+    # ---- the same, for a group of clients training together (run/batched.py): row j is client j's state
+    def batched_begin(self, cohort) -> None:
+        k = len(cohort.clients)
+        self.round = cohort.round
+        self.classifier = classifier_of(cohort.module)
+        self.head = _slices(cohort.module, (self.classifier.weight, self.classifier.bias))
+        self.local = self.anchors.expand(k, -1, -1).clone()
+        self.batch_means = torch.zeros_like(self.local)
+        self.seen = torch.zeros(k, len(self.anchors), dtype=torch.bool, device=self.anchors.device)
+        self.batches = torch.zeros(k, dtype=torch.long, device=self.anchors.device)
+        self.adam_steps = [0] * k
+        self.adam_m = [torch.zeros(k, *shape, device=self.anchors.device) for _, shape in self.head]
+        self.adam_v = [torch.zeros_like(m) for m in self.adam_m]
+
+    def batched(self, view, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss, features = view.loss_and_grad(inputs, labels, _AnchorTerm(self))
+        with torch.no_grad():
+            k, c = len(features), len(self.anchors)
+            f = features.reshape(k, -1, features.shape[-1])
+            # each row's class sums in its own slots, added in batch order as the sequential index_add_ adds
+            slot = (labels + c * torch.arange(k, device=labels.device)[:, None]).reshape(-1)
+            counts = torch.bincount(slot, minlength=k * c).view(k, c)
+            sums = torch.zeros(k * c, f.shape[-1], device=f.device, dtype=f.dtype)
+            sums.index_add_(0, slot, f.reshape(-1, f.shape[-1]))
+            sums = sums.view(k, c, -1)
+            present = counts > 0
+            rows = _rows(view, k)
+            means = self.batch_means[rows]
+            means[present] += sums[present] / counts[present].to(f.dtype)[:, None]
+            self.batch_means[rows] = means
+            self.seen[rows] |= present
+            self.batches[rows] += 1
+        return loss
+
+    @torch.no_grad()
+    def batched_after_step(self, view) -> None:
+        if not (self.round > 0 and self.round > self.calibrate_after):
+            return
+        rows = _rows(view, len(view.x))
+        for j in rows.tolist():
+            self.adam_steps[j] += 1
+        step = self.adam_steps[int(rows[0])]  # the rows of a step have all taken the same steps
+        params = [view.x[:, lo:lo + shape.numel()].view(len(view.x), *shape) for lo, shape in self.head]
+        target = torch.arange(len(self.anchors), device=self.anchors.device)
+        with torch.enable_grad():
+            grads = vmap(torch.func.grad(lambda w, b: F.cross_entropy(F.linear(self.anchors, w, b), target),
+                                         argnums=(0, 1)))(*params)
+        b1, b2 = ADAM_BETAS
+        for p, g, m_all, v_all in zip(params, grads, self.adam_m, self.adam_v):
+            m, v = m_all[rows], v_all[rows]
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v / (1 - b2 ** step)).sqrt_().add_(ADAM_EPS)
+            p.addcdiv_(m, denom, value=-self.calibration_lr / (1 - b1 ** step))
+            m_all[rows], v_all[rows] = m, v
+
+    def batched_end_epoch(self, view) -> None:
+        rows = _rows(view, len(view.x))
+        seen = self.seen[rows]
+        mean = self.batch_means[rows] / self.batches[rows].clamp(min=1).to(self.local.dtype)[:, None, None]
+        local = self.local[rows]
+        local[seen] = self.momentum * local[seen] + (1 - self.momentum) * mean[seen]
+        self.local[rows] = local
+        self.batch_means[rows] = 0
+        self.seen[rows] = False
+        self.batches[rows] = 0
+
+    def batched_end(self, cohort) -> None:
+        for j, client in enumerate(cohort.clients.tolist()):
+            self.client_anchors[int(client)] = self.local[j]
+
     # ---- server
     def end_round(self, updates: RoundUpdates) -> None:
         stacked = torch.stack([self.client_anchors[int(c)] for c in updates.clients])
         self.anchors = torch.einsum("k,kcd->cd", updates.weights.to(stacked.dtype), stacked)
         self.client_anchors.clear()
+
+
+class _AnchorTerm(FeatureTerm):
+    """The anchor loss of one client's batch, as ``FeatureAnchors.anchor_loss`` (round 0: none), vmappable."""
+
+    def __init__(self, anchors: FeatureAnchors):
+        self.of, self.tap = anchors, anchors.classifier
+
+    def __call__(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        a = self.of
+        if a.round == 0:
+            return None
+        classes = torch.arange(len(a.anchors), device=labels.device)
+        counts = (labels[:, None] == classes).sum(0).to(features.dtype)  # bincount's counts, vmappable
+        dist = (features - a.anchors[labels]).pow(2).sum(1) / counts[labels]
+        return a.lam * dist.sum() / len(a.anchors)
+
+
+def _rows(view, k: int) -> torch.Tensor:
+    """The group rows a batched step's view holds."""
+    return torch.arange(k, device=view.x.device) if view.rows is None else view.rows
+
+
+def _slices(module: nn.Module, wanted) -> list[tuple[int, torch.Size]]:
+    """Where the parameters ``wanted`` lie in the flat vector (module.parameters() order): (offset, shape)."""
+    found, offset = {}, 0
+    for p in module.parameters():
+        found[id(p)] = (offset, p.shape)
+        offset += p.numel()
+    return [found[id(p)] for p in wanted]
 
 
 def build(setting, ctx) -> Algorithm:

@@ -80,6 +80,7 @@ class CrossClientVR(GradientCorrection):
     """FedNova-VR's correction g <- g + sum_j p_j d_j^(t-1) - d_i^(t-1). Holds every client's last
     normalised gradient d_i (an N x P matrix, server-held state in this simulation) and their
     p-weighted mean; both start at zero, so round 1 trains uncorrected."""
+    batched_forms = frozenset({"begin", "step", "end"})  # run/batched.py
     state = ("d_clients", "d_mean")
 
     def __init__(self, num_clients: int, dim: int, rho: float = 0.0, mu: float = 0.0, device=None):

@@ -10,6 +10,7 @@ from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 
 
 class ProximalTerm(GradientCorrection):
+    batched_forms = frozenset({"step"})  # run/batched.py
     def __init__(self, mu: float):
         self.mu = mu
 

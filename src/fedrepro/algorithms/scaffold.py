@@ -14,6 +14,7 @@ from fedrepro.server import ServerSGD, UniformMean
 
 
 class ControlVariates(GradientCorrection):
+    batched_forms = frozenset({"step"})  # run/batched.py
     state = ("c", "c_clients")
 
     def __init__(self, num_clients: int, dim: int, device=None):

@@ -11,8 +11,10 @@ from fedrepro.cli.common import EXAMPLES, _existing, _json_arg, _number, finish
 
 
 def add_parsers(sub) -> None:
-    """train, fork."""
+    """train, train-pack, fork."""
     add_train(sub)
+    add_train_pack(sub)
+    add_take_packed(sub)
     add_fork(sub)
 
 
@@ -79,6 +81,100 @@ def cmd_train(args) -> None:
                     keep_forks=args.keep_forks, history=args.fork_history, fork_from=args.fork_from,
                     accepts=lambda parent, rounds: forks.shares_prefix(setting, parent, rounds))
     print(json.dumps({k: summary.get(k) for k in ("run", "status", "final_acc", "best_acc", "runtime_s")}))
+
+
+def add_train_pack(sub) -> None:
+    """Several runs in one process, their clients trained as one computation (run/packed.py)."""
+    p = sub.add_parser("train-pack", help="train several runs of one model architecture in one process as a pack")
+    p.add_argument("--members", required=True, type=_json_list, help="the runs as a JSON list (or a JSON file): each "
+                   "{setting, out, partition, data_root}; a run whose folder holds its summary is left alone")
+    p.add_argument("--checkpoint-every", type=_number(int, 0), default=10, help="rounds between checkpoints (0: never)")
+    p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--report", help="write each run's outcome here as JSON")
+    p.add_argument("--done-dir", help="write <run>.json here for each run trained or found done (a failed run none)")
+    p.set_defaults(func=cmd_train_pack)
+    finish(p, "fedrepro train-pack --members pack.json --done-dir results/packs/fmnist-mlp-cpu-0/done  "
+              "(pack.json: [{\"setting\": {...}, \"out\": ..., \"partition\": ..., \"data_root\": ...}, ...])")
+
+
+def _json_list(text: str) -> list:
+    """A non-empty JSON list given inline or as a file."""
+    if not text.lstrip().startswith("["):
+        if not Path(text).is_file():
+            raise argparse.ArgumentTypeError(f"'{text}' is neither a JSON list nor an existing JSON file")
+        text = Path(text).read_text()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err})") from None
+    if not isinstance(value, list) or not value:
+        raise argparse.ArgumentTypeError("must be a non-empty JSON list [...]")
+    return value
+
+
+def cmd_train_pack(args) -> None:
+    import torch
+    from fedrepro.errors import SetupError
+    from fedrepro.run.jobs import train_pack
+    from fedrepro.run.process import die_with_parent
+    from fedrepro.spec import forks
+    from fedrepro.spec.settings import resolve
+    die_with_parent()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    members = []
+    for i, m in enumerate(args.members):
+        missing = {"setting", "out", "partition", "data_root"} - set(m)
+        if missing:
+            raise SetupError(f"--members[{i}]: missing {', '.join(sorted(missing))}")
+        setting = resolve(m["setting"])
+        _check_run_folder(setting, m["out"])
+        members.append({**m, "setting": setting,
+                        "accepts": lambda parent, rounds, s=setting: forks.shares_prefix(s, parent, rounds)})
+    outcomes = train_pack(members, args.checkpoint_every)
+    shown = [{k: o.get(k) for k in ("run", "status", "final_acc", "runtime_s")} if isinstance(o, dict)
+             else {"status": "failed", "error": f"{type(o).__name__}: {o}"} for o in outcomes]
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(shown, indent=1))
+    print(json.dumps(shown))
+    if args.done_dir:
+        Path(args.done_dir).mkdir(parents=True, exist_ok=True)
+        for m, s in zip(members, shown):
+            if s["status"] != "failed":
+                (Path(args.done_dir) / f"{Path(m['out']).name}.json").write_text(json.dumps(s))
+    if any(s["status"] == "failed" for s in shown):
+        sys.exit(1)
+
+
+def add_take_packed(sub) -> None:
+    """A run trained in a pack, moved from the pack's staging folder into its own run folder."""
+    p = sub.add_parser("take-packed", help="move a run a pack trained into its own run folder")
+    p.add_argument("--setting", required=True, type=_json_arg, help="the run's setting as JSON (or a JSON file)")
+    p.add_argument("--staged", required=True, type=_existing("folder"), help="the folder the pack trained it in")
+    p.add_argument("--out", required=True, help="the run's folder")
+    p.set_defaults(func=cmd_take_packed)
+    finish(p, "fedrepro take-packed --setting setting.json --staged results/packs/<pack>/runs/<run> "
+              "--out results/runs/<run>")
+
+
+def cmd_take_packed(args) -> None:
+    import shutil
+    from fedrepro.errors import SetupError
+    from fedrepro.identity import stable_hash
+    from fedrepro.records import read_json
+    from fedrepro.rundir import RunDir
+    from fedrepro.spec.settings import resolve
+    setting, staged = resolve(args.setting), RunDir(Path(args.staged))
+    if not staged.summary.exists() or read_json(staged.summary).get("setting_hash") != stable_hash(setting):
+        raise SetupError(f"--staged {args.staged}: holds no finished run of this setting (its pack did not "
+                         f"finish it: see the pack's log)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for item in sorted(staged.root.iterdir(), key=lambda p: p.name == staged.summary.name):  # the summary last
+        shutil.move(str(item), str(out / item.name))
+    staged.root.rmdir()
+    print(json.dumps({"run": out.name, "from": str(staged.root)}))
 
 
 RUN_FOLDER = re.compile(r".+-s-?\d+-[0-9a-f]{10}")

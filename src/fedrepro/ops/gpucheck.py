@@ -148,7 +148,6 @@ def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) 
     other, from the same state: the same client updates up to float rounding. Returns the path taken and
     the largest difference of the updates relative to the largest update; a method without a batched form
     reports the sequential path and why."""
-    from fedrepro.run import batchable
     algorithm, *plugins = method.split("+")
     setting = {**BASE, "num_clients": len(UNEQUAL_SIZES), "participation": 1.0, "rounds": rounds,
                "batch_size": 25, "algorithm": algorithm, "plugins": plugins, **METHOD_EXTRAS.get(method, {})}
@@ -168,12 +167,11 @@ def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) 
             x = trainer.model.flat.clone()
             cohort = sample_cohort(resolved["seed"], last, resolved["num_clients"], trainer.k)
             updates[mode] = trainer.train_cohort(trainer.plan(last, cohort, x, trainer.client_lr(last)))
-        why = batchable.unsupported(trainer.model.module, trainer.inputs.train, trainer.algorithm.corrections,
-                                  trainer.algorithm.objective)
+        why = trainer.batched.why_not
     if why:
-        assert trainer._batched is None, f"{method} on {device}: batched although {why}"
+        assert not trainer.batched.rounds_trained, f"{method} on {device}: batched although {why}"
         return {"path": "sequential", "why": why}
-    assert trainer._batched is not None, f"{method} on {device}: the batched path was not taken"
+    assert trainer.batched.rounds_trained, f"{method} on {device}: the batched path was not taken"
     off, on = updates["off"], updates["on"]
     assert torch.equal(off.steps, on.steps), f"{method} on {device}: step counts {on.steps} != {off.steps}"
     moved = float(off.deltas.abs().max())

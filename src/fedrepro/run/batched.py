@@ -15,11 +15,15 @@ the same clients the same computation, batched over a (K, P) stack of their flat
       GradientCorrection.batched(grad, view)              grad (k, P) of the rows ``view`` names, in place
       ClientObjective.batched(view, inputs, labels)       fills view.grad (k, P), returns the losses (k,)
 
-  ``begin`` and ``end`` run client by client with a ``ClientRun`` whose model is the client's row, in
-  cohort order, before and after the batched training; a hook that keeps per-client state between them
-  and its gradient term instead defines ``batched_begin(cohort)`` / ``batched_end(cohort)``. An ``end``
+  A hook declares which forms it has (``batched_forms``: "step", "begin", "end", ...; checked once when the
+  run's batched path is built). ``begin`` and ``end`` run client by client with a ``ClientRun`` whose model
+  is the client's row, in cohort order, before and after the batched training; a hook that keeps per-client
+  state between them and its gradient term instead declares and defines ``batched_begin(cohort)`` /
+  ``batched_end(cohort)``. An ``end``
   may change only its own client's state (as every method's does): no client of the round reads it.
-  An objective with per-step or per-epoch work (``after_step``, ``end_epoch``) needs their batched forms
+  An objective whose loss adds a term on the model's features (FedFA's anchor loss) passes a
+  ``parts.FeatureTerm`` to ``loss_and_grad``, which vmaps it with the forward pass and returns the features
+  too. An objective with per-step or per-epoch work (``after_step``, ``end_epoch``) needs their batched forms
   too (``batched_after_step(view)``, ``batched_end_epoch(view)``); without them the round is sequential.
 * **Optimiser state.** The momentum buffers are a (K, P) stack: zeros, or the rows of the kept client
   momentum (``client.keep_momentum``), written back after the round.
@@ -50,7 +54,7 @@ from fedrepro.run.batchable import dropout_layers
 from fedrepro.run.batched_draws import GroupState
 from fedrepro.run.client import LocalSGD
 from fedrepro.flat import learnt_buffers
-from fedrepro.parts import ClientRun, RoundUpdates
+from fedrepro.parts import ClientRun, FeatureTerm, RoundUpdates
 
 
 # ---------------------------------------------------------------- the clients' schedules
@@ -103,10 +107,12 @@ class StepView:
         """The rows of a (K, ...) per-group tensor that belong to this step's clients."""
         return stacked if self.rows is None else stacked[self.rows]
 
-    def loss_and_grad(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss_and_grad(self, inputs: torch.Tensor, labels: torch.Tensor, term: FeatureTerm | None = None):
         """Cross-entropy forward and backward of every row at its current ``x`` on its own batch; the
-        gradients land in ``grad``, the (k,) losses are returned (detached), BatchNorm statistics move."""
-        return self._forward(self, inputs, labels)
+        gradients land in ``grad``, the (k,) losses are returned (detached), BatchNorm statistics move.
+        With a ``term``: its loss on the features (the input of ``term.tap``) is added to each row's, and
+        (losses, features (k, b, ...) detached) is returned."""
+        return self._forward(self, inputs, labels, term)
 
 
 class _RowModel:
@@ -144,7 +150,19 @@ class BatchedSGD:
                        **dict(zip(self.counter_names, counters))}
             return F.cross_entropy(functional_call(self.module, tensors, (x,)), y)
 
+        def loss_with_term(params, bufs, counters, x, y, masks):
+            term, captured = self._term, []
+            hook = term.tap.register_forward_hook(lambda mod, args, out: captured.append(args[0]))
+            try:
+                value = loss(params, bufs, counters, x, y, masks)
+            finally:
+                hook.remove()
+            extra = term(captured[0], y)  # added after cross-entropy, as the sequential objective adds it
+            return (value if extra is None else value + extra), captured[0].detach()
+
         self._grad = vmap(grad_and_value(loss))
+        self._grad_term = vmap(grad_and_value(loss_with_term, has_aux=True))
+        self._term = None
 
     # ---- views into (K, P) and (K, B) stacks
     @staticmethod
@@ -156,19 +174,28 @@ class BatchedSGD:
             offset += n
         return tuple(views)
 
-    def _forward(self, view: StepView, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _forward(self, view: StepView, inputs: torch.Tensor, labels: torch.Tensor, term=None):
         k = len(view.x)
         state = self._state
         bufs = tuple(view.take(b) for b in state.buffers)
         counters = tuple(torch.zeros(k, dtype=torch.long, device=view.x.device) for _ in self.counter_names)
         masks = state.next_masks(view)
-        grads, loss = self._grad(self._split(view.x, self.shapes), bufs, counters, inputs, labels, masks)
+        args = (self._split(view.x, self.shapes), bufs, counters, inputs, labels, masks)
+        features = None
+        if term is None:
+            grads, loss = self._grad(*args)
+        else:
+            self._term = term
+            try:
+                grads, (loss, features) = self._grad_term(*args)
+            finally:
+                self._term = None
         torch.cat([g.reshape(k, -1) for g in grads], dim=1, out=view.grad)
         if view.rows is not None:
             for whole, moved in zip(state.buffers, bufs):
                 whole[view.rows] = moved  # a gathered copy moved; the group's stack did not
         state.forwards += k
-        return loss.detach()
+        return loss.detach() if term is None else (loss.detach(), features)
 
     # ---- training
     def train(self, round_: int, data, clients: torch.Tensor, plans: list[ClientPlan], x_global: torch.Tensor,
@@ -176,11 +203,15 @@ class BatchedSGD:
               corrections=(), objective=None):
         """Train the clients (ids ``clients``, schedules ``plans``) from ``x_global``. ``buffers``: the global
         learnt buffers (every client starts from them); ``momentum``: (K, P) kept buffers, updated in place.
-        Returns (final parameters (K, P), final buffers (K, B) or None, steps per client, mean losses (K,))."""
+        Returns (final parameters (K, P), final buffers (K, B) or None, steps per client, mean losses (K,)).
+        Packed runs (run/packed.py) give each row its own start: ``x_global`` (K, P) and ``buffers`` (K, B)."""
         finals, final_buffers, steps, losses = [], [], [], []
+        per_row = x_global.dim() == 2
         for lo in range(0, len(plans), self.max_together):
             hi = lo + self.max_together
-            f, b, s, l = self._train_group(round_, data, clients[lo:hi], plans[lo:hi], x_global, lr, buffers,
+            start = x_global[lo:hi] if per_row else x_global
+            bufs = buffers[lo:hi] if per_row and buffers is not None else buffers
+            f, b, s, l = self._train_group(round_, data, clients[lo:hi], plans[lo:hi], start, lr, bufs,
                                            None if momentum is None else momentum[lo:hi], corrections, objective)
             finals.append(f)
             final_buffers.append(b)
@@ -204,7 +235,7 @@ class BatchedSGD:
         steps = [0] * k
         cohort = CohortRun(round_, clients, x, x_global, lr, steps, self.module)
         self._call(hooks, cohort, "begin")
-        forwards = getattr(objective, "forwards_per_step", 1) if objective is not None else 1
+        forwards = objective.forwards_per_step if objective is not None else 1
         state.draw(self, data, plans, forwards)  # the global generator's draws, in the sequential order
         loss_sum = torch.zeros(k, device=device)
         bn_counters = {n: b for n, b in self.module.named_buffers() if n in self.counter_names}
@@ -231,18 +262,19 @@ class BatchedSGD:
                         c.batched(view.grad, view)
                     buf = None if velocity is None else take(velocity)
                     self.rule.step(view.x, view.grad, lr, buf)
+                    loss_sum[rows if not everyone else slice(None)] += loss
+                    for j in rows:
+                        steps[j] += 1
+                    # before the gathered rows go back: an after_step may move them (FedFA's calibration)
+                    if objective is not None and "after_step" in objective.batched_forms:
+                        objective.batched_after_step(view)
+                    ended = [j for j in rows if s in plans[j].epoch_ends]
+                    if ended and objective is not None and "end_epoch" in objective.batched_forms:
+                        objective.batched_end_epoch(_subview(view, rows, ended, device))
                     if not everyone:  # gathered copies: put the moved rows back
                         x[idx] = view.x
                         if buf is not None:
                             velocity[idx] = buf
-                    loss_sum[rows if not everyone else slice(None)] += loss
-                    for j in rows:
-                        steps[j] += 1
-                    if objective is not None and hasattr(objective, "batched_after_step"):
-                        objective.batched_after_step(view)
-                    ended = [j for j in rows if s in plans[j].epoch_ends]
-                    if ended and objective is not None and hasattr(objective, "batched_end_epoch"):
-                        objective.batched_end_epoch(_subview(view, rows, ended, device))
         # the shared module's batch counters advance once per client forward pass, as client after client
         for counter in bn_counters.values():
             counter.add_(state.forwards)
@@ -255,9 +287,9 @@ class BatchedSGD:
         return x, final_buffers, list(steps), losses
 
     def _call(self, hooks, cohort: CohortRun, name: str) -> None:
-        """Each hook's ``batched_<name>(cohort)``, or its ``<name>(run)`` once a client where it has none."""
+        """Each hook's ``batched_<name>(cohort)``, or its ``<name>(run)`` once a client where it declares none."""
         for hook in hooks:
-            if hasattr(hook, f"batched_{name}"):
+            if name in hook.batched_forms:
                 getattr(hook, f"batched_{name}")(cohort)
             else:
                 for run in self._runs(cohort):
@@ -297,30 +329,3 @@ def _subview(view: StepView, rows: list[int], chosen: list[int], device) -> Step
     group_rows = torch.as_tensor(chosen, device=device)
     return StepView(view.round, group_rows, view.clients[pos], view.x[pos], view.x_global, view.lr, view.grad[pos],
                     view.module, view._forward)
-
-
-def train_round(trainer, t: int, cohort, x: torch.Tensor, lr: float, client_epochs: list[int],
-                client_batches: list[int]) -> RoundUpdates:
-    """The engine's round of local training through the batched path: the RoundUpdates the sequential
-    loop in ``Trainer.train_sequentially`` returns, with the same BatchNorm average and kept momentum."""
-    device = trainer.device
-    if getattr(trainer, "_batched", None) is None:
-        trainer._batched = BatchedSGD(trainer.model.module, trainer.local)
-    engine = trainer._batched
-    ids = [int(c) for c in cohort]
-    plans = [ClientPlan.draw(trainer.inputs.client_index[c], e, b, trainer.shuffle_generator(t, c))
-             for c, e, b in zip(ids, client_epochs, client_batches)]
-    clients = torch.as_tensor(cohort, device=device)
-    kept = None if trainer.client_momentum is None else trainer.client_momentum[clients]
-    global_buffers = trainer.model.buffers.clone()
-    finals, client_buffers, steps, losses = engine.train(
-        t, trainer.inputs.train, clients, plans, x, lr, global_buffers if len(global_buffers) else None, kept,
-        trainer.algorithm.corrections, trainer.algorithm.objective)
-    if kept is not None:
-        trainer.client_momentum[clients] = kept
-    updates = RoundUpdates(t, clients, x - finals, trainer.inputs.client_sizes[clients],
-                           torch.tensor(steps, dtype=torch.float32, device=device), losses, lr,
-                           buffers=client_buffers)
-    if client_buffers is not None:
-        trainer.model.buffers.copy_(updates.weights @ client_buffers)
-    return updates

@@ -51,3 +51,47 @@ def fork_state(setting: dict, run_dir, round_: int, history: int, out, partition
     if not out.exists():
         raise ForkError(f"{out}: training {paths.id}'s first {round_} rounds wrote no fork state")
     return "trained"
+
+
+def train_pack(members: list[dict], checkpoint_every: int = 10, progress: bool = False) -> list[dict]:
+    """Several runs in one process as a pack (``run/packed.py``). ``members``: per run its ``setting``, ``out``
+    folder, ``partition`` folder and ``data_root`` (and, where it has them, ``keep_forks``, ``history``,
+    ``fork_from`` with its ``accepts``, and ``done_at``: its final folder where it trains elsewhere). A run whose
+    folder (or ``done_at``) holds a summary of its setting is done and left alone (so a changed
+    pack-mate retrains only itself); the others resume from their own checkpoints where they have one. Each data
+    set is loaded once, on the device, and shared by the runs that train on it. Returns each run's outcome."""
+    from fedrepro import data
+    from fedrepro.records import read_json
+    from fedrepro.run.packed import PackedRuns
+    from fedrepro.run.process import pick_device
+
+    trainers, outcomes, loaded = [], [], {}
+    for m in members:
+        setting, paths = m["setting"], RunDir(Path(m["out"]))
+        done = [RunDir(Path(d)).summary for d in (m["out"], m.get("done_at")) if d]
+        if any(f.exists() and read_json(f).get("setting_hash") == stable_hash(setting) for f in done):
+            outcomes.append({"run": paths.root.name, "status": "done before"})
+            continue
+        device = pick_device(setting["device"])
+        key = (setting["dataset"], str(m["data_root"]), json_key(setting.get("preprocess")),
+               setting.get("pretrained"), str(device))
+        if key not in loaded:
+            loaded[key] = tuple(data.load(setting["dataset"], m["data_root"], train=split,
+                                          preprocess=setting.get("preprocess"),
+                                          pretrained=setting.get("pretrained")).to(device) for split in (True, False))
+        forks = ForkStates({int(r): paths.kept_fork(int(r)) for r in m.get("keep_forks", ())}, m.get("history", 0))
+        trainers.append((Trainer(setting, m["out"], m["partition"], m["data_root"], datasets=loaded[key],
+                                 forks=forks), (m.get("fork_from"), m.get("accepts"))))
+        outcomes.append(None)
+    if trainers:
+        pack = PackedRuns([t for t, _ in trainers])
+        forked = {id(t): f for t, f in trainers}
+        results = iter(pack.run_each(lambda t: dict(checkpoint_every=checkpoint_every, progress=progress,
+                                                    fork_from=forked[id(t)][0], accepts=forked[id(t)][1])))
+        outcomes = [next(results) if o is None else o for o in outcomes]
+    return outcomes
+
+
+def json_key(value) -> str:
+    import json
+    return json.dumps(value, sort_keys=True)

@@ -29,8 +29,8 @@ from fedrepro.flat import FlatModel
 from fedrepro.identity import partition_id, stable_hash
 from fedrepro.parts import ClientRun, RoundUpdates, lr_schedule as client_lr_schedule
 from fedrepro.provenance import device_line, run_provenance
-from fedrepro.run import batched, checkpoint, inputs as run_inputs, rows
-from fedrepro.run.batchable import unsupported
+from fedrepro.run import checkpoint, inputs as run_inputs, rows
+from fedrepro.run.batched_rounds import BatchedRounds, ClientData
 from fedrepro.run.client import LocalSGD, client_generator
 from fedrepro.run.cohorts import code_pairing, sample_cohort
 from fedrepro.run.fork_states import ForkStates
@@ -76,7 +76,8 @@ class Trainer:
                                 if setting["client"].get("keep_momentum") else None)
         # "auto": train a round's clients together (batched.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"
-        self._batched = None
+        self.batched: BatchedRounds | None = None  # built from the run's declared inputs when first asked
+        self.pack = None  # the PackedRuns this run trains in (run/packed.py); None: alone
         self.k = cohort_size(setting)
         self.snapshots, self.cosines, self.metrics = Snapshots(setting), Cosines(setting), MetricsRows()
         self.forks, self.checkpoints = forks or ForkStates(), Checkpoints()
@@ -113,8 +114,11 @@ class Trainer:
                          [batch(t, int(c), len(index[c])) if batch else s["batch_size"] for c in cohort])
 
     def train_cohort(self, plan: RoundPlan) -> RoundUpdates:
+        if self.pack is not None:
+            return self.pack.train(self, plan)
         if self.train_together(plan.cohort):
-            return batched.train_round(self, plan.t, plan.cohort, plan.x, plan.lr, plan.epochs, plan.batches)
+            return self.batched.train(plan.t, plan.cohort, plan.x, plan.lr, plan.epochs, plan.batches,
+                                      self.model.buffers)
         return self.train_sequentially(plan)
 
     def train_sequentially(self, plan: RoundPlan) -> RoundUpdates:
@@ -158,8 +162,12 @@ class Trainer:
         form; "auto" takes it on CUDA, where it measurably pays."""
         if self.cohort_mode == "off" or (self.cohort_mode == "auto" and self.device.type != "cuda"):
             return False
-        return len(cohort) > 1 and not unsupported(self.model.module, self.inputs.train, self.algorithm.corrections,
-                                                   self.algorithm.objective)
+        if self.batched is None:
+            self.batched = BatchedRounds(
+                self.model.module, self.local, ClientData(self.inputs.train, self.inputs.client_index,
+                                                          self.inputs.client_sizes),
+                self.algorithm.corrections, self.algorithm.objective, self.shuffle_generator, self.client_momentum)
+        return len(cohort) > 1 and self.batched.ready
 
     def aggregate(self, plan: RoundPlan, updates: RoundUpdates) -> torch.Tensor:
         s = self.setting
