@@ -6,7 +6,7 @@ export PATH := $(BIN):$(PATH)
 PROFILE ?= workflow/profiles/local
 CONFIG ?= params/default.yaml
 
-.PHONY: setup run test test-fast dry-run clean-results lock lint
+.PHONY: setup run test test-fast test-each dry-run clean-results lock lint mutants
 
 setup: $(VENV)/.installed fmnist-data
 
@@ -82,3 +82,20 @@ test-fast: setup
 lint: setup
 	snakefmt --check Snakefile workflow/rules/*.smk
 	python scripts/lint_workflow.py
+
+# Each test file alone, in its own pytest process, TEST_WORKERS files at a time (scripts/test_each.py): a file
+# that passes only after another one imported a module or set a global fails here. CI runs this in place of
+# `make test`. `make test-each TEST_FILES="tests/test_a.py tests/test_b.py"` runs only those.
+TEST_FILES ?=
+test-each: setup
+	python scripts/test_each.py --workers $(TEST_WORKERS) $(TEST_FILES)
+
+# Mutation testing of the modules that hold the papers' mathematics (pyproject.toml's [tool.mutmut] names
+# them and the fast tests that cover them; docs/testing.md records the scores and every survivor's triage).
+# One worker, niced: `make mutants MUTANTS="fedrepro.server_optim.*"` scopes a run to one module's
+# mutants (mutmut's names are globs); results accumulate in mutants/, `mutmut results` lists survivors.
+MUTANTS ?=
+MUTMUT ?= $(BIN)/mutmut
+mutants: setup
+	OMP_NUM_THREADS=1 nice -n 10 $(MUTMUT) run --max-children 1 $(MUTANTS)
+	$(MUTMUT) results
