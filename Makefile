@@ -90,12 +90,10 @@ TEST_FILES ?=
 test-each: setup
 	python scripts/test_each.py --workers $(TEST_WORKERS) $(TEST_FILES)
 
-# Mutation testing of the modules that hold the papers' mathematics (pyproject.toml's [tool.mutmut] names
-# them and the fast tests that cover them; docs/testing.md records the scores and every survivor's triage).
-# One worker, niced: `make mutants MUTANTS="fedrepro.server_optim.*"` scopes a run to one module's
-# mutants (mutmut's names are globs); results accumulate in mutants/, `mutmut results` lists survivors.
+# Mutation testing of the modules that hold the papers' mathematics, each against the fast tests that cover
+# it (scripts/mutants.py names them; docs/testing.md records the scores and every survivor's triage). One
+# mutmut worker, niced; results are cached per module in build/mutants/<module>/. `make mutants` lists the
+# modules, `make mutants MUTANTS="server_optim minnorm"` runs those, `make mutants MUTANTS=all` every one.
 MUTANTS ?=
-MUTMUT ?= $(BIN)/mutmut
 mutants: setup
-	OMP_NUM_THREADS=1 nice -n 10 $(MUTMUT) run --max-children 1 $(MUTANTS)
-	$(MUTMUT) results
+	python scripts/mutants.py $(MUTANTS)
