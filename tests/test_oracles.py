@@ -37,8 +37,9 @@ def _weighted_mean(rows: list[list[float]]) -> list[float]:
     return [sum(n * row[j] for n, row in zip(SIZES, rows)) / total for j in range(P)]
 
 
-def _run(algo, rounds=ROUNDS) -> list[list[float]]:
-    """The method's server steps over the rounds from x = (0.2, -0.1, 0.05); the model after each."""
+def _run(algo, rounds=ROUNDS, logged: list | None = None) -> list[list[float]]:
+    """The method's server steps over the rounds from x = (0.2, -0.1, 0.05); the model after each (and in
+    ``logged`` each round's logged info)."""
     x = torch.tensor([0.2, -0.1, 0.05], dtype=F64)
     out = []
     for t in range(rounds):
@@ -47,6 +48,8 @@ def _run(algo, rounds=ROUNDS) -> list[list[float]]:
                                torch.tensor([4.0, 9.0, 2.0], dtype=F64), torch.zeros(3), 0.05)
         x = algo.server_step(x, updates)
         out.append(x.tolist())
+        if logged is not None:
+            logged.append(updates.info)
     return out
 
 
@@ -70,6 +73,9 @@ def _resolved(method: str, section: dict, lr: float) -> dict:
 
 
 def _assert_rounds(got, want):
+    """Both sides float64, the same few operations a coordinate and round in another order: each round adds
+    a relative error of a few eps64 (2.2e-16) to quantities of order 1, so five rounds stay far below 1e-12
+    (relative) or 1e-15 (absolute, near zero), while a changed term moves a coordinate by 1e-4 or more."""
     for t, (g, w) in enumerate(zip(got, want)):
         for j in range(P):
             assert math.isclose(g[j], w[j], rel_tol=1e-12, abs_tol=1e-15), (t, j, g, w)
@@ -82,7 +88,14 @@ def test_fedadam_over_five_rounds_every_hyperparameter_acting():
     algo = fedadam.build(_resolved("fedadam", {"beta1": B1, "beta2": B2, "tau": TAU, "v0": V0}, LR), None)
     want = _oracle(lambda v, d, _: (B2 * v + (1 - B2) * d * d, None),
                    lambda v, _: math.sqrt(v) + TAU, B1, LR, V0)
-    _assert_rounds(_run(algo), want)
+    logged: list = []
+    _assert_rounds(_run(algo, logged=logged), want)
+    # the logged adaptive step is ||m / (sqrt(v) + tau)||, the model's move over eta_g (recovered from float64
+    # differences of coordinates below 1 whose moves exceed 1e-3: relative error under 1e-12, bound 1e-9)
+    start = [0.2, -0.1, 0.05]
+    for before, after, info in zip([start, *want], want, logged):
+        step = math.sqrt(sum((b - a) ** 2 for b, a in zip(before, after))) / LR
+        assert math.isclose(info["adaptive_step_norm"], step, rel_tol=1e-9)
 
 
 def test_fedyogi_over_five_rounds_every_hyperparameter_acting():
