@@ -264,3 +264,16 @@ def test_random_batch_sizes_are_uniform_below_the_clients_size_and_each_clients_
     _within_six_sigma(counts, n, [10, 11, 12, 13])
     assert [draw(t, 0, 14) for t in range(50)] != [draw(t, 1, 14) for t in range(50)]
     assert draw(0, 0, 11) == 10 and draw(3, 2, 10) == 10 and draw(3, 2, 7) == 7
+
+
+def test_fedawares_exploration_credits_every_client_once_in_the_code_pairing_too():
+    """FedAWARE's warm-up explores: over its ceil(N/k) rounds every client is drawn, and, with k dividing N,
+    exactly once; the ids the code credits uploads to (``cohort.assignment: code``) are those draws, in the
+    sampler's order, so they cover every client once as well (uniform draws would repeat some)."""
+    from fedrepro.run.cohorts import code_pairing, sample_cohort
+
+    n, k = 12, 4
+    for seed in (1, 2, 3):
+        credited = [c for t in range(n // k) for c in code_pairing(seed, t, n, k, "permutation").tolist()]
+        drawn = [c for t in range(n // k) for c in sample_cohort(seed, t, n, k, "permutation").tolist()]
+        assert sorted(credited) == sorted(drawn) == list(range(n)), seed
