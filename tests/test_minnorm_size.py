@@ -88,3 +88,24 @@ def test_unnormalised_momenta_of_unequal_lengths(seed):
     assert result.iterations < MAX_ITER
     best, _ = exact_min_norm(v)
     assert -1e-12 * scale <= result.value - best <= TOL * scale
+
+
+def test_the_affine_minimum_of_a_corral_with_a_repeated_vertex_falls_back_to_least_squares():
+    """Two clients with the same momentum make the corral's KKT matrix singular (np.linalg.solve refuses it);
+    the least-squares fallback must still give weights summing to 1 whose point is the affine hull's
+    minimum-norm point, worked out by hand: a = (1, 0) twice and b = (0, 2): the line a + t (b - a) is nearest
+    the origin at t = -a.(b - a) / |b - a|^2 = 1/5, the point (0.8, 0.4). (float64 solves of 4 x 4 systems of
+    entries up to 4: rounding near 1e-15, the bound 1e-12.)"""
+    from fedrepro.minnorm import _affine_minimum
+
+    v = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    m = v @ v.T
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.solve(np.block([[m[:2, :2], np.ones((2, 1))], [np.ones((1, 2)), np.zeros((1, 1))]]),
+                        np.array([0.0, 0.0, 1.0]))
+    pair = _affine_minimum(m, [0, 1])
+    assert pair.sum() == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(pair @ v[:2], [1.0, 0.0], rtol=0, atol=1e-12)
+    three = _affine_minimum(m, [0, 1, 2])
+    assert three.sum() == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(three @ v, [0.8, 0.4], rtol=0, atol=1e-12)
