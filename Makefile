@@ -6,7 +6,7 @@ export PATH := $(BIN):$(PATH)
 PROFILE ?= workflow/profiles/local
 CONFIG ?= params/default.yaml
 
-.PHONY: setup run test test-fast dry-run clean-results lock lint parity-fedaware parity-fedlaw parity-ima parity-fednova parity-matrix
+.PHONY: setup run test test-fast test-each dry-run clean-results lock lint mutants parity-fedaware parity-fedlaw parity-ima parity-fednova parity-matrix
 
 setup: $(VENV)/.installed fmnist-data
 
@@ -71,8 +71,7 @@ dry-run: setup
 # Two workers, a whole test file each (--dist loadfile): a module's shared fixture (a tiny workflow run,
 # a Slurm cluster, an MLflow server) is built once, and the slow tests' waits on subprocesses overlap.
 TEST_WORKERS ?= 2
-test: setup
-	pytest -q -rs --durations=25 -n $(TEST_WORKERS) --dist loadfile
+test: test-each
 
 test-fast: setup
 	pytest -q -m "not slow and not slurm" -n $(TEST_WORKERS) --dist loadfile
@@ -93,3 +92,18 @@ parity-fedaware parity-fedlaw parity-ima parity-fednova: setup
 
 parity-matrix: setup
 	PYTHONPATH=$(CURDIR)/src python -m fedrepro.parity --matrix
+
+# Each test file alone, in its own pytest process, TEST_WORKERS files at a time (scripts/test_each.py): a file
+# that passes only after another one imported a module or set a global fails here. `make test` (CI's command)
+# is this. `make test-each TEST_FILES="tests/test_a.py tests/test_b.py"` runs only those.
+TEST_FILES ?=
+test-each: setup
+	python scripts/test_each.py --workers $(TEST_WORKERS) $(TEST_FILES)
+
+# Mutation testing of the modules that hold the papers' mathematics, each against the fast tests that cover
+# it (scripts/mutants.py names them; docs/testing.md records the scores and every survivor's triage). One
+# mutmut worker, niced; results are cached per module in build/mutants/<module>/. `make mutants` lists the
+# modules, `make mutants MUTANTS="server_optim minnorm"` runs those, `make mutants MUTANTS=all` every one.
+MUTANTS ?=
+mutants: setup
+	python scripts/mutants.py $(MUTANTS)

@@ -88,3 +88,46 @@ def test_unnormalised_momenta_of_unequal_lengths(seed):
     assert result.iterations < MAX_ITER
     best, _ = exact_min_norm(v)
     assert -1e-12 * scale <= result.value - best <= TOL * scale
+
+
+def test_the_affine_minimum_of_a_corral_with_a_repeated_vertex_falls_back_to_least_squares():
+    """Two clients with the same momentum make the corral's KKT matrix singular (np.linalg.solve refuses it);
+    the least-squares fallback must still give weights summing to 1 whose point is the affine hull's
+    minimum-norm point, worked out by hand: a = (1, 0) twice and b = (0, 2): the line a + t (b - a) is nearest
+    the origin at t = -a.(b - a) / |b - a|^2 = 1/5, the point (0.8, 0.4). (float64 solves of 4 x 4 systems of
+    entries up to 4: rounding near 1e-15, the bound 1e-12.)"""
+    from fedrepro.minnorm import _affine_minimum
+
+    v = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    m = v @ v.T
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.solve(np.block([[m[:2, :2], np.ones((2, 1))], [np.ones((1, 2)), np.zeros((1, 1))]]),
+                        np.array([0.0, 0.0, 1.0]))
+    pair = _affine_minimum(m, [0, 1])
+    assert pair.sum() == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(pair @ v[:2], [1.0, 0.0], rtol=0, atol=1e-12)
+    three = _affine_minimum(m, [0, 1, 2])
+    assert three.sum() == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(three @ v, [0.8, 0.4], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_start_is_the_best_point_on_any_edge_of_the_simplex(seed):
+    """best_pair (the reference code's start): of every segment [v_i, v_j], the point nearest the origin, found
+    here by brute force over all pairs and a grid of 20,001 points a segment. The grid's minimum is at most
+    curvature x (h/2)^2 above the segment's (h = 5e-5, curvature |v_i - v_j|^2 <= 4 max |v|^2): below 1e-7 here."""
+    from fedrepro.minnorm import best_pair
+
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal((7, 3)) * rng.uniform(0.5, 2.0, (7, 1)) + 0.8  # unequal lengths, a common shift
+    m = v @ v.T
+    grid = np.linspace(0.0, 1.0, 20001)
+    brute = min(float(np.min(np.sum((grid[:, None] * v[i] + (1 - grid[:, None]) * v[j]) ** 2, axis=1)))
+                for i in range(7) for j in range(i + 1, 7))
+    lam = best_pair(m)
+    assert (lam >= 0).all() and np.count_nonzero(lam) <= 2 and lam.sum() == pytest.approx(1.0, abs=1e-15)
+    value = float(lam @ m @ lam)
+    assert brute - 1e-7 <= value <= brute + 1e-12
+    assert best_pair(np.array([[2.0]])).tolist() == [1.0]
+    # two equal vectors: the segment is a point, its weight all on one end
+    assert sorted(best_pair(np.array([[1.0, 1.0], [1.0, 1.0]])).tolist()) == [0.0, 1.0]

@@ -1,0 +1,109 @@
+"""Mutation testing (mutmut) of the modules that hold the papers' mathematics, one module at a time, each
+against the fast in-process tests that cover it (the golden-id test never: it fails on any edit, right or
+wrong, so it would kill every mutant and say nothing).
+
+    python scripts/mutants.py                  # list the modules and their tests
+    python scripts/mutants.py server_optim ... # run those modules (one mutmut worker, niced)
+    python scripts/mutants.py all              # every module (well under three hours on 2 cores)
+
+Each module runs in its own folder, build/mutants/<module>/: a generated pyproject.toml with its
+[tool.mutmut] section and links to src/, tests/ and params/, so mutmut's copy (mutants/) and its cached
+results are the module's own and a rerun only tests what changed. The last lines of each run are its
+counts (killed, survived, no tests, timeouts); `mutmut results` and `mutmut show <name>` in that folder list
+and show the survivors. docs/testing.md records the scores and every survivor's triage. `make mutants` runs
+this script.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "mutants"
+PYTEST_ARGS = ["-p", "no:randomly", "-p", "no:cacheprovider", "-m", "not slow and not slurm and not gpu"]
+
+# module: (the files mutated, the test files that cover them)
+ALG = "src/fedrepro/algorithms/"
+MODULES: dict[str, tuple[list[str], list[str]]] = {
+    "server_optim": (["src/fedrepro/server_optim.py"], ["test_oracles.py", "test_baselines.py", "test_fedadagrad.py"]),
+    "server": (["src/fedrepro/server.py"], ["test_oracles.py", "test_baselines.py"]),
+    "minnorm": (["src/fedrepro/minnorm.py"], ["test_fedaware.py", "test_fedaware_na.py", "test_minnorm_size.py"]),
+    "metrics": (["src/fedrepro/metrics.py"], ["test_metrics.py"]),
+    "cohorts": (["src/fedrepro/run/cohorts.py"],
+                ["test_cohort_sampler.py", "test_cohort_warmup.py", "test_oracles.py"]),
+    "parts": (["src/fedrepro/parts.py"], ["test_parts.py", "test_oracles.py", "test_baselines.py"]),
+    "report_paper": (["src/fedrepro/report/paper.py"], ["test_oracles.py", "test_paper_params.py", "test_claims.py"]),
+    "tuning": (["src/fedrepro/spec/tuning.py"], ["test_tuning.py"]),
+    "partitions": (["src/fedrepro/partitions/[!r]*.py"],
+                   ["test_partition.py", "test_partition_oracle.py", "test_pachinko.py"]),
+    "fedopt": ([ALG + n for n in ("fedadam.py", "fedyogi.py", "fedams.py", "fedavgm.py", "fedadagrad.py")],
+               ["test_oracles.py", "test_baselines.py", "test_fedadagrad.py"]),
+    "client_corrections": ([ALG + n for n in ("fedprox.py", "scaffold.py", "feddyn.py", "fedcm.py")],
+                           ["test_baselines.py"]),
+    "fednova": ([ALG + "fednova.py"], ["test_fednova.py"]),
+    "fedaware": ([ALG + "fedaware.py", ALG + "aware.py"], ["test_fedaware.py", "test_fedaware_na.py"]),
+    "fedlaw": ([ALG + n for n in ("fedlaw.py", "proxy.py", "feddf.py", "fedbe.py", "serverft.py")],
+               ["test_fedlaw.py", "test_fedlaw_baselines.py"]),
+    "ima": ([ALG + "ima.py"], ["test_ima.py", "test_oracles.py"]),
+    "ima_baselines": ([ALG + n for n in ("fedasam.py", "fedgma.py", "fedfa.py")], ["test_ima_baselines.py"]),
+    "client_draws": ([ALG + "random_epochs.py", ALG + "random_batch.py"],
+                     ["test_oracles.py", "test_client_protocol.py"]),
+}
+
+
+def _toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def prepare(module: str) -> Path:
+    """The module's folder: links to the tree mutmut copies, and its configuration."""
+    mutated, tests = MODULES[module]
+    folder = BUILD / module
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("src", "tests", "params"):
+        link = folder / name
+        if not link.is_symlink():
+            link.symlink_to(ROOT / name, target_is_directory=True)
+    (folder / "pyproject.toml").write_text(
+        "[tool.mutmut]\n"
+        'source_paths = ["src/"]\n'
+        f"only_mutate = {_toml_list(mutated)}\n"
+        'also_copy = ["params/"]\n'
+        f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(['tests/' + t for t in tests])}\n")
+    return folder
+
+
+def run(module: str, mutmut: str) -> int:
+    folder = prepare(module)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the mutated copy, never the tree
+    env["OMP_NUM_THREADS"] = "1"
+    print(f"== {module}: {', '.join(MODULES[module][0])} against {', '.join(MODULES[module][1])}", flush=True)
+    code = subprocess.call(["nice", "-n", "10", mutmut, "run", "--max-children", "1"], cwd=folder, env=env)
+    subprocess.call([mutmut, "export-cicd-stats"], cwd=folder, env=env, stdout=subprocess.DEVNULL)
+    stats = folder / "mutants" / "mutmut-cicd-stats.json"
+    if stats.exists():
+        print(f"== {module}: {stats.read_text().strip()}")
+    subprocess.call([mutmut, "results"], cwd=folder, env=env)
+    return code
+
+
+def main(argv: list[str]) -> int:
+    mutmut = os.environ.get("MUTMUT") or str(Path(sys.executable).parent / "mutmut")
+    if not argv:
+        for name, (mutated, tests) in MODULES.items():
+            print(f"{name:20s} {' '.join(mutated)}\n{'':20s} tests: {' '.join(tests)}")
+        return 0
+    names = list(MODULES) if argv == ["all"] else argv
+    unknown = [n for n in names if n not in MODULES]
+    if unknown:
+        print(f"unknown module {', '.join(unknown)}; known: {', '.join(MODULES)} (or all)", file=sys.stderr)
+        return 2
+    return max(run(name, mutmut) for name in names)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
