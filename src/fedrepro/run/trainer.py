@@ -27,7 +27,7 @@ from fedrepro import algorithms, data, identity, models
 from fedrepro.catalog import cohort_size
 from fedrepro.flat import FlatModel
 from fedrepro.identity import partition_id, stable_hash
-from fedrepro.parts import ClientRun, RoundUpdates, lr_schedule as client_lr_schedule
+from fedrepro.parts import ClientRun, RoundUpdates
 from fedrepro.provenance import device_line, run_provenance
 from fedrepro.run import batched, checkpoint, inputs as run_inputs, rows
 from fedrepro.run.batchable import unsupported
@@ -93,8 +93,7 @@ class Trainer:
     # ------------------------------------------------------------------ the round's steps
 
     def client_lr(self, t: int) -> float:
-        schedule = getattr(self.algorithm, "lr_schedule", None) or client_lr_schedule(self.setting)
-        return schedule(t)
+        return self.algorithm.client_plan.lr_of(self.setting)(t)
 
     def configure_round(self, t: int) -> RoundPlan:
         s = self.setting
@@ -106,11 +105,10 @@ class Trainer:
 
     def plan(self, t: int, cohort: np.ndarray, x: torch.Tensor, lr: float) -> RoundPlan:
         """Round t's plan for these clients from ``x``: each client's epochs and batch size."""
-        epochs = getattr(self.algorithm, "local_epochs", None)
-        batch = getattr(self.algorithm, "batch_size", None)  # +random_batch
-        index, s = self.inputs.client_index, self.setting
-        return RoundPlan(t, cohort, x, lr, [epochs(t, int(c)) if epochs else s["local_epochs"] for c in cohort],
-                         [batch(t, int(c), len(index[c])) if batch else s["batch_size"] for c in cohort])
+        client_plan, index = self.algorithm.client_plan, self.inputs.client_index  # as the method declares it
+        epochs, batch = client_plan.epochs_of(self.setting), client_plan.batch_of(self.setting)
+        return RoundPlan(t, cohort, x, lr, [epochs(t, int(c)) for c in cohort],
+                         [batch(t, int(c), len(index[c])) for c in cohort])
 
     def train_cohort(self, plan: RoundPlan) -> RoundUpdates:
         if self.train_together(plan.cohort):
