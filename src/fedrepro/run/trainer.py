@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import algorithms, data, identity, models
+from fedrepro import algorithms, data, external, identity, models
 from fedrepro.catalog import cohort_size
 from fedrepro.flat import FlatModel
 from fedrepro.identity import partition_id, stable_hash
@@ -307,6 +307,8 @@ class Trainer:
             "forked_from": self.forks.forked_from,
             "kept_forks": {"rounds": sorted(self.forks.keep), "history": self.forks.history_length},
             **run_provenance(self.device),
+            # a method of the user's own package: its module, package and version ({} for fedrepro's methods)
+            **external.provenance([self.setting["algorithm"], *self.setting["plugins"]]),
         }
         if self.inputs.class_counts is not None:  # Table 11: client sizes and heterogeneity from these
             summary["client_class_counts"] = self.inputs.class_counts.tolist()
