@@ -179,7 +179,7 @@ def run_wing() -> tuple[str, ...]:
 
 def method_modules(algorithm: str, plugins: list[str]) -> tuple[str, ...]:
     """The built-in methods' modules (an outside method's code is hashed by ``outside_code``)."""
-    return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins] if external.is_builtin(name))
+    return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins] if external.find(name) is None)
 
 
 def outside_code(names: list[str]) -> tuple[str | None, tuple[str, ...]]:
