@@ -176,7 +176,7 @@ def profile_figure(gaps: dict[str, list[float]]) -> str | None:
     taus = [top * i / 200 for i in range(201)]
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for method, values in sorted(gaps.items()):
-        ax.step(taus, [within(values, t) for t in taus], where="post", label=f"{method} ({len(values)} cells)")
+        ax.step(taus, [within(values, t) for t in taus], where="post", label=f"{method} ({len(values)} cell{'' if len(values) == 1 else 's'})")
     ax.set_xlabel("tau: points behind the best method of the cell")
     ax.set_ylabel("share of cells within tau")
     ax.set_ylim(-0.02, 1.02)
