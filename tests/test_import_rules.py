@@ -20,10 +20,10 @@ LAYERS = {
     "settings": {"spec/*", "registry.py"},
     # the run wing: never the settings (a job receives a resolved setting)
     "run": {"run/*", "rundir.py", "provenance.py"},
-    "methods": {"algorithms/*"},
+    "methods": {"algorithms/*", "api.py"},
     "inputs": {"data/*", "models/*", "partitions/*"},
     "ground": {"__init__.py", "parts.py", "server.py", "server_optim.py", "minnorm.py", "flat.py", "functional.py",
-               "identity.py", "catalog.py", "errors.py", "records.py", "streams.py", "metrics.py",
+               "identity.py", "catalog.py", "errors.py", "external.py", "records.py", "streams.py", "metrics.py",
                "evaluation.py"},
 }
 

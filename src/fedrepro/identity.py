@@ -26,10 +26,12 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
+from fedrepro import external
 from fedrepro.catalog import DATASETS, MODELS, PARTITION_KINDS, identity_facts
 
 PACKAGE = Path(__file__).resolve().parent
@@ -176,7 +178,41 @@ def run_wing() -> tuple[str, ...]:
 
 
 def method_modules(algorithm: str, plugins: list[str]) -> tuple[str, ...]:
-    return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins])
+    """The built-in methods' modules (an outside method's code is hashed by ``outside_code``)."""
+    return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins] if external.find(name) is None)
+
+
+def outside_code(names: list[str]) -> tuple[str | None, tuple[str, ...]]:
+    """(the hash of the outside methods' own code, the package files it imports) for the methods ``names``
+    that live outside fedrepro: each module and the modules of its own top-level package that it imports,
+    normalised as the package's files are and named by module path (not by where it is installed)."""
+    methods = [m for m in map(external.find, names) if m is not None]
+    if not methods:
+        return None, ()
+    own: dict[str, Path] = {}
+    ours: set[str] = set()
+    todo = [(m.module, m) for m in methods]
+    while todo:
+        module, method = todo.pop()
+        if module in own:
+            continue
+        own[module] = method.file
+        for name in external.imported_modules(method):
+            if _module_file(name):
+                ours.add(_module_file(name))
+            elif name.split(".")[0] == module.split(".")[0] and name not in own:
+                try:
+                    spec = importlib.util.find_spec(name)
+                except (ImportError, ValueError):  # a name inside a module (`from pkg.mod import f`), not a module
+                    spec = None
+                if spec is not None and spec.origin and spec.origin.endswith(".py"):
+                    todo.append((name, external.Method(name, name, Path(spec.origin), {}, None, None)))
+    digest = hashlib.sha256()
+    for module in sorted(own):
+        digest.update(module.encode())
+        tree = ast.parse(own[module].read_text(), filename=str(own[module]))
+        digest.update(ast.dump(_without_docstrings(tree), annotate_fields=False, include_attributes=False).encode())
+    return digest.hexdigest()[:12], tuple(sorted(ours))
 
 
 def family_modules(dataset: str, model: str | None = None) -> tuple[str, ...]:
@@ -187,13 +223,16 @@ def family_modules(dataset: str, model: str | None = None) -> tuple[str, ...]:
 def run_code(setting: dict) -> list[str]:
     """The package files a run of this setting can execute (its partition's code: through its partition id)."""
     entries = run_wing() + method_modules(setting["algorithm"], setting["plugins"]) \
-        + family_modules(setting["dataset"], setting["model"])
+        + family_modules(setting["dataset"], setting["model"]) + outside_code([setting["algorithm"], *setting["plugins"]])[1]
     return code_closure(entries, OUTSIDE_RUNS)
 
 
 def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str) -> str:
-    """Hash of every package file a run of this method (with these plug-ins, data and model) executes."""
-    return files_hash(run_code({"algorithm": algorithm, "plugins": plugins, "dataset": dataset, "model": model}))
+    """Hash of every package file a run of this method (with these plug-ins, data and model) executes, and of an
+    outside method's own code."""
+    ours = files_hash(run_code({"algorithm": algorithm, "plugins": plugins, "dataset": dataset, "model": model}))
+    outside, _ = outside_code([algorithm, *plugins])
+    return ours if outside is None else stable_hash({"fedrepro": ours, "outside": outside}, 12)
 
 
 def partition_code(dataset: str, kind: str) -> list[str]:

@@ -13,6 +13,7 @@ Sign convention: a client's update is Delta_i = x - x_i; the server step is x <-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -23,6 +24,8 @@ class Part:
     ``subparts`` the attributes that are parts themselves; saving and loading are the same for all."""
     state: tuple[str, ...] = ()
     subparts: tuple[str, ...] = ()
+    # a client hook's or post-step's name in checkpoints; "" keys it by its position in its method's list
+    name: str = ""
 
     def state_dict(self) -> dict:
         saved = {name: getattr(self, name) for name in self.state if getattr(self, name) is not None}
@@ -161,22 +164,62 @@ class FeatureTerm:
         raise NotImplementedError
 
 
+# A client plan's entry left at this value is the setting's (client.lr and its decay, local_epochs, batch_size)
+THE_SETTINGS = None
+
+
+@dataclass
+class ClientPlan:
+    """What a method decides of each round's client work, declared: the client lr of round t, a client's local
+    epochs and its batch size (t, client, its sample count). Each entry is ``THE_SETTINGS`` unless the method or
+    a plug-in replaces it (+ima's lr schemes, +random_epochs, +random_batch); the trainer reads nothing else."""
+    lr_schedule: Callable[[int], float] | None = THE_SETTINGS
+    local_epochs: Callable[[int, int], int] | None = THE_SETTINGS
+    batch_size: Callable[[int, int, int], int] | None = THE_SETTINGS
+
+    def lr_of(self, setting: dict) -> Callable[[int], float]:
+        """The client lr of round t: the declared schedule, else the setting's (``lr_schedule``)."""
+        return self.lr_schedule if self.lr_schedule is not THE_SETTINGS else lr_schedule(setting)
+
+    def epochs_of(self, setting: dict) -> Callable[[int, int], int]:
+        """Round t's local epochs of a client: the declared draw, else the setting's local_epochs."""
+        if self.local_epochs is not THE_SETTINGS:
+            return self.local_epochs
+        return lambda t, client: setting["local_epochs"]
+
+    def batch_of(self, setting: dict) -> Callable[[int, int, int], int]:
+        """Round t's batch size of a client with ``size`` samples: the declared draw, else the setting's."""
+        if self.batch_size is not THE_SETTINGS:
+            return self.batch_size
+        return lambda t, client, size: setting["batch_size"]
+
+
 @dataclass
 class Algorithm:
-    """A federated method: the client's local rule and the server's chain."""
+    """A federated method: the client's local rule, the server's chain and the client plan of each round.
+
+    Every part's state is declared (``Part.state``, ``Part.subparts``) and checkpointed under its part's name:
+    the aggregator, the optimizer, the objective, and each correction and post-step under ``name`` when it
+    declares one (``correction<i>`` / ``post_step<i>`` by position when it does not)."""
     name: str
     aggregator: Aggregator
     optimizer: ServerOptimizer
     corrections: list[GradientCorrection] = field(default_factory=list)
     post_steps: list[PostStep] = field(default_factory=list)
     objective: ClientObjective | None = None  # None: cross-entropy, one backward per step
+    client_plan: ClientPlan = field(default_factory=ClientPlan)  # every entry the setting's unless declared
 
     def parts(self) -> dict[str, Part]:
         named = {"aggregator": self.aggregator, "optimizer": self.optimizer}
         if self.objective is not None:
             named["objective"] = self.objective
-        named.update({f"correction{i}": p for i, p in enumerate(self.corrections)})
-        named.update({f"post_step{i}": p for i, p in enumerate(self.post_steps)})
+        for kind, hooks in (("correction", self.corrections), ("post_step", self.post_steps)):
+            for i, part in enumerate(hooks):
+                key = part.name or f"{kind}{i}"
+                if key in named:
+                    raise ValueError(f"method '{self.name}': two parts are named '{key}'; each part's state is kept "
+                                     f"under its name")
+                named[key] = part
         return named
 
     def server_step(self, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:

@@ -17,7 +17,8 @@ A method is two files side by side: ``algorithms/<name>.py`` (its math, a ``buil
 
 Nothing else names a method: the schema of a setting is ``schemas/setting.schema.yaml`` plus these
 sections, and the sections a run does not read are pruned from it so that they do not enter its hash.
-This module reads YAML only, so the Snakefile can check a grid of thousands of runs before any job
+A method of the user's own package (fedrepro.external) joins when a setting names it (``admit``), with the
+fragment it brings. This module reads YAML only, so the Snakefile can check a grid of thousands of runs before any job
 starts; training code does not import it.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import functools
 
 import yaml
 
-from fedrepro import catalog
+from fedrepro import catalog, external
 from fedrepro.catalog import DATASETS, MODELS, PARTITION_KEYS, PARTITION_KINDS, FragmentError
 from fedrepro.spec import conditions
 
@@ -61,20 +62,56 @@ def _fragments(stamps: tuple) -> dict[str, dict]:
     return fragments
 
 
+# Methods of the users' own packages that a setting named (fedrepro.external), admitted by ``admit``
+OUTSIDE: dict[str, dict] = {}
+OUTSIDE_MODULES: dict[str, str] = {}
+
+
 def fragments() -> dict[str, dict]:
-    return _fragments(_stamps())
+    return {**_fragments(_stamps()), **OUTSIDE}
+
+
+def _entry(f: dict) -> dict:
+    return {"sections": sorted(f.get("schema", {})), "requires": f.get("requires", []),
+            "refuses": f.get("refuses", {}), "fork": f.get("fork"), "tune": f.get("tune")}
 
 
 def _entries(kind: str) -> dict[str, dict]:
-    return {name: {"sections": sorted(f.get("schema", {})), "requires": f.get("requires", []),
-                   "refuses": f.get("refuses", {}), "fork": f.get("fork")}
-            for name, f in fragments().items() if f["kind"] == kind}
+    return {name: _entry(f) for name, f in fragments().items() if f["kind"] == kind}
 
 
 ALGORITHMS: dict[str, dict] = _entries("algorithm")
 PLUGINS: dict[str, dict] = _entries("plugin")
 # Sections of a setting that only some algorithms or plug-ins read; the others are pruned
 OPTIONAL_SECTIONS = {s for entry in [*ALGORITHMS.values(), *PLUGINS.values()] for s in entry["sections"]}
+
+
+def admit(names: list[str]) -> None:
+    """The outside methods among ``names`` join the registry (their fragments, their sections) before a setting
+    naming them is validated; a module not written to the method API is refused here, in one line
+    (fedrepro.external.MethodError). Names that are neither built in nor outside are left to the checks."""
+    for name in names:
+        if name in ALGORITHMS or name in PLUGINS:
+            continue
+        method = external.find(name)
+        if method is None:
+            continue
+        fragment = method.fragment
+        if method.module in OUTSIDE_MODULES.values():  # one module under a second name: its sections are there
+            (ALGORITHMS if method.kind == "algorithm" else PLUGINS)[name] = _entry(fragment)
+            continue
+        core = yaml.safe_load((SCHEMAS / "setting.schema.yaml").read_text())["properties"]
+        for section in fragment.get("schema") or {}:
+            if section in core or section in OPTIONAL_SECTIONS:
+                raise FragmentError(f"{method.where}: its settings section '{section}' is one of fedrepro's already; "
+                                    f"name its section after the method")
+        for condition in fragment.get("requires", []):
+            conditions.parse(condition["check"])
+        if fragment.get("fork") is not None and method.kind != "plugin":
+            raise FragmentError(f"{method.where}: fork: only a plug-in acts from some round on")
+        OUTSIDE[name], OUTSIDE_MODULES[name] = fragment, method.module
+        (ALGORITHMS if method.kind == "algorithm" else PLUGINS)[name] = _entry(fragment)
+        OPTIONAL_SECTIONS.update(fragment.get("schema") or {})
 
 
 def sections_used(algorithm: str, plugins: list[str]) -> set[str]:
@@ -148,12 +185,12 @@ def _with_keys(properties: dict, where: str) -> dict:
 
 
 def setting_schema() -> dict:
-    """The schema of one resolved run: the core file plus every fragment's sections."""
-    return _setting_schema(_stamps(), (SCHEMAS / "setting.schema.yaml").stat().st_mtime_ns)
+    """The schema of one resolved run: the core file plus every fragment's sections (admitted outside ones too)."""
+    return _setting_schema(_stamps(), (SCHEMAS / "setting.schema.yaml").stat().st_mtime_ns, tuple(OUTSIDE))
 
 
 @functools.lru_cache(maxsize=4)
-def _setting_schema(stamps: tuple, core_mtime: int) -> dict:
+def _setting_schema(stamps: tuple, core_mtime: int, outside: tuple = ()) -> dict:
     schema = yaml.safe_load((SCHEMAS / "setting.schema.yaml").read_text())
     # the datasets, models and partition kinds that exist are their fragments' (fedrepro.catalog)
     schema["properties"]["dataset"]["enum"] = list(DATASETS)
@@ -172,8 +209,8 @@ def _setting_schema(stamps: tuple, core_mtime: int) -> dict:
         unknown = set(PARTITION_KEYS[kind]) - set(partition["properties"])
         if unknown:
             raise FragmentError(f"partitions/{kind}.yaml: keys {sorted(unknown)} are no partition setting")
-    for name, fragment in _fragments(stamps).items():
-        for section, sub in fragment.get("schema", {}).items():
+    for name, fragment in {**_fragments(stamps), **{n: OUTSIDE[n] for n in outside}}.items():
+        for section, sub in (fragment.get("schema") or {}).items():
             if section in schema["properties"]:
                 raise FragmentError(f"algorithms/{name}.yaml: section '{section}' is defined twice")
             sub = dict(sub)

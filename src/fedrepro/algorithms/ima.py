@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from fedrepro.parts import Algorithm, PostStep, RoundUpdates, lr_schedule as client_lr_schedule
+from fedrepro.parts import Algorithm, PostStep, RoundUpdates
 from fedrepro.catalog import ima_start_round as start_round
 
 
@@ -74,14 +74,14 @@ def apply(algorithm: Algorithm, setting, ctx) -> None:
     ima = setting["ima"]
     start = start_round(setting)
     algorithm.post_steps.append(WindowAverage(ima["window"], start))
-    base = getattr(algorithm, "lr_schedule", None) or client_lr_schedule(setting)
-    algorithm.lr_schedule = lr_schedule(base, ima, start)
+    plan = algorithm.client_plan
+    plan.lr_schedule = lr_schedule(plan.lr_of(setting), ima, start)
     if ima["decay"] == "epoch":
-        host_epochs = getattr(algorithm, "local_epochs", None) or (lambda t, c: setting["local_epochs"])
+        host_epochs = plan.epochs_of(setting)
 
         def local_epochs(t: int, client_id: int) -> int:
             drop = 0 if t < start else (t - start) // ima["cycle_rounds"]   # first drop at t_s + cycle (code)
             return max(1, host_epochs(t, client_id) - drop)
 
-        algorithm.local_epochs = local_epochs
+        plan.local_epochs = local_epochs
 

@@ -22,4 +22,4 @@ class RandomBatch:
 
 
 def apply(algorithm, setting, ctx) -> None:
-    algorithm.batch_size = RandomBatch(setting["seed"], setting["random_batch"]["low"])
+    algorithm.client_plan.batch_size = RandomBatch(setting["seed"], setting["random_batch"]["low"])

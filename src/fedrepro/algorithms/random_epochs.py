@@ -20,4 +20,4 @@ class RandomEpochs:
 
 def apply(algorithm, setting, ctx) -> None:
     c = setting["random_epochs"]
-    algorithm.local_epochs = RandomEpochs(setting["seed"], c["low"], c["high"])
+    algorithm.client_plan.local_epochs = RandomEpochs(setting["seed"], c["low"], c["high"])

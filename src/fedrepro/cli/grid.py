@@ -18,13 +18,18 @@ def add_expand(sub) -> None:
     p = sub.add_parser("expand", help="list the runs a params file declares (validates it)")
     p.add_argument("--configfile", required=True, nargs="+", type=_existing("file"),
                    help="params file(s), merged in order as snakemake does")
+    p.add_argument("--add-method", help="methods to put on every method axis, comma-separated (as --config "
+                   "add_method=...): a built-in name, an entry point of your package or a module path")
     p.set_defaults(func=cmd_expand)
     finish(p, EXAMPLES["expand"])
 
 
 def cmd_expand(args) -> None:
     from fedrepro.spec import config, paramsfile
-    runs = config.expand(paramsfile.load_params_files(args.configfile))
+    params = paramsfile.load_params_files(args.configfile)
+    if args.add_method:
+        params["add_method"] = args.add_method
+    runs = config.expand(params)
     for run in runs:
         print(run.experiment, run.id)
     print(f"{len(config.unique_runs(runs))} runs", file=sys.stderr)

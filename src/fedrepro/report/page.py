@@ -16,7 +16,7 @@ import pandas as pd
 from fedrepro import records
 from fedrepro.partitions import records as partition_records
 from fedrepro.identity import stable_hash
-from fedrepro.report import tables
+from fedrepro.report import tables, versus
 from fedrepro.report.frames import load_runs, summary_table, switch_effects
 from fedrepro.report.plots import (ablation_figure, coincide_note, coinciding, collapse_points, curves_figure,
                                    tuning_figure)
@@ -255,6 +255,7 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
     html = env.get_template("report.html.j2").render(manifest=manifest, sections=sections, provenance=provenance,
                                                      runs_done=int(len(finished)), runs_total=int(len(runs)),
                                                      comparisons=comparisons,
+                                                     versus=versus.comparisons(manifest, runs_dir),
                                                      paper_figures=paper_figures(paper_figures_dir, figures_dir),
                                                      others=others, page=out.name)
     out.parent.mkdir(parents=True, exist_ok=True)

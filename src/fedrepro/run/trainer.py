@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import algorithms, data, identity, models
+from fedrepro import algorithms, data, external, identity, models
 from fedrepro.catalog import cohort_size
 from fedrepro.flat import FlatModel
 from fedrepro.identity import partition_id, stable_hash
-from fedrepro.parts import ClientRun, RoundUpdates, lr_schedule as client_lr_schedule
+from fedrepro.parts import ClientRun, RoundUpdates
 from fedrepro.provenance import device_line, run_provenance
 from fedrepro.run import checkpoint, inputs as run_inputs, rows
 from fedrepro.run.batched_rounds import BatchedRounds, ClientData
@@ -94,8 +94,7 @@ class Trainer:
     # ------------------------------------------------------------------ the round's steps
 
     def client_lr(self, t: int) -> float:
-        schedule = getattr(self.algorithm, "lr_schedule", None) or client_lr_schedule(self.setting)
-        return schedule(t)
+        return self.algorithm.client_plan.lr_of(self.setting)(t)
 
     def configure_round(self, t: int) -> RoundPlan:
         s = self.setting
@@ -107,11 +106,10 @@ class Trainer:
 
     def plan(self, t: int, cohort: np.ndarray, x: torch.Tensor, lr: float) -> RoundPlan:
         """Round t's plan for these clients from ``x``: each client's epochs and batch size."""
-        epochs = getattr(self.algorithm, "local_epochs", None)
-        batch = getattr(self.algorithm, "batch_size", None)  # +random_batch
-        index, s = self.inputs.client_index, self.setting
-        return RoundPlan(t, cohort, x, lr, [epochs(t, int(c)) if epochs else s["local_epochs"] for c in cohort],
-                         [batch(t, int(c), len(index[c])) if batch else s["batch_size"] for c in cohort])
+        client_plan, index = self.algorithm.client_plan, self.inputs.client_index  # as the method declares it
+        epochs, batch = client_plan.epochs_of(self.setting), client_plan.batch_of(self.setting)
+        return RoundPlan(t, cohort, x, lr, [epochs(t, int(c)) for c in cohort],
+                         [batch(t, int(c), len(index[c])) for c in cohort])
 
     def train_cohort(self, plan: RoundPlan) -> RoundUpdates:
         if self.pack is not None:
@@ -317,6 +315,8 @@ class Trainer:
             "forked_from": self.forks.forked_from,
             "kept_forks": {"rounds": sorted(self.forks.keep), "history": self.forks.history_length},
             **run_provenance(self.device),
+            # a method of the user's own package: its module, package and version ({} for fedrepro's methods)
+            **external.provenance([self.setting["algorithm"], *self.setting["plugins"]]),
         }
         if self.inputs.class_counts is not None:  # Table 11: client sizes and heterogeneity from these
             summary["client_class_counts"] = self.inputs.class_counts.tolist()

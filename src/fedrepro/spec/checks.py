@@ -14,7 +14,8 @@ def check_compatible(setting: dict, where: str) -> None:
     problems = []
     algo, plugins = setting["algorithm"], setting["plugins"]
     if algo not in registry.ALGORITHMS:
-        problems.append(f"algorithm '{algo}' is unknown; known: {', '.join(sorted(registry.ALGORITHMS))}")
+        problems.append(f"algorithm '{algo}' is unknown; known: {', '.join(sorted(registry.ALGORITHMS))}, or a method "
+                        f"of your own package by its entry point or module path (docs/methods.md)")
     for plugin in plugins:
         if plugin not in registry.PLUGINS:
             problems.append(f"plug-in '+{plugin}' is unknown; known: {', '.join('+' + p for p in sorted(registry.PLUGINS))}")

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from fedrepro.identity import run_id, stable_hash
-from fedrepro.spec import forks, tuning as ftuning
+from fedrepro.spec import forks, overlay, tuning as ftuning
 from fedrepro.spec.paramsfile import SAFE_EXPERIMENT, check_name, data_root, selected_experiments
 from fedrepro.spec.schema import ConfigError
 from fedrepro.spec.settings import Run, variant_label, deep_merge, grid_points, resolve
@@ -158,6 +158,8 @@ def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = No
            "tracking": params.get("tracking", {}), "experiments": experiments}
     if tunings:  # only then: the manifests of params files without tuning are unchanged
         out["tunings"] = tunings
+    if overlay.names(params, "add_method"):  # the methods the report compares with each table's (report/versus.py)
+        out["added_methods"] = overlay.names(params, "add_method")
     return out
 
 

@@ -50,18 +50,21 @@ def data_root(params: dict) -> str:
 
 def selected_experiments(params: dict) -> dict:
     """The experiments ``only`` names (exact names or shell patterns such as ``ima_table1_*``);
-    all of them when ``only`` is absent. ``only`` comes from the file or from ``--config only=a,b``."""
+    all of them when ``only`` is absent; with the methods ``add_method`` adds on their method axes. ``only`` comes from the file or from ``--config only=a,b``."""
     import fnmatch
 
+    from fedrepro.spec import overlay
+
+    experiments = overlay.apply(params, dict(params["experiments"]))  # add_method: a method on the method axes
     only = params.get("only")
     if not only:
-        return dict(params["experiments"])
+        return experiments
     patterns = [p.strip() for p in (only.split(",") if isinstance(only, str) else only) if p.strip()]
     unmatched = [p for p in patterns if not fnmatch.filter(params["experiments"], p)]
     if unmatched:
         raise ConfigError(f"only: {', '.join(unmatched)} matches no experiment; experiments: "
                           f"{', '.join(params['experiments'])}")
-    return {name: exp for name, exp in params["experiments"].items()
+    return {name: exp for name, exp in experiments.items()
             if any(fnmatch.fnmatchcase(name, p) for p in patterns)}
 
 

@@ -15,7 +15,8 @@ from typing import Any
 from fedrepro import catalog, registry
 from fedrepro.identity import partition_id
 from fedrepro.spec.checks import _refuse_unread_pretrained, check_compatible, check_data_transforms, check_partition_file
-from fedrepro.spec.schema import validate
+from fedrepro.errors import FedreproError
+from fedrepro.spec.schema import ConfigError, validate
 
 
 # --------------------------------------------------------------------------- grids
@@ -139,6 +140,10 @@ class Run:
 def resolve(raw: dict, where: str = "setting") -> dict:
     """A complete, validated, pruned run setting from a partial one."""
     setting = split_algorithm(copy.deepcopy(raw))
+    try:  # a method of the user's own package brings its settings fragment, checked against the method API
+        registry.admit([setting["algorithm"], *setting["plugins"]])
+    except FedreproError as err:
+        raise ConfigError(f"{where}: {err}") from None
     validate(setting, "setting.schema.yaml", where)
     _refuse_unread_pretrained(raw, setting, where)  # before prune drops the section
     check_data_transforms(setting, where)

@@ -1,0 +1,1 @@
+"""A method for fedrepro written outside it (docs/methods.md, "Your own method")."""
