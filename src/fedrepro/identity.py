@@ -30,7 +30,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedrepro.catalog import DATASETS, MODELS, PARTITION_KINDS, identity_facts
+from fedrepro import catalog
+from fedrepro.catalog import DATASETS, MODELS, PARTITION_KINDS, training_facts
 
 PACKAGE = Path(__file__).resolve().parent
 RUN_WING = "run"  # fedrepro.run: what a training job executes, every module of it in every run
@@ -39,7 +40,19 @@ FAMILY_PACKAGES = ("data", "models", "algorithms", "partitions")
 # Naming (this module), provenance, record files, the run folder's layout and the partition folder's: what a
 # summary records about its origin may grow a field, and a helper may move, without renaming and retraining
 # every run. A run's partition code enters through its partition id, which hashes the kind's own closure.
-OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partitions/records.py"})
+# The catalog reads the fragments into dicts: what training reads of them, its own dataset's and model's
+# facts, a run hashes as facts (catalog.training_facts), so the reader is no part of it.
+OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partitions/records.py",
+                          "catalog.py"})
+RUN_ENTRY = "run/jobs.py"  # what a training job executes: training a run and keeping a parent's fork state
+# Modules of the run wing that a run executes only when its setting asks for them: the batched path (a round's
+# clients as one computation, taken on CUDA, so never by a run of device: cpu) and the Hessian estimate
+# (hessian.every > 0). Another run's name does not hash them, so an edit there renames only the runs that
+# can execute them. Each entry: the files, and whether a setting can execute them.
+OPTIONAL_RUN_CODE = {
+    "batched": (("run/batched.py", "run/batchable.py", "run/batched_draws.py"), lambda s: s.get("device") != "cpu"),
+    "hessian": (("run/hessian.py",), lambda s: bool(s.get("hessian", {}).get("every"))),
+}
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:
@@ -170,11 +183,6 @@ def normalised(name: str) -> str:
     return _normalised(name, *_stamp(name))
 
 
-def run_wing() -> tuple[str, ...]:
-    """Every module of the run wing: a job may execute any of them (a resume, a fork, the batched path)."""
-    return tuple(sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / RUN_WING).glob("*.py")))
-
-
 def method_modules(algorithm: str, plugins: list[str]) -> tuple[str, ...]:
     return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins])
 
@@ -185,15 +193,29 @@ def family_modules(dataset: str, model: str | None = None) -> tuple[str, ...]:
 
 
 def run_code(setting: dict) -> list[str]:
-    """The package files a run of this setting can execute (its partition's code: through its partition id)."""
-    entries = run_wing() + method_modules(setting["algorithm"], setting["plugins"]) \
+    """The package files a run of this setting can execute (its partition's code: through its partition id):
+    the run wing from its entry, the method's and plug-ins' modules, the dataset's and model's families, and
+    what they import, the optional modules (``OPTIONAL_RUN_CODE``) only where the setting asks for them."""
+    entries = (RUN_ENTRY,) + method_modules(setting["algorithm"], setting["plugins"]) \
         + family_modules(setting["dataset"], setting["model"])
-    return code_closure(entries, OUTSIDE_RUNS)
+    return code_closure(entries, OUTSIDE_RUNS | unused_run_code(setting))
 
 
-def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str) -> str:
-    """Hash of every package file a run of this method (with these plug-ins, data and model) executes."""
-    return files_hash(run_code({"algorithm": algorithm, "plugins": plugins, "dataset": dataset, "model": model}))
+def unused_run_code(setting: dict) -> frozenset[str]:
+    return frozenset(f for files, used in OPTIONAL_RUN_CODE.values() if not used(setting) for f in files)
+
+
+def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str, unused: frozenset[str] = frozenset()) -> str:
+    """Hash of every package file a run of this method (with these plug-ins, data and model) executes;
+    ``unused``: the optional modules it does not (unused_run_code)."""
+    entries = (RUN_ENTRY,) + method_modules(algorithm, plugins) + family_modules(dataset, model)
+    return files_hash(code_closure(entries, OUTSIDE_RUNS | unused))
+
+
+def run_code_hash(setting: dict) -> str:
+    """The hash of the code a run of this setting executes (run_code)."""
+    return code_hash(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"],
+                     unused_run_code(setting))
 
 
 def partition_code(dataset: str, kind: str) -> list[str]:
@@ -232,17 +254,40 @@ def without_path(part: dict) -> dict:
     return {k: v for k, v in part.items() if k != "path"} if part.get("kind") == "file" else part
 
 
+def partition_identity(part: dict) -> dict:
+    """A partition setting as its identity: a file partition is its content hash, wherever the file lies, and
+    a long tail of rho 1 is the whole training set, as without the key."""
+    part = without_path(part)
+    return {k: v for k, v in part.items() if k != "long_tail_rho"} if part.get("long_tail_rho") == 1 else part
+
+
 def identity_setting(setting: dict) -> dict:
-    """The run setting as its identity (a file partition's path left out: its content hash stays)."""
-    if setting["partition"].get("kind") != "file":
-        return setting
-    return {**setting, "partition": without_path(setting["partition"])}
+    """The resolved run setting as its name hashes it: the values that cannot change what the run computes
+    left out, so that adding an option (off by default) renames no run; a file partition's path left out (its
+    content hash stays). The run trains with the whole setting (fedrepro.spec.settings.resolve)."""
+    out = {**setting, "partition": partition_identity(setting["partition"])}
+    neutral = {
+        "hessian": not out.get("hessian", {}).get("every"),  # off
+        "log_cohort_classes": not out.get("log_cohort_classes"),  # off
+        "corruption": not out.get("corruption", {}).get("fraction"),  # no corrupted client
+        "snapshots": not any(out.get("snapshots", {}).get(k) for k in ("rounds", "cosine_rounds")),  # none kept
+        "preprocess": not DATASETS[out["dataset"]].get("preprocess"),  # only CIFAR has per-paper transforms
+        "pretrained": not MODELS[out["model"]].get("pretrained"),  # only pretrained models read weights
+        "batchnorm": not MODELS[out["model"]].get("batchnorm"),  # only BatchNorm models read it
+    }
+    out = {k: v for k, v in out.items() if not neutral.get(k)}
+    for section, defaults in catalog.omitted_at_default().items():
+        if section in out:
+            out[section] = {k: v for k, v in out[section].items() if k not in defaults or v != defaults[k]}
+    if "evaluation" in out and not out["evaluation"].get("validation"):  # scored on the test set
+        out["evaluation"] = {k: v for k, v in out["evaluation"].items() if k != "validation"}
+    return out
 
 
 def partition_id(setting: dict) -> str:
     part = setting["partition"]
-    key = {**without_path(partition_setting(setting)), "code": partition_code_hash(setting["dataset"], part["kind"]),
-           "data": identity_facts(DATASETS[setting["dataset"]])}
+    key = {**partition_identity(partition_setting(setting)), "code": partition_code_hash(setting["dataset"], part["kind"]),
+           "data": training_facts(DATASETS[setting["dataset"]])}
     desc = PARTITION_KINDS[part["kind"]]["name"].format_map(part)  # the kind's readable name (its fragment)
     if part.get("long_tail_rho", 1) != 1:
         desc += f"-lt{_fmt(part['long_tail_rho'])}"
@@ -261,7 +306,7 @@ def run_id(setting: dict) -> str:
     desc = partition.rsplit("-", 2)[0]
     # the partition's id holds its code's hash: a changed split renames the runs that train on it
     identity = {"setting": identity_setting(setting), "partition": partition,
-                "code": code_hash(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"]),
-                "facts": {"data": identity_facts(DATASETS[setting["dataset"]]),
-                          "model": identity_facts(MODELS[setting["model"]])}}
+                "code": run_code_hash(setting),
+                "facts": {"data": training_facts(DATASETS[setting["dataset"]]),
+                          "model": training_facts(MODELS[setting["model"]])}}
     return f"{algo}-{desc}-{setting['model']}-s{setting['seed']}-{stable_hash(identity)}"

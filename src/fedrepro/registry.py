@@ -113,11 +113,6 @@ def check_fragments() -> None:
             raise FragmentError(f"models/{facts['family']}.yaml: model '{name}' fits no dataset")
     for kind, spec in PARTITION_KINDS.items():
         _require(f"partitions/{kind}.yaml", spec, REQUIRED_FACTS["partitions"])
-    for folder, section in (("data", "datasets"), ("models", "models")):
-        for family, fragment in catalog.fragments(folder).items():
-            for name, facts in (fragment.get(section) or {}).items():
-                if "family" in facts:
-                    raise FragmentError(f"{folder}/{family}.yaml: {name}: family is the fragment's own name, not a fact")
 
 
 def _require(where: str, facts: dict, keys) -> None:

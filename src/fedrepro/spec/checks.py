@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedrepro import catalog, registry
+from fedrepro import catalog, registry, schedule
 from fedrepro.spec.schema import ConfigError, _short
 
 
@@ -20,7 +20,7 @@ def check_compatible(setting: dict, where: str) -> None:
             problems.append(f"plug-in '+{plugin}' is unknown; known: {', '.join('+' + p for p in sorted(registry.PLUGINS))}")
         elif algo in registry.PLUGINS[plugin].get("refuses", ()):
             problems.append(f"'+{plugin}' cannot be combined with algorithm '{algo}': {registry.PLUGINS[plugin]['refuses'][algo]}")
-    if catalog.cohort_size(setting) < 1:
+    if schedule.cohort_size(setting) < 1:
         problems.append(
             f"participation = {setting['participation']} with num_clients = {setting['num_clients']} samples no client "
             f"per round; need participation * num_clients >= 1")
@@ -94,8 +94,11 @@ def check_compatible(setting: dict, where: str) -> None:
 
 
 def _refuse_unread_pretrained(raw: dict, setting: dict, where: str) -> None:
-    """A ``pretrained`` section given for a model that loads no weights would be dropped in silence."""
-    if "pretrained" in raw and not catalog.MODELS[setting["model"]].get("pretrained"):
+    """A ``pretrained`` section given for a model that loads no weights would be ignored in silence (one that
+    says what the defaults say, as a resolved setting's does, changes nothing)."""
+    defaults = {k: sub["default"] for k, sub in registry.setting_schema()["properties"]["pretrained"]["properties"].items()}
+    if "pretrained" in raw and raw["pretrained"] != defaults \
+            and not catalog.MODELS[setting["model"]].get("pretrained"):
         readers = sorted(name for name, spec in catalog.MODELS.items() if spec.get("pretrained"))
         raise ConfigError(f"{where}: pretrained = {_short(json.dumps(raw['pretrained'], sort_keys=True))} is given for "
                           f"model '{setting['model']}', which loads no weights; only {', '.join(readers)} read it: "
