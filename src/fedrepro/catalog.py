@@ -28,7 +28,7 @@ PACKAGE = Path(__file__).resolve().parent
 # them out and adding a dataset to a model's list renames no run. Training reads the others (a family, an
 # input shape, classes, domains, a model's BatchNorm or feature classifier).
 NOT_READ_BY_TRAINING = frozenset({"doc", "params", "rough_step_seconds", "offline", "datasets", "models",
-                                  "train_size", "test_size", "natural_clients"})
+                                  "train_size", "test_size", "natural_clients", "coarse_classes"})
 
 
 class FragmentError(FedreproError, ValueError):
