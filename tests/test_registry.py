@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import os
+
 import pytest
 
 from fedrepro import registry
@@ -139,3 +141,15 @@ def test_a_partition_kind_may_read_a_setting_another_kind_declares_whatever_thei
         assert kind in schema["properties"]["partition"]["properties"]["kind"]["enum"]
         monkeypatch.delitem(catalog.PARTITION_KINDS, kind)
         monkeypatch.delitem(catalog.PARTITION_KEYS, kind)
+
+
+def test_the_catalog_refuses_an_entry_that_names_its_own_family(tmp_path):
+    """An entry's family is the fragment it sits in; a family key of its own would override it in silence."""
+    from fedrepro import catalog
+    (tmp_path / "toy.py").write_text("")
+    (tmp_path / "toy.yaml").write_text("models:\n  toynet: {datasets: [fmnist]}\n")
+    assert catalog._members(str(tmp_path), "models") == {"toynet": {"family": "toy", "datasets": ["fmnist"]}}
+    (tmp_path / "toy.yaml").write_text("models:\n  toynet: {family: cnn, datasets: [fmnist]}\n")
+    os.utime(tmp_path / "toy.yaml", ns=(1, 1))  # a new stamp: the catalog's reader is cached on it
+    with pytest.raises(catalog.FragmentError, match="toynet: family is the fragment's own name"):
+        catalog._members(str(tmp_path), "models")
