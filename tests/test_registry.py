@@ -1,10 +1,9 @@
 """Methods are assembled from their settings fragments; their conditions are safe expressions."""
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
-
-import os
 
 import pytest
 
