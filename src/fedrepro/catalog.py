@@ -96,4 +96,5 @@ def omitted_at_default() -> dict[str, dict]:
     those runs keep their names (fedrepro.identity.identity_setting)."""
     return {section: {key: sub["default"] for key, sub in (spec.get("properties") or {}).items()
                       if isinstance(sub, dict) and sub.get("omitted_at_default")}
-            for fragment in fragments("algorithms").values() for section, spec in (fragment.get("schema") or {}).items()}
+            for fragment in fragments("algorithms").values()
+            for section, spec in (fragment.get("schema") or {}).items()}

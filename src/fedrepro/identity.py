@@ -5,16 +5,18 @@ Light by design (the standard library and the YAML-only catalog): the Snakefile 
 any job starts. The code a run depends on is read from the imports of the files that run it, not from a
 hand-kept list that goes stale when someone adds an import:
 
-    run        the run wing (every module of run/) + the method's and plug-ins' modules + the run's dataset
-               and model families, and what they import; the partition's code enters through the partition id
+    run        the run wing from its entry (run/jobs.py; the batched and Hessian modules only where the setting
+               can execute them) + the method's and plug-ins' modules + the run's dataset and model families,
+               and what they import; the partition's code enters through the partition id
     partition  its kind's module (partitions/<kind>.py) + data/__init__.py (the labels it splits) + the
                dataset's family, and what they import (partitions/__init__.py, the shared helpers of base.py)
 
 A family package (data/, models/, algorithms/, partitions/) dispatches to its members by name; where its
 ``__init__`` imports a member, that import is not followed. A run covers the members it uses (named above)
 and what they import, so editing another method's, dataset's or model's module renames no run. Of the
-fragments (fedrepro.catalog) a run hashes its own dataset's and model's facts, and a partition its dataset's,
-so an edit to another entry, or to a fact that only describes (a doc, a parameter count), renames none.
+fragments (fedrepro.catalog) a run hashes its own dataset's and model's facts that training reads, and a
+partition its dataset's, so an edit to another entry, or to a fact that only describes or that only validation
+reads (a doc, a model's datasets, a split size), renames none.
 
 Code is hashed as its syntax tree without docstrings (``normalised``): comments, docstrings, blank lines
 and formatting do not rename runs; a changed expression does. Modules that name, record or lay out files
@@ -34,7 +36,6 @@ from fedrepro import catalog
 from fedrepro.catalog import DATASETS, MODELS, PARTITION_KINDS, training_facts
 
 PACKAGE = Path(__file__).resolve().parent
-RUN_WING = "run"  # fedrepro.run: what a training job executes, every module of it in every run
 PARTITION_ENTRY = ("data/__init__.py",)
 FAMILY_PACKAGES = ("data", "models", "algorithms", "partitions")
 # Naming (this module), provenance, record files, the run folder's layout and the partition folder's: what a
@@ -205,7 +206,8 @@ def unused_run_code(setting: dict) -> frozenset[str]:
     return frozenset(f for files, used in OPTIONAL_RUN_CODE.values() if not used(setting) for f in files)
 
 
-def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str, unused: frozenset[str] = frozenset()) -> str:
+def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str,
+              unused: frozenset[str] = frozenset()) -> str:
     """Hash of every package file a run of this method (with these plug-ins, data and model) executes;
     ``unused``: the optional modules it does not (unused_run_code)."""
     entries = (RUN_ENTRY,) + method_modules(algorithm, plugins) + family_modules(dataset, model)
@@ -286,7 +288,8 @@ def identity_setting(setting: dict) -> dict:
 
 def partition_id(setting: dict) -> str:
     part = setting["partition"]
-    key = {**partition_identity(partition_setting(setting)), "code": partition_code_hash(setting["dataset"], part["kind"]),
+    key = {**partition_identity(partition_setting(setting)),
+           "code": partition_code_hash(setting["dataset"], part["kind"]),
            "data": training_facts(DATASETS[setting["dataset"]])}
     desc = PARTITION_KINDS[part["kind"]]["name"].format_map(part)  # the kind's readable name (its fragment)
     if part.get("long_tail_rho", 1) != 1:

@@ -98,5 +98,6 @@ class AwareAggregator(Aggregator):
 
 
 def build(setting, ctx) -> Algorithm:
-    return Algorithm("fedaware", AwareAggregator(momenta_from(setting["fedaware"], ctx, setting["fedaware"]["weights"])),
+    section = setting["fedaware"]
+    return Algorithm("fedaware", AwareAggregator(momenta_from(section, ctx, section["weights"])),
                      ServerSGD(setting["server"]["lr"]))

@@ -62,7 +62,8 @@ def check_compatible(setting: dict, where: str) -> None:
 def _refuse_unread_pretrained(raw: dict, setting: dict, where: str) -> None:
     """A ``pretrained`` section given for a model that loads no weights would be ignored in silence (one that
     says what the defaults say, as a resolved setting's does, changes nothing)."""
-    defaults = {k: sub["default"] for k, sub in registry.setting_schema()["properties"]["pretrained"]["properties"].items()}
+    section = registry.setting_schema()["properties"]["pretrained"]["properties"]
+    defaults = {k: sub["default"] for k, sub in section.items()}
     if "pretrained" in raw and raw["pretrained"] != defaults \
             and not catalog.MODELS[setting["model"]].get("pretrained"):
         readers = sorted(name for name, spec in catalog.MODELS.items() if spec.get("pretrained"))
