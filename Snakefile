@@ -53,9 +53,8 @@ MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
 # only --config's values: Snakemake's overwrite_config also holds the --configfile contents, which the
 # directive's spelling lacks
 CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=True)
-MANIFEST_PATH = fconfig.manifest_path(
-    fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME, (EXPANDED, TUNINGS))
-)
+MANIFEST = fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME, (EXPANDED, TUNINGS))
+MANIFEST_PATH = fconfig.manifest_path(MANIFEST)
 # The run table the rules look runs up in: the params files' runs, and the final runs of their tunings
 # (workflow/rules/tune.smk) once the checkpoint's manifest, TUNED_MANIFEST, names them.
 TUNED_MANIFEST = ftuning.tuned_manifest_path(MANIFEST_PATH)

@@ -143,7 +143,9 @@ def federated_round(algo: Algorithm, x, targets, cohort, lr=0.1, steps=2, sizes=
 
 
 TARGETS = [vec(1.0, 0.0), vec(5.0, 5.0), vec(0.0, 2.0)]
-SETTING = {"server": {"lr": 1.0}, "fedprox": {"mu": 0.5}, "feddyn": {"alpha": 0.1}, "fedcm": {"alpha": 0.25}}
+# the sections as a resolved setting gives them (every key with its value: the methods read no defaults)
+SETTING = {"server": {"lr": 1.0}, "fedprox": {"mu": 0.5, "mean": "data_size"}, "feddyn": {"alpha": 0.1, "form": "paper"},
+           "fedcm": {"alpha": 0.25}}
 
 
 def ctx():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import catalog, data, partitions
+from fedrepro import catalog, data, identity, partitions
 from fedrepro.partitions.base import PartitionError
 from fedrepro.data import cifar, synthetic
 from fedrepro.spec.schema import ConfigError
@@ -187,8 +187,8 @@ def test_natural_partition_gives_each_user_its_samples(tmp_path):
 def test_natural_partition_settings_are_checked():
     ok = resolve({"dataset": "synthetic_1_1", "model": "logreg", "num_clients": 30, "participation": 0.3,
                   "partition": {"kind": "natural"}})
-    assert ok["partition"] == {"kind": "natural"} and "preprocess" not in ok
-    with pytest.raises(ConfigError, match="30 clients"):
+    assert ok["partition"] == {"kind": "natural"} and "preprocess" not in identity.identity_setting(ok)
+    with pytest.raises(ConfigError, match="dataset_info.natural_clients = 30"):
         resolve({"dataset": "synthetic_1_1", "model": "logreg", "num_clients": 20, "partition": {"kind": "natural"}})
     with pytest.raises(ConfigError, match="natural"):
         resolve({"dataset": "fmnist", "model": "mlp", "partition": {"kind": "natural"}})

@@ -74,7 +74,9 @@ def test_sizes_survive_a_checkpoint():
 def test_setting_reaches_the_aggregator_and_leaves_other_hashes_alone():
     plain = settings.resolve({"algorithm": "fedaware"})
     na = settings.resolve({"algorithm": "fedaware", "fedaware": {"weights": "static"}})
-    assert "weights" not in plain["fedaware"] and identity.run_id(plain) != identity.run_id(na)
+    # the trainer reads minnorm; the name leaves the default out, as before the key existed
+    assert plain["fedaware"]["weights"] == "minnorm" and "weights" not in identity.identity_setting(plain)["fedaware"]
+    assert identity.run_id(plain) != identity.run_id(na)
     algo = algorithms.build(na, 3, 2, torch.device("cpu"), torch.tensor([10.0, 30.0, 60.0]))
     assert algo.aggregator.momenta.weights == "static"
     with pytest.raises(schema.ConfigError, match="weights"):

@@ -326,7 +326,8 @@ def test_every_declared_kind_is_drawn_by_the_function_of_its_name():
 def test_a_kind_is_found_from_its_declaration_and_a_second_or_malformed_one_is_refused(tmp_path):
     (tmp_path / "one.yaml").write_text("spiral:\n  shows: a spiral\n  options: {turns: 3}\n  reads_runs: false\n")
     assert figures.declared(tmp_path) == {"spiral": {"family": "one", "shows": "a spiral", "options": {"turns": 3},
-                                                     "choices": {}, "reads_runs": False, "evaluates": False}}
+                                                     "choices": {}, "reads_runs": False, "evaluates": False,
+                                                     "shapes": {}}}
     (tmp_path / "two.yaml").write_text("spiral:\n  shows: another spiral\n")
     with pytest.raises(FedreproError, match="two.yaml: figure kind spiral is declared in one.yaml too"):
         figures.declared(tmp_path)

@@ -20,6 +20,7 @@ def package(tmp_path, monkeypatch):
         "run/trainer.py": "from fedrepro import algorithms, data\nfrom fedrepro.flat import Flat\n"
                           "from fedrepro.provenance import run_provenance\n",
         "run/process.py": "import os\n",
+        "run/jobs.py": "from fedrepro.run.trainer import Trainer\nfrom fedrepro.run import process\n",
         "provenance.py": "from fedrepro import __version__\n",
         "data.py": "import numpy\n\ndef load():\n    from . import vision  # lazy: still followed\n",
         "vision.py": "",
@@ -39,15 +40,15 @@ def package(tmp_path, monkeypatch):
 
 
 def test_closure_follows_absolute_relative_and_lazy_imports(package):
-    assert identity.code_closure(identity.run_wing() + identity.method_modules("fedlaw", []), identity.OUTSIDE_RUNS) == [
+    assert identity.code_closure((identity.RUN_ENTRY,) + identity.method_modules("fedlaw", []), identity.OUTSIDE_RUNS) == [
         "__init__.py", "algorithms/__init__.py", "algorithms/fedlaw.py", "algorithms/proxy.py", "data.py",
-        "flat.py", "run/__init__.py", "run/process.py", "run/trainer.py", "server.py", "vision.py"]
+        "flat.py", "run/__init__.py", "run/jobs.py", "run/process.py", "run/trainer.py", "server.py", "vision.py"]
     # fedavg does not import the proxy module: editing it must not rerun FedAvg
-    assert "algorithms/proxy.py" not in identity.code_closure(identity.run_wing() + identity.method_modules("fedavg", []))
+    assert "algorithms/proxy.py" not in identity.code_closure((identity.RUN_ENTRY,) + identity.method_modules("fedavg", []))
 
 
 def test_an_added_import_is_seen_without_editing_any_list(package):
-    entries = identity.run_wing() + identity.method_modules("fedavg", [])
+    entries = (identity.RUN_ENTRY,) + identity.method_modules("fedavg", [])
     before = identity.files_hash(identity.code_closure(entries))
     assert "registry.py" not in identity.code_closure(entries)
     method = package / "algorithms" / "fedavg.py"
@@ -85,13 +86,13 @@ def test_the_real_runs_depend_on_training_code_only():
     """Validation, reporting, tracking and provenance code may change without rerunning anything."""
     for setting in SETTINGS:
         files = set(identity.run_code(setting))
-        assert {*identity.run_wing(), "parts.py", f"algorithms/{setting['algorithm']}.py"} <= files
-        assert {"run/trainer.py", "run/client.py", "run/batched.py", "run/observers.py"} <= files
+        assert {identity.RUN_ENTRY, "parts.py", f"algorithms/{setting['algorithm']}.py"} <= files
+        assert {"run/trainer.py", "run/client.py", "run/batched.py", "run/observers.py", "schedule.py"} <= files
         assert {f"data/{identity.DATASETS[setting['dataset']]['family']}.py",
                 f"models/{identity.MODELS[setting['model']]['family']}.py"} <= files
         assert not {"registry.py", "spec/config.py", "report/page.py", "tracking/live.py", "cli/__init__.py", "cli/run.py",
                     "ops/plan.py", "provenance.py", "identity.py", "partitions/records.py", "report/verification.py",
-                    "report/evidence.py", "ops/bench.py"} & files
+                    "report/evidence.py", "ops/bench.py", "catalog.py", "run/hessian.py"} & files
         others = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \
             | {f"models/{m['family']}.py" for m in identity.MODELS.values()}
         used = {*identity.family_modules(setting["dataset"], setting["model"])}
@@ -243,3 +244,33 @@ def test_every_partition_id_hashes_the_partitions_shared_code():
     assert len(kinds) >= 9
     for kind in kinds:
         assert PARTITION_GROUND <= set(identity.partition_code("cifar10", kind)), kind
+
+
+def test_a_fact_only_validation_reads_renames_no_run_and_one_training_reads_does(monkeypatch):
+    """Adding a dataset to a model's list (or changing a split size) renames no run; an input shape does."""
+    from fedrepro.spec import settings
+    setting = settings.resolve({"algorithm": "fedavg"})
+    before, partition = identity.run_id(setting), identity.partition_id(setting)
+    monkeypatch.setitem(identity.MODELS["mlp"], "datasets", [*identity.MODELS["mlp"]["datasets"], "cifar10"])
+    monkeypatch.setitem(identity.DATASETS["fmnist"], "models", ["cnn"])
+    monkeypatch.setitem(identity.DATASETS["fmnist"], "train_size", 60001)
+    assert (identity.run_id(setting), identity.partition_id(setting)) == (before, partition)
+    monkeypatch.setitem(identity.DATASETS["fmnist"], "shape", [1, 28, 29])
+    assert identity.run_id(setting) != before
+
+
+def test_the_optional_run_modules_and_the_catalog_are_code_only_where_executed(real_copy):
+    """A run of device cpu without the Hessian executes neither the batched path nor the Hessian estimate;
+    the catalog's reader is no run's code (the facts it reads are hashed as facts)."""
+    from fedrepro.spec import settings
+    plain = settings.resolve({"algorithm": "fedavg", "device": "cpu"})
+    hessian = settings.resolve({"algorithm": "fedavg", "device": "cpu", "hessian": {"every": 5}})
+    batched = settings.resolve({"algorithm": "fedavg"})  # device auto: batched on CUDA
+    before = {k: identity.run_id(s) for k, s in (("plain", plain), ("hessian", hessian), ("batched", batched))}
+    _edit(real_copy / "run" / "hessian.py", lambda text: text + "\nCHANGED = 1\n")
+    _edit(real_copy / "catalog.py", lambda text: text + "\nCHANGED = 1\n")
+    after = {k: identity.run_id(s) for k, s in (("plain", plain), ("hessian", hessian), ("batched", batched))}
+    assert after["plain"] == before["plain"] and after["batched"] == before["batched"]
+    assert after["hessian"] != before["hessian"]
+    _edit(real_copy / "run" / "batched.py", lambda text: text + "\nCHANGED = 1\n")
+    assert identity.run_id(plain) == before["plain"] and identity.run_id(batched) != before["batched"]

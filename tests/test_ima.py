@@ -71,7 +71,7 @@ def test_exponential_decay_is_the_reference_codes():
 def test_default_start_is_three_quarters_of_the_rounds():
     s = setting()
     # resolved before the run is named: an unset start and an explicit 0.75 R are one run
-    assert s["ima"]["start_round"] == 75 and ima.start_round(s) == 75
+    assert s["ima"]["start_round"] == 75
     assert settings.resolve({**s, "ima": {**s["ima"], "start_round": None}}) == s
 
 
@@ -82,7 +82,10 @@ def test_other_decay_schemes():
     # SWA: (1 - f) lr_max + f lr_min with f = (k + 1) / c at position k of the cycle; lr_max is the paper's
     # 1e-2 by default, the lr at t_s (the code's) with cyclic_lr_max: null
     for top, cyclic_lr_max in ((0.01, 0.01), (lr_start, None)):
-        cyclic = applied(setting(start_round=start, decay="cyclic", cycle_rounds=4, cyclic_lr_max=cyclic_lr_max))
+        resolved = setting(start_round=start, decay="cyclic", cycle_rounds=4, cyclic_lr_max=cyclic_lr_max)
+        # null is resolved before the run is named, to the lr at t_s of the client schedule the run trains with
+        assert resolved["ima"]["cyclic_lr_max"] == top
+        cyclic = applied(resolved)
         assert [cyclic.client_plan.lr_schedule(t) for t in range(60, 65)] == pytest.approx(
             [0.75 * top + 0.25 * 5e-5, 0.5 * top + 0.5 * 5e-5, 0.25 * top + 0.75 * 5e-5, 5e-5,
              0.75 * top + 0.25 * 5e-5])

@@ -94,10 +94,12 @@ def test_asam_adapts_to_weight_magnitude():
 
 
 def test_asam_defaults_follow_table5():
+    # null is resolved before the run is named, from the model's small_cnn fact (models/*.yaml)
     cnn = settings.resolve({"algorithm": "fedasam", "model": "cnn"})
-    assert cnn["fedasam"] == {"rho": None, "eta": None}
-    from fedrepro.algorithms.fedasam import default_rho_eta
-    assert default_rho_eta("cnn") == (0.7, 0.2) and default_rho_eta("resnet18_gn2") == (0.2, 0.05)
+    assert cnn["fedasam"] == {"rho": 0.7, "eta": 0.2}
+    assert settings.resolve({"algorithm": "fedasam", "model": "cnn", "fedasam": {"rho": 0.7, "eta": 0.2}}) == cnn
+    resnet = settings.resolve({"algorithm": "fedasam", "model": "resnet18_gn2", "dataset": "cifar10"})
+    assert resnet["fedasam"] == {"rho": 0.2, "eta": 0.05}
 
 
 # --------------------------------------------------------------------------- FedGMA

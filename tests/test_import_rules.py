@@ -24,7 +24,7 @@ LAYERS = {
     "inputs": {"data/*", "models/*", "partitions/*"},
     "ground": {"__init__.py", "parts.py", "server.py", "server_optim.py", "minnorm.py", "flat.py", "functional.py",
                "identity.py", "catalog.py", "errors.py", "external.py", "records.py", "streams.py", "metrics.py",
-               "evaluation.py"},
+               "evaluation.py", "schedule.py"},
 }
 
 

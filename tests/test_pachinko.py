@@ -165,9 +165,10 @@ def test_settings_resolve_name_and_check_pachinko():
     base = {"dataset": "cifar100", "model": "cnn", "num_clients": 100,
             "partition": {"kind": "pachinko", "alpha": 0.1}}
     s = settings.resolve(base)
-    assert s["partition"] == {"kind": "pachinko", "seed": 1, "alpha": 0.1, "beta": 10, "samples_per_client": None}
+    # null is resolved before the partition is named: the training set // num_clients, as IMA's 100 x 500
+    assert s["partition"] == {"kind": "pachinko", "seed": 1, "alpha": 0.1, "beta": 10, "samples_per_client": 500}
     assert identity.partition_id(s).startswith("cifar100-pa0.1b10-n100-")
-    with pytest.raises(schema.ConfigError, match="only cifar100"):
+    with pytest.raises(schema.ConfigError, match="partition.kind = pachinko needs coarse labels"):
         settings.resolve({**base, "dataset": "cifar10"})
     with pytest.raises(schema.ConfigError, match="samples_per_client = 600"):
         settings.resolve({**base, "partition": {"kind": "pachinko", "samples_per_client": 600}})

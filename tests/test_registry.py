@@ -1,4 +1,5 @@
 """Methods are assembled from their settings fragments; their conditions are safe expressions."""
+import os
 import shutil
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def test_a_new_method_needs_only_its_module_and_its_fragment(tmp_path):
         from fedrepro.spec import schema, settings
         s = settings.resolve({"algorithm": "fedtoy"})
         assert s["fedtoy"] == {"scale": 0.5}, s
-        assert "algorithms/fedtoy.py" in identity.code_closure(identity.run_wing() + identity.method_modules("fedtoy", []))
+        assert "algorithms/fedtoy.py" in identity.code_closure((identity.RUN_ENTRY,) + identity.method_modules("fedtoy", []))
         a = algorithms.build(s, 2, 3, torch.device("cpu"), torch.ones(2))
         assert a.optimizer.lr == 0.5
         try:
@@ -139,3 +140,15 @@ def test_a_partition_kind_may_read_a_setting_another_kind_declares_whatever_thei
         assert kind in schema["properties"]["partition"]["properties"]["kind"]["enum"]
         monkeypatch.delitem(catalog.PARTITION_KINDS, kind)
         monkeypatch.delitem(catalog.PARTITION_KEYS, kind)
+
+
+def test_the_catalog_refuses_an_entry_that_names_its_own_family(tmp_path):
+    """An entry's family is the fragment it sits in; a family key of its own would override it in silence."""
+    from fedrepro import catalog
+    (tmp_path / "toy.py").write_text("")
+    (tmp_path / "toy.yaml").write_text("models:\n  toynet: {datasets: [fmnist]}\n")
+    assert catalog._members(str(tmp_path), "models") == {"toynet": {"family": "toy", "datasets": ["fmnist"]}}
+    (tmp_path / "toy.yaml").write_text("models:\n  toynet: {family: cnn, datasets: [fmnist]}\n")
+    os.utime(tmp_path / "toy.yaml", ns=(1, 1))  # a new stamp: the catalog's reader is cached on it
+    with pytest.raises(catalog.FragmentError, match="toynet: family is the fragment's own name"):
+        catalog._members(str(tmp_path), "models")

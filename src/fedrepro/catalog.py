@@ -11,12 +11,11 @@ each gives the facts that are read). A family module may still key its own table
 archive names, Synthetic's parameters), so a dataset added to an existing family goes into both its files.
 This module reads YAML only (no torch), so validation and the Snakefile use it before any job starts, and
 training code reads the same facts. A run's identity hashes its own dataset's and model's facts
-(``identity_facts``), not these files, so editing another entry renames no run.
+(``training_facts``), not these files, so editing another entry renames no run.
 """
 from __future__ import annotations
 
 import functools
-import math
 from pathlib import Path
 
 import yaml
@@ -24,8 +23,12 @@ import yaml
 from fedrepro.errors import FedreproError
 
 PACKAGE = Path(__file__).resolve().parent
-# Facts that describe an entry without changing what a run computes: left out of every identity
-DESCRIPTIVE = frozenset({"doc", "params", "rough_step_seconds", "offline"})
+# Facts that describe an entry, and facts only validation and the plan read (which models fit which
+# datasets, split sizes, a dataset's own clients): no training code reads them, so a run's name leaves
+# them out and adding a dataset to a model's list renames no run. Training reads the others (a family, an
+# input shape, classes, domains, a model's BatchNorm or feature classifier).
+NOT_READ_BY_TRAINING = frozenset({"doc", "params", "rough_step_seconds", "offline", "datasets", "models",
+                                  "train_size", "test_size", "natural_clients", "coarse_classes"})
 
 
 class FragmentError(FedreproError, ValueError):
@@ -65,6 +68,8 @@ def _members(folder: str, section: str) -> dict[str, dict]:
             if name in members:
                 raise FragmentError(f"{folder}/{family}.yaml: {section[:-1]} '{name}' is declared in "
                                     f"{folder}/{members[name]['family']}.yaml too")
+            if "family" in facts:
+                raise FragmentError(f"{folder}/{family}.yaml: {name}: family is the fragment's own name, not a fact")
             members[name] = {"family": family, **facts}
     return members
 
@@ -80,17 +85,16 @@ LONG_TAIL_KINDS = tuple(kind for kind, spec in PARTITION_KINDS.items() if spec.g
 FEATURE_CLASSIFIER_MODELS = {name for name, spec in MODELS.items() if spec.get("feature_classifier")}
 
 
-def identity_facts(facts: dict) -> dict:
-    """An entry's facts that can change what a run computes (``DESCRIPTIVE`` ones left out)."""
-    return {k: v for k, v in facts.items() if k not in DESCRIPTIVE}
+def training_facts(facts: dict) -> dict:
+    """An entry's facts that training reads, which a run's name hashes (``NOT_READ_BY_TRAINING`` left out)."""
+    return {k: v for k, v in facts.items() if k not in NOT_READ_BY_TRAINING}
 
 
-def cohort_size(setting: dict) -> int:
-    """Clients a round samples: floor(participation * N), with a margin for participation's binary rounding."""
-    return math.floor(setting["participation"] * setting["num_clients"] + 1e-9)
-
-
-def ima_start_round(setting: dict) -> int:
-    """ima.start_round (0-indexed), or 0.75 R, the paper's t_s, when it is left unset."""
-    start = setting["ima"]["start_round"]
-    return int(0.75 * setting["rounds"]) if start is None else start
+def omitted_at_default() -> dict[str, dict]:
+    """Section -> {key: default} of the methods' keys marked ``omitted_at_default`` in their fragments
+    (algorithms/*.yaml): a key added after runs were named, whose default a run's name leaves out so that
+    those runs keep their names (fedrepro.identity.identity_setting)."""
+    return {section: {key: sub["default"] for key, sub in (spec.get("properties") or {}).items()
+                      if isinstance(sub, dict) and sub.get("omitted_at_default")}
+            for fragment in fragments("algorithms").values()
+            for section, spec in (fragment.get("schema") or {}).items()}

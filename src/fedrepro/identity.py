@@ -5,16 +5,18 @@ Light by design (the standard library and the YAML-only catalog): the Snakefile 
 any job starts. The code a run depends on is read from the imports of the files that run it, not from a
 hand-kept list that goes stale when someone adds an import:
 
-    run        the run wing (every module of run/) + the method's and plug-ins' modules + the run's dataset
-               and model families, and what they import; the partition's code enters through the partition id
+    run        the run wing from its entry (run/jobs.py; the batched and Hessian modules only where the setting
+               can execute them) + the method's and plug-ins' modules + the run's dataset and model families,
+               and what they import; the partition's code enters through the partition id
     partition  its kind's module (partitions/<kind>.py) + data/__init__.py (the labels it splits) + the
                dataset's family, and what they import (partitions/__init__.py, the shared helpers of base.py)
 
 A family package (data/, models/, algorithms/, partitions/) dispatches to its members by name; where its
 ``__init__`` imports a member, that import is not followed. A run covers the members it uses (named above)
 and what they import, so editing another method's, dataset's or model's module renames no run. Of the
-fragments (fedrepro.catalog) a run hashes its own dataset's and model's facts, and a partition its dataset's,
-so an edit to another entry, or to a fact that only describes (a doc, a parameter count), renames none.
+fragments (fedrepro.catalog) a run hashes its own dataset's and model's facts that training reads, and a
+partition its dataset's, so an edit to another entry, or to a fact that only describes or that only validation
+reads (a doc, a model's datasets, a split size), renames none.
 
 Code is hashed as its syntax tree without docstrings (``normalised``): comments, docstrings, blank lines
 and formatting do not rename runs; a changed expression does. Modules that name, record or lay out files
@@ -31,17 +33,28 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedrepro import external
-from fedrepro.catalog import DATASETS, MODELS, PARTITION_KINDS, identity_facts
+from fedrepro import catalog, external
+from fedrepro.catalog import DATASETS, MODELS, PARTITION_KINDS, training_facts
 
 PACKAGE = Path(__file__).resolve().parent
-RUN_WING = "run"  # fedrepro.run: what a training job executes, every module of it in every run
 PARTITION_ENTRY = ("data/__init__.py",)
 FAMILY_PACKAGES = ("data", "models", "algorithms", "partitions")
 # Naming (this module), provenance, record files, the run folder's layout and the partition folder's: what a
 # summary records about its origin may grow a field, and a helper may move, without renaming and retraining
 # every run. A run's partition code enters through its partition id, which hashes the kind's own closure.
-OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partitions/records.py"})
+# The catalog reads the fragments into dicts: what training reads of them, its own dataset's and model's
+# facts, a run hashes as facts (catalog.training_facts), so the reader is no part of it.
+OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partitions/records.py",
+                          "catalog.py"})
+RUN_ENTRY = "run/jobs.py"  # what a training job executes: training a run and keeping a parent's fork state
+# Modules of the run wing that a run executes only when its setting asks for them: the batched path (a round's
+# clients as one computation, taken on CUDA, so never by a run of device: cpu) and the Hessian estimate
+# (hessian.every > 0). Another run's name does not hash them, so an edit there renames only the runs that
+# can execute them. Each entry: the files, and whether a setting can execute them.
+OPTIONAL_RUN_CODE = {
+    "batched": (("run/batched.py", "run/batchable.py", "run/batched_draws.py"), lambda s: s.get("device") != "cpu"),
+    "hessian": (("run/hessian.py",), lambda s: bool(s.get("hessian", {}).get("every"))),
+}
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:
@@ -172,11 +185,6 @@ def normalised(name: str) -> str:
     return _normalised(name, *_stamp(name))
 
 
-def run_wing() -> tuple[str, ...]:
-    """Every module of the run wing: a job may execute any of them (a resume, a fork, the batched path)."""
-    return tuple(sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / RUN_WING).glob("*.py")))
-
-
 def method_modules(algorithm: str, plugins: list[str]) -> tuple[str, ...]:
     """The built-in methods' modules (an outside method's code is hashed by ``outside_code``)."""
     return tuple(f"algorithms/{name}.py" for name in [algorithm, *plugins] if external.find(name) is None)
@@ -221,18 +229,36 @@ def family_modules(dataset: str, model: str | None = None) -> tuple[str, ...]:
 
 
 def run_code(setting: dict) -> list[str]:
-    """The package files a run of this setting can execute (its partition's code: through its partition id)."""
-    entries = run_wing() + method_modules(setting["algorithm"], setting["plugins"]) \
-        + family_modules(setting["dataset"], setting["model"]) + outside_code([setting["algorithm"], *setting["plugins"]])[1]
-    return code_closure(entries, OUTSIDE_RUNS)
+    """The package files a run of this setting can execute (its partition's code: through its partition id):
+    the run wing from its entry, the method's and plug-ins' modules, the dataset's and model's families, an
+    outside method's imports of fedrepro, and what they import, the optional modules (``OPTIONAL_RUN_CODE``)
+    only where the setting asks for them."""
+    return code_closure(_entries(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"]),
+                        OUTSIDE_RUNS | unused_run_code(setting))
 
 
-def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str) -> str:
+def _entries(algorithm: str, plugins: list[str], dataset: str, model: str) -> tuple:
+    return (RUN_ENTRY,) + method_modules(algorithm, plugins) + family_modules(dataset, model) \
+        + tuple(outside_code([algorithm, *plugins])[1])
+
+
+def unused_run_code(setting: dict) -> frozenset[str]:
+    return frozenset(f for files, used in OPTIONAL_RUN_CODE.values() if not used(setting) for f in files)
+
+
+def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str,
+              unused: frozenset[str] = frozenset()) -> str:
     """Hash of every package file a run of this method (with these plug-ins, data and model) executes, and of an
-    outside method's own code."""
-    ours = files_hash(run_code({"algorithm": algorithm, "plugins": plugins, "dataset": dataset, "model": model}))
+    outside method's own code; ``unused``: the optional modules it does not execute (unused_run_code)."""
+    ours = files_hash(code_closure(_entries(algorithm, plugins, dataset, model), OUTSIDE_RUNS | unused))
     outside, _ = outside_code([algorithm, *plugins])
     return ours if outside is None else stable_hash({"fedrepro": ours, "outside": outside}, 12)
+
+
+def run_code_hash(setting: dict) -> str:
+    """The hash of the code a run of this setting executes (run_code)."""
+    return code_hash(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"],
+                     unused_run_code(setting))
 
 
 def partition_code(dataset: str, kind: str) -> list[str]:
@@ -271,17 +297,41 @@ def without_path(part: dict) -> dict:
     return {k: v for k, v in part.items() if k != "path"} if part.get("kind") == "file" else part
 
 
+def partition_identity(part: dict) -> dict:
+    """A partition setting as its identity: a file partition is its content hash, wherever the file lies, and
+    a long tail of rho 1 is the whole training set, as without the key."""
+    part = without_path(part)
+    return {k: v for k, v in part.items() if k != "long_tail_rho"} if part.get("long_tail_rho") == 1 else part
+
+
 def identity_setting(setting: dict) -> dict:
-    """The run setting as its identity (a file partition's path left out: its content hash stays)."""
-    if setting["partition"].get("kind") != "file":
-        return setting
-    return {**setting, "partition": without_path(setting["partition"])}
+    """The resolved run setting as its name hashes it: the values that cannot change what the run computes
+    left out, so that adding an option (off by default) renames no run; a file partition's path left out (its
+    content hash stays). The run trains with the whole setting (fedrepro.spec.settings.resolve)."""
+    out = {**setting, "partition": partition_identity(setting["partition"])}
+    neutral = {
+        "hessian": not out.get("hessian", {}).get("every"),  # off
+        "log_cohort_classes": not out.get("log_cohort_classes"),  # off
+        "corruption": not out.get("corruption", {}).get("fraction"),  # no corrupted client
+        "snapshots": not any(out.get("snapshots", {}).get(k) for k in ("rounds", "cosine_rounds")),  # none kept
+        "preprocess": not DATASETS[out["dataset"]].get("preprocess"),  # only CIFAR has per-paper transforms
+        "pretrained": not MODELS[out["model"]].get("pretrained"),  # only pretrained models read weights
+        "batchnorm": not MODELS[out["model"]].get("batchnorm"),  # only BatchNorm models read it
+    }
+    out = {k: v for k, v in out.items() if not neutral.get(k)}
+    for section, defaults in catalog.omitted_at_default().items():
+        if section in out:
+            out[section] = {k: v for k, v in out[section].items() if k not in defaults or v != defaults[k]}
+    if "evaluation" in out and not out["evaluation"].get("validation"):  # scored on the test set
+        out["evaluation"] = {k: v for k, v in out["evaluation"].items() if k != "validation"}
+    return out
 
 
 def partition_id(setting: dict) -> str:
     part = setting["partition"]
-    key = {**without_path(partition_setting(setting)), "code": partition_code_hash(setting["dataset"], part["kind"]),
-           "data": identity_facts(DATASETS[setting["dataset"]])}
+    key = {**partition_identity(partition_setting(setting)),
+           "code": partition_code_hash(setting["dataset"], part["kind"]),
+           "data": training_facts(DATASETS[setting["dataset"]])}
     desc = PARTITION_KINDS[part["kind"]]["name"].format_map(part)  # the kind's readable name (its fragment)
     if part.get("long_tail_rho", 1) != 1:
         desc += f"-lt{_fmt(part['long_tail_rho'])}"
@@ -300,7 +350,7 @@ def run_id(setting: dict) -> str:
     desc = partition.rsplit("-", 2)[0]
     # the partition's id holds its code's hash: a changed split renames the runs that train on it
     identity = {"setting": identity_setting(setting), "partition": partition,
-                "code": code_hash(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"]),
-                "facts": {"data": identity_facts(DATASETS[setting["dataset"]]),
-                          "model": identity_facts(MODELS[setting["model"]])}}
+                "code": run_code_hash(setting),
+                "facts": {"data": training_facts(DATASETS[setting["dataset"]]),
+                          "model": training_facts(MODELS[setting["model"]])}}
     return f"{algo}-{desc}-{setting['model']}-s{setting['seed']}-{stable_hash(identity)}"

@@ -12,10 +12,13 @@ Sign convention: a client's update is Delta_i = x - x_i; the server step is x <-
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from fedrepro.schedule import client_lr
 
 
 class Part:
@@ -243,12 +246,5 @@ class Algorithm:
 
 
 def lr_schedule(setting: dict):
-    """The client lr of round t without plug-ins: lr * lr_decay^t, times lr_milestone_factor for every
-    fraction in lr_milestones that t has passed (FedNova: /10 at 50% and 75% of the rounds)."""
-    c, rounds = setting["client"], setting["rounds"]
-
-    def schedule(t: int) -> float:
-        passed = sum(t >= m * rounds for m in c.get("lr_milestones", ()))
-        return c["lr"] * c["lr_decay"] ** t * c.get("lr_milestone_factor", 0.1) ** passed
-
-    return schedule
+    """The client lr of round t without plug-ins (fedrepro.schedule.client_lr), as a function of t."""
+    return functools.partial(client_lr, setting)

@@ -121,11 +121,15 @@ def sections_used(algorithm: str, plugins: list[str]) -> set[str]:
     return used
 
 
-def extra_checks(algorithm: str, plugins: list[str]):
-    """Per method and plug-in, a check: setting -> the messages of the conditions it does not meet."""
+def extra_checks(algorithm: str, plugins: list[str], partition_kind: str | None = None):
+    """Per method, plug-in and the partition kind, a check: setting -> the messages of the conditions it does not
+    meet (each fragment's ``requires``)."""
     for name, entry in [(algorithm, ALGORITHMS.get(algorithm, {})), *((p, PLUGINS.get(p, {})) for p in plugins)]:
         if entry.get("requires"):
             yield functools.partial(conditions.violations, entry["requires"], owner=name)
+    requires = PARTITION_KINDS.get(partition_kind, {}).get("requires")
+    if requires:
+        yield functools.partial(conditions.violations, requires, owner=f"partition.kind = {partition_kind}")
 
 
 # --------------------------------------------------------------------------- datasets, models, partition kinds
@@ -150,11 +154,8 @@ def check_fragments() -> None:
             raise FragmentError(f"models/{facts['family']}.yaml: model '{name}' fits no dataset")
     for kind, spec in PARTITION_KINDS.items():
         _require(f"partitions/{kind}.yaml", spec, REQUIRED_FACTS["partitions"])
-    for folder, section in (("data", "datasets"), ("models", "models")):
-        for family, fragment in catalog.fragments(folder).items():
-            for name, facts in (fragment.get(section) or {}).items():
-                if "family" in facts:
-                    raise FragmentError(f"{folder}/{family}.yaml: {name}: family is the fragment's own name, not a fact")
+        for condition in spec.get("requires", []):
+            conditions.parse(condition["check"])  # a malformed condition fails here, not in a grid
 
 
 def _require(where: str, facts: dict, keys) -> None:

@@ -37,11 +37,24 @@ def figure_runs(wildcards):
 
 
 def figure_manifest(wildcards):
-    """The manifest that lists the figure's runs: the checkpoint's when its experiment has tuned runs."""
-    return TUNED_MANIFEST if figure_tuned(wildcards) else MANIFEST_PATH
+    """The manifest that lists the figure's runs: its experiment's slice (figures.smk), or the checkpoint's when
+    its experiment has tuned runs."""
+    return TUNED_MANIFEST if figure_tuned(wildcards) else FIGURE_SLICES[wildcards.figure]
 
 
 def figure_data(wildcards):
     if FIGURES[wildcards.figure]["kind"] not in ffigures.EVALUATES:
         return []
     return sorted({f"{DATA_ROOT}/{RUNS[i].setting['dataset']}/download.json" for i in figure_runs(wildcards)})
+
+
+# report.smk's track_run: a run of the params file's own is tracked from its record (fedrepro.spec.config.
+# run_records), a params value, so the job reruns when the record changes and not when another run's does; a
+# tuning's final run from the checkpoint's manifest (tune.smk).
+RUN_RECORDS = fconfig.run_records(MANIFEST)
+
+
+def track_source(wildcards, input):
+    if wildcards.run in RUN_RECORDS:
+        return f"--record {shlex.quote(json.dumps(RUN_RECORDS[wildcards.run], sort_keys=True))}"
+    return f"--manifest {shlex.quote(input.manifest)}"

@@ -11,6 +11,13 @@ try:
 except fschema.ConfigError as err:
     raise WorkflowError(f"invalid figures section:\n{err}")
 FIGURES_DIR = f"results/figures/{CONFIG_NAME}"
+# Each figure reads the slice of the manifest of its experiment (none for a figure of no runs), content-addressed:
+# an edit to another experiment leaves its path, and so the figure, alone (rule manifest_slice, report.smk).
+FIGURE_SLICES, SLICE_EXPERIMENTS = {}, {}
+for _name, _spec in FIGURES.items():
+    _experiments = [] if _spec["kind"] in ffigures.NO_RUNS else [_spec["experiment"]]
+    FIGURE_SLICES[_name] = fconfig.slice_path(fconfig.experiment_slice(MANIFEST, _experiments))
+    SLICE_EXPERIMENTS[Path(FIGURE_SLICES[_name]).stem] = _experiments
 
 
 rule figure:

@@ -18,6 +18,33 @@ rule manifest:
         "--command {params.command:q} --out {output:q} --check-name > {log:q} 2>&1"
 
 
+# A slice of the manifest, one experiment's (a figure's input): written from the params as the manifest is, not
+# from the manifest file, so that an edit to another experiment, which gives the manifest a new path, leaves the
+# slice's job and path alone.
+localrules:
+    manifest_slice,
+
+
+rule manifest_slice:
+    output:
+        f"results/manifests/{CONFIG_NAME}/{{slice}}.json",
+    log:
+        f"logs/manifest/{CONFIG_NAME}/{{slice}}.log",
+    benchmark:
+        f"benchmarks/manifest_slice/{CONFIG_NAME}/{{slice}}.tsv"
+    wildcard_constraints:
+        slice="[0-9a-f]{10}",
+    params:
+        configfiles=CONFIG_FILES,
+        base=workflow.basedir,
+        overrides=CONFIG_OVERRIDES,
+        command=MANIFEST_COMMAND,
+        experiments=lambda w: shlex.join(SLICE_EXPERIMENTS[w.slice]),
+    shell:
+        "{FEDREPRO} manifest --configfile {params.configfiles:q} --base {params.base:q} --overrides {params.overrides:q} "
+        "--command {params.command:q} --experiments {params.experiments} --out {output:q} --check-name > {log:q} 2>&1"
+
+
 # REPORT_MANIFEST (tune.smk) is MANIFEST_PATH, or where the params file tunes, the manifest with the final
 # runs, written once they are trained and tracked.
 
@@ -25,14 +52,15 @@ rule manifest:
 # MLflow: each training job logs its own run live; these steps reconcile MLflow with the files
 # afterwards. One job per run, so that a failed run blocks only its own: the others are tracked
 # (a run the training job logged completely costs no store call). A job whose store is unreachable
-# fails without writing its output, and the next snakemake call retries it.
+# fails without writing its output, and the next snakemake call retries it. A run of the params file's own
+# is tracked from its record (common.smk's track_source), a tuning's final run from the checkpoint's manifest.
 localrules:
     track_run,
 
 
 rule track_run:
     input:
-        manifest=ancient(run_manifest_of),  # tune.smk
+        manifest=ancient(lambda w: [] if w.run in RUN_RECORDS else run_manifest_of(w)),  # tune.smk
         summary=ancient("results/runs/{run}/summary.json"),
     output:
         f"results/tracking/{CONFIG_NAME}/{{run}}.json",
@@ -42,9 +70,10 @@ rule track_run:
         f"benchmarks/track_run/{CONFIG_NAME}/{{run}}.tsv"
     params:
         enabled=config["tracking"]["enabled"],
+        source=track_source,
     shell:
         "if [ {params.enabled} = True ]; then "
-        "{FEDREPRO} track --manifest {input.manifest:q} --run {wildcards.run:q} --out {output:q} > {log:q} 2>&1; "
+        "{FEDREPRO} track {params.source} --run {wildcards.run:q} --out {output:q} > {log:q} 2>&1; "
         "else echo '{{\"disabled\": true}}' > {output:q}; fi"
 
 

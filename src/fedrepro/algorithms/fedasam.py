@@ -18,14 +18,6 @@ import torch.nn.functional as F
 from fedrepro.parts import Algorithm, ClientObjective, ClientRun
 from fedrepro.server import ServerSGD, WeightedMean
 
-# IMA Table 5 / code: (rho, eta) = (0.7, 0.2) for the small CNNs, (0.2, 0.05) for the other models
-CNN_MODELS = {"cnn", "digit_cnn_gn2"}  # the Digit-Five CNN is a CNN; PACS runs an AlexNet
-
-
-def default_rho_eta(model: str) -> tuple[float, float]:
-    return (0.7, 0.2) if model in CNN_MODELS else (0.2, 0.05)
-
-
 class AdaptiveSharpness(ClientObjective):
     batched_forms = frozenset({"step"})  # run/batched.py
     forwards_per_step = 2  # two forward passes a step: a dropout model draws two masks (run/batched.py)
@@ -68,9 +60,7 @@ class AdaptiveSharpness(ClientObjective):
 
 
 def build(setting, ctx) -> Algorithm:
-    c = setting["fedasam"]
-    rho_default, eta_default = default_rho_eta(setting["model"])
-    rho = rho_default if c["rho"] is None else c["rho"]
-    eta = eta_default if c["eta"] is None else c["eta"]
+    c = setting["fedasam"]  # rho and eta resolved: null is IMA Table 5's value for the model (fedasam.yaml)
+    rho, eta = c["rho"], c["eta"]
     return Algorithm("fedasam", WeightedMean(), ServerSGD(setting["server"]["lr"]),
                      objective=AdaptiveSharpness(rho, eta))

@@ -74,11 +74,11 @@ class ClientMomenta(Part):
         return d
 
 
-def momenta_from(section: dict, ctx) -> ClientMomenta:
-    # ``weights`` has no schema default, so runs that never set it keep their hash.
+def momenta_from(section: dict, ctx, weights: str = "minnorm") -> ClientMomenta:
+    """The clients' momenta of a section of the fedaware keys; ``weights``: how they are combined (FedAWARE's
+    own section chooses, the +aware plug-in's projection is minnorm's)."""
     return ClientMomenta(ctx.num_clients, ctx.dim, ctx.device, section["alpha"], section["normalize"],
-                         section["warmup"], section["fw_max_iter"], section["fw_tol"],
-                         weights=section.get("weights", "minnorm"))
+                         section["warmup"], section["fw_max_iter"], section["fw_tol"], weights=weights)
 
 
 class AwareAggregator(Aggregator):
@@ -98,5 +98,6 @@ class AwareAggregator(Aggregator):
 
 
 def build(setting, ctx) -> Algorithm:
-    return Algorithm("fedaware", AwareAggregator(momenta_from(setting["fedaware"], ctx)),
+    section = setting["fedaware"]
+    return Algorithm("fedaware", AwareAggregator(momenta_from(section, ctx, section["weights"])),
                      ServerSGD(setting["server"]["lr"]))

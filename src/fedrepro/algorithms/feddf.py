@@ -34,7 +34,7 @@ class EnsembleDistillation(ProxyTraining):
 
     @property
     def codes_statistics(self) -> bool:
-        return self.cfg.get("teacher_statistics", "global") == "code"
+        return self.cfg["teacher_statistics"] == "code"
 
     def client_teachers(self, models: torch.Tensor, updates: RoundUpdates) -> list[tuple]:
         """(w, buffers, batch statistics) of the K clients: their own running statistics under ``code``."""

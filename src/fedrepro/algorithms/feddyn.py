@@ -69,7 +69,7 @@ class DynamicAggregate(Aggregator):
 
 def build(setting, ctx) -> Algorithm:
     alpha = setting["feddyn"]["alpha"]
-    fedlaw_code = setting["feddyn"].get("form", "paper") == "fedlaw_code"
+    fedlaw_code = setting["feddyn"]["form"] == "fedlaw_code"
     return Algorithm("feddyn", DynamicAggregate(alpha, ctx.num_clients, ctx.dim, ctx.device, data_weighted=fedlaw_code),
                      ServerSGD(setting["server"]["lr"]),
                      corrections=[DynamicRegulariser(alpha, ctx.num_clients, ctx.dim, ctx.device,

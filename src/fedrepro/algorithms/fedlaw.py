@@ -58,7 +58,7 @@ class LearnedAggregation(Aggregator):
                              dtype=x.dtype)
         z = torch.log(updates.weights)
         # early stopping (Fig. 5, middle): from round learn_rounds + 1 on, gamma = 1 and data-size lambda (FedAvg)
-        stopped = 0 < self.cfg.get("learn_rounds", 0) <= updates.round
+        stopped = 0 < self.cfg["learn_rounds"] <= updates.round
         if stopped:
             theta = torch.zeros_like(theta)
         elif self.cfg["variant"] == "swa" and self.cfg["server_epochs"] > 0:
@@ -72,7 +72,7 @@ class LearnedAggregation(Aggregator):
             "lambda_coherence": float(metrics.coherence(updates.deltas, lam)),
             "gws_norm": float(abs(1 - gamma) * x.norm()),             # ||(1 - gamma) x||, a norm: gamma > 1 grows x
             "global_grad_norm": float(gamma * self.server_lr * (lam @ updates.deltas).norm())})
-        if self.cfg.get("log_client_weights", False):  # Fig. 5 (right): lambda of each client of the cohort, by client id
+        if self.cfg["log_client_weights"]:  # Fig. 5 (right): lambda of each client of the cohort, by client id
             updates.info["lambda_client"] = dict(zip(updates.clients.tolist(), lam.tolist()))
         return x - x_new
 
@@ -94,7 +94,7 @@ class LearnedAggregation(Aggregator):
         """One pass over the proxy set: an optimiser step on CE(f(b; gamma sum_i lambda_i w_i)) per batch."""
         n = len(self.proxy_y)
         total = torch.zeros((), device=self.proxy_y.device)
-        balance = self.proxy_y if self.cfg.get("balanced_sampling") else None
+        balance = self.proxy_y if self.cfg["balanced_sampling"] else None
         for index in epoch_batches(n, self.cfg["batch_size"], generator, self.proxy_y.device, balance):
             w = theta.exp() * (torch.softmax(z, 0) @ models)
             loss = F.cross_entropy(self.forward(w, self.proxy_x[index]), self.proxy_y[index])

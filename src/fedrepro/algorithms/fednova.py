@@ -132,6 +132,6 @@ def build(setting, ctx) -> Algorithm:
     aggregator = NormalisedAveraging(setting["client"]["momentum"], c["mu"], c["tau_eff"])
     optimizer = LrScaledMomentum(eta_g, c["server_momentum"]) if c["server_momentum"] else ServerSGD(eta_g)
     corrections = [ProximalTerm(c["mu"])] if c["mu"] else []
-    if c.get("vr"):
+    if c["vr"]:
         corrections.append(CrossClientVR(ctx.num_clients, ctx.dim, setting["client"]["momentum"], c["mu"], ctx.device))
     return Algorithm("fednova", aggregator, optimizer, corrections=corrections)

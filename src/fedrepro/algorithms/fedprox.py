@@ -23,6 +23,6 @@ class ProximalTerm(GradientCorrection):
 
 
 def build(setting, ctx) -> Algorithm:
-    mean = UniformMean() if setting["fedprox"].get("mean", "data_size") == "uniform" else WeightedMean()
+    mean = UniformMean() if setting["fedprox"]["mean"] == "uniform" else WeightedMean()
     return Algorithm("fedprox", mean, ServerSGD(setting["server"]["lr"]),
                      corrections=[ProximalTerm(setting["fedprox"]["mu"])])

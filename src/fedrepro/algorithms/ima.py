@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from fedrepro.parts import Algorithm, PostStep, RoundUpdates
-from fedrepro.catalog import ima_start_round as start_round
 
 
 class WindowAverage(PostStep):
@@ -62,7 +61,7 @@ def lr_schedule(base, ima: dict, start: int):
         if ima["decay"] == "constant":
             return ima["constant_lr"]
         if ima["decay"] == "cyclic":
-            top = lr_start if ima["cyclic_lr_max"] is None else ima["cyclic_lr_max"]
+            top = ima["cyclic_lr_max"]  # resolved: null is the host's lr at t_s (ima.yaml)
             frac = ((t - start) % ima["cycle_rounds"] + 1) / ima["cycle_rounds"]
             return (1 - frac) * top + frac * ima["constant_lr"]
         raise ValueError(f"ima.decay = {ima['decay']!r} is unknown")
@@ -72,7 +71,7 @@ def lr_schedule(base, ima: dict, start: int):
 
 def apply(algorithm: Algorithm, setting, ctx) -> None:
     ima = setting["ima"]
-    start = start_round(setting)
+    start = ima["start_round"]  # resolved: null is 0.75 R (ima.yaml)
     algorithm.post_steps.append(WindowAverage(ima["window"], start))
     plan = algorithm.client_plan
     plan.lr_schedule = lr_schedule(plan.lr_of(setting), ima, start)

@@ -50,12 +50,11 @@ def proxy_samples(ctx, section: str, size: int):
     return ctx.proxy
 
 
-def optimizer_settings(cfg: dict, setting: dict) -> dict:
-    """The server optimiser of FedDF, FedBE and Server-FT. null lr, momentum and weight decay take the
-    client's values: the code's central node builds its optimiser like a client's (SGD, lr = the initial
-    client lr, never decayed)."""
-    client = setting["client"]
-    pick = {key: client[key] if cfg[key] is None else cfg[key] for key in ("lr", "momentum", "weight_decay")}
+def optimizer_settings(cfg: dict) -> dict:
+    """The server optimiser of FedDF, FedBE and Server-FT. Its lr, momentum and weight decay are resolved:
+    null takes the client's values (proxy.yaml), as the code's central node builds its optimiser like a
+    client's (SGD, lr = the initial client lr, never decayed)."""
+    pick = {key: cfg[key] for key in ("lr", "momentum", "weight_decay")}
     return {"optimizer": cfg["optimizer"], "betas": tuple(cfg["betas"]), **pick}
 
 
@@ -107,7 +106,7 @@ class ProxyTraining(Aggregator):
         n = len(self.proxy_x)
         for _ in range(self.cfg["server_epochs"]):
             total = torch.zeros((), device=w.device, dtype=w.dtype)
-            balance = self.proxy_y if self.cfg.get("balanced_sampling") else None
+            balance = self.proxy_y if self.cfg["balanced_sampling"] else None
             for index in epoch_batches(n, self.cfg["batch_size"], generator, w.device, balance):
                 loss = self.loss(w, index)
                 opt.zero_grad()
@@ -129,6 +128,6 @@ def build_proxy_algorithm(name: str, aggregator_cls, setting: dict, ctx, **extra
     if ctx.module is None:
         raise ValueError(f"{name} needs the run's model (server-side training on the proxy set)")
     px, py = proxy_samples(ctx, name, cfg["proxy_size"])
-    aggregator = aggregator_cls(FunctionalModel(ctx.module), px, py, cfg, optimizer_settings(cfg, setting),
+    aggregator = aggregator_cls(FunctionalModel(ctx.module), px, py, cfg, optimizer_settings(cfg),
                                 setting["server"]["lr"], setting["seed"], **extra)
     return Algorithm(name, aggregator, ServerSGD(1.0))

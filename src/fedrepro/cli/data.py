@@ -63,10 +63,7 @@ def cmd_partition(args) -> None:
     from fedrepro.partitions import records as partition_records
     setting = args.setting  # parsed and checked by the parser
     labels = data.train_labels(setting["dataset"], args.data_root)
-    groups = None
-    if setting["kind"] == "natural":  # the dataset's own clients (Synthetic)
-        from fedrepro.data import synthetic
-        groups = synthetic.train_groups(setting["dataset"], args.data_root)
+    groups = data.train_groups(setting["dataset"], args.data_root)  # a dataset's own clients (natural)
     # a multi-domain dataset (digit5, pacs): each domain is split over its own clients
     parts = partitions.make(labels, setting, groups, data.train_domains(setting["dataset"], args.data_root))
     info = partition_records.save(args.out, setting, labels, parts, catalog.DATASETS[setting["dataset"]]["num_classes"])

@@ -23,6 +23,8 @@ def add_track(sub) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--configfile", nargs="+", type=_existing("file"), help="params file(s), merged in order as snakemake does")
     source.add_argument("--manifest", type=_existing("file"), help="the manifest the workflow wrote (results/manifests/)")
+    source.add_argument("--record", type=_json_arg, help="one run's record as JSON (fedrepro.spec.config.run_record: "
+                        "the workflow's tracking job of one run)")
     p.add_argument("--run", action="append", help="only this run id (repeat for several)")
     p.add_argument("--runs-dir", default="results/runs")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
@@ -33,7 +35,7 @@ def add_track(sub) -> None:
 
 def cmd_track(args) -> None:
     from fedrepro.tracking import reconcile
-    manifest = _manifest_of(args, "track")
+    manifest = args.record or _manifest_of(args, "track")
     result = reconcile.track(manifest, args.runs_dir, args.tracking_uri, args.run)
     print(f"tracking: {result['registered']} registered, {result['repaired']} repaired, {result['already']} "
           f"already there, {result['missing']} without a summary, {result['failed']} failed ({result['uri']})")
@@ -59,6 +61,8 @@ def add_manifest(sub) -> None:
     p.add_argument("--out", help="default: results/manifests/<name>-<content hash>.json")
     p.add_argument("--check-name", action="store_true",
                    help="refuse when --out is not the content-addressed name (the workflow's own check)")
+    p.add_argument("--experiments", nargs="*",
+                   help="write the slice of these experiments alone (none: of no experiment), a figure's input")
     p.set_defaults(func=cmd_manifest)
     finish(p, EXAMPLES["manifest"])
 
@@ -71,7 +75,9 @@ def cmd_manifest(args) -> None:
                                  " ".join(args.configfile) + " with --config")
     manifest = config.run_manifest(params, args.configfile, args.command or "fedrepro manifest --configfile "
                                    + " ".join(args.configfile))
-    addressed = Path(config.manifest_path(manifest))
+    if args.experiments is not None:
+        manifest = config.experiment_slice(manifest, args.experiments)
+    addressed = Path(config.slice_path(manifest) if args.experiments is not None else config.manifest_path(manifest))
     out = Path(args.out or addressed)
     if args.check_name and out.name != addressed.name:
         raise SystemExit(f"fedrepro manifest: the manifest's content hashes to {addressed.name}, not {out.name}: "

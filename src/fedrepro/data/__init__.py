@@ -71,6 +71,12 @@ def train_labels(dataset: str, root: str | Path):
     return load(dataset, root, train=True).labels.numpy()
 
 
+def train_groups(dataset: str, root: str | Path):
+    """Each training sample's own client (a dataset with natural clients, Synthetic's users), or None."""
+    module = family(dataset)
+    return module.train_groups(dataset, root) if hasattr(module, "train_groups") else None
+
+
 def train_domains(dataset: str, root: str | Path):
     """Each training sample's domain (in load's order), or None for a single-domain dataset."""
     module = family(dataset)

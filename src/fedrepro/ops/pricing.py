@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedrepro import catalog
+from fedrepro import catalog, schedule
 from fedrepro.spec import config
 from fedrepro.provenance import machine
 
@@ -63,7 +63,7 @@ def local_steps(setting: dict, start: int = 0, stop: int | None = None) -> float
     if "random_batch" in setting.get("plugins", []):  # batch sizes from {low..n_i - 1}: about their middle
         batch = max(1.0, min(mean_size, (setting["random_batch"]["low"] + mean_size) / 2))
     rounds = (setting["rounds"] if stop is None else stop) - start
-    return rounds * catalog.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
+    return rounds * schedule.cohort_size(setting) * epochs * math.ceil(mean_size / batch)
 
 
 def step_key(setting: dict) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrepro.identity import without_path
+from fedrepro.identity import partition_identity
 from fedrepro.partitions.base import PartitionError, class_counts, content_hash
 from fedrepro.records import read_json
 
@@ -130,7 +130,7 @@ def load(out_dir: str | Path, setting: dict | None = None) -> list[np.ndarray]:
                              f"to make it again") from None
     if setting is not None:
         info = read_json(out / "partition.json")
-        if without_path(info.get("setting") or {}) != without_path(setting):
+        if partition_identity(info.get("setting") or {}) != partition_identity(setting):
             raise PartitionError(f"{out / 'partition.json'} describes {json.dumps(info.get('setting'), sort_keys=True)}, "
                                  f"not this run's partition {json.dumps(setting, sort_keys=True)}")
         if info.get("content_hash") != content_hash(parts):

@@ -42,8 +42,8 @@ def build(setting: dict, device: torch.device, partition_dir: str | Path | None,
           datasets: tuple | None = None, parts: list[np.ndarray] | None = None) -> RunInputs:
     """``datasets`` (train, test) and ``parts`` replace loading from disk (benchmark, tests)."""
     if datasets is None:
-        datasets = tuple(data.load(setting["dataset"], data_root, train=split, preprocess=setting.get("preprocess"),
-                                   pretrained=setting.get("pretrained")) for split in (True, False))
+        datasets = tuple(data.load(setting["dataset"], data_root, train=split, preprocess=setting["preprocess"],
+                                   pretrained=setting["pretrained"]) for split in (True, False))
     train, test = (d.to(device) for d in datasets)
     # the partition its path names, not another one copied there (partition.json is compared)
     parts = partition_records.load(partition_dir, partition_setting(setting)) if parts is None else parts
@@ -53,25 +53,25 @@ def build(setting: dict, device: torch.device, partition_dir: str | Path | None,
                                        f"asks for num_clients = {setting['num_clients']}; rerun its partition step")
     # evaluation.validation (tuning runs): the clients train on the rest, and every evaluation scores the
     # pooled validation samples instead of the test set (evaluation.validation_split)
-    validation = setting["evaluation"].get("validation", 0.0)
+    validation = setting["evaluation"]["validation"]
     if validation:
         parts, held = validation_split(parts, validation, setting["seed"])
         test = validation_set(train, held)
     # client.holdout: each client trains on the rest and the held-out samples serve nothing (FedLAW's
     # code only logs an accuracy on them); the aggregation weights keep the full n_i, as that code does
-    holdout = setting["client"].get("holdout", 0.0)
+    holdout = setting["client"]["holdout"]
     trained = [holdout_split(p, holdout, setting["seed"], i)[0] if holdout else p for i, p in enumerate(parts)]
-    if setting.get("corruption"):  # FedLAW Table 8: the first clients' labels with two classes swapped
+    if setting["corruption"]["fraction"]:  # FedLAW Table 8: the first clients' labels with two classes swapped
         train = swap_labels(train, parts, setting["corruption"], setting["num_clients"])
     client_sizes = torch.tensor([len(p) for p in parts], dtype=torch.float32, device=device)
     test, proxy = split_test(test, setting["evaluation"]["proxy_holdout"], setting["seed"],
-                             setting["evaluation"].get("proxy_long_tail_rho", 1.0))
+                             setting["evaluation"]["proxy_long_tail_rho"])
     inputs = RunInputs(train, test, proxy, parts, partition_hash,
                        client_index=[torch.as_tensor(p, device=device) for p in trained],
                        train_parts=[torch.as_tensor(p, device=device) for p in parts],
                        client_sizes=client_sizes, client_groups=partitions.groups(partition_setting(setting)))
     # FedLAW Fig. 7 / Table 11: each client's class distribution (rows) and the data-size weighted global one
-    if setting.get("log_cohort_classes"):
+    if setting["log_cohort_classes"]:
         labels = train.labels.cpu().numpy()
         counts = class_counts(labels, parts, int(labels.max()) + 1)
         inputs.class_counts = counts

@@ -80,9 +80,9 @@ class Snapshots(Observer):
     saves = ("snapshots",)
 
     def __init__(self, setting: dict):
-        snap = setting.get("snapshots", {})
-        self.rounds = _from_end(snap.get("rounds", []), setting["rounds"])
-        self.clients = snap.get("clients", 2)
+        snap = setting["snapshots"]
+        self.rounds = _from_end(snap["rounds"], setting["rounds"])
+        self.clients = snap["clients"]
         self.arrays: dict[str, np.ndarray] = {}
 
     def state(self) -> dict:
@@ -116,7 +116,7 @@ class Cosines(Observer):
     saves = ("cosines",)
 
     def __init__(self, setting: dict):
-        self.rounds = _from_end(setting.get("snapshots", {}).get("cosine_rounds", []), setting["rounds"])
+        self.rounds = _from_end(setting["snapshots"]["cosine_rounds"], setting["rounds"])
         self.matrices: dict[str, np.ndarray] = {}
 
     def state(self) -> dict:
@@ -140,10 +140,10 @@ class HessianLog(Observer):
     every ``hessian.every`` rounds."""
 
     def __init__(self, setting: dict):
-        self.config, self.seed = setting.get("hessian", {}), setting["seed"]
+        self.config, self.seed = setting["hessian"], setting["seed"]
 
     def stepped(self, trainer, plan, updates, x_new, row):
-        every = self.config.get("every", 0)
+        every = self.config["every"]
         if every and (plan.t == 0 or (plan.t + 1) % every == 0):
             row.update(self.top_eigenvalues(trainer))
 

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from fedrepro import algorithms, data, external, identity, models
-from fedrepro.catalog import cohort_size
 from fedrepro.flat import FlatModel
 from fedrepro.identity import partition_id, stable_hash
 from fedrepro.parts import ClientRun, RoundUpdates
@@ -36,6 +35,7 @@ from fedrepro.run.cohorts import code_pairing, sample_cohort
 from fedrepro.run.fork_states import ForkStates
 from fedrepro.run.observers import Checkpoints, Cosines, HessianLog, MetricsRows, Observer, Preempted, Snapshots
 from fedrepro.run.process import main_thread, pick_device
+from fedrepro.schedule import cohort_size
 from fedrepro.rundir import RunDir
 
 
@@ -64,8 +64,8 @@ class Trainer:
         self.device = pick_device(setting["device"])
         self.inputs = run_inputs.build(setting, self.device, partition_dir, data_root, datasets, parts)
         torch.manual_seed(setting["seed"])
-        module = (models.build(setting["model"], setting["dataset"], setting.get("pretrained"),
-                               setting.get("batchnorm", "running_stats")) if module is None else module)
+        module = (models.build(setting["model"], setting["dataset"], setting["pretrained"],
+                               setting["batchnorm"]) if module is None else module)
         self.model = FlatModel(module, self.device)
         self.algorithm = algorithms.build(setting, num_clients=setting["num_clients"], dim=self.model.numel,
                                           device=self.device, client_sizes=self.inputs.client_sizes,
@@ -73,7 +73,7 @@ class Trainer:
         self.local = LocalSGD(setting["client"]["momentum"], setting["client"]["weight_decay"])
         # client.keep_momentum: every client's SGD momentum buffer lives across rounds (clients x P floats)
         self.client_momentum = (torch.zeros(setting["num_clients"], self.model.numel, device=self.device)
-                                if setting["client"].get("keep_momentum") else None)
+                                if setting["client"]["keep_momentum"] else None)
         # "auto": train a round's clients together (batched.py) where it pays; "on"/"off" force it
         self.cohort_mode = "auto"
         self.batched: BatchedRounds | None = None  # built from the run's declared inputs when first asked
@@ -169,7 +169,7 @@ class Trainer:
 
     def aggregate(self, plan: RoundPlan, updates: RoundUpdates) -> torch.Tensor:
         s = self.setting
-        if s["cohort"].get("assignment", "per_client") == "code":
+        if s["cohort"]["assignment"] == "code":
             # after the snapshots and the BatchNorm average, which the code pairs right: only the server's
             # bookkeeping (momenta, data-size weights, per-client state) credits upload j to credited[j]
             credited = torch.as_tensor(code_pairing(s["seed"], plan.t, s["num_clients"], self.k, s["cohort"]["warmup"]),
@@ -301,15 +301,14 @@ class Trainer:
         summary = {
             "run": self.paths.root.name, "status": status, "setting": self.setting,
             "setting_hash": stable_hash(self.setting), "partition": partition_id(self.setting),
-            "code_hash": identity.code_hash(self.setting["algorithm"], self.setting["plugins"], self.setting["dataset"],
-                                            self.setting["model"]),
+            "code_hash": identity.run_code_hash(self.setting),
             "partition_hash": self.inputs.partition_hash,
             "final_acc": float(acc.tail(rows.LAST_ROUNDS).mean()) if status == "finished" else float("nan"),
             "best_acc": float(acc.max()) if len(acc) else float("nan"),
             "final_loss": float(frame["test_loss"].dropna().tail(rows.LAST_ROUNDS).mean()) if len(acc) else float("nan"),
             "e_ludd": float(frame["e_lud"].mean()),
             # which samples the accuracies (metrics.csv's test_acc/test_loss included) are of
-            "scored_on": "validation" if self.setting["evaluation"].get("validation") else "test",
+            "scored_on": "validation" if self.setting["evaluation"]["validation"] else "test",
             "rounds_done": len(frame), "runtime_s": self.elapsed, "resumed": resumed,
             # rounds 0..round-1 were trained by that run (its fork state), not again by this one
             "forked_from": self.forks.forked_from,

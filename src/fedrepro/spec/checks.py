@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedrepro import catalog, registry
+from fedrepro import catalog, registry, schedule
 from fedrepro.spec.schema import ConfigError, _short
 
 
@@ -21,7 +21,7 @@ def check_compatible(setting: dict, where: str) -> None:
             problems.append(f"plug-in '+{plugin}' is unknown; known: {', '.join('+' + p for p in sorted(registry.PLUGINS))}")
         elif algo in registry.PLUGINS[plugin].get("refuses", ()):
             problems.append(f"'+{plugin}' cannot be combined with algorithm '{algo}': {registry.PLUGINS[plugin]['refuses'][algo]}")
-    if catalog.cohort_size(setting) < 1:
+    if schedule.cohort_size(setting) < 1:
         problems.append(
             f"participation = {setting['participation']} with num_clients = {setting['num_clients']} samples no client "
             f"per round; need participation * num_clients >= 1")
@@ -30,15 +30,7 @@ def check_compatible(setting: dict, where: str) -> None:
     if model_spec and setting["dataset"] not in fits:
         problems.append(f"model '{setting['model']}' does not fit dataset '{setting['dataset']}'; it fits: "
                         f"{', '.join(fits)}")
-    part = setting["partition"]
     n_train = catalog.DATASETS[setting["dataset"]]["train_size"]
-    natural = catalog.DATASETS[setting["dataset"]].get("natural_clients")
-    if part["kind"] == "natural" and natural is None:
-        problems.append(f"partition.kind = natural needs a dataset with its own clients; "
-                        f"'{setting['dataset']}' has none")
-    elif part["kind"] == "natural" and setting["num_clients"] != natural:
-        problems.append(f"partition.kind = natural: {setting['dataset']} has {natural} clients, "
-                        f"num_clients = {setting['num_clients']}")
     if setting["num_clients"] > n_train:
         problems.append(f"num_clients = {setting['num_clients']} exceeds the {n_train} training samples")
     domains = catalog.DATASETS[setting["dataset"]].get("domains")
@@ -46,32 +38,6 @@ def check_compatible(setting: dict, where: str) -> None:
         problems.append(f"num_clients = {setting['num_clients']}: {setting['dataset']} splits each of its "
                         f"{len(domains)} domains over its own clients, so num_clients must be a multiple of "
                         f"{len(domains)}")
-    if part["kind"] == "label_quantity" and part["classes_per_client"] > catalog.DATASETS[setting["dataset"]]["num_classes"]:
-        problems.append(f"partition.classes_per_client = {part['classes_per_client']} exceeds the "
-                        f"{catalog.DATASETS[setting['dataset']]['num_classes']} classes of {setting['dataset']}")
-    if part["kind"] == "shards":
-        shards = setting["num_clients"] * part["classes_per_client"]
-        if shards > n_train:
-            problems.append(f"partition.classes_per_client = {part['classes_per_client']} with num_clients = "
-                            f"{setting['num_clients']} asks for {shards} shards, more than the {n_train} samples")
-        n_classes = catalog.DATASETS[setting["dataset"]]["num_classes"]
-        if part["classes_per_client"] > n_classes:
-            problems.append(f"partition.classes_per_client = {part['classes_per_client']} exceeds the "
-                            f"{n_classes} classes of {setting['dataset']}")
-    if part["kind"] == "pachinko":
-        if setting["dataset"] != "cifar100":
-            problems.append(f"partition.kind = pachinko needs coarse labels; only cifar100 has them, not "
-                            f"'{setting['dataset']}'")
-        per = part["samples_per_client"]
-        if per is not None and per * setting["num_clients"] > n_train:
-            problems.append(f"partition.samples_per_client = {per} for {setting['num_clients']} clients needs "
-                            f"{per * setting['num_clients']} samples, more than the {n_train} of {setting['dataset']}")
-    if part["kind"] == "hybrid" and setting["num_clients"] < 2:
-        problems.append(f"partition.kind = hybrid splits the clients into two groups: num_clients must be >= 2, "
-                        f"not {setting['num_clients']}")
-    if part["kind"] in ("dirichlet", "hybrid") and part["min_size"] * setting["num_clients"] > n_train:
-        problems.append(f"partition.min_size = {part['min_size']} for {setting['num_clients']} clients needs more "
-                        f"than the {n_train} samples")
     holdout, spec = setting["evaluation"]["proxy_holdout"], catalog.DATASETS[setting["dataset"]]
     if holdout % spec["num_classes"] or holdout >= spec["test_size"]:
         problems.append(f"evaluation.proxy_holdout = {holdout} must be a multiple of the {spec['num_classes']} classes "
@@ -88,15 +54,19 @@ def check_compatible(setting: dict, where: str) -> None:
         bad = [r for r in setting.get("snapshots", {}).get(key, []) if r == 0 or abs(r) > setting["rounds"]]
         if bad:
             problems.append(f"snapshots.{key} = {bad}: allowed are 1..{setting['rounds']} or -1..-{setting['rounds']}")
-    for check in registry.extra_checks(algo, plugins):
+    for check in registry.extra_checks(algo, plugins, setting["partition"]["kind"]):
         problems.extend(check(setting))
     if problems:
         raise ConfigError("\n".join(f"{where}: {p}" for p in problems))
 
 
 def _refuse_unread_pretrained(raw: dict, setting: dict, where: str) -> None:
-    """A ``pretrained`` section given for a model that loads no weights would be dropped in silence."""
-    if "pretrained" in raw and not catalog.MODELS[setting["model"]].get("pretrained"):
+    """A ``pretrained`` section given for a model that loads no weights would be ignored in silence (one that
+    says what the defaults say, as a resolved setting's does, changes nothing)."""
+    section = registry.setting_schema()["properties"]["pretrained"]["properties"]
+    defaults = {k: sub["default"] for k, sub in section.items()}
+    if "pretrained" in raw and raw["pretrained"] != defaults \
+            and not catalog.MODELS[setting["model"]].get("pretrained"):
         readers = sorted(name for name, spec in catalog.MODELS.items() if spec.get("pretrained"))
         raise ConfigError(f"{where}: pretrained = {_short(json.dumps(raw['pretrained'], sort_keys=True))} is given for "
                           f"model '{setting['model']}', which loads no weights; only {', '.join(readers)} read it: "

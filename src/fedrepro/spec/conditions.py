@@ -6,7 +6,8 @@
 
 An expression reads the resolved setting by dotted keys (a key the setting lacks reads as None) and
 two facts of the catalog, ``dataset_info`` and ``model_info``. It may use arithmetic, comparisons,
-``and``/``or``/``not``, ``x if c else y``, literals, and ``int``/``min``/``max``/``len``; nothing else
+``and``/``or``/``not``, ``x if c else y``, literals, ``int``/``min``/``max``/``len`` and ``client_lr(t)``
+(the client lr of round t, fedrepro.schedule); nothing else
 parses, so a fragment cannot run code. A condition that does not hold names its keys and their values.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import ast
 import functools
 import operator
 
-from fedrepro import catalog
+from fedrepro import catalog, schedule
 from fedrepro.errors import FedreproError
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -24,6 +25,8 @@ _COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.
             ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.In: lambda a, b: a in b,
             ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not}
 _FUNCTIONS = {"int": int, "min": min, "max": max, "len": len}
+# functions of the setting itself: client_lr(t), the client lr of round t without plug-ins (fedrepro.schedule)
+_SETTING_FUNCTIONS = {"client_lr": schedule.client_lr}
 
 
 class ConditionError(FedreproError, ValueError):
@@ -39,9 +42,9 @@ def parse(expression: str) -> ast.Expression:
                    ast.Call, *_BINARY, *_COMPARE)
         if not isinstance(node, allowed):
             raise ConditionError(f"'{expression}': {type(node).__name__} is not allowed in a condition")
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
-                                               and not node.keywords):
-            raise ConditionError(f"'{expression}': only {', '.join(_FUNCTIONS)} may be called")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and not node.keywords
+                                               and node.func.id in {*_FUNCTIONS, *_SETTING_FUNCTIONS}):
+            raise ConditionError(f"'{expression}': only {', '.join([*_FUNCTIONS, *_SETTING_FUNCTIONS])} may be called")
     return tree
 
 
@@ -51,7 +54,7 @@ def keys_read(expression: str) -> list[str]:
     for node in ast.walk(parse(expression)):
         dotted = _dotted(node)
         if dotted and not any(k.startswith(dotted + ".") or dotted.startswith(k + ".") for k in keys) \
-                and dotted.split(".")[0] not in _FUNCTIONS:
+                and dotted.split(".")[0] not in {*_FUNCTIONS, *_SETTING_FUNCTIONS}:
             keys.append(dotted)
     return sorted(set(keys), key=keys.index)
 
@@ -107,6 +110,8 @@ def evaluate(expression: str, setting: dict):
             return True
         if isinstance(node, ast.IfExp):
             return ev(node.body) if ev(node.test) else ev(node.orelse)
+        if isinstance(node, ast.Call) and node.func.id in _SETTING_FUNCTIONS:
+            return _SETTING_FUNCTIONS[node.func.id](setting, *(ev(a) for a in node.args))
         if isinstance(node, ast.Call):
             return _FUNCTIONS[node.func.id](*(ev(a) for a in node.args))
         raise ConditionError(f"'{expression}': cannot evaluate {type(node).__name__}")

@@ -183,3 +183,31 @@ def run_manifest(params: dict, configfiles: list[str | Path], command: str, name
 def manifest_path(manifest: dict, folder: str = "results/manifests") -> str:
     """Content-addressed, like every other output upstream of the report: a changed grid is a new path."""
     return f"{folder}/{manifest['name']}-{stable_hash(manifest)}.json"
+
+
+# Slices: what one downstream job reads of the manifest, so that it reruns when that changes and not when
+# another experiment's runs do (a figure reads its experiment's runs, a tracking job its own run's record).
+SLICED_OUT = ("experiments", "tunings")  # the rest (name, title, quick, tracking, configfiles, command) is kept
+
+
+def experiment_slice(manifest: dict, experiments: list[str]) -> dict:
+    """The manifest of ``experiments`` alone (a figure's; none for a figure that reads no runs)."""
+    return {**{k: v for k, v in manifest.items() if k not in SLICED_OUT},
+            "experiments": {name: manifest["experiments"][name] for name in experiments}}
+
+
+def run_records(manifest: dict) -> dict[str, dict]:
+    """Each run's record: the manifest with the experiments that list the run, each with its title and the run's
+    entry alone (a tracking job's: its experiment's grid and other runs are no part of it)."""
+    top = {k: v for k, v in manifest.items() if k not in SLICED_OUT}
+    records: dict[str, dict] = {}
+    for name, exp in manifest["experiments"].items():
+        for entry in exp["runs"]:
+            record = records.setdefault(entry["id"], {**top, "experiments": {}})
+            record["experiments"][name] = {"title": exp["title"], "runs": [entry]}
+    return records
+
+
+def slice_path(manifest_slice: dict, folder: str = "results/manifests") -> str:
+    """Content-addressed, as the manifest: an experiment's slice keeps its path while its content stays."""
+    return f"{folder}/{manifest_slice['name']}/{stable_hash(manifest_slice)}.json"

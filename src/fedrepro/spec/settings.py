@@ -14,6 +14,7 @@ from typing import Any
 
 from fedrepro import catalog, registry
 from fedrepro.identity import partition_id
+from fedrepro.spec import conditions
 from fedrepro.spec.checks import _refuse_unread_pretrained, check_compatible, check_data_transforms, check_partition_file
 from fedrepro.errors import FedreproError
 from fedrepro.spec.schema import ConfigError, validate
@@ -67,46 +68,38 @@ def split_algorithm(setting: dict) -> dict:
 
 
 def prune(setting: dict) -> dict:
-    """Keep only the sections and keys this run uses, so unrelated defaults do not change its hash."""
+    """Keep the sections and partition keys this run reads: the sections of other methods and the settings of
+    other partition kinds are no part of it. Every key it keeps has its value (defaults filled); which of them
+    a run's name hashes is identity.identity_setting's (neutral values left out)."""
     used = registry.sections_used(setting["algorithm"], setting["plugins"])
     out = {k: v for k, v in setting.items() if k not in registry.OPTIONAL_SECTIONS or k in used}
     part = out["partition"]
     out["partition"] = {k: part[k] for k in catalog.PARTITION_KEYS[part["kind"]] if k in part}
-    if out["partition"].get("long_tail_rho") == 1:
-        del out["partition"]["long_tail_rho"]  # the whole training set: the partition's identity is unchanged
-    if not out.get("hessian", {}).get("every"):
-        out.pop("hessian", None)  # off: the run's identity is unchanged
-    if not out.get("log_cohort_classes"):
-        out.pop("log_cohort_classes", None)  # off: the run's identity is unchanged
-    if not out.get("corruption", {}).get("fraction"):
-        out.pop("corruption", None)  # no corrupted client: the run's identity is unchanged
-    if not catalog.DATASETS[out["dataset"]].get("preprocess"):
-        out.pop("preprocess", None)  # only CIFAR has per-paper transforms
-    if not catalog.MODELS[out["model"]].get("pretrained"):
-        out.pop("pretrained", None)  # only pretrained models (Pythia) read a weights path and a token length
-    if not catalog.MODELS[out["model"]].get("batchnorm"):
-        out.pop("batchnorm", None)  # only BatchNorm models read running_stats / batch_stats
-    if out["client"].get("keep_momentum") and not out["client"]["momentum"]:
+    if out["client"]["keep_momentum"] and not out["client"]["momentum"]:
         # nothing to keep: a protocol that keeps momentum buffers applies to the methods that have them
         # (FedLAW's code runs FedProx without momentum), and the run is the one without the key
         out["client"] = {**out["client"], "keep_momentum": False}
-    if not out["evaluation"].get("validation"):
-        # scored on the test set, as every run before the tuning stage: the run's identity is unchanged
-        out["evaluation"] = {k: v for k, v in out["evaluation"].items() if k != "validation"}
-    if not any(out.get("snapshots", {}).get(k) for k in ("rounds", "cosine_rounds")):
-        out.pop("snapshots", None)  # figures: no snapshots asked, so the run's identity is unchanged
     return out
 
 
 def derive_defaults(setting: dict) -> dict:
     """Defaults that depend on other values, made explicit before the run is named: two settings that
-    compute the same run get the same id, and training code reads values instead of re-deriving them."""
+    compute the same run get the same id, and training code reads values instead of re-deriving them.
+    Each is written once, as ``null_means`` beside the key in its schema or fragment (an expression of
+    fedrepro.spec.conditions over the setting), and resolved in the order the keys are declared."""
     if setting["partition"].get("seed") == "run":
         # a new draw per training seed (FedLAW App. D.4): the run and its partition are named by the number
         setting["partition"] = {**setting["partition"], "seed": setting["seed"]}
-    if "ima" in setting and setting["ima"].get("start_round") is None:
-        setting["ima"] = {**setting["ima"], "start_round": catalog.ima_start_round(setting)}  # 0.75 R
+    for section, key, expression in _derived(registry.setting_schema()):
+        if isinstance(setting.get(section), dict) and key in setting[section] and setting[section][key] is None:
+            setting[section] = {**setting[section], key: conditions.evaluate(expression, setting)}
     return setting
+
+
+def _derived(schema: dict) -> list[tuple[str, str, str]]:
+    """(section, key, expression) of every key whose null means a value derived from others."""
+    return [(section, key, sub["null_means"]) for section, spec in schema["properties"].items()
+            for key, sub in (spec.get("properties") or {}).items() if "null_means" in sub]
 
 
 @dataclass
@@ -138,14 +131,16 @@ class Run:
 
 
 def resolve(raw: dict, where: str = "setting") -> dict:
-    """A complete, validated, pruned run setting from a partial one."""
+    """A complete, validated run setting from a partial one: every key the run reads, with its value
+    (defaults and derived defaults filled), so training reads it without defaults of its own. Resolving
+    a resolved setting gives it back. Its name hashes identity.identity_setting of it."""
     setting = split_algorithm(copy.deepcopy(raw))
     try:  # a method of the user's own package brings its settings fragment, checked against the method API
         registry.admit([setting["algorithm"], *setting["plugins"]])
     except FedreproError as err:
         raise ConfigError(f"{where}: {err}") from None
     validate(setting, "setting.schema.yaml", where)
-    _refuse_unread_pretrained(raw, setting, where)  # before prune drops the section
+    _refuse_unread_pretrained(raw, setting, where)
     check_data_transforms(setting, where)
     setting = derive_defaults(prune(setting))
     check_compatible(setting, where)

@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+import jsonschema
 
+from fedrepro import catalog
 from fedrepro.rundir import RunDir
 from fedrepro.errors import FedreproError
 
@@ -52,7 +53,7 @@ class Run:
         return self.summary.get("status") == "diverged"
 
 
-FIELDS = {"shows", "options", "choices", "reads_runs", "evaluates"}  # what a kind's declaration may say
+FIELDS = {"shows", "options", "choices", "reads_runs", "evaluates", "shapes"}  # what a kind's declaration may say
 
 
 def declared(folder: Path = Path(__file__).parent) -> dict[str, dict]:
@@ -60,15 +61,16 @@ def declared(folder: Path = Path(__file__).parent) -> dict[str, dict]:
     in the module and its entry in the fragment, nothing more. A kind declared twice, or a declaration with a
     field it cannot have, is refused naming the file."""
     kinds: dict[str, dict] = {}
-    for path in sorted(folder.glob("*.yaml")):
-        for kind, declaration in (yaml.safe_load(path.read_text()) or {}).items():
+    for name, fragment in catalog.fragments(folder).items():  # the one reader of fragments
+        path = Path(folder) / f"{name}.yaml"
+        for kind, declaration in fragment.items():
             if kind in kinds:
                 raise FedreproError(f"{path}: figure kind {kind} is declared in {kinds[kind]['family']}.yaml too")
             if "shows" not in declaration or set(declaration) - FIELDS:
                 raise FedreproError(f"{path}: figure kind {kind} declares {sorted(declaration)}; it needs shows and "
                                     f"may have {', '.join(sorted(FIELDS - {'shows'}))}")
             kinds[kind] = {"family": path.stem, "options": {}, "choices": {}, "reads_runs": True, "evaluates": False,
-                           **declaration}
+                           "shapes": {}, **declaration}
     return kinds
 
 
@@ -108,16 +110,10 @@ def check(figures: dict, experiments: dict) -> dict[str, dict]:
         if KINDS[kind]["reads_runs"] and spec.get("experiment") not in experiments:
             problems.append(f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
                             f"experiments {sorted(experiments)}")
-        if kind == "interpolation" and (not isinstance(spec.get("for_each", {}), dict)
-                                        or len(spec.get("for_each", {})) > 1):
-            problems.append(f"{where}.for_each = {spec['for_each']!r}: one key and its list of values")
-        if kind == "landscape_rows":
-            rows = spec.get("rows")
-            if (not isinstance(rows, list) or not rows
-                    or not all(isinstance(r, dict) and set(r) == {"label", "select"} and isinstance(r["select"], dict)
-                               for r in rows)):
-                problems.append(f"{where}.rows = {rows!r}: a non-empty list of {{label, select}}, one row per setup "
-                                f"(select: a partial run setting)")
+        for key, shape in KINDS[kind]["shapes"].items():  # the kind's fragment declares each option's shape
+            value = spec.get(key, options.get(key))
+            if not jsonschema.Draft202012Validator(shape).is_valid(value):
+                problems.append(f"{where}.{key} = {value!r}: {shape['description']}")
         for key in ("resolution", "points", "cka_samples"):
             if key in spec and (not isinstance(spec[key], int) or spec[key] < 3):
                 problems.append(f"{where}.{key} = {spec[key]!r}: an integer >= 3")
