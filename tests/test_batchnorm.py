@@ -177,9 +177,8 @@ def test_flat_buffers_are_views_that_batchnorm_updates_in_place():
     assert not torch.equal(flat.buffers[:4], torch.zeros(4)), "train-mode forward did not move the statistics"
 
 
-def _oracle_clients(initial: nn.Module, lr: float):
+def _oracle_clients(initial: nn.Module, lr: float, train: data.TensorDataset):
     """Each client trained alone with torch.optim.SGD from the global module, on the engine's batches."""
-    train = _data()
     finals = []
     for c, part in enumerate(_parts()):
         model = copy.deepcopy(initial)
@@ -195,18 +194,25 @@ def _oracle_clients(initial: nn.Module, lr: float):
     return finals
 
 
-def test_aggregated_running_statistics_are_the_weighted_mean_of_the_clients(tmp_path):
-    trainer = _trainer(tmp_path, module=_small())
+def test_aggregated_running_statistics_are_the_weighted_mean_of_the_clients(tmp_path, float64):
+    """In float64, for the reason the test above gives: a client's later batches see weights its SGD steps
+    moved, so float32 kernels that differ between the paths would show. The statistics are means over at most
+    n = 16 x 16 x 16 = 4096 values of size ~1 per channel, through 3 or 4 steps: n * u = 4.5e-13 each, so
+    1e-10 is far above float64 rounding and far below the clients' difference (asserted)."""
+    train = float64(_data().images, _data().labels, 0.5, 0.5)
+    test = float64(train.images[:40], train.labels[:40], 0.5, 0.5)
+    trainer = Trainer(_setting(), tmp_path, None, None, datasets=(train, test), parts=_parts(), module=_small())
+    assert trainer.model.buffers.dtype == torch.float64
     initial = copy.deepcopy(trainer.model.module)
     cohort = np.arange(2)
     trainer.train_cohort(trainer.plan(0, cohort, trainer.model.flat.clone(), trainer.client_lr(0)))
-    clients = _oracle_clients(initial, trainer.client_lr(0))
-    w = torch.tensor(SIZES, dtype=torch.float32) / sum(SIZES)
+    clients = _oracle_clients(initial, trainer.client_lr(0), train)
+    w = torch.tensor(SIZES, dtype=torch.float64) / sum(SIZES)
     bn = trainer.model.module[1]
     for name in ("running_mean", "running_var"):
         values = [getattr(m[1], name) for m in clients]
-        assert not torch.allclose(values[0], values[1]), "the clients' statistics should differ"
-        torch.testing.assert_close(getattr(bn, name), w[0] * values[0] + w[1] * values[1], rtol=0, atol=1e-6)
+        assert (values[0] - values[1]).abs().max() > 1e4 * 1e-10, "the clients' statistics should differ"
+        torch.testing.assert_close(getattr(bn, name), w[0] * values[0] + w[1] * values[1], rtol=0, atol=1e-10)
 
 
 def test_eval_mode_normalises_with_the_averaged_statistics(tmp_path):
@@ -225,7 +231,12 @@ def test_eval_mode_normalises_with_the_averaged_statistics(tmp_path):
         manual.bias.copy_(bn.bias)
         manual.running_mean.copy_(trainer.model.buffers[:4])
         manual.running_var.copy_(trainer.model.buffers[4:])
-        torch.testing.assert_close(seen["y"], manual(seen["x"]), rtol=0, atol=1e-6)
+        # the same formula, possibly by another kernel ((x - mean) / std * w + b, or x * a + c with a and c
+        # folded first): either rounds at most 4 times, each by u = 2**-24 of its terms' magnitude
+        mean, var = manual.running_mean[:, None, None], manual.running_var[:, None, None]
+        scale = (bn.weight[:, None, None] / (var + bn.eps).sqrt()).abs()
+        terms = (seen["x"].abs() * scale + mean.abs() * scale + bn.bias[:, None, None].abs()).max()
+        torch.testing.assert_close(seen["y"], manual(seen["x"]), rtol=0, atol=2 * 4 * 2**-24 * float(terms))
         batch_normalised = F.batch_norm(seen["x"], None, None, bn.weight, bn.bias, training=True)
     assert not torch.allclose(seen["y"], batch_normalised, atol=1e-3), "eval mode used batch statistics"
 
