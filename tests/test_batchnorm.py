@@ -20,6 +20,9 @@ from fedrepro.spec.settings import resolve
 from fedrepro.evaluation import evaluate
 from fedrepro.flat import FlatModel
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 SIZES = [40, 56]
 BATCH = 16
 
