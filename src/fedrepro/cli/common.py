@@ -43,8 +43,9 @@ def _number(kind, minimum, strict: bool = False):
 
 
 def _file_type(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket")):
+    """What a path is, in the words of the refusals."""
+    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return name
     return "not a regular file"

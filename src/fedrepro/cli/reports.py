@@ -88,7 +88,7 @@ def add_figures(sub) -> None:
     p.add_argument("--spec", required=True, help="the figure's spec as JSON (or a JSON file)")
     p.add_argument("--manifest", type=_existing("file"), help="the manifest the workflow wrote (not needed for pure-math figures)")
     p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"))
-    p.add_argument("--data-root", type=_existing("folder"), help="the params file's data root (landscapes and interpolations evaluate models)")
+    p.add_argument("--data-root", type=_absent_or("folder"), help="the params file's data root (landscapes and interpolations evaluate models)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", required=True, type=_output("file"), help="the PNG; its caption goes beside it as .json")
