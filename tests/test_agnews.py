@@ -20,6 +20,9 @@ from fedrepro.run import checkpoint
 from fedrepro.run.trainer import Trainer
 from fedrepro.flat import FlatModel, learnt_buffers
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 WORDS = ["world", "sports", "business", "tech", "market", "team", "game", "stocks", "chip", "war", "talks",
          "wins", "rises", "falls", "new", "the", "a", "of", "in", "reuters", "ap", "-"]
 TOPIC = {0: "war talks world", 1: "team wins game sports", 2: "stocks rises market business", 3: "new chip tech"}

@@ -17,6 +17,9 @@ from fedrepro.algorithms import BuildContext, fedavgm, fedcm, feddyn, fedprox, s
 from fedrepro.parts import Algorithm, ClientRun, RoundUpdates
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 F64 = torch.float64
 
 

@@ -23,6 +23,9 @@ from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
 from fedrepro.spec.settings import resolve
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 EPS32 = torch.finfo(torch.float32).eps
 BATCH = 16
 # unequal sizes, as a Dir(0.1) split gives: different step counts and last batches of 8, 7, 7, 0 (full), 5

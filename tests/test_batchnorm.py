@@ -20,6 +20,9 @@ from fedrepro.spec.settings import resolve
 from fedrepro.evaluation import evaluate
 from fedrepro.flat import FlatModel
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 SIZES = [40, 56]
 BATCH = 16
 
@@ -58,11 +61,10 @@ def _trainer(tmp_path, module=None, **extra) -> Trainer:
                           module=module)
 
 
-def _fedavg_oracle(initial: nn.Module, rounds: int, lrs: list[float]):
+def _fedavg_oracle(initial: nn.Module, rounds: int, lrs: list[float], train: data.TensorDataset):
     """FedAvg written out plainly: every client trains a copy of the global module with torch.optim.SGD on
     the engine's batch order, the server takes the data-size weighted mean of the client models. Returns
     the final module and each round's mean client training loss (the engine's ``train_loss``)."""
-    train = _data()
     global_model = copy.deepcopy(initial)
     w = torch.tensor(SIZES, dtype=torch.float64) / sum(SIZES)
     losses = []
@@ -85,32 +87,76 @@ def _fedavg_oracle(initial: nn.Module, rounds: int, lrs: list[float]):
             client_losses.append(sum(batch_losses) / len(batch_losses))
         with torch.no_grad():
             for p, *ps in zip(global_model.parameters(), *(m.parameters() for m in finals)):
-                p.copy_(sum(wi * q.double() for wi, q in zip(w, ps)).float())
+                p.copy_(sum(wi * q.double() for wi, q in zip(w, ps)).to(p.dtype))
         losses.append(sum(client_losses) / len(client_losses))
     return global_model, losses
 
 
-def test_batch_stats_run_equals_plain_fedavg_with_torch_sgd(tmp_path):
+class _Float64Dataset(data.TensorDataset):
+    """The same samples, handed out in float64: the engine and the oracle then run in float64."""
+
+    def batch(self, index):
+        x, y = super().batch(index)
+        return x.double(), y
+
+    def subset(self, index):
+        return _Float64Dataset(self.images[index], self.labels[index], self.mean, self.std)
+
+    def to(self, device):
+        return _Float64Dataset(self.images.to(device), self.labels.to(device), self.mean, self.std)
+
+
+@pytest.fixture
+def float64(monkeypatch):
+    """Models, flat vectors, inputs and the engine's data-size weights in float64 for one test."""
+    from fedrepro.run import trainer as trainer_module
+    build = trainer_module.run_inputs.build
+
+    def build_float64(*args, **kwargs):
+        inputs = build(*args, **kwargs)
+        inputs.client_sizes = inputs.client_sizes.double()
+        return inputs
+
+    monkeypatch.setattr(trainer_module.run_inputs, "build", build_float64)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield _Float64Dataset
+    torch.set_default_dtype(default)
+
+
+def test_batch_stats_run_equals_plain_fedavg_with_torch_sgd(tmp_path, float64):
     """``batch_stats``: no buffers, BatchNorm normalises with batch statistics in training and scoring
     alike, and two rounds of the engine equal two rounds of FedAvg written with torch.optim.SGD in this
-    process. The two paths round differently in float32 (flat views and a hand-written SGD step against
-    per-tensor ones), so they agree to a tolerance, not bit for bit: 3 or 4 SGD steps a client on weights
-    below 1 in float32 (eps 1.2e-7) differ by a few eps, far inside 1e-5, while a missed step or a
-    wrong weight moves the parameters by ~lr * |grad| ~ 1e-3 (the last assert checks the margin)."""
-    trainer = _trainer(tmp_path, batchnorm="batch_stats")
-    assert len(trainer.model.buffers) == 0
+    process.
+
+    Both run in float64, because in float32 the two paths (flat views and a hand-written SGD step against
+    per-tensor ones) may pick different kernels, and a rounding difference of one unit can flip a ReLU
+    whose input lies within it of zero: a flip moves the weights by one sample's gradient through one
+    unit, up to 6.4e-5 on an AVX-512 machine, within sight of what a wrong weight moves. In float64 the
+    unit roundoff is u = 2**-53 = 1.1e-16; a gradient entry is a sum of at most n = 16 x 32 x 32 = 16384
+    products (the first convolution's weights over a batch), so each differs by at most n * u = 1.8e-12
+    of its absolute sum, and 2 rounds x 4 steps x lr 0.05 with momentum 0.9 (a step at most 10 gradients)
+    keep the parameters' difference below 1e-10 for gradients below 10, and a flip needs an input within
+    1e-12 of zero. 1e-9 is above that, and 1e-6 of what one round moves (the last assert checks it)."""
+    tolerance = 1e-9
+    train = float64(_data().images, _data().labels, 0.5, 0.5)
+    test = float64(train.images[:40], train.labels[:40], 0.5, 0.5)
+    trainer = Trainer(_setting(batchnorm="batch_stats"), tmp_path, None, None, datasets=(train, test),
+                      parts=_parts())
+    assert trainer.model.flat.dtype == torch.float64 and len(trainer.model.buffers) == 0
     initial = copy.deepcopy(trainer.model.module)
     assert not any(m.track_running_stats for m in initial.modules() if isinstance(m, nn.BatchNorm2d))
     lrs = [trainer.client_lr(t) for t in range(2)]
     rows = [trainer.round(t) for t in range(2)]
-    oracle, losses = _fedavg_oracle(initial, 2, lrs)
+    oracle, losses = _fedavg_oracle(initial, 2, lrs, train)
     expected = torch.cat([p.detach().reshape(-1) for p in oracle.parameters()])
-    torch.testing.assert_close(trainer.model.flat, expected, rtol=0, atol=1e-5)
-    assert rows[-1]["train_loss"] == pytest.approx(losses[-1], rel=1e-4)
-    assert rows[-1]["test_loss"] == pytest.approx(evaluate(oracle, _test_set())[1], rel=1e-4)
-    one_round, _ = _fedavg_oracle(initial, 1, lrs)
+    torch.testing.assert_close(trainer.model.flat, expected, rtol=0, atol=tolerance)
+    # a mean loss of ~2.3 over at most 8 batches: its rounding differences are those of the parameters
+    assert rows[-1]["train_loss"] == pytest.approx(losses[-1], rel=tolerance, abs=0)
+    assert rows[-1]["test_loss"] == pytest.approx(evaluate(oracle, test)[1], rel=tolerance, abs=0)
+    one_round, _ = _fedavg_oracle(initial, 1, lrs, train)
     moved = torch.cat([p.detach().reshape(-1) for p in one_round.parameters()])
-    assert (trainer.model.flat - moved).abs().max() > 100 * 1e-5, "the tolerance would hide a whole round"
+    assert (trainer.model.flat - moved).abs().max() > 1e6 * tolerance, "the tolerance would hide a whole round"
 
 
 def test_running_stats_is_the_default_for_batchnorm_models_only():
@@ -134,9 +180,8 @@ def test_flat_buffers_are_views_that_batchnorm_updates_in_place():
     assert not torch.equal(flat.buffers[:4], torch.zeros(4)), "train-mode forward did not move the statistics"
 
 
-def _oracle_clients(initial: nn.Module, lr: float):
+def _oracle_clients(initial: nn.Module, lr: float, train: data.TensorDataset):
     """Each client trained alone with torch.optim.SGD from the global module, on the engine's batches."""
-    train = _data()
     finals = []
     for c, part in enumerate(_parts()):
         model = copy.deepcopy(initial)
@@ -152,18 +197,25 @@ def _oracle_clients(initial: nn.Module, lr: float):
     return finals
 
 
-def test_aggregated_running_statistics_are_the_weighted_mean_of_the_clients(tmp_path):
-    trainer = _trainer(tmp_path, module=_small())
+def test_aggregated_running_statistics_are_the_weighted_mean_of_the_clients(tmp_path, float64):
+    """In float64, for the reason the test above gives: a client's later batches see weights its SGD steps
+    moved, so float32 kernels that differ between the paths would show. The statistics are means over at most
+    n = 16 x 16 x 16 = 4096 values of size ~1 per channel, through 3 or 4 steps: n * u = 4.5e-13 each, so
+    1e-10 is far above float64 rounding and far below the clients' difference (asserted)."""
+    train = float64(_data().images, _data().labels, 0.5, 0.5)
+    test = float64(train.images[:40], train.labels[:40], 0.5, 0.5)
+    trainer = Trainer(_setting(), tmp_path, None, None, datasets=(train, test), parts=_parts(), module=_small())
+    assert trainer.model.buffers.dtype == torch.float64
     initial = copy.deepcopy(trainer.model.module)
     cohort = np.arange(2)
     trainer.train_cohort(trainer.plan(0, cohort, trainer.model.flat.clone(), trainer.client_lr(0)))
-    clients = _oracle_clients(initial, trainer.client_lr(0))
-    w = torch.tensor(SIZES, dtype=torch.float32) / sum(SIZES)
+    clients = _oracle_clients(initial, trainer.client_lr(0), train)
+    w = torch.tensor(SIZES, dtype=torch.float64) / sum(SIZES)
     bn = trainer.model.module[1]
     for name in ("running_mean", "running_var"):
         values = [getattr(m[1], name) for m in clients]
-        assert not torch.allclose(values[0], values[1]), "the clients' statistics should differ"
-        torch.testing.assert_close(getattr(bn, name), w[0] * values[0] + w[1] * values[1], rtol=0, atol=1e-6)
+        assert (values[0] - values[1]).abs().max() > 1e4 * 1e-10, "the clients' statistics should differ"
+        torch.testing.assert_close(getattr(bn, name), w[0] * values[0] + w[1] * values[1], rtol=0, atol=1e-10)
 
 
 def test_eval_mode_normalises_with_the_averaged_statistics(tmp_path):
@@ -182,7 +234,12 @@ def test_eval_mode_normalises_with_the_averaged_statistics(tmp_path):
         manual.bias.copy_(bn.bias)
         manual.running_mean.copy_(trainer.model.buffers[:4])
         manual.running_var.copy_(trainer.model.buffers[4:])
-        torch.testing.assert_close(seen["y"], manual(seen["x"]), rtol=0, atol=1e-6)
+        # the same formula, possibly by another kernel ((x - mean) / std * w + b, or x * a + c with a and c
+        # folded first): either rounds at most 4 times, each by u = 2**-24 of its terms' magnitude
+        mean, var = manual.running_mean[:, None, None], manual.running_var[:, None, None]
+        scale = (bn.weight[:, None, None] / (var + bn.eps).sqrt()).abs()
+        terms = (seen["x"].abs() * scale + mean.abs() * scale + bn.bias[:, None, None].abs()).max()
+        torch.testing.assert_close(seen["y"], manual(seen["x"]), rtol=0, atol=2 * 4 * 2**-24 * float(terms))
         batch_normalised = F.batch_norm(seen["x"], None, None, bn.weight, bn.bias, training=True)
     assert not torch.allclose(seen["y"], batch_normalised, atol=1e-3), "eval mode used batch statistics"
 

@@ -13,6 +13,9 @@ from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
 from fedrepro.ops import bench, bench_baselines, bench_settings
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def _high_water_mib() -> float:
     """This process's peak resident memory from /proc (VmHWM, in kB), another reading than the bench's."""

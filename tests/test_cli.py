@@ -40,7 +40,7 @@ def test_unknown_dataset_is_a_usage_error_listing_the_datasets(capsys, tmp_path)
     (["download", "--timeout", "0"], "argument --timeout: 0.0 must be > 0"),
     (["download", "--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
     (["evidence", "keep", "--configfile", "params/default.yaml", "--name", "../x"],
-     "argument --name: '../x' must be a plain folder name"),
+     "argument --name: evidence folder name '../x' is not allowed: use letters, digits and _ . + - only"),
     (["download", "--timeout", "inf"], "argument --timeout: 'inf' is not a finite number"),
     (["evidence", "compare", "evidence", "--configfile", "params/default.yaml", "--tolerance", "-1"],
      "argument --tolerance: -1.0 must be >= 0"),

@@ -14,6 +14,9 @@ from fedrepro.run.cohorts import code_pairing, exploration_draws, sample_cohort
 from fedrepro.run.trainer import Trainer
 from fedrepro.spec import schema, settings
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 # FedAWARE's code, seed 1998, FMNIST (100 clients, 10 a round): `sampler.last_sampled` of rounds 0-10 as its
 # run printed them (the parity helper's read-only log, /work/parity/logs/fedaware_fedaware_seed1998.log).

@@ -12,6 +12,9 @@ from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
 from fedrepro.spec import schema, settings
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 @pytest.mark.parametrize("n,k", [(100, 10), (10, 4), (7, 7), (5, 1)])
 def test_the_first_rounds_visit_every_client_once(n, k):

@@ -18,6 +18,9 @@ from fedrepro.data import cifar, synthetic
 from fedrepro.spec.schema import ConfigError
 from fedrepro.spec.settings import resolve
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def _md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()

@@ -22,6 +22,9 @@ from fedrepro.data.domains import DomainDataset
 from fedrepro.run.trainer import Trainer
 from fedrepro.evaluation import score
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 # FedBN's image shapes per domain: grey 28 (MNIST), RGB 32 (SVHN, SynthDigits), grey 16 (USPS), RGB 28 (MNIST-M)
 DIGIT_SHAPES = {"MNIST": (28, 28), "SVHN": (32, 32, 3), "USPS": (16, 16), "SynthDigits": (32, 32, 3),
                 "MNIST_M": (28, 28, 3)}

@@ -13,6 +13,9 @@ from fedrepro.run.trainer import Trainer
 from fedrepro.functional import FunctionalModel
 from fedrepro.spec.settings import resolve
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def dropout_mlp(seed: int = 3) -> nn.Module:
     """An MLP with VGG-11's classifier pattern (dropout before each hidden Linear)."""

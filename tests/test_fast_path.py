@@ -19,6 +19,9 @@ from fedrepro.run.trainer import Trainer
 from fedrepro.spec.settings import resolve
 from fedrepro.parts import GradientCorrection
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 # Float noise of batched vs single kernels over a few steps is ~1e-7; a wrong batch, order or update
 # rule moves parameters by ~lr * grad ~ 1e-3 (see test_tolerance_catches_a_wrong_batch_order).
 ATOL = 2e-6

@@ -1,4 +1,5 @@
 """FedAdagrad: two server steps by hand, state through a checkpoint, and a real run that resumes exactly."""
+import pytest
 import io
 import math
 
@@ -9,6 +10,9 @@ from fedrepro.run import checkpoint
 from fedrepro.spec import settings
 from fedrepro.algorithms.fedadagrad import ServerAdagrad
 from fedrepro.parts import RoundUpdates
+
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
 
 F64 = torch.float64
 

@@ -13,6 +13,9 @@ from fedrepro.minnorm import min_norm_weights
 from fedrepro.parts import RoundUpdates
 from fedrepro.server import ServerSGD
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def exact_min_norm(gram: np.ndarray) -> float:
     """Exact QP by enumerating supports: on each support S the KKT system of

@@ -10,6 +10,9 @@ from fedrepro.spec import schema, settings
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
 from fedrepro.parts import RoundUpdates
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def updates(t, clients, deltas, sizes):
     k = len(clients)

@@ -22,6 +22,9 @@ from fedrepro.algorithms.serverft import ProxyFineTune
 from fedrepro.parts import RoundUpdates
 from test_fedlaw import problem as mlp_problem
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 CFG = {"proxy_size": 20, "server_epochs": 1, "optimizer": "sgd", "lr": None, "momentum": None,
        "weight_decay": None, "betas": [0.5, 0.999], "keep_state": True, "batch_size": 128, "swag_scale": 0.1}
 OPTIM = {"optimizer": "sgd", "lr": 0.3, "momentum": 0.9, "weight_decay": 0.01, "betas": (0.5, 0.999)}

@@ -19,6 +19,9 @@ from fedrepro.models import build as build_model
 from fedrepro.parts import Algorithm, ClientObjective, ClientRun, GradientCorrection, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def setting(momentum=0.0, mu=0.0, tau_eff="auto", server_momentum=0.0, lr=1.0, vr=False):
     return {"server": {"lr": lr}, "client": {"momentum": momentum},

@@ -6,6 +6,9 @@ import torch
 
 from fedrepro.run import hessian
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def _tiny():
     """Cross-entropy of a 3-4-3 tanh MLP on 20 fixed points, as a function of its 31 flat parameters."""

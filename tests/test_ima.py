@@ -8,6 +8,9 @@ from fedrepro.algorithms import ima
 from fedrepro.parts import Algorithm, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def at_round(t):
     return RoundUpdates(t, torch.tensor([0]), torch.zeros(1, 3), torch.ones(1), torch.ones(1), torch.zeros(1), 0.1)

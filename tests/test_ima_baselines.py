@@ -19,6 +19,9 @@ from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 
 def zero_linear(n_in: int, n_out: int) -> FlatModel:
     module = nn.Linear(n_in, n_out)

@@ -27,6 +27,9 @@ from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
 from fedrepro.spec import settings
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 # weight decay large enough that applying it outside the momentum buffer (decoupled) shows
 LR, MOMENTUM, WEIGHT_DECAY, BATCH, EPOCHS = 0.05, 0.9, 0.05, 10, 2
 SIZES = [20, 30, 40]  # unequal clients: 4, 6 and 8 local steps

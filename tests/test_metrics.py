@@ -14,6 +14,9 @@ from fedrepro.run.trainer import Trainer
 from fedrepro.spec import settings
 from fedrepro.data import TensorDataset
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 # (client updates, e-LUD = sqrt(mean_i |g_i|^2 / |mean_i g_i|^2), coherence = mean over pairs i != j of cos)
 CASES = [
     # orthogonal unit vectors: mean [1/2, 1/2], |mean|^2 = 1/2, mean |g|^2 = 1; cos = 0

@@ -22,6 +22,9 @@ from scipy.optimize import nnls
 
 from fedrepro.minnorm import min_norm_weights
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 N, MAX_ITER, TOL = 100, 1000, 1e-6  # FedAWARE's defaults (fedaware.fw_max_iter, fedaware.fw_tol), 100 clients
 
 

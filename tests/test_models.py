@@ -11,6 +11,9 @@ from fedrepro.flat import FlatModel
 from fedrepro.models.cnn import CifarCNN
 from fedrepro.models.resnet import ResNet18GN
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 # Pretrained models (Pythia) need their weights; tests/test_agnews.py covers them with a tiny local config.
 BUILT_HERE = {name: spec for name, spec in catalog.MODELS.items() if not spec.get("pretrained")}
 CASES = [(name, dataset) for name, spec in BUILT_HERE.items() for dataset in spec["datasets"]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import signal
 import subprocess
 import time
@@ -247,3 +248,37 @@ def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state
     trainer.observers.append(Undeclared())
     with pytest.raises(AssertionError, match="declares"):
         trainer.state(2)
+
+
+def _file_size_limit(size: int):
+    """For a child process: no file may grow past ``size`` bytes, as on a full disk. SIGXFSZ ignored, so the
+    write that crosses it fails with EFBIG (what a full disk's ENOSPC is to the code) instead of killing it.
+    RLIMIT_FSIZE is POSIX and needs no privilege: it works in any Linux CI, unlike mounting a small tmpfs."""
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def test_a_full_disk_ends_in_one_line_naming_the_run_and_the_last_checkpoint_stands(tmp_path, partition_dir,
+                                                                                      tiny_data_root):
+    setting = _setting("fedavg")
+    ref = tmp_path / "ref"
+    cli.main(_train_args(setting, ref, partition_dir, tiny_data_root))
+    out = tmp_path / "run"
+    args = _train_args(setting, out, partition_dir, tiny_data_root, "--checkpoint-every", "1")
+    cli.main(args + ["--stop-after", "2"])
+    kept = (out / "checkpoint.pt").read_bytes()
+    # round 3's checkpoint (the model and three rounds of rows) cannot be written; metrics.csv still can
+    full = subprocess.run(["fedrepro", *args], env=subprocess_env(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=_file_size_limit(len(kept) // 2))
+    assert full.returncode == 2, full.stderr[-2000:]
+    assert "Traceback" not in full.stderr, full.stderr[-2000:]
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"fedrepro train: cannot write {out}: File too large; free space there"), last
+    assert (out / "checkpoint.pt").read_bytes() == kept, "the last complete checkpoint stands"
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".part")], "no temporary file is left behind"
+    assert not (out / "summary.json").exists()
+    cli.main(args)  # space freed: the run resumes at round 3 and ends as the uninterrupted one
+    assert json.loads((out / "summary.json").read_text())["resumed"] is True
+    _assert_same_run(ref, out)

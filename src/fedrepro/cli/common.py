@@ -5,6 +5,8 @@ import argparse
 import json
 import math
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 
@@ -40,14 +42,98 @@ def _number(kind, minimum, strict: bool = False):
     return parse
 
 
+def _file_type(mode: int) -> str:
+    """What a path is, in the words of the refusals."""
+    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def _existing(kind: str):
-    """An argparse type: a path that exists now and is a ``file`` or a ``folder``."""
+    """An argparse type: a path that exists now, is a regular ``file`` (not a device, a pipe or a folder) or a
+    ``folder``, and can be read."""
     def parse(text: str) -> str:
-        path = Path(text)
-        if not (path.is_file() if kind == "file" else path.is_dir()):
-            raise argparse.ArgumentTypeError(f"no such {kind}: {text}")
+        try:
+            mode = os.stat(text).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            raise argparse.ArgumentTypeError(f"no such {kind}: {text}") from None
+        except OSError as err:
+            raise argparse.ArgumentTypeError(f"{text}: cannot be read ({err.strerror})") from None
+        wanted = stat.S_ISREG(mode) if kind == "file" else stat.S_ISDIR(mode)
+        if not wanted:
+            raise argparse.ArgumentTypeError(f"{text} is {_file_type(mode)}; a {'regular file' if kind == 'file' else kind} "
+                                             f"is expected")
+        if not os.access(text, os.R_OK if kind == "file" else os.R_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"{text}: cannot be read (permission denied)")
         return text
     return parse
+
+
+def _absent_or(kind: str):
+    """An argparse type: a ``file`` or ``folder`` that may not exist yet (it is then made, or treated as
+    empty), but that is not something else."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty path; a {kind} is expected")
+        return _existing(kind)(text) if os.path.lexists(text) else text
+    return parse
+
+
+# Pseudo file systems: a path inside them may look writable to root but takes no files.
+PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"))
+
+
+def _output(kind: str):
+    """An argparse type: where a command writes a ``file`` or a ``folder``. Checked before any work, so a bad
+    path costs no half-written result: not a folder where a file goes (or the reverse), not inside /proc or
+    /sys, and its nearest existing folder takes a new file (one is created there and removed at once)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty path; the {kind} to write is expected")
+        path = Path(text)
+        if os.path.lexists(path):
+            _existing(kind)(text)  # the right kind, and readable
+            if kind == "file" and not os.access(path, os.W_OK):
+                raise argparse.ArgumentTypeError(f"{text}: cannot be written (permission denied)")
+        resolved = path.resolve()
+        for root in PSEUDO_FILE_SYSTEMS:
+            if resolved == root or root in resolved.parents:
+                raise argparse.ArgumentTypeError(f"{text} lies inside {root}, a pseudo file system; choose a path "
+                                                 f"on a disk")
+        folder = resolved if kind == "folder" and resolved.is_dir() else resolved.parent
+        while not folder.exists():
+            folder = folder.parent
+        if not folder.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: {folder} is a file, so no {kind} can be made below it")
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            raise argparse.ArgumentTypeError(f"{text}: cannot write in {folder} ({err.strerror})") from None
+        return text
+    return parse
+
+
+def _name(what: str):
+    """An argparse type: a name that becomes a file or folder name, by the project's naming rule (letters,
+    digits, ``_ . + -``, as experiments, params files and runs are named)."""
+    def parse(text: str) -> str:
+        from fedrepro.spec.paramsfile import check_name
+        from fedrepro.spec.schema import ConfigError
+        try:
+            return check_name(text, what)
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return parse
+
+
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line: the command, the argument and what it allows (``--help`` shows the rest)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 # One worked example per sub-command, shown at the end of its --help.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedrepro.cli.common import EXAMPLES, _existing, _json_arg, _number, finish
+from fedrepro.cli.common import EXAMPLES, _existing, _json_arg, _number, _output, finish
 
 
 def add_parsers(sub) -> None:
@@ -18,12 +18,12 @@ def add_download(sub) -> None:
     from fedrepro.catalog import DATASETS
     p = sub.add_parser("download", help="fetch a dataset from its mirrors, checksum-verified")
     p.add_argument("--dataset", default="fmnist", choices=sorted(DATASETS), help="which dataset (default fmnist)")
-    p.add_argument("--root", default="data/fmnist", help="folder the dataset goes into")
+    p.add_argument("--root", default="data/fmnist", type=_output("folder"), help="folder the dataset goes into")
     p.add_argument("--mirror", action="append", help="URL prefix or local folder; repeat to try several in order")
     p.add_argument("--mirror-map", type=_json_arg, help="the params file's data.mirrors as JSON {dataset: [mirror, "
                    "...]}: this dataset's list, when no --mirror is given (how the workflow passes them)")
     p.add_argument("--timeout", type=_number(float, 0, strict=True), default=20.0, help="seconds per network request")
-    p.add_argument("--out", help="write a JSON list of the files here when done")
+    p.add_argument("--out", type=_output("file"), help="write a JSON list of the files here when done")
     p.set_defaults(func=cmd_download)
     finish(p, EXAMPLES["download"])
 
@@ -53,7 +53,7 @@ def add_partition(sub) -> None:
     p.add_argument("--setting", required=True, type=_partition_setting,
                    help="partition setting as JSON (or a JSON file): dataset, kind, num_clients, ...")
     p.add_argument("--data-root", required=True, type=_existing("folder"), help="the dataset's folder (after download)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, type=_output("folder"), help="output folder")
     p.set_defaults(func=cmd_partition)
     finish(p, EXAMPLES["partition"])
 

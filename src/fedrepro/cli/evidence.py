@@ -2,21 +2,14 @@
 verification matrix, a comparison with a rerun, the collapses)."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from fedrepro.cli.common import EXAMPLES, _existing, _number, finish
+from fedrepro.cli.common import EXAMPLES, _absent_or, _existing, _name, _number, _output, finish
 
 # each action's line of the example
 _EXAMPLE = dict(zip(["keep", "report", "matrix", "compare", "collapses"],
                     (line.strip() for line in EXAMPLES["evidence"].splitlines())))
-
-
-def _folder_name(text: str) -> str:
-    if not text or "/" in text or text.startswith("."):
-        raise argparse.ArgumentTypeError(f"'{text}' must be a plain folder name (no '/', not starting with '.')")
-    return text
 
 
 def add_parsers(sub) -> None:
@@ -31,10 +24,10 @@ def add_parsers(sub) -> None:
     which.add_argument("--manifest", type=_existing("file"),
                        help="a manifest the workflow wrote when the runs ran (results/manifests/): keeps the runs it "
                             "names, also when they ran with an earlier commit of the code")
-    a.add_argument("--name", required=True, type=_folder_name, help="the folder's name under --root")
-    a.add_argument("--runs-dir", default="results/runs", help="the run folders")
-    a.add_argument("--partitions-dir", default="results/partitions", help="the partition folders")
-    a.add_argument("--root", default="evidence", help="where evidence folders live")
+    a.add_argument("--name", required=True, type=_name("evidence folder name"), help="the folder's name under --root")
+    a.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="the run folders")
+    a.add_argument("--partitions-dir", default="results/partitions", type=_absent_or("folder"), help="the partition folders")
+    a.add_argument("--root", default="evidence", type=_output("folder"), help="where evidence folders live")
     a.add_argument("--carry", nargs="+", type=_existing("folder"), metavar="FOLDER",
                    help="earlier evidence folders: a declared run not finished in --runs-dir takes the records of an "
                         "equal run kept there (same setting under today's code, same partition content), under its own id")
@@ -44,15 +37,15 @@ def add_parsers(sub) -> None:
     finish(a, _EXAMPLE["keep"])
     a = actions.add_parser("matrix", help="the verification matrix: the papers' cells that the paper-protocol "
                            "evidence reproduces, per table (Markdown)")
-    a.add_argument("--root", default="evidence", help="where evidence folders live")
+    a.add_argument("--root", default="evidence", type=_absent_or("folder"), help="where evidence folders live")
     a.add_argument("--write-readme", action="store_true",
                    help="rewrite the matrix in docs/verification.md and its summary in README.md")
     a.set_defaults(func=cmd_evidence)
     finish(a, _EXAMPLE["matrix"])
     a = actions.add_parser("report", help="rebuild the report page of an evidence folder from that folder alone")
     a.add_argument("folder", type=_existing("folder"), help="an evidence folder (made by `fedrepro evidence keep`)")
-    a.add_argument("--out", required=True, help="the report page")
-    a.add_argument("--figures", help="also write its figures as PNG files into this folder")
+    a.add_argument("--out", required=True, type=_output("file"), help="the report page")
+    a.add_argument("--figures", type=_output("folder"), help="also write its figures as PNG files into this folder")
     a.set_defaults(func=cmd_evidence)
     finish(a, _EXAMPLE["report"])
     a = actions.add_parser("compare", help="does a rerun confirm the kept records? each kept run against today's run "
@@ -60,8 +53,8 @@ def add_parsers(sub) -> None:
     a.add_argument("folder", type=_existing("folder"), help="an evidence folder (made by `fedrepro evidence keep`)")
     a.add_argument("--configfile", nargs="+", required=True, type=_existing("file"),
                    help="the params file(s) that declare the rerun, merged in order as snakemake does")
-    a.add_argument("--runs-dir", default="results/runs", help="the rerun's run folders")
-    a.add_argument("--partitions-dir", default="results/partitions", help="the rerun's partition folders")
+    a.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="the rerun's run folders")
+    a.add_argument("--partitions-dir", default="results/partitions", type=_absent_or("folder"), help="the rerun's partition folders")
     a.add_argument("--tolerance", type=_number(float, 0), default=0.0,
                    help="largest |difference| of any metric in any round that still confirms (default 0: bit for "
                         "bit, what the same machine gives; another CPU or a GPU may differ in the last bits)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from fedrepro.cli.common import EXAMPLES, _existing, finish
+from fedrepro.cli.common import EXAMPLES, _absent_or, _existing, _number, finish
 
 
 def add_parsers(sub) -> None:
@@ -41,17 +41,17 @@ def add_plan(sub) -> None:
     p.add_argument("--configfile", required=True, nargs="+", type=_existing("file"),
                    help="params file(s), merged in order as snakemake does")
     p.add_argument("--only", help="experiment names or patterns, comma-separated (as --config only=...)")
-    p.add_argument("--bench", help="the step costs to use (default results/bench/step_costs.json, then the "
+    p.add_argument("--bench", type=_absent_or("file"), help="the step costs to use (default results/bench/step_costs.json, then the "
                    "benchmark's bench.json: their --device measurements); with --measure, where to write them")
     p.add_argument("--measure", action="store_true", help="first time a few steps of each (dataset, model, batch) "
                    "of the params file on --device, and keep them")
     p.add_argument("--device", choices=["cuda", "cpu"], help="the device the runs will train on: only its "
                    "measurements price them; what they lack comes from the GPU table (evidence/gpu) for cuda, "
                    "or is marked as a guess (default cuda; with --measure, cuda when there is one, else cpu)")
-    p.add_argument("--runs-dir", default="results/runs", help="finished runs here are not counted again")
-    p.add_argument("--walltime", type=int, help="the site's walltime limit in minutes: print the Slurm group "
+    p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="finished runs here are not counted again")
+    p.add_argument("--walltime", type=_number(int, 1), help="the site's walltime limit in minutes: print the Slurm group "
                    "size (--group-components trainbatch=N) that keeps every submission within it")
-    p.add_argument("--runs-per-gpu", type=int, help="runs sharing one GPU (the profile's gpu_slot; default: what "
+    p.add_argument("--runs-per-gpu", type=_number(int, 1), help="runs sharing one GPU (the profile's gpu_slot; default: what "
                    "fedrepro check-gpu measured, else 4)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)

@@ -2,11 +2,12 @@
 read it."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from fedrepro.cli.common import EXAMPLES, _existing, _json_arg, _manifest_of, finish
+from fedrepro.cli.common import EXAMPLES, _absent_or, _existing, _json_arg, _manifest_of, _name, _output, finish
 
 
 def add_parsers(sub) -> None:
@@ -26,9 +27,9 @@ def add_track(sub) -> None:
     source.add_argument("--record", type=_json_arg, help="one run's record as JSON (fedrepro.spec.config.run_record: "
                         "the workflow's tracking job of one run)")
     p.add_argument("--run", action="append", help="only this run id (repeat for several)")
-    p.add_argument("--runs-dir", default="results/runs")
+    p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"))
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
-    p.add_argument("--out", help="write the result here when every run with a summary is tracked")
+    p.add_argument("--out", type=_output("file"), help="write the result here when every run with a summary is tracked")
     p.set_defaults(func=cmd_track)
     finish(p, EXAMPLES["track"])
 
@@ -58,7 +59,7 @@ def add_manifest(sub) -> None:
                    help="the folder --configfile paths are relative to (the workflow's, when it runs elsewhere)")
     p.add_argument("--overrides", type=_json_arg, help="Snakemake's --config values as a JSON object, merged last")
     p.add_argument("--command", help="the command to record as how the manifest was made")
-    p.add_argument("--out", help="default: results/manifests/<name>-<content hash>.json")
+    p.add_argument("--out", type=_output("file"), help="default: results/manifests/<name>-<content hash>.json")
     p.add_argument("--check-name", action="store_true",
                    help="refuse when --out is not the content-addressed name (the workflow's own check)")
     p.add_argument("--experiments", nargs="*",
@@ -68,8 +69,15 @@ def add_manifest(sub) -> None:
 
 
 def cmd_manifest(args) -> None:
+    from fedrepro.errors import SetupError
     from fedrepro.spec import config, paramsfile, schema, settings
-    params = paramsfile.load_params_files([Path(args.base, f) for f in args.configfile])
+    files = [str(Path(args.base, f)) for f in args.configfile]
+    for name in files:  # relative to --base, so checked here rather than by the parser
+        try:
+            _existing("file")(name)
+        except argparse.ArgumentTypeError as err:
+            raise SetupError(f"--configfile: {err}") from None
+    params = paramsfile.load_params_files(files)
     if args.overrides:  # Snakemake's --config: merged last, as Snakemake does
         params = schema.validate(settings.deep_merge(params, args.overrides), "params.schema.yaml",
                                  " ".join(args.configfile) + " with --config")
@@ -94,19 +102,19 @@ def add_tune(sub) -> None:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     a = actions.add_parser("select", help="rank a tuning's candidates by its criterion on the validation split")
     a.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
-    a.add_argument("--tuning", required=True, help="the tuning's id (a key of the manifest's tunings)")
-    a.add_argument("--runs-dir", default="results/runs", help="the run folders")
-    a.add_argument("--out", required=True, help="the choice record (JSON): per candidate its values, and the winner")
+    a.add_argument("--tuning", required=True, type=_name("tuning id"), help="the tuning's id (a key of the manifest's tunings)")
+    a.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="the run folders")
+    a.add_argument("--out", required=True, type=_output("file"), help="the choice record (JSON): per candidate its values, and the winner")
     a.set_defaults(func=cmd_tune)
     a = actions.add_parser("manifest", help="the manifest with every tuned experiment's final runs")
     a.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
     a.add_argument("--choices", nargs="*", default=[], type=_existing("file"), help="the choice records")
-    a.add_argument("--out", required=True, help="the tuned manifest")
+    a.add_argument("--out", required=True, type=_output("file"), help="the tuned manifest")
     a.set_defaults(func=cmd_tune)
     a = actions.add_parser("final", help="the tuned manifest again, once every final run it lists has finished")
     a.add_argument("--manifest", required=True, type=_existing("file"), help="the tuned manifest")
-    a.add_argument("--runs-dir", default="results/runs", help="the run folders")
-    a.add_argument("--out", required=True, help="the manifest the report, tracking and collect steps read")
+    a.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="the run folders")
+    a.add_argument("--out", required=True, type=_output("file"), help="the manifest the report, tracking and collect steps read")
     a.set_defaults(func=cmd_tune)
     finish(p, EXAMPLES["tune"])  # its actions take neither --debug nor an example
 

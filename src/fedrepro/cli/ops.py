@@ -1,7 +1,7 @@
 """``fedrepro bench`` and ``fedrepro check-gpu``: timings and the GPU check."""
 from __future__ import annotations
 
-from fedrepro.cli.common import EXAMPLES, _number, finish
+from fedrepro.cli.common import EXAMPLES, _absent_or, _number, _output, finish
 
 
 def add_parsers(sub) -> None:
@@ -21,11 +21,11 @@ def add_bench(sub) -> None:
     p.add_argument("--rounds", type=_number(int, 1), default=3, help="timed rounds per repeat (after one warm-up round)")
     p.add_argument("--repeats", type=_number(int, 1), default=1, help="passes over the timed rounds; medians over all")
     p.add_argument("--quick", action="store_true", help="CI size: a tenth of the clients, short local training")
-    p.add_argument("--data-root", default="data/fmnist", help="real Fashion-MNIST here if present, else generated")
+    p.add_argument("--data-root", default="data/fmnist", type=_absent_or("folder"), help="real Fashion-MNIST here if present, else generated")
     p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--out", help="write the measurements as JSON here")
-    p.add_argument("--html", help="write a small HTML page with the table here")
-    p.add_argument("--throughput", type=int, nargs="+", metavar="R", help="also measure runs finished per "
+    p.add_argument("--out", type=_output("file"), help="write the measurements as JSON here")
+    p.add_argument("--html", type=_output("file"), help="write a small HTML page with the table here")
+    p.add_argument("--throughput", type=_number(int, 1), nargs="+", metavar="R", help="also measure runs finished per "
                    "device-hour with R runs side by side on one device (1 is always measured), and extrapolate "
                    "IMA Table 1's FMNIST rows")
     p.set_defaults(func=cmd_bench)
@@ -51,10 +51,10 @@ def add_check_gpu(sub) -> None:
     """The GPU check."""
     p = sub.add_parser("check-gpu", help="on a GPU node: the engine's CUDA checks, then the benchmark with several "
                        "runs per GPU; all written to one JSON file (needs only torch, PYTHONPATH=src)")
-    p.add_argument("--out", default="results/bench/gpu_check.json")
-    p.add_argument("--data-root", default="data/fmnist", help="real Fashion-MNIST here if present, else generated")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds per benchmark measurement")
-    p.add_argument("--throughput", type=int, nargs="+", default=[2, 4, 8], metavar="R",
+    p.add_argument("--out", default="results/bench/gpu_check.json", type=_output("file"))
+    p.add_argument("--data-root", default="data/fmnist", type=_absent_or("folder"), help="real Fashion-MNIST here if present, else generated")
+    p.add_argument("--rounds", type=_number(int, 1), default=5, help="timed rounds per benchmark measurement")
+    p.add_argument("--throughput", type=_number(int, 1), nargs="+", default=[2, 4, 8], metavar="R",
                    help="runs side by side on the GPU to measure (1 is always measured)")
     p.add_argument("--skip-bench", action="store_true", help="the correctness checks only")
     p.set_defaults(func=cmd_check_gpu)

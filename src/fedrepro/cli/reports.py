@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from fedrepro.cli.common import EXAMPLES, _existing, _json_arg, _manifest_of, finish
+from fedrepro.cli.common import EXAMPLES, _absent_or, _existing, _json_arg, _manifest_of, _name, _number, _output, finish
 
 
 def add_parsers(sub) -> None:
@@ -25,11 +25,11 @@ def add_report(sub) -> None:
     source.add_argument("--configfile", nargs="+", type=_existing("file"),
                         help="params file(s), merged in order as snakemake does; "
                         "reports whatever runs exist now and lists the missing ones")
-    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
-    p.add_argument("--partitions-dir", default="results/partitions", help="the partition folders")
-    p.add_argument("--out", required=True, help="the report page")
-    p.add_argument("--figures", help="also write its figures as PNG files into this folder")
-    p.add_argument("--paper-figures", help="embed the papers' analysis figures (fedrepro figures) of this folder")
+    p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="the run folders")
+    p.add_argument("--partitions-dir", default="results/partitions", type=_absent_or("folder"), help="the partition folders")
+    p.add_argument("--out", required=True, type=_output("file"), help="the report page")
+    p.add_argument("--figures", type=_output("folder"), help="also write its figures as PNG files into this folder")
+    p.add_argument("--paper-figures", type=_absent_or("folder"), help="embed the papers' analysis figures (fedrepro figures) of this folder")
     p.set_defaults(func=cmd_report)
     finish(p, EXAMPLES["report"])
 
@@ -62,7 +62,7 @@ def add_tables(sub) -> None:
     p.add_argument("--format", choices=["latex", "csv", "md"], default="latex")
     p.add_argument("--table", action="append", help="only this paper table (repeat for several; default: all of "
                    "the params file's)")
-    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
+    p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="the run folders")
     p.set_defaults(func=cmd_tables)
     finish(p, EXAMPLES["tables"])
 
@@ -84,14 +84,14 @@ def cmd_tables(args) -> None:
 def add_figures(sub) -> None:
     """One of the papers' analysis figures."""
     p = sub.add_parser("figures", help="draw one of the papers' analysis figures from runs (docs/figures.md)")
-    p.add_argument("--name", required=True, help="the figure's name in the params file's figures section")
+    p.add_argument("--name", required=True, type=_name("figure name"), help="the figure's name in the params file's figures section")
     p.add_argument("--spec", required=True, help="the figure's spec as JSON (or a JSON file)")
-    p.add_argument("--manifest", help="the manifest the workflow wrote (not needed for pure-math figures)")
-    p.add_argument("--runs-dir", default="results/runs")
-    p.add_argument("--data-root", help="the params file's data root (landscapes and interpolations evaluate models)")
+    p.add_argument("--manifest", type=_existing("file"), help="the manifest the workflow wrote (not needed for pure-math figures)")
+    p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"))
+    p.add_argument("--data-root", type=_absent_or("folder"), help="the params file's data root (landscapes and interpolations evaluate models)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--out", required=True, help="the PNG; its caption goes beside it as .json")
+    p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--out", required=True, type=_output("file"), help="the PNG; its caption goes beside it as .json")
     p.set_defaults(func=cmd_figures)
     finish(p, EXAMPLES["figures"])
 
@@ -113,11 +113,11 @@ def cmd_figures(args) -> None:
 def add_index(sub) -> None:
     """The index page."""
     p = sub.add_parser("index", help="the index page: every experiment of every params file and its state")
-    p.add_argument("--out", default="reports/index.html")
+    p.add_argument("--out", default="reports/index.html", type=_output("file"))
     p.add_argument("--params", nargs="+", type=_existing("file"),
                    help="params files to survey (default: params/*.yaml of the project)")
-    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
-    p.add_argument("--evidence",
+    p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="the run folders")
+    p.add_argument("--evidence", type=_existing("folder"),
                    help="the evidence folders whose verified results open the page (default: the project's evidence/)")
     p.add_argument("--no-evidence", action="store_true", help="leave the verified results out")
     p.set_defaults(func=cmd_index)
@@ -137,9 +137,9 @@ def add_collect(sub) -> None:
     p = sub.add_parser("collect", help="per experiment and variant: summary metrics (JSON) and mean curves (CSV) "
                        "for dvc metrics/plots")
     p.add_argument("--manifest", required=True, type=_existing("file"), help="the manifest the workflow wrote")
-    p.add_argument("--runs-dir", default="results/runs", help="the run folders")
-    p.add_argument("--metrics", required=True, help="folder: <experiment>/<variant>.json, mean final accuracy etc.")
-    p.add_argument("--curves", required=True, help="folder: <experiment>/<variant>.csv, per round the mean over seeds")
+    p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"), help="the run folders")
+    p.add_argument("--metrics", required=True, type=_output("folder"), help="folder: <experiment>/<variant>.json, mean final accuracy etc.")
+    p.add_argument("--curves", required=True, type=_output("folder"), help="folder: <experiment>/<variant>.csv, per round the mean over seeds")
     p.set_defaults(func=cmd_collect)
     finish(p, EXAMPLES["collect"])
 

@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from fedrepro.cli.common import EXAMPLES, _existing, _json_arg, _number, finish
+from fedrepro.cli.common import EXAMPLES, _absent_or, _existing, _json_arg, _number, _output, finish
 
 
 def add_parsers(sub) -> None:
@@ -34,7 +34,7 @@ def add_train(sub) -> None:
     p.add_argument("--setting", required=True, type=_json_arg, help="run setting as JSON (or a JSON file)")
     p.add_argument("--partition", required=True, type=_existing("folder"), help="partition folder")
     p.add_argument("--data-root", required=True, type=_existing("folder"), help="the dataset's folder (after download)")
-    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--out", required=True, type=_output("folder"), help="run folder")
     p.add_argument("--checkpoint-every", type=_number(int, 0), default=10, help="rounds between checkpoints (0: never)")
     p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the setting's device")
@@ -44,9 +44,9 @@ def add_train(sub) -> None:
                    "run's state for runs that fork from it (fork/kept-<round>.pt)")
     p.add_argument("--fork-history", type=_number(int, 0), default=0, help="last global models each kept state "
                    "holds (the children's parts need them: IMA's window)")
-    p.add_argument("--fork-from", help="a parent run's fork state to start from (when this run has no checkpoint)")
+    p.add_argument("--fork-from", type=_existing("file"), help="a parent run's fork state to start from (when this run has no checkpoint)")
     p.add_argument("--mlflow-experiment", help="log the run live into this MLflow experiment (default: no tracking)")
-    p.add_argument("--mlflow-manifest", help="the params file's manifest: the run is nested under the parent run of "
+    p.add_argument("--mlflow-manifest", type=_existing("file"), help="the params file's manifest: the run is nested under the parent run of "
                    "the first experiment that holds it (not part of the run's identity)")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.set_defaults(func=cmd_train)
@@ -196,12 +196,12 @@ def add_fork(sub) -> None:
     p = sub.add_parser("fork", help="the state of a run after some rounds, for the runs that fork from it "
                        "(the one it kept while training, else its first rounds trained again)")
     p.add_argument("--setting", required=True, type=_json_arg, help="the parent run's setting as JSON (or a JSON file)")
-    p.add_argument("--run-dir", required=True, help="the parent run's folder")
+    p.add_argument("--run-dir", required=True, type=_absent_or("folder"), help="the parent run's folder")
     p.add_argument("--round", required=True, type=_number(int, 1), help="rounds the children share")
     p.add_argument("--history", type=_number(int, 0), default=0, help="last global models the state holds")
     p.add_argument("--partition", required=True, type=_existing("folder"), help="partition folder")
     p.add_argument("--data-root", required=True, type=_existing("folder"), help="the dataset's folder")
-    p.add_argument("--out", required=True, help="the fork state file")
+    p.add_argument("--out", required=True, type=_output("file"), help="the fork state file")
     p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
     p.set_defaults(func=cmd_fork)
     finish(p, EXAMPLES["fork"])

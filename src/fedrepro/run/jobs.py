@@ -66,22 +66,22 @@ def train_pack(members: list[dict], checkpoint_every: int = 10, progress: bool =
     from fedrepro.run.process import pick_device
 
     trainers, outcomes, loaded = [], [], {}
-    for m in members:
-        setting, paths = m["setting"], RunDir(Path(m["out"]))
-        done = [RunDir(Path(d)).summary for d in (m["out"], m.get("done_at")) if d]
+    for member in members:
+        setting, paths = member["setting"], RunDir(Path(member["out"]))
+        done = [RunDir(Path(d)).summary for d in (member["out"], member.get("done_at")) if d]
         if any(f.exists() and read_json(f).get("setting_hash") == stable_hash(setting) for f in done):
             outcomes.append({"run": paths.root.name, "status": "done before"})
             continue
         device = pick_device(setting["device"])
-        key = (setting["dataset"], str(m["data_root"]), json_key(setting.get("preprocess")),
-               setting.get("pretrained"), str(device))
+        key = (setting["dataset"], str(member["data_root"]), json_key(setting["preprocess"]),
+               setting["pretrained"], str(device))
         if key not in loaded:
-            loaded[key] = tuple(data.load(setting["dataset"], m["data_root"], train=split,
-                                          preprocess=setting.get("preprocess"),
-                                          pretrained=setting.get("pretrained")).to(device) for split in (True, False))
-        forks = ForkStates({int(r): paths.kept_fork(int(r)) for r in m.get("keep_forks", ())}, m.get("history", 0))
-        trainers.append((Trainer(setting, m["out"], m["partition"], m["data_root"], datasets=loaded[key],
-                                 forks=forks), (m.get("fork_from"), m.get("accepts"))))
+            loaded[key] = tuple(data.load(setting["dataset"], member["data_root"], train=split,
+                                          preprocess=setting["preprocess"],
+                                          pretrained=setting["pretrained"]).to(device) for split in (True, False))
+        forks = ForkStates({int(r): paths.kept_fork(int(r)) for r in member.get("keep_forks", ())}, member.get("history", 0))
+        trainers.append((Trainer(setting, member["out"], member["partition"], member["data_root"], datasets=loaded[key],
+                                 forks=forks), (member.get("fork_from"), member.get("accepts"))))
         outcomes.append(None)
     if trainers:
         pack = PackedRuns([t for t, _ in trainers])

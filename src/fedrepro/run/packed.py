@@ -179,9 +179,9 @@ class PackedRuns:
 
     def _stacked(self, key: tuple, members: list[_Member]) -> None:
         first = members[0].trainer
-        engine = self._engines.get(key[0])
-        if engine is None:
-            engine = self._engines[key[0]] = BatchedSGD(first.model.module, first.local, self.max_together)
+        if key[0] not in self._engines:
+            self._engines[key[0]] = BatchedSGD(first.model.module, first.local, self.max_together)
+        engine = self._engines[key[0]]
         engine.rule = first.local
         plans = [p for m in members for p in m.trainer.batched.plans(m.plan.t, m.plan.cohort, m.plan.epochs,
                                                                       m.plan.batches)]

@@ -72,6 +72,13 @@ def _expand(params: dict, tunings: dict | None) -> list[Run]:
             if repeated:
                 errors.setdefault(f"experiments.{name}.grid.{axis}: value(s) {', '.join(repeated)} listed more than "
                                   f"once; each grid value must be distinct (a repeat would count one run twice)", [])
+        switches, grid = exp.get("switches"), exp.get("grid", {})
+        if isinstance(switches, list):  # the switch table compares a key's values: the grid must give it two
+            fixed = [key for key in switches if len(grid.get(key, [])) < 2]
+            if fixed:
+                varied = ", ".join(key for key, values in grid.items() if len(values) > 1) or "none"
+                errors.setdefault(f"experiments.{name}.switches: {', '.join(fixed)} not varied by the experiment's "
+                                  f"grid; a switch is a grid key with two or more values (varied here: {varied})", [])
         seen: dict[str, dict] = {}  # run id -> the grid point that gave it
         try:
             blocks, claimed, tuning_ids = ftuning.blocks(name, exp), set(), set()
