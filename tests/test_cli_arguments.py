@@ -22,6 +22,10 @@ def _cases(folder: str) -> list[tuple[list[str], str]]:
         (["train", "--setting", "{}", "--partition", folder, "--data-root", folder, "--out", "/proc/r"], "--out"),
         (["train", "--setting", "{}", "--partition", folder, "--data-root", folder, "--out", f"{folder}/r",
           "--fork-from", "/dev/zero"], "--fork-from"),
+        (["train-pack", "--members", "[{}]", "--report", "/proc/pack.json"], "--report"),
+        (["train-pack", "--members", "[{}]", "--done-dir", "/proc/done"], "--done-dir"),
+        (["take-packed", "--setting", "{}", "--staged", "/dev/null", "--out", "r"], "--staged"),
+        (["take-packed", "--setting", "{}", "--staged", folder, "--out", "/proc/r"], "--out"),
         (["fork", "--setting", "{}", "--run-dir", "/dev/null", "--round", "1", "--partition", folder,
           "--data-root", folder, "--out", "f.pt"], "--run-dir"),
         (["fork", "--setting", "{}", "--run-dir", folder, "--round", "1", "--partition", folder,
@@ -132,3 +136,16 @@ def test_unreadable_input_and_unwritable_output_are_refused(capsys, tmp_path):
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert words in capsys.readouterr().err
+
+
+def test_a_manifest_not_written_yet_leaves_training_alone(tmp_path):
+    """The workflow passes every train job the params file's manifest for live tracking; a run asked for by its
+    own summary (snakemake <run>/summary.json) starts before that manifest exists, and must train, ungrouped."""
+    from fedrepro.cli.run import _absent_or  # the type --mlflow-manifest takes
+    from fedrepro.cli import build_parser
+    parser = build_parser()
+    missing = tmp_path / "manifests" / "not-yet.json"
+    args = parser.parse_args(["train", "--setting", "{}", "--partition", str(tmp_path), "--data-root", str(tmp_path),
+                              "--out", str(tmp_path / "run"), "--mlflow-manifest", str(missing)])
+    assert args.mlflow_manifest == str(missing)
+    assert _absent_or("file")(str(missing)) == str(missing)

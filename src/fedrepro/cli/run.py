@@ -46,7 +46,7 @@ def add_train(sub) -> None:
                    "holds (the children's parts need them: IMA's window)")
     p.add_argument("--fork-from", type=_existing("file"), help="a parent run's fork state to start from (when this run has no checkpoint)")
     p.add_argument("--mlflow-experiment", help="log the run live into this MLflow experiment (default: no tracking)")
-    p.add_argument("--mlflow-manifest", type=_existing("file"), help="the params file's manifest: the run is nested under the parent run of "
+    p.add_argument("--mlflow-manifest", type=_absent_or("file"), help="the params file's manifest, when it is there yet (a run trained before it is written is tracked ungrouped): the run is nested under the parent run of "
                    "the first experiment that holds it (not part of the run's identity)")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.set_defaults(func=cmd_train)
@@ -90,8 +90,8 @@ def add_train_pack(sub) -> None:
                    "{setting, out, partition, data_root}; a run whose folder holds its summary is left alone")
     p.add_argument("--checkpoint-every", type=_number(int, 0), default=10, help="rounds between checkpoints (0: never)")
     p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--report", help="write each run's outcome here as JSON")
-    p.add_argument("--done-dir", help="write <run>.json here for each run trained or found done (a failed run none)")
+    p.add_argument("--report", type=_output("file"), help="write each run's outcome here as JSON")
+    p.add_argument("--done-dir", type=_output("folder"), help="write <run>.json here for each run trained or found done (a failed run none)")
     p.set_defaults(func=cmd_train_pack)
     finish(p, "fedrepro train-pack --members pack.json --done-dir results/packs/fmnist-mlp-cpu-0/done  "
               "(pack.json: [{\"setting\": {...}, \"out\": ..., \"partition\": ..., \"data_root\": ...}, ...])")
@@ -152,7 +152,7 @@ def add_take_packed(sub) -> None:
     p = sub.add_parser("take-packed", help="move a run a pack trained into its own run folder")
     p.add_argument("--setting", required=True, type=_json_arg, help="the run's setting as JSON (or a JSON file)")
     p.add_argument("--staged", required=True, type=_existing("folder"), help="the folder the pack trained it in")
-    p.add_argument("--out", required=True, help="the run's folder")
+    p.add_argument("--out", required=True, type=_output("folder"), help="the run's folder")
     p.set_defaults(func=cmd_take_packed)
     finish(p, "fedrepro take-packed --setting setting.json --staged results/packs/<pack>/runs/<run> "
               "--out results/runs/<run>")
