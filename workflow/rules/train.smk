@@ -159,10 +159,11 @@ ruleorder: take_packed > train
 # reruns (training only the runs not yet in their run folders); a finished run's marker path never changes, so its
 # take_packed job never reruns for a pack-mate.
 for _pack, _members in PACKS.members.items():
+    _pack_rule = re.sub(r"\W", "_", _pack)
 
     rule:
         name:
-            "train_pack_" + re.sub(r"\W", "_", _pack)
+            f"train_pack_{_pack_rule}"
         input:
             partitions=ancient(sorted({f"{m['partition']}/clients.npz" for m in pack_members(_pack)})),
             data=ancient(sorted({f"{m['data_root']}/download.json" for m in pack_members(_pack)})),
