@@ -315,3 +315,43 @@ def serve():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+# --------------------------------------------------------------------------- float32 bounds (README "Floating point")
+
+U32 = 2.0 ** -24  # float32's unit roundoff
+
+
+def float32_forward_bound(module, x):
+    """Per output, how far a float32 forward pass of a Linear/ReLU network (eval mode) can be from the exact
+    one: (sum over layers of the reduction length + 1) * u times the float64 pass of the network with every
+    parameter and the input replaced by its absolute value (a dot product's rounding is gamma_n sum |w x|;
+    ReLU is 1-Lipschitz, so each layer's error carries forward through |W|)."""
+    import copy
+
+    import torch
+    twin = copy.deepcopy(module).double().eval()
+    length = sum(m.in_features + 1 for m in twin.modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.abs_()
+        return length * U32 * twin(x.double().abs())
+
+
+def float64_cross_entropy(module, x, y):
+    """The mean cross-entropy of the module on (x, y) computed in float64 (the oracle), and how far a float32
+    computation of it can be: a loss moves by at most twice its logits' largest error (log-sum-exp and
+    picking a logit are 1-Lipschitz in the max norm), log-sum-exp over K classes rounds within (K + 4) u of
+    its terms' magnitude, and a mean of N losses adds N roundings."""
+    import copy
+    import math
+
+    import torch
+    twin = copy.deepcopy(module).double().eval()
+    with torch.no_grad():
+        z = twin(x.double())
+        losses = torch.nn.functional.cross_entropy(z, y, reduction="none")
+    k, n = z.shape[1], len(y)
+    logits = float32_forward_bound(module, x).max(1).values
+    per_sample = 2 * logits + (k + 4) * U32 * (z.abs().max(1).values + math.log(k))
+    return float(losses.mean()), float(per_sample.mean() + n * U32 * losses.abs().mean())
