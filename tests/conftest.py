@@ -355,3 +355,10 @@ def float64_cross_entropy(module, x, y):
     logits = float32_forward_bound(module, x).max(1).values
     per_sample = 2 * logits + (k + 4) * U32 * (z.abs().max(1).values + math.log(k))
     return float(losses.mean()), float(per_sample.mean() + n * U32 * losses.abs().mean())
+
+
+def method_section(algorithm: str) -> dict:
+    """A method's settings section as a run resolves it (every default of its fragment filled): what a test that
+    builds the method's parts directly passes as their config, before overriding the keys it studies."""
+    from fedrepro.spec.settings import resolve
+    return resolve({"algorithm": algorithm, "evaluation": {"proxy_holdout": 100}})[algorithm]

@@ -12,9 +12,11 @@ from fedrepro.evaluation import proxy_indices
 from fedrepro.parts import RoundUpdates
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+from conftest import method_section  # noqa: E402
+
 pytestmark = pytest.mark.floats
 
-CFG = {"variant": "fedlaw", "gamma": 1.0, "proxy_size": 20, "server_epochs": 1, "server_lr": 0.01,
+CFG = {**method_section("fedlaw"), "variant": "fedlaw", "gamma": 1.0, "proxy_size": 20, "server_epochs": 1, "server_lr": 0.01,
        "betas": [0.5, 0.999], "lr_step_epochs": 20, "lr_step_factor": 0.5, "batch_size": 128}
 
 

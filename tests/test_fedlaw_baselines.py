@@ -25,10 +25,12 @@ from test_fedlaw import problem as mlp_problem
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
-CFG = {"proxy_size": 20, "server_epochs": 1, "optimizer": "sgd", "lr": None, "momentum": None,
+from conftest import method_section  # noqa: E402
+
+CFG = {**method_section("fedbe"), "proxy_size": 20, "server_epochs": 1, "optimizer": "sgd", "lr": None, "momentum": None,
        "weight_decay": None, "betas": [0.5, 0.999], "keep_state": True, "batch_size": 128, "swag_scale": 0.1}
 OPTIM = {"optimizer": "sgd", "lr": 0.3, "momentum": 0.9, "weight_decay": 0.01, "betas": (0.5, 0.999)}
-FEDLAW = {"variant": "swa", "gamma": 1.0, "proxy_size": 20, "server_epochs": 20, "server_lr": 0.01,
+FEDLAW = {**method_section("fedlaw"), "variant": "swa", "gamma": 1.0, "proxy_size": 20, "server_epochs": 20, "server_lr": 0.01,
           "betas": [0.5, 0.999], "lr_step_epochs": 20, "lr_step_factor": 0.5, "batch_size": 128,
           "swa_order": "lambda_first", "swa_start": 5, "swa_lr": 0.05, "swa_anneal_epochs": 10,
           "swa_cosine_epochs": 100}
