@@ -158,7 +158,10 @@ def test_it_trains_and_its_summary_records_its_package(installed, tmp_path):
     assert summary["status"] == "finished"
     assert summary["method_packages"] == {"trimmedmean": {"module": "mymethod.trimmed", "package": "mymethod",
                                                           "version": "0.1.0"}}
-    assert summary["code_hash"] == identity.code_hash("trimmedmean", [], "fmnist", "mlp")
+    # the code of its own module, beside the fedrepro files a CPU run of it executes
+    assert summary["code_hash"] == identity.code_hash("trimmedmean", [], "fmnist", "mlp",
+                                                      identity.unused_run_code(setting))
+    assert identity.outside_code(["trimmedmean"])[0] is not None
     assert [r["trimmed_per_side"] for r in trainer.rows] == [1, 1]  # its own part ran: 3 clients, 1 cut per side
 
 
