@@ -59,6 +59,12 @@ def _without(setting: dict, switched: dict) -> dict:
         out["plugins"] = [p for p in out["plugins"] if p not in AGNOSTIC]
         for section in AGNOSTIC:
             out.pop(section, None)
+    if out.get("model") == "resnet18_gn32_code":  # FedAWARE's code's CIFAR-100 network (docs/parity.md)
+        out["model"] = "resnet18_gn32"
+    if out.get("partition", {}).get("kind") == "dirichlet_legacy":  # FedNova's code's draw (docs/parity.md)
+        out["partition"] = {**out["partition"], "kind": "dirichlet"}
+    if out.get("partition", {}).get("kind") == "dirichlet":  # a setting of dirichlet's own (long tails)
+        out["partition"] = {k: v for k, v in out["partition"].items() if k != "long_tail_rho"}
     if out.get("dataset") == "cifar100" and out["partition"]["kind"] in ("pachinko", "inner_dirichlet"):
         out.pop("partition")  # IMA's notebook: FedLab's inner Dirichlet where the paper states Pachinko
     if "fedprox" in out:  # FedAWARE's code: FedProx's plain mean

@@ -234,9 +234,11 @@ def test_random_epochs_are_uniform_on_both_ends_and_each_clients_own():
     from fedrepro.algorithms import random_epochs
 
     s = settings.resolve({"algorithm": "fedavg+random_epochs", "seed": 3, "random_epochs": {"low": 2, "high": 5}})
-    algo = type("A", (), {})()
+    from types import SimpleNamespace
+    from fedrepro.parts import ClientPlan
+    algo = SimpleNamespace(client_plan=ClientPlan())
     random_epochs.apply(algo, s, None)
-    draws = {(t, c): algo.local_epochs(t, c) for t in range(200) for c in range(20)}
+    draws = {(t, c): algo.client_plan.local_epochs(t, c) for t in range(200) for c in range(20)}
     counts: dict = {}
     for e in draws.values():
         counts[e] = counts.get(e, 0) + 1
@@ -246,7 +248,7 @@ def test_random_epochs_are_uniform_on_both_ends_and_each_clients_own():
     assert sum(len({draws[t, c] for c in range(20)}) > 1 for t in range(200)) == 200
     assert [draws[t, 0] for t in range(200)] != [draws[t, 1] for t in range(200)]
     # the same (round, client) redraws the same count, whatever was drawn before
-    assert all(algo.local_epochs(t, c) == draws[t, c] for t in (0, 77, 199) for c in (0, 19))
+    assert all(algo.client_plan.local_epochs(t, c) == draws[t, c] for t in (0, 77, 199) for c in (0, 19))
 
 
 def test_random_batch_sizes_are_uniform_below_the_clients_size_and_each_clients_own():

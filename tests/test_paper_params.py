@@ -332,13 +332,14 @@ def test_plugins_and_numbers_match_exactly():
 def test_fednova_step_decay_of_the_client_lr():
     from types import SimpleNamespace
 
+    from fedrepro.parts import ClientPlan
     from fedrepro.run.trainer import Trainer
     setting = {"rounds": 100, "client": {"lr": 0.05, "lr_decay": 1.0, "lr_milestones": [0.5, 0.75],
                                          "lr_milestone_factor": 0.1}}
-    fake = SimpleNamespace(algorithm=object(), setting=setting)
+    fake = SimpleNamespace(algorithm=SimpleNamespace(client_plan=ClientPlan()), setting=setting)
     lrs = [Trainer.client_lr(fake, t) for t in (0, 49, 50, 74, 75, 99)]
     assert lrs == pytest.approx([0.05, 0.05, 0.005, 0.005, 0.0005, 0.0005])
-    plain = SimpleNamespace(algorithm=object(), setting={"rounds": 10, "client": {"lr": 0.1, "lr_decay": 0.5}})
+    plain = SimpleNamespace(algorithm=SimpleNamespace(client_plan=ClientPlan()), setting={"rounds": 10, "client": {"lr": 0.1, "lr_decay": 0.5}})
     assert Trainer.client_lr(plain, 2) == pytest.approx(0.025)
 
 

@@ -182,7 +182,7 @@ def test_the_chosen_value_is_in_the_final_runs_setting_and_identity():
     for mu, pairs in finals.items():
         assert [r.setting["fedprox"]["mu"] for r, _ in pairs] == [mu, mu]
         assert [r.setting["seed"] for r, _ in pairs] == [1, 2]
-        assert all("validation" not in r.setting["evaluation"] for r, _ in pairs)  # scored on the test set
+        assert all(r.setting["evaluation"]["validation"] == 0 for r, _ in pairs)  # scored on the test set
     assert {r.id for r, _ in finals[0.1]}.isdisjoint(r.id for r, _ in finals[0.01])
     # the untuned runs and a plain file's manifest are those of the file without the tune block
     plain = config.expand(params(tune=None))
