@@ -152,9 +152,12 @@ def test_every_value_reaching_a_shell_is_quoted():
     # TRACK_LIVE is an argument list that train.smk builds with shlex.join (quoted where it is made)
     # FEDREPRO is this Python's path and `-m fedrepro`, the path quoted with shlex.quote in common.smk
     # params.forks: shlex.join of WorkflowForks.train_args; wildcards.round is constrained to digits, params.history an int
-    # params.experiments: a manifest slice's experiment names, shlex.join-ed in report.smk
+    # params.experiments: a manifest slice's experiment names, shlex.join-ed in report.smk; params.source: a
+    # tracking job's --record or --manifest, its value shlex.quote-d in common.smk's track_source
     unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled", "TRACK_LIVE", "FEDREPRO",
-                   "params.forks", "params.history", "wildcards.round", "params.experiments"}
+                   "params.forks", "params.history", "wildcards.round", "params.experiments", "params.source"}
+    assert "--record {shlex.quote(" in (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    assert "--manifest {shlex.quote(" in (ROOT / "workflow" / "rules" / "common.smk").read_text()
     assert "experiments=lambda w: shlex.join(" in (ROOT / "workflow" / "rules" / "report.smk").read_text()
     assert "shlex.join(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
     assert "forks=lambda w, input: shlex.join(FORKS.train_args(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
