@@ -10,8 +10,9 @@ from fedrepro import identity, registry
 from fedrepro.spec import settings
 
 # receivers of .get( in run/ and algorithms/ that are no setting: checkpoint state, the environment, a round's
-# info and metrics row, a fork record, a pack's member record (its optional keys: done_at, forks), a run's summary
-NOT_SETTINGS = {"state", "environ", "updates", "row", "fork", "member", "summary"}
+# info and metrics row, a fork record, a pack's member record (its optional keys: done_at, forks), a JSON record read
+# from disk (a run folder's summary)
+NOT_SETTINGS = {"state", "environ", "updates", "row", "fork", "member", "read_json"}
 
 
 def _root(node: ast.AST) -> str | None:

@@ -69,7 +69,7 @@ def train_pack(members: list[dict], checkpoint_every: int = 10, progress: bool =
     for member in members:
         setting, paths = member["setting"], RunDir(Path(member["out"]))
         done = [RunDir(Path(d)).summary for d in (member["out"], member.get("done_at")) if d]
-        if any(f.exists() and _recorded_hash(read_json(f)) == stable_hash(setting) for f in done):
+        if any(f.exists() and read_json(f).get("setting_hash") == stable_hash(setting) for f in done):
             outcomes.append({"run": paths.root.name, "status": "done before"})
             continue
         device = pick_device(setting["device"])
@@ -95,8 +95,3 @@ def train_pack(members: list[dict], checkpoint_every: int = 10, progress: bool =
 def json_key(value) -> str:
     import json
     return json.dumps(value, sort_keys=True)
-
-
-def _recorded_hash(summary: dict) -> str | None:
-    """The setting hash a run folder's summary records (None in one written before summaries held it)."""
-    return summary.get("setting_hash")
