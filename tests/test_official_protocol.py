@@ -93,6 +93,9 @@ def test_the_subset_switches_its_keys_on_every_run_and_changes_nothing_else(pape
                 expected["keep_momentum"] = run.setting["client"]["momentum"] > 0
             if run.experiment == "fedlaw_fig8_proxy_size" and section == "evaluation":  # the size it sweeps
                 expected["proxy_holdout"] = run.setting["evaluation"]["proxy_holdout"]
+            if "cyclic_lr_max" in keys:  # null resolves to the code's lr_max: the client lr at t_s, lr * decay^t_s
+                c, t_s = run.setting["client"], run.setting["ima"]["start_round"]
+                expected["cyclic_lr_max"] = pytest.approx(c["lr"] * c["lr_decay"] ** t_s, rel=1e-12)
             assert {k: run.setting[section][k] for k in keys} == expected, run.id
     kept = {(r.experiment, identity.stable_hash(_without(r.setting, switched))) for r in _runs(paper, False)
             if _left_out(paper, r) is None}

@@ -74,7 +74,7 @@ def train_pack(members: list[dict], checkpoint_every: int = 10, progress: bool =
             continue
         device = pick_device(setting["device"])
         key = (setting["dataset"], str(member["data_root"]), json_key(setting["preprocess"]),
-               setting["pretrained"], str(device))
+               json_key(setting["pretrained"]), str(device))
         if key not in loaded:
             loaded[key] = tuple(data.load(setting["dataset"], member["data_root"], train=split,
                                           preprocess=setting["preprocess"],
