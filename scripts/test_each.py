@@ -3,7 +3,7 @@ another file imported a module, seeded a generator or set a global fails here.
 
     python scripts/test_each.py [--workers N] [FILE ...] [-- PYTEST_ARGS ...]
 
-Without files: every tests/test_*.py. Prints one line per file (result, seconds), the output of each failing
+Without files: every tests/test_*.py, the end-to-end ones first. Prints one line per file (result, seconds), the output of each failing
 file, and exits non-zero when any failed. `make test-each` and CI (.ci/run) run it.
 """
 from __future__ import annotations
@@ -27,6 +27,13 @@ def run_one(path: str, extra: list[str]) -> tuple[str, int, float, str]:
     return path, proc.returncode, time.monotonic() - start, proc.stdout
 
 
+def expected_length(path: str) -> tuple[int, int]:
+    """Longest first, so the last file to finish is a short one: the files with end-to-end tests (marked slow
+    or slurm: minutes each) before the rest, larger files first within each group."""
+    text = (ROOT / path).read_text()
+    return sum(text.count(f"pytest.mark.{mark}") for mark in ("slow", "slurm")), len(text)
+
+
 def main(argv: list[str]) -> int:
     extra: list[str] = []
     if "--" in argv:
@@ -42,6 +49,7 @@ def main(argv: list[str]) -> int:
     if missing:
         parser.error(f"no such test file: {', '.join(missing)}")
     failed = []
+    files = sorted(files, key=expected_length, reverse=True)
     with ThreadPoolExecutor(args.workers) as pool:
         # pytest exits 5 when a file collects no test (every test deselected by -m): not a failure
         for path, code, seconds, output in pool.map(lambda f: run_one(f, extra), files):

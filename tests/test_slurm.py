@@ -24,7 +24,9 @@ set -euo pipefail
 pidof_file() { for i in $(seq 100); do [ -s "$1" ] && break; sleep 0.2; done; cat "$1"; }
 export DEBIAN_FRONTEND=noninteractive
 NODE=$(hostname -s)
-CPUS=$(nproc)
+# nproc honours OMP_NUM_THREADS (scripts/test_each.py sets 1): the node would then refuse a 2-CPU group job
+# for ever ("PartitionConfig")
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 MEM=$(( $(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') * 9 / 10 ))
 # a private state folder: the queue holds only this test's jobs, never those of an earlier attempt
 STATE=$(mktemp -d /var/tmp/fedrepro-slurm.XXXXXX)
@@ -202,6 +204,10 @@ def test_tiny_workflow_runs_through_sbatch(slurm, tmp_path, fmnist_data):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(f"sqlite:///{tmp_path / 'm.db'}", fmnist=fmnist_data),
                           timeout=600)
     out = proc.stdout + proc.stderr
+    if proc.returncode != 0:  # what the queue says of the jobs: a job pending for a reason the node cannot meet
+        queue = subprocess.run(["bash", "-c", "sinfo -N -l; squeue -o '%i %T %r'; scontrol show job | grep -E "
+                                "'JobId|JobState|TRES'"], capture_output=True, text=True, timeout=60)
+        out += "\n--- queue ---\n" + queue.stdout + queue.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "sbatch call" in out, "jobs were submitted with sbatch"
     sbatch_lines = [line for line in out.splitlines() if "sbatch call" in line]
