@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import cli
+from fedrepro import cli, identity
 from fedrepro.run.process import pick_device
 from fedrepro.ops import slots
+from fedrepro.spec import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
@@ -81,6 +82,23 @@ def test_train_log_starts_with_device_versions_and_resume(tmp_path, partition_di
                      "fresh start")
     cli.main(_train_args(BASE, out, partition_dir, tiny_data_root))
     assert capfd.readouterr().err.splitlines()[0].endswith("; resumed at round 2")
+
+
+@pytest.mark.parametrize("precision,tf32", [("float32", False), ("tf32", True)])
+def test_precision_sets_the_process_arithmetic_and_names_the_run(precision, tf32, tmp_path, partition_dir,
+                                                                 tiny_data_root):
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        # start from the opposite: float32 must switch off cuDNN's TF32, which torch leaves on by default
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not tf32
+        cli.main(_train_args({**BASE, "rounds": 1, "precision": precision}, tmp_path / "run", partition_dir,
+                             tiny_data_root))
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    ids = {p: identity.run_id(settings.resolve({**BASE, "precision": p})) for p in ("float32", "tf32")}
+    assert ids["float32"] != ids["tf32"]  # the arithmetic is part of what a run is
+    assert settings.resolve(BASE)["precision"] == "float32"  # and float32 unless asked
 
 
 # --------------------------------------------------------------------------- several runs per GPU (CPU)

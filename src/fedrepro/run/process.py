@@ -43,6 +43,15 @@ def pick_device(name: str, environ=None) -> torch.device:
     return torch.device("cpu")
 
 
+def set_precision(precision: str) -> None:
+    """The process-wide arithmetic of CUDA matrix products and convolutions (the setting's ``precision``):
+    torch leaves cuDNN convolutions on TF32 by default, so float32 must switch them off, not just keep the
+    matmul default."""
+    tf32 = {"float32": False, "tf32": True}[precision]
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask Linux to send ``sig`` when the parent (Snakemake) dies, even by SIGKILL; SIGTERM makes a run
     save a checkpoint and stop (the trainer's SIGTERM handler), so no orphan trains on beside the next rerun."""

@@ -34,7 +34,7 @@ from fedrepro.run.client import LocalSGD, client_generator
 from fedrepro.run.cohorts import code_pairing, sample_cohort
 from fedrepro.run.fork_states import ForkStates
 from fedrepro.run.observers import Checkpoints, Cosines, HessianLog, MetricsRows, Observer, Preempted, Snapshots
-from fedrepro.run.process import main_thread, pick_device
+from fedrepro.run.process import main_thread, pick_device, set_precision
 from fedrepro.schedule import cohort_size
 from fedrepro.rundir import RunDir
 
@@ -62,6 +62,7 @@ class Trainer:
         self.paths = RunDir(Path(run_dir))
         self.paths.root.mkdir(parents=True, exist_ok=True)
         self.device = pick_device(setting["device"])
+        set_precision(setting["precision"])
         self.inputs = run_inputs.build(setting, self.device, partition_dir, data_root, datasets, parts)
         torch.manual_seed(setting["seed"])
         module = (models.build(setting["model"], setting["dataset"], setting["pretrained"],

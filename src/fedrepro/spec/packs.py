@@ -13,7 +13,9 @@ STAGING = "results/packs/{pack}/runs/{run}"  # where a pack trains a run before 
 
 def pack_of(run: str, setting: dict, packs: int) -> str:
     bucket = int(hashlib.sha256(run.encode()).hexdigest()[:8], 16) % packs
-    return f"{setting['dataset']}-{setting['model']}-{setting['device']}-{bucket}"
+    # one process holds one arithmetic (run/process.set_precision is process-wide)
+    precision = "" if setting["precision"] == "float32" else f"-{setting['precision']}"
+    return f"{setting['dataset']}-{setting['model']}-{setting['device']}{precision}-{bucket}"
 
 
 class WorkflowPacks:
