@@ -317,6 +317,18 @@ def serve():
         server.server_close()
 
 
+def file_size_limit(size: int):
+    """For a child process (``preexec_fn``): no file may grow past ``size`` bytes, as on a full disk. SIGXFSZ
+    ignored, so the write that crosses it fails with EFBIG (what a full disk's ENOSPC is to the code) instead of
+    killing it. RLIMIT_FSIZE is POSIX and needs no privilege: it works in any Linux CI, unlike a small tmpfs."""
+    def limit() -> None:
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
 # --------------------------------------------------------------------------- float32 bounds (README "Floating point")
 
 U32 = 2.0 ** -24  # float32's unit roundoff

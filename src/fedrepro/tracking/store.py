@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import sqlite3
 import tempfile
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from fedrepro.spec.paramsfile import ROOT
-from fedrepro.errors import SetupError
+from fedrepro.errors import UNWRITABLE, SetupError
 
 
 # A dead server must cost seconds, not MLflow's default of 7 retries with exponential backoff (~4 min).
@@ -89,10 +90,34 @@ def _sqlite_state(db: Path) -> dict:
             "leftovers": leftovers, "runs": runs}
 
 
+# What sqlite says when its file cannot take a write: a full disk (SQLITE_FULL), a write refused past a size
+# limit or by the device (SQLITE_IOERR), a read-only file or folder
+SQLITE_UNWRITABLE = ("database or disk is full", "disk I/O error", "readonly database", "unable to open database file")
+
+
+def unwritable(uri: str, err: Exception) -> str | None:
+    """One line naming the store's file and what to do, when ``err`` is a full disk or an unwritable store
+    folder (the sqlite file, its lock, the artifacts beside it); None for any other failure."""
+    db = _sqlite_path(uri)
+    if isinstance(err, OSError) and err.errno in UNWRITABLE:
+        where, why = err.filename or db or uri, err.strerror
+    else:
+        why = next((s for s in SQLITE_UNWRITABLE if s in str(err)), None)
+        where = db
+        if db is None or why is None:
+            return None
+    return (f"the MLflow store {where} cannot be written ({why}): free space there or make it writable (or name "
+            f"another store with --tracking-uri), then `fedrepro track` brings it in line with the runs' folders, "
+            f"which are untouched")
+
+
 def open_store(uri: str):
     """A client whose store answered once: a dead server or a broken store fails here, fast."""
     for key, value in FAIL_FAST_ENV.items():
         os.environ.setdefault(key, value)
+    # a failed write reaches fedrepro's callers, which name the store in one line: MLflow's own logged
+    # traceback of it would bury that line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from mlflow import MlflowClient
     db = _sqlite_path(uri)
     if db is not None:
