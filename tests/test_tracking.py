@@ -307,6 +307,20 @@ def _full_store(db: Path):
     return file_size_limit(db.stat().st_size)
 
 
+def test_only_a_sqlite_stores_own_files_count_as_an_unwritable_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("mlflow.db.lock", ".mlflow.db.x1.tmp", "mlartifacts/1/abc/artifacts/summary.json"):
+        err = PermissionError(13, "Permission denied", str(tmp_path / name))
+        assert store.unwritable(uri, err).startswith(f"the MLflow store {tmp_path / name} cannot be written "
+                                                     f"(Permission denied): free space there"), name
+    full = RuntimeError("(sqlite3.OperationalError) database or disk is full")
+    assert f"{tmp_path / 'mlflow.db'} cannot be written (database or disk is full)" in store.unwritable(uri, full)
+    # a run's own files, another failure, a server: not the store's disk
+    assert store.unwritable(uri, PermissionError(13, "Permission denied", str(tmp_path / "runs" / "x" / "mlflow.json"))) is None
+    assert store.unwritable(uri, RuntimeError("no such table: runs")) is None
+    assert store.unwritable("http://127.0.0.1:9", OSError(28, "No space left on device", "/x/mlflow.db")) is None
+
+
 def test_track_into_a_full_store_ends_in_one_line_naming_it(tmp_path, sqlite_uri):
     db = Path(sqlite_uri[len("sqlite:///"):])
     runs = [_fake_run(tmp_path / "runs", "ok")]

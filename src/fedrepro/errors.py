@@ -5,7 +5,6 @@ Each such error's message names the file or the setting at fault and what to do 
 status 2, without a traceback, which ``--debug`` or ``FEDREPRO_DEBUG=1`` shows. Anything else that
 escapes is a bug, and keeps its traceback.
 """
-import errno
 
 
 class FedreproError(Exception):
@@ -14,7 +13,3 @@ class FedreproError(Exception):
 
 class SetupError(FedreproError, RuntimeError):
     """The machine or a store around a run is not as the run needs it (no CUDA device, a store to repair)."""
-
-
-# What a write meets when the disk or the folder stops taking files, as against a fault of fedrepro's
-UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})

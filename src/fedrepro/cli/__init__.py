@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 
 from fedrepro.cli import data, evidence, grid, manifest, ops, reports, run
 from fedrepro.cli.common import (  # noqa: F401 (the names callers import from fedrepro.cli)
     DEBUG_HELP, DEBUG_VARIABLE, EXAMPLES, Parser, _debugging, _existing, _json_arg, _number)
 from fedrepro.cli.run import RUN_FOLDER, _check_run_folder  # noqa: F401
-from fedrepro.errors import UNWRITABLE
 
 # One module per command group, each command's arguments beside its handler; in this order in --help.
 GROUPS = (data, run, grid, manifest, reports, ops, evidence)
@@ -45,3 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"fedrepro {args.command}: cannot write {where}: {err.strerror}; free space there or make "
                        f"it writable, then run the same command again (a training run resumes from its last "
                        f"checkpoint)\n")
+
+
+# What a write meets when the disk or the folder stops taking files, as against a fault of fedrepro's
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from fedrepro.spec.paramsfile import ROOT
-from fedrepro.errors import UNWRITABLE, SetupError
+from fedrepro.errors import SetupError
 
 
 # A dead server must cost seconds, not MLflow's default of 7 retries with exponential backoff (~4 min).
@@ -96,15 +96,22 @@ SQLITE_UNWRITABLE = ("database or disk is full", "disk I/O error", "readonly dat
 
 
 def unwritable(uri: str, err: Exception) -> str | None:
-    """One line naming the store's file and what to do, when ``err`` is a full disk or an unwritable store
-    folder (the sqlite file, its lock, the artifacts beside it); None for any other failure."""
+    """One line naming the store's file and what to do, when ``err`` is a sqlite store's disk or folder refusing
+    a write: sqlite's own report, or an OSError on one of the store's files (the database, its lock and
+    temporary files, the artifacts beside it); None for any other failure, and for a server's store (its
+    failures are the network's)."""
     db = _sqlite_path(uri)
-    if isinstance(err, OSError) and err.errno in UNWRITABLE:
-        where, why = err.filename or db or uri, err.strerror
+    if db is None:
+        return None
+    if isinstance(err, OSError):
+        where, why = Path(os.path.abspath(err.filename)) if err.filename else None, err.strerror or type(err).__name__
+        home = Path(os.path.abspath(db.parent))
+        if where is None or not (where.parent == home and where.name.lstrip(".").startswith(db.name)
+                                 or home / "mlartifacts" in where.parents):
+            return None
     else:
-        why = next((s for s in SQLITE_UNWRITABLE if s in str(err)), None)
-        where = db
-        if db is None or why is None:
+        where, why = db, next((s for s in SQLITE_UNWRITABLE if s in str(err)), None)
+        if why is None:
             return None
     return (f"the MLflow store {where} cannot be written ({why}): free space there or make it writable (or name "
             f"another store with --tracking-uri), then `fedrepro track` brings it in line with the runs' folders, "
