@@ -317,6 +317,18 @@ def serve():
         server.server_close()
 
 
+def file_size_limit(size: int):
+    """For a child process (``preexec_fn``): no file may grow past ``size`` bytes, as on a full disk. SIGXFSZ
+    ignored, so the write that crosses it fails with EFBIG (what a full disk's ENOSPC is to the code) instead of
+    killing it. RLIMIT_FSIZE is POSIX and needs no privilege: it works in any Linux CI, unlike a small tmpfs."""
+    def limit() -> None:
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
 # --------------------------------------------------------------------------- float32 bounds (README "Floating point")
 
 U32 = 2.0 ** -24  # float32's unit roundoff
@@ -355,6 +367,79 @@ def float64_cross_entropy(module, x, y):
     logits = float32_forward_bound(module, x).max(1).values
     per_sample = 2 * logits + (k + 4) * U32 * (z.abs().max(1).values + math.log(k))
     return float(losses.mean()), float(per_sample.mean() + n * U32 * losses.abs().mean())
+
+
+def rounding_bound(trainer, steps: int, lr: float, momentum: float, passes: int = 1) -> float:
+    """How far float32 rounding alone can put one client update from the same update computed in another
+    order (the batched path against the sequential one, a reference loop against the engine).
+
+    Both paths compute each gradient entry as a float32 sum of the same R terms, added in another order
+    by another kernel. Two orders of R roundings, each within eps32/2 relative, differ by about
+    sqrt(R) eps32 of the largest partial sum (random walk), bounded here by G, the largest gradient entry
+    (measured on the trainer's first batch of its first client, in this process). R is at most the batch
+    size times the largest activation of one sample (the longest reduction of a backward pass). So one step's
+    gradients differ by at most sqrt(R) eps32 G per pass (``passes``: ASAM's two), an update by lr / (1 - mu)
+    times that (momentum adds a discrepancy into later steps with weights mu^k), and ``steps`` steps
+    add up. Twice that covers what later gradients feed back over a few small steps (lr L < 1)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    module = trainer.model.module
+    index = trainer.inputs.client_index[0][:trainer.setting["batch_size"]]
+    x, y = trainer.inputs.train.batch(index)
+    widest = [x[0].numel()]
+    hooks = [m.register_forward_hook(lambda m, i, o: widest.append(o[0].numel()))
+             for m in module.modules() if not list(m.children())]
+    saved = {k: v.clone() for k, v in module.state_dict().items()}  # BatchNorm statistics and counters move
+    with torch.random.fork_rng():
+        trainer.model.loss_and_grad(F.cross_entropy, x, y)
+    for h in hooks:
+        h.remove()
+    module.load_state_dict(saved)  # in place: the flat buffers' views stay bound
+    g = float(trainer.model.grad.abs().max())
+    r = len(index) * max(widest)
+    return 2 * steps * passes * lr / (1 - momentum) * math.sqrt(r) * torch.finfo(torch.float32).eps * g
+
+
+@pytest.fixture
+def float64_engine(monkeypatch):
+    """Models, flat vectors, inputs and the engine's data-size weights in float64 for one test: the engine and
+    an oracle then differ by float64 rounding (u = 2**-53), far below anything a wrong term moves. Yields the
+    dataset class that hands out the samples in float64."""
+    import torch
+    from fedrepro.run import trainer as trainer_module
+    build = trainer_module.run_inputs.build
+
+    def build_float64(*args, **kwargs):
+        inputs = build(*args, **kwargs)
+        inputs.client_sizes = inputs.client_sizes.double()
+        return inputs
+
+    monkeypatch.setattr(trainer_module.run_inputs, "build", build_float64)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield _float64_dataset()
+    torch.set_default_dtype(default)
+
+
+def _float64_dataset():
+    """The dataset class of ``float64_engine`` (made on use: conftest imports no torch at collection)."""
+    from fedrepro import data
+
+    class Float64Dataset(data.TensorDataset):
+        """The same samples, handed out in float64."""
+
+        def batch(self, index):
+            x, y = super().batch(index)
+            return x.double(), y
+
+        def subset(self, index):
+            return Float64Dataset(self.images[index], self.labels[index], self.mean, self.std)
+
+        def to(self, device):
+            return Float64Dataset(self.images.to(device), self.labels.to(device), self.mean, self.std)
+    return Float64Dataset
 
 
 def method_section(algorithm: str) -> dict:

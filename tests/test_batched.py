@@ -23,6 +23,8 @@ from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
 from fedrepro.spec.settings import resolve
 
+from conftest import rounding_bound
+
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
@@ -69,33 +71,6 @@ def _local(trainer, t=0, x=None):
 
 def _pair(tmp_path, **kw):
     return _trainer(tmp_path, "off", **kw), _trainer(tmp_path, "on", **kw)
-
-
-def rounding_bound(trainer, steps: int, lr: float, momentum: float, passes: int = 1) -> float:
-    """How far float32 rounding alone can put a batched client update from the sequential one.
-
-    Both paths compute each gradient entry as a float32 sum of the same R terms, added in another order
-    by a batched kernel. Two orders of R roundings, each within eps32/2 relative, differ by about
-    sqrt(R) eps32 of the largest partial sum (random walk), bounded here by G, the largest gradient entry
-    (measured on the sequential path's first batch, in this process). R is at most the batch size times
-    the largest activation of one sample (the longest reduction of a backward pass). So one step's
-    gradients differ by at most sqrt(R) eps32 G per pass (``passes``: ASAM's two), an update by lr / (1 - mu)
-    times that (momentum adds a discrepancy into later steps with weights mu^k), and ``steps`` steps
-    add up. Twice that covers what later gradients feed back over a few small steps (lr L < 1)."""
-    module, index = trainer.model.module, trainer.inputs.client_index[0][:BATCH]
-    x, y = trainer.inputs.train.batch(index)
-    widest = [x[0].numel()]
-    hooks = [m.register_forward_hook(lambda m, i, o: widest.append(o[0].numel()))
-             for m in module.modules() if not list(m.children())]
-    saved = {k: v.clone() for k, v in module.state_dict().items()}  # BatchNorm statistics and counters move
-    with torch.random.fork_rng():
-        trainer.model.loss_and_grad(F.cross_entropy, x, y)
-    for h in hooks:
-        h.remove()
-    module.load_state_dict(saved)  # in place: the flat buffers' views stay bound
-    g = float(trainer.model.grad.abs().max())
-    r = len(index) * max(widest)
-    return 2 * steps * passes * lr / (1 - momentum) * math.sqrt(r) * EPS32 * g
 
 
 def _assert_updates_equal(plain, fast, bound):

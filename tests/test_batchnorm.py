@@ -93,39 +93,7 @@ def _fedavg_oracle(initial: nn.Module, rounds: int, lrs: list[float], train: dat
     return global_model, losses
 
 
-class _Float64Dataset(data.TensorDataset):
-    """The same samples, handed out in float64: the engine and the oracle then run in float64."""
-
-    def batch(self, index):
-        x, y = super().batch(index)
-        return x.double(), y
-
-    def subset(self, index):
-        return _Float64Dataset(self.images[index], self.labels[index], self.mean, self.std)
-
-    def to(self, device):
-        return _Float64Dataset(self.images.to(device), self.labels.to(device), self.mean, self.std)
-
-
-@pytest.fixture
-def float64(monkeypatch):
-    """Models, flat vectors, inputs and the engine's data-size weights in float64 for one test."""
-    from fedrepro.run import trainer as trainer_module
-    build = trainer_module.run_inputs.build
-
-    def build_float64(*args, **kwargs):
-        inputs = build(*args, **kwargs)
-        inputs.client_sizes = inputs.client_sizes.double()
-        return inputs
-
-    monkeypatch.setattr(trainer_module.run_inputs, "build", build_float64)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield _Float64Dataset
-    torch.set_default_dtype(default)
-
-
-def test_batch_stats_run_equals_plain_fedavg_with_torch_sgd(tmp_path, float64):
+def test_batch_stats_run_equals_plain_fedavg_with_torch_sgd(tmp_path, float64_engine):
     """``batch_stats``: no buffers, BatchNorm normalises with batch statistics in training and scoring
     alike, and two rounds of the engine equal two rounds of FedAvg written with torch.optim.SGD in this
     process.
@@ -140,8 +108,8 @@ def test_batch_stats_run_equals_plain_fedavg_with_torch_sgd(tmp_path, float64):
     keep the parameters' difference below 1e-10 for gradients below 10, and a flip needs an input within
     1e-12 of zero. 1e-9 is above that, and 1e-6 of what one round moves (the last assert checks it)."""
     tolerance = 1e-9
-    train = float64(_data().images, _data().labels, 0.5, 0.5)
-    test = float64(train.images[:40], train.labels[:40], 0.5, 0.5)
+    train = float64_engine(_data().images, _data().labels, 0.5, 0.5)
+    test = float64_engine(train.images[:40], train.labels[:40], 0.5, 0.5)
     trainer = Trainer(_setting(batchnorm="batch_stats"), tmp_path, None, None, datasets=(train, test),
                       parts=_parts())
     assert trainer.model.flat.dtype == torch.float64 and len(trainer.model.buffers) == 0
@@ -199,13 +167,13 @@ def _oracle_clients(initial: nn.Module, lr: float, train: data.TensorDataset):
     return finals
 
 
-def test_aggregated_running_statistics_are_the_weighted_mean_of_the_clients(tmp_path, float64):
+def test_aggregated_running_statistics_are_the_weighted_mean_of_the_clients(tmp_path, float64_engine):
     """In float64, for the reason the test above gives: a client's later batches see weights its SGD steps
     moved, so float32 kernels that differ between the paths would show. The statistics are means over at most
     n = 16 x 16 x 16 = 4096 values of size ~1 per channel, through 3 or 4 steps: n * u = 4.5e-13 each, so
     1e-10 is far above float64 rounding and far below the clients' difference (asserted)."""
-    train = float64(_data().images, _data().labels, 0.5, 0.5)
-    test = float64(train.images[:40], train.labels[:40], 0.5, 0.5)
+    train = float64_engine(_data().images, _data().labels, 0.5, 0.5)
+    test = float64_engine(train.images[:40], train.labels[:40], 0.5, 0.5)
     trainer = Trainer(_setting(), tmp_path, None, None, datasets=(train, test), parts=_parts(), module=_small())
     assert trainer.model.buffers.dtype == torch.float64
     initial = copy.deepcopy(trainer.model.module)

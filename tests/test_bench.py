@@ -119,7 +119,7 @@ def test_reference_loop_is_fedavg_over_the_same_cohort():
     for h in hooks:
         h.remove()
     # float32, one step: a gradient entry is a sum of at most R = batch * widest activation terms, summed in
-    # another order by the loop (as tests/test_batched.py's rounding_bound: sqrt(R) u32 of the largest gradient,
+    # another order by the loop (as tests/conftest.py's rounding_bound: sqrt(R) u32 of the largest gradient,
     # twice for the feedback), times lr; the weighted mean adds one rounding per client of the largest weight
     r = max(len(p) for p in parts) * max(widest)
     u32 = 2.0 ** -24

@@ -14,7 +14,7 @@ from fedrepro.run.client import client_generator, holdout_split
 from fedrepro.spec.schema import ConfigError
 from fedrepro.spec.settings import resolve
 
-from test_batched import rounding_bound
+from conftest import rounding_bound
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -85,7 +85,7 @@ def test_momentum_equals_per_client_torch_sgd(tmp_path, keep):
         trainer.round(t)
     expected = _oracle(SIZES, rounds=3, epochs=2, keep=keep)
     other = _oracle(SIZES, rounds=3, epochs=2, keep=not keep)
-    # float32 rounding of the same steps in other orders (test_batched.rounding_bound) over 3 rounds of 2 epochs
+    # float32 rounding of the same steps in other orders (conftest.rounding_bound) over 3 rounds of 2 epochs
     # of at most ceil(31 / 8) = 4 steps, plus one rounding per client of each round's weighted mean
     steps = 3 * 2 * -(-max(SIZES) // BATCH)
     bound = (rounding_bound(_trainer(tmp_path / "bound", {"keep_momentum": keep}), steps, 0.08, 0.9)

@@ -15,8 +15,7 @@ from fedrepro.run.trainer import Trainer
 from fedrepro.functional import FunctionalModel
 from fedrepro.spec.settings import resolve
 
-from conftest import float32_forward_bound, float64_cross_entropy
-from test_batched import rounding_bound
+from conftest import float32_forward_bound, float64_cross_entropy, rounding_bound
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -18,12 +18,14 @@ from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
 from fedrepro.spec.settings import resolve
 from fedrepro.parts import GradientCorrection
-from test_batched import BATCH, rounding_bound
+from conftest import rounding_bound
+
+BATCH = 16
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
-# The tolerance between the batched and the sequential path is test_batched.rounding_bound: float32's
+# The tolerance between the batched and the sequential path is conftest.rounding_bound: float32's
 # rounding of the gradient sums in two orders, from the batch size, the widest activation, the largest
 # gradient, lr, momentum and the step count, computed in each test; a wrong batch, order or update rule
 # moves parameters by ~lr * grad, orders of magnitude more (test_tolerance_catches_a_wrong_batch_order).

@@ -14,6 +14,26 @@ from fedrepro.models.resnet import ResNet18GN
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
+U64 = 2.0 ** -53  # float64's unit roundoff
+
+
+def summed_inputs(model, x) -> int:
+    """An operation count for float64 rounding bounds: the input elements of every leaf module one forward pass
+    of ``x`` runs through, summed (one more each for a bias or a nonlinearity). No reduction of a layer sums more
+    terms than its input holds, so a chain of float64 layers computes each output within this count times u64 of
+    its terms' scale; the count exceeds the real reduction lengths by orders of magnitude, which leaves room for
+    what the layers amplify (their Lipschitz constants, not computed here)."""
+    total = [0]
+    hooks = [m.register_forward_hook(lambda m, i, o: total.__setitem__(0, total[0] + i[0].numel() + 1))
+             for m in model.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return total[0]
+
 # Pretrained models (Pythia) need their weights; tests/test_agnews.py covers them with a tiny local config.
 BUILT_HERE = {name: spec for name, spec in catalog.MODELS.items() if not spec.get("pretrained")}
 CASES = [(name, dataset) for name, spec in BUILT_HERE.items() for dataset in spec["datasets"]]
@@ -39,14 +59,18 @@ def test_forward_backward_on_a_batch_of_the_right_shape(name, dataset):
     buffers = [b for b, _ in model.named_buffers() if not b.endswith("num_batches_tracked")]
     assert bool(buffers) == bool(catalog.MODELS[name].get("batchnorm")), "learnt buffers only with BatchNorm"
     assert all(b.endswith(("running_mean", "running_var")) for b in buffers)
-    # in eval mode (dropout off, BatchNorm on its running statistics) each sample's logits are its own:
-    # the batch scored at once equals its samples scored one by one; another batch size may pick other
-    # float32 kernels, which reorder sums (~1e-6 relative), while mixing samples moves logits by their scale
-    model.eval()
+    # in eval mode (dropout off, BatchNorm on its running statistics) each sample's logits are its own: the
+    # batch scored at once equals its samples scored one by one. In float64, so that another batch size's
+    # kernels (other orders of the same sums) differ by float64 rounding only, within summed_inputs(one
+    # sample) * u64 of the logits' scale; mixing samples moves logits by their own scale (asserted)
+    model.double().eval()
+    x = x.double()
     with torch.no_grad():
         together = model(x)
         alone = torch.cat([model(x[i:i + 1]) for i in range(len(x))])
-    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-4 * float(alone.abs().max()))
+    bound = summed_inputs(model, x[:1]) * U64 * float(alone.abs().max())
+    assert float((alone[1:] - alone[:-1]).abs().max()) > 1e6 * bound, "the bound would hide mixed samples"
+    torch.testing.assert_close(together, alone, rtol=0, atol=bound)
 
 
 @pytest.mark.parametrize("name,dataset,count", [
@@ -85,23 +109,26 @@ def test_fedaware_init_differs_from_default_init_only_in_values():
     assert all(float(m.bias.detach().abs().sum()) == 0 for m in a.modules() if isinstance(m, torch.nn.Conv2d))
 
 
-def test_resnet20_runs_on_the_flat_engine():
+def test_resnet20_runs_on_the_flat_engine(float64_engine):
     """The flat engine's loss and gradient are the module's own: an untouched copy of ResNet-20, run by
-    autograd on the same batch (train mode on both, so BatchNorm uses the batch's statistics)."""
+    autograd on the same batch (train mode on both, so BatchNorm uses the batch's statistics). Both in float64
+    (the float64_engine fixture), so that two orders of the same sums differ by float64 rounding only."""
     import copy
     module = models.build("resnet20", "cifar10")
     plain = copy.deepcopy(module).train()
     flat = FlatModel(module, torch.device("cpu"))
     images, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    assert flat.flat.dtype == images.dtype == torch.float64
+    count = summed_inputs(copy.deepcopy(plain), images)  # the whole batch: BatchNorm and the gradients sum over it
     loss = flat.loss_and_grad(torch.nn.functional.cross_entropy, images, labels)
     expected = torch.nn.functional.cross_entropy(plain(images), labels)
     expected.backward()
     grad = torch.cat([p.grad.reshape(-1) for p in plain.parameters()])
     assert torch.isfinite(loss) and flat.grad.abs().sum() > 0
-    # the same float32 kernels on the same numbers: at most the order of a few sums differs (~1e-6
-    # relative); a parameter bound to the wrong slice, or another batch, moves them by percents
-    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=0)
-    torch.testing.assert_close(flat.grad, grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()))
+    # forward and backward each within count * u64 of their scale (the loss; the largest gradient entry); a
+    # parameter bound to the wrong slice, or another batch, moves them by percents
+    torch.testing.assert_close(loss, expected.detach(), rtol=0, atol=count * U64 * float(expected.detach()))
+    torch.testing.assert_close(flat.grad, grad, rtol=0, atol=2 * count * U64 * float(grad.abs().max()))
 
 
 def _conv(c_in, c_out, k, bias=True):

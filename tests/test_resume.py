@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import signal
 import subprocess
 import time
@@ -14,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import make_partition, subprocess_env
+from conftest import file_size_limit, make_partition, subprocess_env
 from fedrepro import cli, registry
 from fedrepro.run import checkpoint
 
@@ -250,16 +249,6 @@ def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state
         trainer.state(2)
 
 
-def _file_size_limit(size: int):
-    """For a child process: no file may grow past ``size`` bytes, as on a full disk. SIGXFSZ ignored, so the
-    write that crosses it fails with EFBIG (what a full disk's ENOSPC is to the code) instead of killing it.
-    RLIMIT_FSIZE is POSIX and needs no privilege: it works in any Linux CI, unlike mounting a small tmpfs."""
-    def limit() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-    return limit
-
-
 def test_a_full_disk_ends_in_one_line_naming_the_run_and_the_last_checkpoint_stands(tmp_path, partition_dir,
                                                                                       tiny_data_root):
     setting = _setting("fedavg")
@@ -271,7 +260,7 @@ def test_a_full_disk_ends_in_one_line_naming_the_run_and_the_last_checkpoint_sta
     kept = (out / "checkpoint.pt").read_bytes()
     # round 3's checkpoint (the model and three rounds of rows) cannot be written; metrics.csv still can
     full = subprocess.run(["fedrepro", *args], env=subprocess_env(), capture_output=True, text=True, timeout=300,
-                          preexec_fn=_file_size_limit(len(kept) // 2))
+                          preexec_fn=file_size_limit(len(kept) // 2))
     assert full.returncode == 2, full.stderr[-2000:]
     assert "Traceback" not in full.stderr, full.stderr[-2000:]
     last = full.stderr.strip().splitlines()[-1]

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import BIN, free_port, make_partition, subprocess_env
+from conftest import BIN, file_size_limit, free_port, make_partition, subprocess_env
 from fedrepro import cli
 from fedrepro.tracking import live, reconcile, record, store
 
@@ -299,6 +299,67 @@ def test_a_training_job_logs_its_run_live_and_a_resume_continues_it(tmp_path, sq
     (again,) = _records(client, "tiny-run")
     assert again.info.run_id != run.info.run_id, "a new record, not a second value for every step"
     assert sorted(m.step for m in client.get_metric_history(again.info.run_id, "test_acc")) == list(frame["round"])
+
+
+def _full_store(db: Path):
+    """A child process for which ``db``, the sqlite store, cannot grow by a byte: a full disk under the store
+    (EFBIG past the size limit, which sqlite reports as a disk I/O error as it reports ENOSPC as a full disk)."""
+    return file_size_limit(db.stat().st_size)
+
+
+def test_only_a_sqlite_stores_own_files_count_as_an_unwritable_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("mlflow.db.lock", ".mlflow.db.x1.tmp", "mlartifacts/1/abc/artifacts/summary.json"):
+        err = PermissionError(13, "Permission denied", str(tmp_path / name))
+        assert store.unwritable(uri, err).startswith(f"the MLflow store {tmp_path / name} cannot be written "
+                                                     f"(Permission denied): free space there"), name
+    full = RuntimeError("(sqlite3.OperationalError) database or disk is full")
+    assert f"{tmp_path / 'mlflow.db'} cannot be written (database or disk is full)" in store.unwritable(uri, full)
+    # a run's own files, another failure, a server: not the store's disk
+    assert store.unwritable(uri, PermissionError(13, "Permission denied", str(tmp_path / "runs" / "x" / "mlflow.json"))) is None
+    assert store.unwritable(uri, RuntimeError("no such table: runs")) is None
+    assert store.unwritable("http://127.0.0.1:9", OSError(28, "No space left on device", "/x/mlflow.db")) is None
+
+
+def test_track_into_a_full_store_ends_in_one_line_naming_it(tmp_path, sqlite_uri):
+    db = Path(sqlite_uri[len("sqlite:///"):])
+    runs = [_fake_run(tmp_path / "runs", "ok")]
+    (tmp_path / "m.json").write_text(json.dumps(_manifest(runs)))
+    out = tmp_path / "tracked.json"
+    args = ["fedrepro", "track", "--manifest", str(tmp_path / "m.json"), "--runs-dir", str(tmp_path / "runs"),
+            "--tracking-uri", sqlite_uri, "--out", str(out)]
+    full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=_full_store(db))
+    assert full.returncode == 2, full.stderr[-2000:]
+    assert "Traceback" not in full.stderr, full.stderr[-3000:]
+    (line,) = full.stderr.strip().splitlines()
+    assert line.startswith(f"fedrepro track: the MLflow store {db} cannot be written (disk I/O error): free space"), line
+    assert not out.exists(), "not done: Snakemake runs it again"
+    assert json.loads((tmp_path / "runs" / "ok" / "summary.json").read_text())["run"] == "ok", "the run's folder stands"
+    done = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]  # space freed: the store took the run, intact
+    result = json.loads(out.read_text())  # the record the full store cut short is finished, not doubled
+    assert (result["registered"] + result["repaired"], result["failed"]) == (1, 0), result
+
+
+def test_a_training_run_into_a_full_store_says_so_in_one_line_and_finishes(tmp_path, sqlite_uri, partition_dir,
+                                                                          tiny_data_root):
+    db = Path(sqlite_uri[len("sqlite:///"):])
+    out = tmp_path / "runs" / "full-store-run"
+    args = ["fedrepro", "train", "--setting", json.dumps(TINY), "--partition", str(partition_dir), "--data-root",
+            str(tiny_data_root), "--out", str(out), "--no-progress", "--threads", "1", "--mlflow-experiment",
+            "fedrepro/tinyfile", "--tracking-uri", sqlite_uri]
+    # the run's own files (the model is the largest) stay below the store's size, so only the store is full
+    full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=_full_store(db))
+    assert full.returncode == 0, full.stderr[-2000:]
+    assert "Traceback" not in full.stderr + full.stdout, (full.stdout + full.stderr)[-3000:]
+    said = [line for line in full.stdout.splitlines() if "MLflow store" in line]
+    assert said == [f"tracking off for this run: the MLflow store {db} cannot be written (disk I/O error): free "
+                    f"space there or make it writable (or name another store with --tracking-uri), then `fedrepro "
+                    f"track` brings it in line with the runs' folders, which are untouched"], full.stdout[-3000:]
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished", "training went on"
+    assert json.loads((out / record.MARKER).read_text())["complete"] is False, "left for the track step"
 
 
 class Blackhole:

@@ -40,6 +40,9 @@ def cmd_track(args) -> None:
     result = reconcile.track(manifest, args.runs_dir, args.tracking_uri, args.run)
     print(f"tracking: {result['registered']} registered, {result['repaired']} repaired, {result['already']} "
           f"already there, {result['missing']} without a summary, {result['failed']} failed ({result['uri']})")
+    if result["unwritable"]:  # a full disk or a read-only store: one line, as every command's full disk
+        from fedrepro.errors import SetupError
+        raise SetupError(result["unwritable"])
     for error in result["errors"]:
         print(f"  {error}", file=sys.stderr)
     if result["failed"]:  # no --out: the step is not done, and Snakemake retries it next time

@@ -14,7 +14,7 @@ from fedrepro.tracking.record import (ENTRY_POINT, MLFLOW_STATUS, add_membership
                                       log_inputs, log_metrics, open_run, read_marker, round_metrics, run_tags,
                                       source_name, system_tags, write_marker)
 from fedrepro.tracking.store import (default_uri, ensure_experiment, find_runs, lock, open_store, parent_run,
-                                     prefix_experiments)
+                                     prefix_experiments, unwritable)
 
 
 FLUSH_SECONDS = 10.0
@@ -32,7 +32,9 @@ def _guarded(method):
         except Exception as err:  # noqa: BLE001
             self.client = None
             self.error = f"{method.__name__}: {type(err).__name__}: {str(err)[:500]}"
-            print(f"tracking off for this run ({self.error}); `fedrepro track` reconciles it later", flush=True)
+            full = unwritable(self.uri, err)  # a full or read-only store: the line names it and what to do
+            print(f"tracking off for this run: {full}" if full else
+                  f"tracking off for this run ({self.error}); `fedrepro track` reconciles it later", flush=True)
             with contextlib.suppress(OSError):
                 write_marker(self.run_dir, uri=self.uri, complete=False, error=self.error)
             return None

@@ -11,7 +11,7 @@ from fedrepro.tracking.record import (ENTRY_POINT, add_membership, complete_run,
                                       read_marker, round_metrics, rows_with_times, run_tags, source_name, system_tags,
                                       write_marker)
 from fedrepro.tracking.store import (default_uri, ensure_experiment, experiment_name, find_runs, lock, open_store,
-                                     parent_run, prefix_experiments)
+                                     parent_run, prefix_experiments, unwritable)
 
 
 def reconcile_run(client, uri: str, run_dir: Path, experiment: str, parent: str | None, membership: str,
@@ -79,10 +79,12 @@ def is_tracked(run_dir: Path, uri: str, membership: str) -> bool:
 
 def track(manifest: dict, runs_dir: str | Path, uri: str | None = None, only: list[str] | None = None) -> dict:
     """Reconcile every run of the manifest that has a summary (or the runs ``only`` names), run by run;
-    stop at the first failure to reach the store (the next call retries). Parents of experiments
-    whose runs are all complete are terminated."""
+    stop at the first failure to reach or write the store (the next call retries; ``unwritable`` then holds
+    the line naming a full or read-only store). Parents of experiments whose runs are all complete are
+    terminated."""
     uri = uri or default_uri()
-    result = {"uri": uri, "registered": 0, "already": 0, "repaired": 0, "failed": 0, "missing": 0, "errors": []}
+    result = {"uri": uri, "registered": 0, "already": 0, "repaired": 0, "failed": 0, "missing": 0, "errors": [],
+              "unwritable": None}
     prefix = manifest.get("tracking", {}).get("experiment_prefix", "fedrepro")
     mlflow_experiment = experiment_name(manifest)
     todo = []
@@ -111,7 +113,8 @@ def track(manifest: dict, runs_dir: str | Path, uri: str | None = None, only: li
         except Exception as err:  # noqa: BLE001 - reported; the step fails and is retried
             result["errors"].append(f"{run_id}: {type(err).__name__}: {str(err)[:500]}")
             complete_experiments.discard(exp_name)
-            if client is None or _unreachable(err):  # the store is down: do not wait on it once per run
+            result["unwritable"] = unwritable(uri, err)  # a full or read-only store takes no further run either
+            if client is None or _unreachable(err) or result["unwritable"]:  # the store is down: do not wait on it once per run
                 result["failed"] = len(todo) - sum(result[k] for k in ("registered", "already", "repaired", "missing"))
                 return result
             result["failed"] += 1
@@ -122,6 +125,7 @@ def track(manifest: dict, runs_dir: str | Path, uri: str | None = None, only: li
         except Exception as err:  # noqa: BLE001
             result["failed"] += 1
             result["errors"].append(f"parent runs: {type(err).__name__}: {str(err)[:500]}")
+            result["unwritable"] = unwritable(uri, err)
     return result
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import sqlite3
 import tempfile
@@ -89,10 +90,41 @@ def _sqlite_state(db: Path) -> dict:
             "leftovers": leftovers, "runs": runs}
 
 
+# What sqlite says when its file cannot take a write: a full disk (SQLITE_FULL), a write refused past a size
+# limit or by the device (SQLITE_IOERR), a read-only file or folder
+SQLITE_UNWRITABLE = ("database or disk is full", "disk I/O error", "readonly database", "unable to open database file")
+
+
+def unwritable(uri: str, err: Exception) -> str | None:
+    """One line naming the store's file and what to do, when ``err`` is a sqlite store's disk or folder refusing
+    a write: sqlite's own report, or an OSError on one of the store's files (the database, its lock and
+    temporary files, the artifacts beside it); None for any other failure, and for a server's store (its
+    failures are the network's)."""
+    db = _sqlite_path(uri)
+    if db is None:
+        return None
+    if isinstance(err, OSError):
+        where, why = Path(os.path.abspath(err.filename)) if err.filename else None, err.strerror or type(err).__name__
+        home = Path(os.path.abspath(db.parent))
+        if where is None or not (where.parent == home and where.name.lstrip(".").startswith(db.name)
+                                 or home / "mlartifacts" in where.parents):
+            return None
+    else:
+        where, why = db, next((s for s in SQLITE_UNWRITABLE if s in str(err)), None)
+        if why is None:
+            return None
+    return (f"the MLflow store {where} cannot be written ({why}): free space there or make it writable (or name "
+            f"another store with --tracking-uri), then `fedrepro track` brings it in line with the runs' folders, "
+            f"which are untouched")
+
+
 def open_store(uri: str):
     """A client whose store answered once: a dead server or a broken store fails here, fast."""
     for key, value in FAIL_FAST_ENV.items():
         os.environ.setdefault(key, value)
+    # a failed write reaches fedrepro's callers, which name the store in one line: MLflow's own logged
+    # traceback of it would bury that line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from mlflow import MlflowClient
     db = _sqlite_path(uri)
     if db is not None:
