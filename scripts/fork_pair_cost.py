@@ -29,9 +29,9 @@ import torch
 from fedrepro import data, partitions
 from fedrepro.run import checkpoint
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import config, forks, paramsfile, settings
+from fedrepro.configure import expansion, forks, paramsfile, settings
 from fedrepro.identity import partition_setting
-from fedrepro.provenance import machine
+from fedrepro.run.provenance import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def pair_settings(rounds: int) -> tuple[dict, dict, dict]:
     """The paper's FedAvg and FedAvg+IMA on #C=2 (params/ima.yaml), and the full-length child."""
     params = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_table1_fmnist"
-    runs = [r for r in config.expand(params) if r.setting["partition"]["kind"] == "shards" and r.setting["seed"] == 1
+    runs = [r for r in expansion.expand(params) if r.setting["partition"]["kind"] == "shards" and r.setting["seed"] == 1
             and r.setting["algorithm"] == "fedavg"]
     host = next(r.setting for r in runs if not r.setting["plugins"])
     child = next(r.setting for r in runs if r.setting["plugins"] == ["ima"])

@@ -36,7 +36,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                 ["test_cohort_sampler.py", "test_cohort_warmup.py", "test_oracles.py"]),
     "parts": (["src/fedrepro/parts.py"], ["test_parts.py", "test_oracles.py", "test_baselines.py"]),
     "report_paper": (["src/fedrepro/report/paper.py"], ["test_oracles.py", "test_paper_params.py", "test_claims.py"]),
-    "tuning": (["src/fedrepro/spec/tuning.py"], ["test_tuning.py"]),
+    "tuning": (["src/fedrepro/configure/tuning.py"], ["test_tuning.py"]),
     "partitions": (["src/fedrepro/partitions/[!r]*.py"],
                    ["test_partition.py", "test_partition_oracle.py", "test_pachinko.py"]),
     "fedopt": ([ALG + n for n in ("fedadam.py", "fedyogi.py", "fedams.py", "fedavgm.py", "fedadagrad.py")],

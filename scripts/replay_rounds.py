@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.settings import resolve
 from fedrepro.run.trainer import Trainer
 
 torch.set_num_threads(1)

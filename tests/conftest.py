@@ -360,5 +360,5 @@ def float64_cross_entropy(module, x, y):
 def method_section(algorithm: str) -> dict:
     """A method's settings section as a run resolves it (every default of its fragment filled): what a test that
     builds the method's parts directly passes as their config, before overriding the keys it studies."""
-    from fedrepro.spec.settings import resolve
+    from fedrepro.configure.settings import resolve
     return resolve({"algorithm": algorithm, "evaluation": {"proxy_holdout": 100}})[algorithm]

@@ -14,7 +14,7 @@ import torch
 
 from fedrepro import catalog, data, identity, models, partitions
 from fedrepro.partitions import records as partition_records
-from fedrepro.spec import config, paramsfile, settings
+from fedrepro.configure import expansion, paramsfile, settings
 from fedrepro.data import agnews
 from fedrepro.run import checkpoint
 from fedrepro.run.trainer import Trainer
@@ -212,10 +212,10 @@ def test_two_federated_rounds_end_to_end(agnews_root, tiny_model, tmp_path):
 
 def test_fig4s_agnews_sweep_runs_at_a_tiny_size(agnews_root, tiny_model, tmp_path):
     """FedAWARE Fig. 4's AGNews experiment, its own settings shrunk: FedAWARE-NA and FedAvg-Full, 2 rounds."""
-    from fedrepro.spec.paramsfile import ROOT
+    from fedrepro.configure.paramsfile import ROOT
     params = paramsfile.load_params(ROOT / "params" / "fedaware.yaml")
     params["only"] = "fedaware_fig4_alpha_agnews"
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     assert len(runs) == 33 and {r.setting["dataset"] for r in runs} == {"agnews"}
     picked = [r.setting for r in runs if r.setting["seed"] == 1998 and (
         r.setting.get("fedaware", {}).get("weights") == "static" and r.setting["fedaware"]["alpha"] == 0.1

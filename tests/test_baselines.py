@@ -12,7 +12,7 @@ import torch
 
 from conftest import make_partition
 from fedrepro.run import checkpoint
-from fedrepro.spec import settings
+from fedrepro.configure import settings
 from fedrepro.algorithms import BuildContext, fedavgm, fedcm, feddyn, fedprox, scaffold
 from fedrepro.parts import Algorithm, ClientRun, RoundUpdates
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi

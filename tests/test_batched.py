@@ -21,7 +21,7 @@ from fedrepro.parts import ClientObjective
 from fedrepro.run.batchable import unsupported
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.settings import resolve
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -15,8 +15,8 @@ from fedrepro import data, models
 from fedrepro.run import checkpoint
 from fedrepro.run.trainer import Trainer
 from fedrepro.run.client import client_generator
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import resolve
 from fedrepro.identity import identity_setting
 from fedrepro.evaluation import evaluate
 from fedrepro.flat import FlatModel

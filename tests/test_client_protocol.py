@@ -11,8 +11,8 @@ from torch import nn
 from fedrepro import data
 from fedrepro.run.trainer import Trainer
 from fedrepro.run.client import client_generator, holdout_split
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import resolve
 
 from test_batched import rounding_bound
 

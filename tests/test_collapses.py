@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from fedrepro.report import collapses, evidence
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT
 
 
 def _detect(points, classes=10):

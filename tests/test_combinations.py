@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 
 from conftest import make_partition
-from fedrepro import cli, registry
+from fedrepro import cli
+from fedrepro.configure import registry
 from fedrepro.ops import gpucheck
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

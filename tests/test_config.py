@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from conftest import ROOT, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro import registry
-from fedrepro.spec import config, paramsfile, schema, settings
+from fedrepro.configure import registry
+from fedrepro.configure import expansion, paramsfile, schema, settings
 
 
 def _params(base: dict | None = None, grid: dict | None = None) -> dict:
@@ -20,7 +20,7 @@ def _params(base: dict | None = None, grid: dict | None = None) -> dict:
 
 def _error(base: dict | None = None, grid: dict | None = None) -> str:
     with pytest.raises(schema.ConfigError) as err:
-        config.expand(_params(base, grid))
+        expansion.expand(_params(base, grid))
     return str(err.value)
 
 
@@ -138,13 +138,13 @@ def test_aware_with_feddyn_is_refused():
 
 def test_run_ids_are_content_hashes():
     base = {"partition": {"kind": "dirichlet", "alpha": 0.5}}
-    a = config.expand(_params(base, {"seed": [1, 2]}))
-    b = config.expand(_params(base, {"seed": [2, 1]}))
+    a = expansion.expand(_params(base, {"seed": [1, 2]}))
+    b = expansion.expand(_params(base, {"seed": [2, 1]}))
     assert sorted(r.id for r in a) == sorted(r.id for r in b)
-    c = config.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.3}}, {"seed": [1, 2]}))
+    c = expansion.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.3}}, {"seed": [1, 2]}))
     assert not {r.id for r in a} & {r.id for r in c}
     # a section the run does not use does not change its hash
-    d = config.expand(_params({**base, "partition": {"kind": "dirichlet", "alpha": 0.5, "classes_per_client": 7}},
+    d = expansion.expand(_params({**base, "partition": {"kind": "dirichlet", "alpha": 0.5, "classes_per_client": 7}},
                               {"seed": [1, 2]}))
     assert sorted(r.id for r in a) == sorted(r.id for r in d)
 
@@ -154,13 +154,13 @@ def test_partition_seed_run_is_the_runs_own_seed_written_out():
     """``partition.seed: run`` draws a partition per training seed (FedLAW App. D.4); the resolved setting, the
     run id and the partition id hold the number, so it names the same runs as the seeds written out."""
     base = {"partition": {"kind": "dirichlet", "alpha": 0.5, "seed": "run"}}
-    tied = config.expand(_params(base, {"seed": [3, 4]}))
+    tied = expansion.expand(_params(base, {"seed": [3, 4]}))
     assert [r.setting["partition"]["seed"] for r in tied] == [3, 4]
-    written = [r for seed in (3, 4) for r in config.expand(
+    written = [r for seed in (3, 4) for r in expansion.expand(
         _params({"partition": {"kind": "dirichlet", "alpha": 0.5, "seed": seed}}, {"seed": [seed]}))]
     assert [(r.id, r.partition) for r in tied] == [(r.id, r.partition) for r in written]
     assert len({r.partition for r in tied}) == 2
-    shared = config.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.5}}, {"seed": [3, 4]}))
+    shared = expansion.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.5}}, {"seed": [3, 4]}))
     assert len({r.partition for r in shared}) == 1  # the default stays one fixed draw (seed 1)
 
 
@@ -168,7 +168,7 @@ def test_partition_seed_run_is_the_runs_own_seed_written_out():
                                             (-1, "must be >= 0 or must be 'run'")])
 def test_a_bad_partition_seed_names_the_key_and_both_forms(value, allowed):
     with pytest.raises(schema.ConfigError) as err:
-        config.expand(_params({"partition": {"seed": value}}, {"seed": [1]}))
+        expansion.expand(_params({"partition": {"seed": value}}, {"seed": [1]}))
     assert f"setting 'partition.seed' = {value!r} is not allowed: {allowed}" in str(err.value)
     assert len(str(err.value).splitlines()) == 1
 
@@ -183,8 +183,8 @@ def test_every_grid_file_is_tested():
 @pytest.mark.parametrize("path", GRID_FILES, ids=lambda p: p.name)
 def test_shipped_params_files_expand(path):
     params = paramsfile.load_params(path)
-    runs = config.expand(params)
-    assert runs and len(config.unique_runs(runs)) >= 1
+    runs = expansion.expand(params)
+    assert runs and len(expansion.unique_runs(runs)) >= 1
 
 
 # --------------------------------------------------------------------------- through snakemake
@@ -298,9 +298,9 @@ def test_a_schema_with_a_reference_into_the_whole_takes_the_whole_walk():
 @pytest.mark.parametrize("name", ["fedlaw", "fednova"])
 def test_a_papers_grid_expands_to_the_same_runs_with_the_whole_walk(name, monkeypatch):
     params = paramsfile.load_params(ROOT / "params" / f"{name}.yaml")
-    fast = [(r.id, json.dumps(r.setting)) for r in config.expand(params)]
+    fast = [(r.id, json.dumps(r.setting)) for r in expansion.expand(params)]
     monkeypatch.setattr(schema, "_valid_by_parts", lambda instance, whole: False)
-    assert [(r.id, json.dumps(r.setting)) for r in config.expand(paramsfile.load_params(ROOT / "params" / f"{name}.yaml"))] == fast
+    assert [(r.id, json.dumps(r.setting)) for r in expansion.expand(paramsfile.load_params(ROOT / "params" / f"{name}.yaml"))] == fast
 
 
 def test_one_expansion_reads_the_code_once_and_the_next_sees_an_edit(monkeypatch):
@@ -309,8 +309,8 @@ def test_one_expansion_reads_the_code_once_and_the_next_sees_an_edit(monkeypatch
     real_closure = identity.code_closure
     monkeypatch.setattr(identity, "code_closure", lambda entries, outside=frozenset(): walks.append(entries) or real_closure(entries, outside))
     params = _params(grid={"seed": [1, 2, 3], "algorithm": ["fedavg", "fedprox"]})
-    ids = [r.id for r in config.expand(params)]
+    ids = [r.id for r in expansion.expand(params)]
     assert len(set(ids)) == 6 and len(walks) == 3  # fedavg, fedprox, the partition: once each
     monkeypatch.setattr(identity, "files_hash", lambda names: "edited")  # as if the code changed in between
-    assert not set(r.id for r in config.expand(params)) & set(ids)
+    assert not set(r.id for r in expansion.expand(params)) & set(ids)
     assert identity.code_hash is not None and not getattr(identity.code_hash, "read_once", False)

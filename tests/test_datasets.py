@@ -15,8 +15,8 @@ import torch
 from fedrepro import catalog, data, identity, partitions
 from fedrepro.partitions.base import PartitionError
 from fedrepro.data import cifar, synthetic
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import resolve
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

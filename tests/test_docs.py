@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT
 
 # Words about how the project was made. "wave" alone stays allowed: `fedrepro bench` counts "waves" of runs
 # side by side on a device (ceil(runs / runs per device)), a technical term.

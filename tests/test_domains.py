@@ -15,7 +15,7 @@ from fedrepro import data, identity, models, partitions
 from fedrepro.partitions import records as partition_records
 from fedrepro.partitions import label_quantity
 from fedrepro.partitions.base import PartitionError
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 from fedrepro.data import digit5, pacs
 from fedrepro.data.base import DataError
 from fedrepro.data.domains import DomainDataset

@@ -87,7 +87,7 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     import re
 
     from fedrepro.report import frames
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
     from test_report import fabricate
 
     env = subprocess_env(f"sqlite:///{tmp_path / 'mlflow.db'}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
@@ -99,12 +99,12 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     shutil.copytree(ROOT / "params", repo / "params")
     params = paramsfile.load_params(repo / "params" / "default.yaml")
     params["only"] = "fmnist_quick"  # the 30 runs of the method comparison (not the snapshot run for the figures)
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     rounds = 12
     for run in runs:
         fabricate(run, repo / "results" / "runs", 0.5 + 0.01 * run.setting["seed"], rounds=rounds)
     manifest = repo / "manifest.json"
-    manifest.write_text(json.dumps(config.manifest(params, runs, "default")))
+    manifest.write_text(json.dumps(expansion.manifest(params, runs, "default")))
     frames.collect(manifest, repo / "results" / "runs", repo / "results" / "metrics" / "default",
                    repo / "results" / "curves" / "default")
     variants = {run.label for run in runs}

@@ -13,7 +13,7 @@ from fedrepro.evaluation import evaluate, proxy_indices, split_test
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
 from fedrepro.functional import FunctionalModel
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.settings import resolve
 
 from conftest import float32_forward_bound, float64_cross_entropy
 from test_batched import rounding_bound
@@ -231,7 +231,7 @@ def test_balanced_sampling_draws_every_class_equally_often():
 
 
 def test_a_long_tailed_proxy_without_a_proxy_is_refused():
-    from fedrepro.spec.schema import ConfigError
+    from fedrepro.configure.schema import ConfigError
     with pytest.raises(ConfigError, match=r"evaluation.proxy_long_tail_rho = 10 shapes the proxy hold-out, but "
                                           r"evaluation.proxy_holdout is 0"):
         resolve({"dataset": "cifar10", "model": "simplecnn", "evaluation": {"proxy_long_tail_rho": 10}})

@@ -58,7 +58,7 @@ def test_a_partition_kind_is_two_files(copy):
         import json
         import numpy as np
         from fedrepro import identity, partitions
-        from fedrepro.spec import settings
+        from fedrepro.configure import settings
         setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4,
                                     "partition": {"kind": "halves", "first_share": 0.25}})
         part = identity.partition_setting(setting)
@@ -93,7 +93,7 @@ def test_a_model_is_two_files(copy):
         import json
         from fedrepro import identity, models
         from fedrepro.ops import pricing
-        from fedrepro.spec import settings
+        from fedrepro.configure import settings
         setting = settings.resolve({"dataset": "fmnist", "model": "tiny"})
         print(json.dumps({"id": identity.run_id(setting), "params": models.num_parameters(models.build("tiny", "fmnist")),
                           "rough": pricing.ROUGH_STEP_SECONDS["tiny"], "code": identity.run_code(setting)}))
@@ -122,7 +122,7 @@ def test_a_dataset_family_is_two_files(copy):
     found = copy("""
         import json
         from fedrepro import data, identity
-        from fedrepro.spec import settings
+        from fedrepro.configure import settings
         setting = settings.resolve({"dataset": "blobs", "model": "mlp", "num_clients": 10})
         print(json.dumps({"family": data.family("blobs").__name__, "id": identity.run_id(setting),
                           "code": identity.run_code(setting)}))

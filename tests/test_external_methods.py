@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from conftest import ROOT, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro import external, identity, registry
+from fedrepro import external, identity
+from fedrepro.configure import registry
 from fedrepro.report import versus
-from fedrepro.spec import config, paramsfile
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import resolve
+from fedrepro.configure import expansion, paramsfile
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import resolve
 
 EXAMPLE = ROOT / "examples" / "mymethod"
 QUICK = {"dataset": "fmnist", "model": "mlp", "num_clients": 6, "participation": 0.5, "rounds": 2, "batch_size": 16,
@@ -117,7 +118,7 @@ def test_a_method_not_written_to_the_api_is_refused_before_any_job_in_one_line(o
                                          .replace("trimmedmean", f"trimmed_{name}"))
     params = {"experiments": {"e": {"base": QUICK, "grid": {"algorithm": [f"broken_{name}.method"], "seed": [1]}}}}
     with pytest.raises(ConfigError) as err:
-        config.expand(paramsfile.validate(params, "params.schema.yaml", "test.yaml"))
+        expansion.expand(paramsfile.validate(params, "params.schema.yaml", "test.yaml"))
     message = str(err.value).splitlines()[0]
     assert says in message and f"broken_{name}.method" in message and "method API 1" in message, message
 
@@ -169,7 +170,7 @@ def _tunings(path: str, **overlay) -> tuple[list, dict]:
     params = paramsfile.load_params(ROOT / path)
     params.update(overlay)
     tunings: dict = {}
-    return config.expand(params, tunings), tunings
+    return expansion.expand(params, tunings), tunings
 
 
 def _block_of(tunings: dict, method: str) -> dict:
@@ -193,7 +194,7 @@ def test_add_method_puts_it_on_every_method_axis_with_the_papers_tuning_budget(i
     runs, tunings = _tunings("params/default.yaml", add_method="trimmedmean")
     added = [r for r in runs if r.setting["algorithm"] == "trimmedmean"]
     assert {r.experiment for r in added} == {"fmnist_quick"} and len(added) == 6 and not tunings
-    manifest = config.manifest(paramsfile.load_params(ROOT / "params/default.yaml") | {"add_method": "trimmedmean"},
+    manifest = expansion.manifest(paramsfile.load_params(ROOT / "params/default.yaml") | {"add_method": "trimmedmean"},
                                runs, "default")
     assert manifest["added_methods"] == ["trimmedmean"]
     runs, _ = _tunings("params/default.yaml", add_method="trimmedmean", add_method_to="fmnist_quick_figures")

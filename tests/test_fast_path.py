@@ -16,7 +16,7 @@ from fedrepro.run import trainer as trainer_module
 from fedrepro.run.client import client_generator
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.settings import resolve
 from fedrepro.parts import GradientCorrection
 from test_batched import BATCH, rounding_bound
 

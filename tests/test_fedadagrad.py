@@ -7,7 +7,7 @@ import torch
 
 from conftest import make_partition
 from fedrepro.run import checkpoint
-from fedrepro.spec import settings
+from fedrepro.configure import settings
 from fedrepro.algorithms.fedadagrad import ServerAdagrad
 from fedrepro.parts import RoundUpdates
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedrepro.run import checkpoint
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 from fedrepro.algorithms.aware import ProjectOntoAware, project
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
 from fedrepro.minnorm import min_norm_weights

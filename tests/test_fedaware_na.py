@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedrepro import algorithms, identity
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
 from fedrepro.parts import RoundUpdates
 

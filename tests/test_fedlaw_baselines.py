@@ -11,7 +11,7 @@ from torch import nn
 
 from conftest import make_partition
 from fedrepro.run import checkpoint
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedbe import BayesianEnsembleDistillation, swag_sample
 from fedrepro.algorithms.fedlaw import LearnedAggregation
@@ -264,8 +264,8 @@ def test_fixed_gamma_needs_no_holdout():
 
 def test_every_method_of_a_fedlaw_experiment_is_scored_on_the_same_test_samples():
     """FedLAW evaluates every compared method on the test set minus the proxy samples."""
-    from fedrepro.spec.config import expand
-    from fedrepro.spec.paramsfile import ROOT, load_params
+    from fedrepro.configure.expansion import expand
+    from fedrepro.configure.paramsfile import ROOT, load_params
     runs = [r for r in expand(load_params(ROOT / "params" / "fedlaw.yaml"))
             if r.experiment == "fedlaw_table3_fmnist" and r.setting["seed"] == 8]
     methods = {r.setting["algorithm"] for r in runs}

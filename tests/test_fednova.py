@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 from fedrepro.algorithms import BuildContext, fedavg, fednova
 from fedrepro.algorithms.fednova import CrossClientVR, LrScaledMomentum, NormalisedAveraging, a_norm
 from fedrepro.algorithms.random_epochs import RandomEpochs

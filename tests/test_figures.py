@@ -20,7 +20,7 @@ from fedrepro.report import figures
 from fedrepro.report.figures import fednova as quad
 from fedrepro.report.figures import fedlaw as fedlaw_figures
 from fedrepro.report.figures import ima
-from fedrepro.spec import config, paramsfile, schema, settings
+from fedrepro.configure import expansion, paramsfile, schema, settings
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
         "batch_size": 64, "device": "cpu", "client": {"lr": 0.05},
@@ -65,11 +65,11 @@ def tiny(tiny_data_root, tmp_path_factory):
     (work / "data" / "fmnist").symlink_to(tiny_data_root)  # <data root>/<dataset>, as the workflow lays it out
     params = json.loads(json.dumps(PARAMS))
     params["experiments"]["tiny"]["base"].update(TINY_OPTIONS)
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     partition_dir = make_partition(tiny_data_root, work / "partition", num_clients=4)
-    for run in config.unique_runs(runs).values():
+    for run in expansion.unique_runs(runs).values():
         _train(run.setting, work / "runs" / run.id, partition_dir, tiny_data_root)
-    manifest = config.manifest(params, runs, "tiny")
+    manifest = expansion.manifest(params, runs, "tiny")
     return {"work": work, "manifest": manifest, "runs": runs, "partition": partition_dir,
             "context": figures.Context(work / "data", "cpu", True)}
 
@@ -533,7 +533,7 @@ def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_t
     hybrid = {"kind": "hybrid", "alpha_balanced": 10.0, "alpha": 0.1, "min_size": 1, "balance": False, "seed": 1}
     params = {"title": "hybrid", "experiments": {"hyb": {
         "base": {**BASE, "participation": 1.0, "partition": hybrid}, "grid": {"algorithm": ["fedavg"]}}}}
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     parts = make_partition(tiny_data_root, work / "partition", num_clients=4, **hybrid)
     run = runs[0]
     _train(run.setting, work / "runs" / run.id, parts, tiny_data_root)
@@ -542,7 +542,7 @@ def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_t
     assert metrics.loc[0, "coherence_balanced"] == pytest.approx(cosine[0, 1], abs=1e-5)
     assert metrics.loc[0, "coherence_imbalanced"] == pytest.approx(cosine[2, 3], abs=1e-5)
     assert metrics.loc[0, "coherence_balanced"] != pytest.approx(metrics.loc[0, "coherence"], abs=1e-4)
-    manifest = config.manifest(params, runs, "hybrid")
+    manifest = expansion.manifest(params, runs, "hybrid")
     spec = figures.check({"c": {"kind": "coherence", "experiment": "hyb"}}, manifest["experiments"])["c"]
     record = figures.draw("c", spec, manifest, work / "runs", work / "fig" / "c.png", figures.Context(work / "data", "cpu"))
     assert record["drawn"] and "dashed balanced, dotted imbalanced" in record["caption"]
@@ -563,12 +563,12 @@ def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates
     params = {"title": "early", "experiments": {"e": {
         "base": {**BASE, "participation": 1.0, "partition": hybrid, "algorithm": "fedlaw", "fedlaw": law},
         "grid": {"fedlaw.learn_rounds": [0, 2]}}}}
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     parts = make_partition(tiny_data_root, work / "partition", num_clients=4, **hybrid)
     sizes = np.array([len(p) for p in partition_records.load(parts)], dtype=float)
     for run in runs:
         _train(run.setting, work / "runs" / run.id, parts, tiny_data_root)
-    manifest = config.manifest(params, runs, "early")
+    manifest = expansion.manifest(params, runs, "early")
     done = {r.setting["fedlaw"]["learn_rounds"]: r for r in
             figures.select_runs(manifest, work / "runs", {"experiment": "e", "select": {}})}
     columns = [f"lambda_client_{i}" for i in range(4)]
@@ -663,10 +663,10 @@ def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_pat
     params = {"title": "three", "quick": True, "experiments": {"three": {
         "base": {**BASE, "participation": 1.0, "rounds": 2, "snapshots": {"rounds": [2], "clients": 3}},
         "grid": {"algorithm": ["fedavg"]}}}}
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     partition_dir = make_partition(tiny_data_root, tmp_path / "partition", num_clients=4)
     _train(runs[0].setting, tmp_path / "runs" / runs[0].id, partition_dir, tiny_data_root)
-    manifest = config.manifest(params, runs, "three")
+    manifest = expansion.manifest(params, runs, "three")
     spec = figures.check({"p": {"kind": "landscape", "experiment": "three", "rounds": [2], "plane": "three_clients",
                                 "resolution": 3}}, manifest["experiments"])["p"]
     record = figures.draw("p", spec, manifest, tmp_path / "runs", tmp_path / "fig" / "p.png",
@@ -692,11 +692,11 @@ def test_fig10_rows_draw_each_setups_own_planes_and_a_missing_setup_says_so_in_i
     params = {"title": "rows", "quick": True, "experiments": {"rows": {
         "base": {**BASE, "participation": 1.0, "rounds": 3, "snapshots": {"rounds": [1, 2, 3], "clients": 3}},
         "grid": {"model": ["mlp", "cnn"]}}}}
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     partition_dir = make_partition(tiny_data_root, tmp_path / "partition", num_clients=4)
     for run in runs:
         _train(run.setting, tmp_path / "runs" / run.id, partition_dir, tiny_data_root)
-    manifest = config.manifest(params, runs, "rows")
+    manifest = expansion.manifest(params, runs, "rows")
     rows = [{"label": "MLP, FMNIST", "select": {"model": "mlp"}}, {"label": "CNN, FMNIST", "select": {"model": "cnn"}},
             {"label": "ResNet-18", "select": {"model": "resnet18_gn2"}}]
 

@@ -22,7 +22,7 @@ from fedrepro.run import checkpoint
 from fedrepro.run.fork_states import ForkError
 from fedrepro.run.jobs import fork_state
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import config, forks, schema, settings
+from fedrepro.configure import expansion, forks, schema, settings
 
 START, WINDOW, ROUNDS = 3, 3, 6
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": ROUNDS,
@@ -256,7 +256,7 @@ def test_a_fork_state_of_another_run_is_refused(tmp_path, partition_dir, tiny_da
 
 def _runs(points: list[dict]) -> list[settings.Run]:
     params = {"experiments": {"e": {"base": {**BASE, "rounds": 20}, "grid": {"setting": points}}}}
-    return config.expand(schema.validate(params, "params.schema.yaml", "test"))
+    return expansion.expand(schema.validate(params, "params.schema.yaml", "test"))
 
 
 def test_ima_runs_fork_from_their_host_at_t_s_and_others_do_not():
@@ -285,11 +285,11 @@ def test_sharing_can_be_turned_off_and_the_manifest_names_each_fork():
     params = {"experiments": {"e": {"base": {**BASE, "rounds": 20},
                                     "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}
     params = schema.validate(params, "params.schema.yaml", "test")
-    runs = config.expand(params)
-    entries = config.manifest(params, runs, "t")["experiments"]["e"]["runs"]
+    runs = expansion.expand(params)
+    entries = expansion.manifest(params, runs, "t")["experiments"]["e"]["runs"]
     assert [e.get("fork", {}).get("round") for e in entries] == [None, 15]
     assert entries[1]["fork"]["parent"] == entries[0]["id"]
-    off = config.manifest({**params, "share_prefixes": False}, runs, "t")["experiments"]["e"]["runs"]
+    off = expansion.manifest({**params, "share_prefixes": False}, runs, "t")["experiments"]["e"]["runs"]
     assert not any("fork" in e for e in off)
 
 
@@ -299,7 +299,7 @@ def test_the_workflow_asks_the_invocations_forks_and_a_finished_run_answers_from
     params = schema.validate({"experiments": {"e": {"base": {**BASE, "rounds": 20},
                                                     "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}},
                              "params.schema.yaml", "test")
-    host, child = config.expand(params)
+    host, child = expansion.expand(params)
     runs = {host.id: host, child.id: child}
     plan = forks.WorkflowForks(params, runs, str(tmp_path))
     assert plan.of_run(child.id) == (host.id, 15) and plan.of_run(host.id) is None

@@ -65,7 +65,7 @@ def test_a_typo_is_reported_once_not_once_per_grid_point(capsys):
 
 
 def test_merge_keys_are_not_duplicates(tmp_path):
-    from fedrepro.spec import paramsfile
+    from fedrepro.configure import paramsfile
     path = tmp_path / "p.yaml"
     path.write_text("base: &b {num_clients: 4, rounds: 2}\nexperiments:\n  a:\n    base:\n      <<: *b\n"
                     "      rounds: 3\n    grid: {seed: [1]}\n")
@@ -376,14 +376,14 @@ from test_report import fabricate  # noqa: E402
 
 
 def _two_params_files(tmp_path):
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
     files, runs = [], {}
     for name, seed in (("one", 1), ("two", 2)):
         path = tmp_path / "params" / f"{name}.yaml"
         path.parent.mkdir(exist_ok=True)
         path.write_text(f"experiments:\n  e_{name}: {{base: {{num_clients: 4, rounds: 12}}, grid: {{seed: [{seed}]}}}}\n")
         files.append(path)
-        runs[name] = config.expand(paramsfile.load_params(path))[0]
+        runs[name] = expansion.expand(paramsfile.load_params(path))[0]
     return files, runs
 
 
@@ -405,14 +405,14 @@ def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
 def test_a_truncated_summary_is_named_by_the_report(tmp_path):
     from fedrepro import records
     from fedrepro.report import frames
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
     files, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     fabricate(runs["one"], runs_dir, 0.7)
     bad = runs_dir / runs["one"].id / "summary.json"
     bad.write_text("{\"run\": ")
     params = paramsfile.load_params(files[0])
-    manifest = config.manifest(params, config.expand(params), "one")
+    manifest = expansion.manifest(params, expansion.expand(params), "one")
     with pytest.raises(records.CorruptFileError, match=str(bad)):
         frames.load_runs(manifest, runs_dir)
 

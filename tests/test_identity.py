@@ -18,10 +18,10 @@ def package(tmp_path, monkeypatch):
         "__init__.py": "",
         "run/__init__.py": "",
         "run/trainer.py": "from fedrepro import algorithms, data\nfrom fedrepro.flat import Flat\n"
-                          "from fedrepro.provenance import run_provenance\n",
+                          "from fedrepro.run.provenance import run_provenance\n",
         "run/process.py": "import os\n",
         "run/jobs.py": "from fedrepro.run.trainer import Trainer\nfrom fedrepro.run import process\n",
-        "provenance.py": "from fedrepro import __version__\n",
+        "run/provenance.py": "from fedrepro import __version__\n",
         "data.py": "import numpy\n\ndef load():\n    from . import vision  # lazy: still followed\n",
         "vision.py": "",
         "flat.py": "",
@@ -30,7 +30,7 @@ def package(tmp_path, monkeypatch):
         "algorithms/fedlaw.py": "from .proxy import ProxyTraining\n",
         "algorithms/proxy.py": "from ..server import Mean\n",
         "server.py": "",
-        "registry.py": "",
+        "configure/registry.py": "",
     }
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -50,11 +50,11 @@ def test_closure_follows_absolute_relative_and_lazy_imports(package):
 def test_an_added_import_is_seen_without_editing_any_list(package):
     entries = (identity.RUN_ENTRY,) + identity.method_modules("fedavg", [])
     before = identity.files_hash(identity.code_closure(entries))
-    assert "registry.py" not in identity.code_closure(entries)
+    assert "configure/registry.py" not in identity.code_closure(entries)
     method = package / "algorithms" / "fedavg.py"
-    method.write_text(method.read_text() + "from fedrepro import registry\n")
+    method.write_text(method.read_text() + "from fedrepro.configure import registry\n")
     os.utime(method, ns=(1, 1))  # a new stamp even on file systems with coarse mtimes
-    assert "registry.py" in identity.code_closure(entries)
+    assert "configure/registry.py" in identity.code_closure(entries)
     assert identity.files_hash(identity.code_closure(entries)) != before
 
 
@@ -90,8 +90,8 @@ def test_the_real_runs_depend_on_training_code_only():
         assert {"run/trainer.py", "run/client.py", "run/batched.py", "run/observers.py", "schedule.py"} <= files
         assert {f"data/{identity.DATASETS[setting['dataset']]['family']}.py",
                 f"models/{identity.MODELS[setting['model']]['family']}.py"} <= files
-        assert not {"registry.py", "spec/config.py", "report/page.py", "tracking/live.py", "cli/__init__.py", "cli/run.py",
-                    "ops/plan.py", "provenance.py", "identity.py", "partitions/records.py", "report/verification.py",
+        assert not {"configure/registry.py", "configure/expansion.py", "report/page.py", "tracking/live.py", "cli/__init__.py", "cli/run.py",
+                    "ops/plan.py", "run/provenance.py", "run/rundir.py", "identity.py", "partitions/records.py", "report/verification.py",
                     "report/evidence.py", "ops/bench.py", "catalog.py", "run/hessian.py"} & files
         others = {f"data/{d['family']}.py" for d in identity.DATASETS.values()} \
             | {f"models/{m['family']}.py" for m in identity.MODELS.values()}
@@ -166,7 +166,7 @@ def test_comments_docstrings_and_blank_lines_rename_no_run(real_copy):
 def test_an_edit_of_another_method_dataset_or_model_renames_no_run(real_copy):
     fedavg = SETTINGS[0]
     before = _hashes([fedavg])
-    for name in ("algorithms/fedprox.py", "data/cifar.py", "models/resnet.py", "provenance.py", "report/page.py"):
+    for name in ("algorithms/fedprox.py", "data/cifar.py", "models/resnet.py", "run/provenance.py", "report/page.py"):
         _edit(real_copy / name, lambda text: text + "\nCHANGED = 1\n")
     assert _hashes([fedavg]) == before
     _edit(real_copy / "models" / "mlp.py", lambda text: text + "\nCHANGED = 1\n")
@@ -184,7 +184,7 @@ def test_an_arithmetic_edit_in_the_trainer_renames_every_run(real_copy):
 
 def test_a_partition_code_edit_renames_its_partitions_and_their_runs(real_copy):
     from fedrepro import identity
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
     setting = settings.resolve({"dataset": "fmnist", "model": "mlp"})
     partition, run = identity.partition_id(setting), identity.run_id(setting)
     _edit(real_copy / "partitions" / "dirichlet.py",
@@ -200,7 +200,7 @@ def test_a_partition_code_edit_renames_its_partitions_and_their_runs(real_copy):
 def test_a_run_hashes_its_own_dataset_and_model_facts_and_no_other(monkeypatch):
     """An edit to another entry of a fragment, or to a fact that only describes, renames no run."""
     from fedrepro import catalog
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
     setting = settings.resolve({"dataset": "fmnist", "model": "mlp"})
     run, partition = identity.run_id(setting), identity.partition_id(setting)
     monkeypatch.setitem(catalog.DATASETS["cifar10"], "num_classes", 11)  # another dataset of another family
@@ -216,7 +216,7 @@ def test_a_run_hashes_its_own_dataset_and_model_facts_and_no_other(monkeypatch):
 
 
 def test_a_partition_kinds_readable_name_is_its_fragments():
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
     names = {"dirichlet": "dir0.5", "iid": "iid", "hybrid": "hyb10-0.5", "shards": "shards2", "inner_dirichlet": "idir0.5",
              "label_quantity": "labels2", "pachinko": "pa0.5b10"}
     for kind, name in names.items():
@@ -248,7 +248,7 @@ def test_every_partition_id_hashes_the_partitions_shared_code():
 
 def test_a_fact_only_validation_reads_renames_no_run_and_one_training_reads_does(monkeypatch):
     """Adding a dataset to a model's list (or changing a split size) renames no run; an input shape does."""
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
     setting = settings.resolve({"algorithm": "fedavg"})
     before, partition = identity.run_id(setting), identity.partition_id(setting)
     monkeypatch.setitem(identity.MODELS["mlp"], "datasets", [*identity.MODELS["mlp"]["datasets"], "cifar10"])
@@ -262,7 +262,7 @@ def test_a_fact_only_validation_reads_renames_no_run_and_one_training_reads_does
 def test_the_optional_run_modules_and_the_catalog_are_code_only_where_executed(real_copy):
     """A run of device cpu without the Hessian executes neither the batched path nor the Hessian estimate;
     the catalog's reader is no run's code (the facts it reads are hashed as facts)."""
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
     plain = settings.resolve({"algorithm": "fedavg", "device": "cpu"})
     hessian = settings.resolve({"algorithm": "fedavg", "device": "cpu", "hessian": {"every": 5}})
     batched = settings.resolve({"algorithm": "fedavg"})  # device auto: batched on CUDA

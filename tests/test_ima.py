@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fedrepro.run import checkpoint
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 from fedrepro.algorithms import ima
 from fedrepro.parts import Algorithm, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
@@ -110,7 +110,7 @@ def test_inconsistent_keys_are_refused_by_name(keys, message):
 
 def test_before_the_start_round_ima_keeps_the_hosts_whole_lr_schedule_milestones_included():
     from fedrepro import algorithms
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
     from fedrepro.parts import lr_schedule
     setting = settings.resolve({"algorithm": "fedavg+ima", "rounds": 100, "ima": {"start_round": 80, "window": 5},
                               "client": {"lr": 0.1, "lr_decay": 1.0, "lr_milestones": [0.5]}})

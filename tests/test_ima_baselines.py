@@ -10,7 +10,7 @@ from torch import nn
 
 from conftest import make_partition
 from fedrepro.run import checkpoint
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 from fedrepro.algorithms.fedasam import AdaptiveSharpness
 from fedrepro.algorithms.fedfa import FeatureAnchors
 from fedrepro.algorithms.fedgma import MaskedAveraging

@@ -17,9 +17,9 @@ LAYERS = {
     "reports": {"report/*"},
     "tracking": {"tracking/*"},
     "operations": {"ops/*", "parity/*"},  # parity: drives the authors' code beside ours; no run imports it
-    "settings": {"spec/*", "registry.py"},
+    "settings": {"configure/*"},
     # the run wing: never the settings (a job receives a resolved setting)
-    "run": {"run/*", "rundir.py", "provenance.py"},
+    "run": {"run/*"},
     "methods": {"algorithms/*", "api.py"},
     "inputs": {"data/*", "models/*", "partitions/*"},
     "ground": {"__init__.py", "parts.py", "server.py", "server_optim.py", "minnorm.py", "flat.py", "functional.py",
@@ -87,7 +87,7 @@ def test_no_import_runs_back_up_a_layer():
 
 def test_the_checks_see_a_cycle_and_an_upward_import():
     assert cycles({"a.py": {"b.py"}, "b.py": {"c.py"}, "c.py": {"a.py"}, "d.py": {"a.py"}}) == [["a.py", "b.py", "c.py"]]
-    assert "spec/settings.py" in identity.named_imports("spec/tuning.py")
+    assert "configure/settings.py" in identity.named_imports("configure/tuning.py")
     assert "parts.py" in identity.named_imports("algorithms/ima.py")
     assert _layer("algorithms/fedavg.py") == "methods" and _layer("run/trainer.py") == "run"
 
@@ -96,8 +96,8 @@ def test_the_settings_wing_imports_no_torch():
     """What a run is, before any job, is known without torch: the Snakefile and `fedrepro expand` load it all."""
     import subprocess
     import sys
-    modules = sorted(p.stem for p in (PACKAGE / "spec").glob("*.py") if p.stem != "__init__")
-    code = (f"import sys, importlib\nfor m in {modules!r}:\n    importlib.import_module('fedrepro.spec.' + m)\n"
+    modules = sorted(p.stem for p in (PACKAGE / "configure").glob("*.py") if p.stem != "__init__")
+    code = (f"import sys, importlib\nfor m in {modules!r}:\n    importlib.import_module('fedrepro.configure.' + m)\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:1] or 'NO TORCH')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE.parent)})

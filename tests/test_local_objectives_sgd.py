@@ -25,7 +25,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from fedrepro import data, models
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import settings
+from fedrepro.configure import settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

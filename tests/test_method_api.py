@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro import algorithms, api, data, identity, models, registry
+from fedrepro import algorithms, api, data, identity, models
+from fedrepro.configure import registry
 from fedrepro.algorithms import ima, random_batch, random_epochs
 from fedrepro.external import MethodError
 from fedrepro.parts import lr_schedule
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.settings import resolve
 
 SIZES = [40, 24, 33, 17, 30, 26]
 FEATURE_MODELS = {"fedfa": "cnn"}  # methods that read a feature extractor and a classifier

@@ -11,7 +11,7 @@ import torch
 
 from fedrepro import metrics
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import settings
+from fedrepro.configure import settings
 from fedrepro.data import TensorDataset
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")

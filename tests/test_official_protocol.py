@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fedrepro import identity
-from fedrepro.spec import config, paramsfile, settings
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure import expansion, paramsfile, settings
+from fedrepro.configure.paramsfile import ROOT
 
 # expanding IMA's 1,296 runs twice takes ~20 s
 PAPERS = ["fedaware", "fedlaw", pytest.param("ima", marks=pytest.mark.slow), "fednova"]
@@ -16,7 +16,7 @@ def _runs(paper: str, official: bool) -> list[settings.Run]:
     files = [ROOT / "params" / f"{paper}.yaml"]
     if official:
         files.append(ROOT / "params" / "subsets" / f"{paper}_official_protocol.yaml")
-    return config.expand(paramsfile.load_params_files(files))
+    return expansion.expand(paramsfile.load_params_files(files))
 
 
 # FedAWARE's code: these scripts use the FeedbackSampler and pair uploads with its unsorted draw; FedProx,
@@ -148,7 +148,7 @@ def test_ima_official_protocol_does_not_reseed_and_splits_cifar100_as_the_notebo
                                        ROOT / "params" / "subsets" / "ima_official_protocol.yaml"])
     params["experiments"] = {name: params["experiments"][name]
                              for name in ("ima_table1_fmnist", "ima_table1_cifar100_vgg")}
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     assert runs and all(r.setting["client"]["shuffle"] == "fresh" for r in runs)
     # and partitions CIFAR-100 as its notebook does: FedLab's balanced inner Dirichlet(0.5), partition seed 1
     c100 = [r for r in runs if r.setting["dataset"] == "cifar100"]

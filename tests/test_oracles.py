@@ -15,7 +15,7 @@ import torch
 
 from fedrepro.algorithms import fedadagrad, fedadam, fedams, fedavgm, fedyogi
 from fedrepro.parts import RoundUpdates
-from fedrepro.spec import settings
+from fedrepro.configure import settings
 
 F64 = torch.float64
 P = 3            # parameters

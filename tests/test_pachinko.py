@@ -8,7 +8,7 @@ import pytest
 
 from fedrepro import identity, partitions
 from fedrepro.partitions.base import content_hash
-from fedrepro.spec import config, paramsfile, schema, settings
+from fedrepro.configure import expansion, paramsfile, schema, settings
 from fedrepro.partitions.base import PartitionError
 from fedrepro.partitions.pachinko import CIFAR100_COARSE
 from fedrepro.partitions import pachinko
@@ -182,7 +182,7 @@ def test_ima_cifar100_runs_are_pachinko_and_join_the_papers_pa_rows():
     params["only"] = "ima_table1_cifar100_*"
     from fedrepro.ops import plan
     tunings: dict = {}
-    runs = [r for r in config.expand(params, tunings) if not r.tuning]
+    runs = [r for r in expansion.expand(params, tunings) if not r.tuning]
     runs += plan.final_runs(tunings, "no-such-folder")[0]  # the tuned methods' runs (FedProx, FedFA)
     assert runs and {r.setting["dataset"] for r in runs} == {"cifar100"}
     assert all(r.setting["partition"] == {"kind": "pachinko", "seed": 1, "alpha": 0.1, "beta": 10,

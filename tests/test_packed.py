@@ -18,7 +18,7 @@ from fedrepro import partitions
 from fedrepro.ops import gpucheck
 from fedrepro.run.packed import PackedRuns
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec.settings import resolve
+from fedrepro.configure.settings import resolve
 
 from test_batched import rounding_bound  # noqa: E402 (tests/ is on the path)
 

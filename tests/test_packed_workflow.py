@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, job_counts, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro.spec import config, paramsfile
-from fedrepro.spec.packs import WorkflowPacks, pack_of
+from fedrepro.configure import expansion, paramsfile
+from fedrepro.configure.packs import WorkflowPacks, pack_of
 
 
 def _snakemake(work: Path, *args, env=None):
@@ -58,7 +58,7 @@ def test_a_real_tiny_pack_trains_and_a_grown_grid_leaves_the_finished_runs_alone
 
     def train(params_content):
         path = write_yaml(tmp_path / "packed.yaml", fmnist_data.params(params_content))
-        runs = sorted(config.unique_runs(config.expand(paramsfile.load_params(path))))
+        runs = sorted(expansion.unique_runs(expansion.expand(paramsfile.load_params(path))))
         proc = _snakemake(work, "--configfile", str(path), "--cores", "1", "-p",
                           *[f"results/runs/{run}/summary.json" for run in runs], env=env)
         assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])

@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedrepro import catalog, registry
+from fedrepro import catalog
+from fedrepro.configure import registry
 from fedrepro.report import claims, paper
-from fedrepro.spec import config, paramsfile, schema, settings
+from fedrepro.configure import expansion, paramsfile, schema, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT.parent / "shared" / "specs"
@@ -132,7 +133,7 @@ def _missing_algorithms(params: dict) -> set[str]:
 def experiment_runs(params: dict) -> collections.Counter:
     """Runs per experiment: its own and the final runs of its tunings (the tuning runs are the tuning stage's)."""
     tunings: dict = {}
-    runs = config.expand(params, tunings)
+    runs = expansion.expand(params, tunings)
     counts = collections.Counter(r.experiment for r in runs if not r.tuning)
     counts.update(pending["experiment"] for entry in tunings.values() for pending in entry["pending"])
     return counts
@@ -143,7 +144,7 @@ def test_params_file_validates_and_expands_to_the_papers_grid(name):
     params = paramsfile.load_params(ROOT / "params" / f"{name}.yaml")
     assert not _missing_algorithms(params), "every method a params file names is implemented"
     assert dict(experiment_runs(params)) == EXPECTED[name]
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     assert all(r.setting["dataset"] in catalog.DATASETS for r in runs)
 
 
@@ -171,13 +172,13 @@ def test_only_selects_one_experiment_without_editing_the_file(name):
     assert sum(experiment_runs(params).values()) == sum(EXPECTED[name].values())
     params["only"] = "no_such_experiment"
     with pytest.raises(schema.ConfigError, match="matches no experiment"):
-        config.expand(params)
+        expansion.expand(params)
 
 
 def test_papers_hyperparameters_reach_the_runs():
     ima = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     ima["only"] = "ima_table1_fmnist"
-    runs = config.expand(ima)
+    runs = expansion.expand(ima)
     s = runs[0].setting
     assert (s["num_clients"], s["participation"], s["rounds"], s["local_epochs"], s["batch_size"]) == (100, 0.1, 300, 5, 50)
     assert s["client"] == {"lr": 0.01, "lr_decay": 0.99, "momentum": 0.9, "weight_decay": 0.001,
@@ -249,7 +250,7 @@ def _run(run_id, setting, accs, status="finished", **columns):
 def test_join_matches_cells_to_runs_and_computes_each_papers_metric():
     ima = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     ima["only"] = "ima_table1_fmnist"
-    runs = config.expand(ima)
+    runs = expansion.expand(ima)
     fedavg = [r for r in runs if r.setting["algorithm"] == "fedavg" and not r.setting["plugins"]
               and r.setting["partition"]["kind"] == "shards"]
     fedavg_ima = [r for r in runs if r.setting["algorithm"] == "fedavg" and r.setting["plugins"] == ["ima"]
@@ -347,7 +348,7 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
     # a table T takes the runs of the experiments T and T_* (report.page.paper_comparisons); each cell must find
     # exactly the paper's 3 seeds there (Tables 1, 9: SimpleCNN, AlexNet, ResNet8; Tables 2, 10: a row's
     # FedAvg and adaptive GWS runs share their settings but for the algorithm)
-    runs = config.expand(paramsfile.load_params(ROOT / "params" / "fedlaw.yaml"))
+    runs = expansion.expand(paramsfile.load_params(ROOT / "params" / "fedlaw.yaml"))
     tables = {n: t for n, t in paper.load_results().items() if t["paper"] == "fedlaw"}
     assert {"fedlaw_table2", "fedlaw_table10", "fedlaw_table5", "fedlaw_table4", "fedlaw_table7", "fedlaw_table8", "fedlaw_table6",
             "fedlaw_table11"} <= set(tables)
@@ -367,7 +368,7 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
 def test_fedams_server_lr_on_cifar10_is_tuned_and_its_aware_runs_follow_fedawares_scripts():
     """FedAMS's eta_g and eps are tuned over B.1's grids; run_projection_cifar10.sh runs FedAMS ×AWARE with 0.005."""
     tunings: dict = {}
-    runs = config.expand(paramsfile.load_params(ROOT / "params" / "fedaware.yaml"), tunings)
+    runs = expansion.expand(paramsfile.load_params(ROOT / "params" / "fedaware.yaml"), tunings)
     lrs = {("+".join([r.setting["algorithm"], *r.setting["plugins"]])): r.setting["server"]["lr"]
            for r in runs if r.experiment == "fedaware_table2_cifar10" and r.setting["algorithm"] == "fedams"
            and not r.tuning}
@@ -380,9 +381,9 @@ def test_fedams_server_lr_on_cifar10_is_tuned_and_its_aware_runs_follow_fedaware
 def test_fednova_fig5_logs_the_global_objective_every_round_and_other_runs_every_20():
     nova = paramsfile.load_params(ROOT / "params" / "fednova.yaml")
     nova["only"] = "fednova_fig5_synthetic"
-    assert {r.setting["evaluation"]["global_train_loss_every"] for r in config.expand(nova)} == {1}
+    assert {r.setting["evaluation"]["global_train_loss_every"] for r in expansion.expand(nova)} == {1}
     nova["only"] = "fednova_table1_e2"
-    assert {r.setting["evaluation"]["global_train_loss_every"] for r in config.expand(nova)} == {20}
+    assert {r.setting["evaluation"]["global_train_loss_every"] for r in expansion.expand(nova)} == {20}
 
 
 def _verdicts(table: str, runs: list[dict]) -> dict[str, claims.Verdict]:
@@ -396,7 +397,7 @@ def _verdicts(table: str, runs: list[dict]) -> dict[str, claims.Verdict]:
 
 def test_fednova_converges_faster_checks_count_rounds_to_table_is_accuracy_and_the_early_loss_of_fig5():
     nova = paramsfile.load_params(ROOT / "params" / "fednova.yaml")
-    runs = [r for r in config.expand(nova) if not r.tuning]
+    runs = [r for r in expansion.expand(nova) if not r.tuning]
     table1 = [r for r in runs if r.experiment.startswith("fednova_table1_")]
 
     def rising(reach_80_at):  # test accuracy climbing linearly to 80% at the given round, then flat
@@ -439,7 +440,7 @@ def test_ima_fig10_rows_each_select_one_run_and_the_first_is_the_landscape_figur
     from fedrepro.report import figures
     ima = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     ima["only"] = "ima_figures_landscape,ima_fig10_landscapes"
-    runs = config.expand(ima)
+    runs = expansion.expand(ima)
     spec = figures.check(ima["figures"], ima["experiments"])["ima_fig10_landscapes"]
     fig10 = [r for r in runs if r.experiment == "ima_fig10_landscapes"]
     chosen = [[r for r in fig10 if paper.matches(r.setting, {**spec["select"], **row["select"]})] for row in spec["rows"]]
@@ -470,7 +471,7 @@ def test_ima_fig10_rows_each_select_one_run_and_the_first_is_the_landscape_figur
 def test_a_tables_cells_read_runs_its_experiments_declare(params_file, table, cells):
     """Each cell finds the paper's three seeds among the runs of the experiments the table reads
     (paper.table_experiments), so the report can ever compare it."""
-    runs = config.expand(paramsfile.load_params(ROOT / "params" / params_file))
+    runs = expansion.expand(paramsfile.load_params(ROOT / "params" / params_file))
     spec = paper.load_results()[table]
     experiments = paper.table_experiments(table, spec, sorted({r.experiment for r in runs}))
     mine = [r for r in runs if r.experiment in experiments]

@@ -25,11 +25,11 @@ def test_the_page_matrix_is_the_rendering_of_the_records():
 
 def test_every_pair_of_the_papers_tables_has_a_row_in_the_records():
     """The records hold a row for every (dataset, model) the params files run, each with a status."""
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
 
     recs = records.load(records.FOLDER)
     for paper in recs:
-        runs = config.expand(paramsfile.load_params_files([str(records.ROOT / "params" / f"{paper}.yaml")]))
+        runs = expansion.expand(paramsfile.load_params_files([str(records.ROOT / "params" / f"{paper}.yaml")]))
         pairs = {(r.setting["dataset"], r.setting["model"]) for r in runs}
         rows = {(r["dataset"], r["model"]): r["status"] for r in recs[paper]["checks"]["models"]}
         assert pairs <= set(rows), (paper, pairs - set(rows))

@@ -106,10 +106,10 @@ def test_hybrid_is_a_dirichlet_first_half_and_a_dirichlet_split_of_the_rest():
 
 
 def test_a_hybrid_partition_of_one_client_is_refused_before_any_work():
-    from fedrepro.spec import config, schema
+    from fedrepro.configure import expansion, schema
     params = {"experiments": {"h": {"base": {"num_clients": 1, "partition": {"kind": "hybrid"}}, "grid": {"seed": [1]}}}}
     with pytest.raises(schema.ConfigError, match=r"partition.kind = hybrid: num_clients >= 2 does not hold \(num_clients = 1\)"):
-        config.expand(params)
+        expansion.expand(params)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
@@ -206,7 +206,7 @@ def test_long_tailed_clients_share_exactly_the_long_tailed_subset(kind):
 
 
 def test_long_tail_and_corruption_are_refused_where_they_cannot_apply_and_vanish_when_off():
-    from fedrepro.spec import schema, settings
+    from fedrepro.configure import schema, settings
     base = {"dataset": "cifar10", "model": "simplecnn", "num_clients": 20, "rounds": 2}
     hybrid = {"kind": "hybrid", "alpha": 0.1, "alpha_balanced": 10, "long_tail_rho": 5}
     with pytest.raises(schema.ConfigError, match=r"partition.long_tail_rho = 5 applies to partition kinds dirichlet, iid, not hybrid"):
@@ -252,7 +252,7 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
 
     from conftest import make_partition
     from fedrepro import cli, identity
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
     setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4, "rounds": 2, "batch_size": 32,
                               "device": "cpu", "partition": {"kind": "iid", "seed": 1, "long_tail_rho": 4},
                               "corruption": {"fraction": 0.5, "swap": [0, 1]}})

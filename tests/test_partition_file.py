@@ -11,7 +11,7 @@ import pytest
 from fedrepro import identity, partitions
 from fedrepro.partitions import records as partition_records
 from fedrepro.partitions.base import PartitionError
-from fedrepro.spec import config, schema, settings
+from fedrepro.configure import expansion, schema, settings
 from fedrepro.identity import partition_id, run_id
 
 N_TRAIN = 60000  # fmnist's training set
@@ -111,10 +111,10 @@ def test_a_params_file_reads_a_relative_path_under_the_data_root(tmp_path):
     (tmp_path / "parts").mkdir()
     _write(tmp_path / "parts" / "p.npz", _lists())
     base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "partition": {"kind": "file", "path": "parts/p.npz"}}
-    runs = config.expand({"data": {"root": str(tmp_path)}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}})
+    runs = expansion.expand({"data": {"root": str(tmp_path)}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}})
     assert runs[0].setting["partition"]["path"] == str(tmp_path / "parts" / "p.npz")
     with pytest.raises(schema.ConfigError, match="no such file"):
-        config.expand({"data": {"root": str(tmp_path / "other")}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}})
+        expansion.expand({"data": {"root": str(tmp_path / "other")}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}})
 
 
 def test_the_saved_partition_loads_for_the_same_file_at_another_path(tmp_path):

@@ -10,7 +10,7 @@ import torch
 
 from fedrepro import cli
 from fedrepro.ops import plan, pricing
-from fedrepro.spec import config, paramsfile, schema, settings
+from fedrepro.configure import expansion, paramsfile, schema, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def test_random_epochs_count_their_mean():
 
 def test_plan_counts_shared_and_finished_runs_once(tmp_path):
     params = schema.validate(_params(), "params.schema.yaml", "test")
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     done = next(r for r in runs if r.experiment == "a" and r.setting["seed"] == 1)
     (tmp_path / done.id).mkdir()
     (tmp_path / done.id / "summary.json").write_text("{}")
@@ -169,7 +169,7 @@ def test_cli_plan_with_only(tmp_path, capsys):
     # scaled from its batch to 100
     steps = 2 * 4 * 5 * 2 * 60
     assert out["total"]["steps"] == steps
-    run = next(r for r in config.expand(_params()) if r.experiment == "b")
+    run = next(r for r in expansion.expand(_params()) if r.experiment == "b")
     price, _ = pricing.step_costs("cuda").price(run.setting)
     assert out["total"]["seconds"] == pytest.approx(steps * price, rel=1e-12)
 
@@ -214,7 +214,7 @@ def test_cluster_requests_count_a_childs_rounds_from_its_fork(tmp_path):
         "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 100,
                  "local_epochs": 2, "batch_size": 100, "ima": {"start_round": 75}},
         "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}, "params.schema.yaml", "test")
-    runs = config.unique_runs(config.expand(params))
+    runs = expansion.unique_runs(expansion.expand(params))
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:100": 0.1}}))
     by = {"child" if run.setting["plugins"] else "parent": run.id for run in runs.values()}
@@ -280,7 +280,7 @@ def _sbatch_lines(tmp_path, runs: int, *extra) -> list[str]:
                  "batch_size": 256, "partition": {"kind": "iid", "seed": 1}},
         "grid": {"seed": list(range(1, runs + 1))}}}}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(params))
-    expanded = config.unique_runs(config.expand(params))
+    expanded = expansion.unique_runs(expansion.expand(params))
     for run in expanded.values():  # the train jobs' inputs exist: only train is submitted
         part = tmp_path / "results/partitions" / run.partition / "clients.npz"
         part.parent.mkdir(parents=True, exist_ok=True)
@@ -392,7 +392,7 @@ def test_the_kept_cpu_table_prices_every_model_of_the_cpu_reachable_experiments(
         params = paramsfile.load_params_files([str(ROOT / path)])
         if only:
             params["only"] = only
-        keys |= {pricing.step_key(r.setting) for r in config.expand(params)}
+        keys |= {pricing.step_key(r.setting) for r in expansion.expand(params)}
     assert {"fmnist/lenet5:128", "fmnist/mlp:128", "fmnist/cnn:50", "synthetic_1_1/logreg:20"} <= keys
     assert keys <= set(costs["step_seconds"]), sorted(keys - set(costs["step_seconds"]))
     assert all(v > 0 for v in costs["step_seconds"].values())
@@ -410,7 +410,7 @@ def test_a_cpu_step_is_timed_in_cpu_seconds_not_wall_seconds(monkeypatch):
 def test_the_h200_table_prices_every_setting_of_the_papers():
     costs = json.loads((ROOT / pricing.H200_STEP_COSTS_FILE).read_text())["step_seconds"]
     from fedrepro.ops.gpucheck import PAPER_PARAMS  # the files the table was measured from
-    runs = config.expand(paramsfile.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
+    runs = expansion.expand(paramsfile.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
     unpriced = sorted({pricing.step_key(r.setting) for r in runs if pricing.step_seconds(costs, r.setting) is None})
     assert not unpriced, f"no H200 step cost (gpucheck.measure_step_costs) for {unpriced}"
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import cli, provenance
+from fedrepro import cli
+from fedrepro.run import provenance
 
 FAKE_GPU = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_gib": 79.2, "driver": "570.86.15"}
 SETTING = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from fedrepro import registry
-from fedrepro.spec import conditions, schema, settings
+from fedrepro.configure import registry
+from fedrepro.configure import conditions, schema, settings
 
 
 def test_every_method_module_has_its_fragment_and_every_fragment_its_module():
@@ -81,7 +81,7 @@ def test_a_new_method_needs_only_its_module_and_its_fragment(tmp_path):
     script = textwrap.dedent('''
         import torch
         from fedrepro import algorithms, identity
-        from fedrepro.spec import schema, settings
+        from fedrepro.configure import schema, settings
         s = settings.resolve({"algorithm": "fedtoy"})
         assert s["fedtoy"] == {"scale": 0.5}, s
         assert "algorithms/fedtoy.py" in identity.code_closure((identity.RUN_ENTRY,) + identity.method_modules("fedtoy", []))

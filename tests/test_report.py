@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from fedrepro.report import page, plots
-from fedrepro.spec import config, paramsfile, settings, tuning
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure import expansion, paramsfile, settings, tuning
+from fedrepro.configure.paramsfile import ROOT
 
 
 def fabricate(run: settings.Run, runs_dir, final_acc: float, rounds: int = 12, status: str = "finished") -> None:
@@ -31,7 +31,7 @@ def ima_fmnist_runs():
     params = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_table1_fmnist"
     tunings: dict = {}
-    runs = config.expand(params, tunings)
+    runs = expansion.expand(params, tunings)
     # the experiment's runs once its tunings chose (FedProx's and FedFA's values; which one does not matter here)
     choices = {tid: {"chosen": entry["selection"]["candidates"][1]["point"]} for tid, entry in tunings.items()}
     return params, [r for r in runs if not r.tuning] + [r for r, _ in tuning.final_runs(tunings, choices)]
@@ -52,7 +52,7 @@ def test_report_puts_paper_numbers_beside_ours_and_lists_missing(tmp_path, ima_f
     # FedAvg +IMA: one seed at 0.90 -> 90.00 against 84.68 (Δ +5.32, outside tolerance), and IMA beats FMA
     fabricate(shards_run(runs, "fedavg", ["ima"], 1), runs_dir, 0.90)
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "ima")))
     out = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "reports" / "ima.html")
     html = out.read_text()
 
@@ -73,14 +73,14 @@ def test_report_puts_paper_numbers_beside_ours_and_lists_missing(tmp_path, ima_f
             "consistent within seed noise") in html
     # the other cells and runs of the experiment are reported as missing, not dropped
     assert html.count('class="none"') > 0
-    n_missing = len(config.unique_runs(runs)) - 3
+    n_missing = len(expansion.unique_runs(runs)) - 3
     assert f"missing runs ({n_missing})" in html
 
 
 def test_report_without_any_finished_run_still_builds(tmp_path, ima_fmnist_runs):
     params, runs = ima_fmnist_runs
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "ima")))
     html = page.build(manifest_path, tmp_path / "runs", tmp_path / "partitions", tmp_path / "r.html").read_text()
     assert "0/" in html and "0/0 cells run so far are reproduced" in html
     # nothing has run: no empty provenance rows for commits, machines, versions or time
@@ -118,12 +118,12 @@ def test_ablation_plot_for_numeric_grid_axes(tmp_path):
     one that varies only methods and splits does not."""
     params = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_fig7b_window,ima_table1_fmnist"
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     for run in runs:
         if run.experiment == "ima_fig7b_window" and run.setting["seed"] in (1, 2):
             fabricate(run, tmp_path / "runs", 0.6 + 0.01 * run.setting["ima"]["window"])
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "ima")))
     html = page.build(manifest_path, tmp_path / "runs", tmp_path / "partitions", tmp_path / "r.html").read_text()
     assert 'alt="ablation plot of ima_fig7b_window"' in html
     assert 'alt="ablation plot of ima_table1_fmnist"' not in html
@@ -133,7 +133,7 @@ def test_a_diverged_run_shows_in_its_paper_cell(tmp_path, ima_fmnist_runs):
     params, runs = ima_fmnist_runs
     fabricate(shards_run(runs, "fedprox", [], 1), tmp_path / "runs", float("nan"), status="diverged")
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "ima")))
     html = page.build(manifest_path, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
     assert '<td class="diverged"><b>diverged</b> (1 seed)<small>paper 79.78</small></td>' in html
     # run, and outside the gap: the verification matrix counts it so too
@@ -151,7 +151,7 @@ def test_index_counts_every_experiments_runs_by_state(tmp_path):
     path = tmp_path / "params" / "two.yaml"
     path.parent.mkdir()
     path.write_text(json.dumps(params))
-    runs = config.expand(paramsfile.load_params(path))
+    runs = expansion.expand(paramsfile.load_params(path))
     first = [r for r in runs if r.experiment == "first"]
     runs_dir = tmp_path / "results" / "runs"
     fabricate(first[0], runs_dir, 0.8)
@@ -242,11 +242,11 @@ def test_methods_that_coincide_are_named_not_hidden(tmp_path):
     and marks the row; FedProx, a different curve, is not named."""
     path = _two_method_params(tmp_path)
     params = paramsfile.load_params(path)
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     for run in runs:
         fabricate(run, tmp_path / "runs", {"fedavg": 0.7, "fednova": 0.7, "fedprox": 0.6}[run.setting["algorithm"]])
     manifest = tmp_path / "m.json"
-    manifest.write_text(json.dumps(config.manifest(params, runs, "two")))
+    manifest.write_text(json.dumps(expansion.manifest(params, runs, "two")))
     html = page.build(manifest, tmp_path / "runs", tmp_path / "p", tmp_path / "r.html").read_text()
     assert ('<p class="note">fednova coincides with fedavg: the same test accuracy (within 0.2 points) in every '
             'round of every seed') in html and "FedNova normalises each client&#39;s update" in html
@@ -260,7 +260,7 @@ def test_evidence_rebuilds_the_same_page_without_results(tmp_path):
     """keep the compact records, delete results/, rebuild from evidence/ alone: the same numbers."""
     from fedrepro import cli
     path = _two_method_params(tmp_path)
-    runs = config.expand(paramsfile.load_params(path))
+    runs = expansion.expand(paramsfile.load_params(path))
     results = tmp_path / "results"
     for i, run in enumerate(runs[:4]):  # two runs are left missing: the page must still list them
         fabricate(run, results / "runs", 0.5 + 0.05 * i)
@@ -287,7 +287,7 @@ def test_evidence_keep_leaves_a_folder_that_holds_the_same_records_untouched(tmp
     a keep that differs from the folder only in when and by which command it ran leaves the folder as it is."""
     from fedrepro import cli
     path = _two_method_params(tmp_path)
-    runs = config.expand(paramsfile.load_params(path))
+    runs = expansion.expand(paramsfile.load_params(path))
     results = tmp_path / "results"
     for i, run in enumerate(runs[:3]):
         fabricate(run, results / "runs", 0.5 + 0.05 * i)
@@ -321,13 +321,13 @@ def test_evidence_keeps_the_runs_a_manifest_names_when_they_ran_with_earlier_cod
     from fedrepro import cli
     path = _two_method_params(tmp_path)
     params = paramsfile.load_params(path)
-    earlier = [dataclasses.replace(r, id=r.id[:-4] + "0ld0") for r in config.expand(params)]  # other code, other ids
+    earlier = [dataclasses.replace(r, id=r.id[:-4] + "0ld0") for r in expansion.expand(params)]  # other code, other ids
     project = tmp_path / "then"
     for i, run in enumerate(earlier[:3]):
         fabricate(run, project / "results" / "runs", 0.6 + 0.05 * i)
     (project / "params").mkdir()
     shutil.copy(path, project / "params" / path.name)
-    manifest = config.run_manifest(params, [f"params/{path.name}"], "snakemake --configfile ...", "two")
+    manifest = expansion.run_manifest(params, [f"params/{path.name}"], "snakemake --configfile ...", "two")
     for exp in manifest["experiments"].values():
         for run in exp["runs"]:
             run["id"] = run["id"][:-4] + "0ld0"
@@ -354,7 +354,7 @@ def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
     switch (two keys) shares FedAvg's row (one key); the server-epoch switch is FedLAW's alone."""
     files = [ROOT / "params" / "fedlaw.yaml", ROOT / "params" / "subsets" / "fedlaw_protocol_switches.yaml"]
     params = paramsfile.load_params_files(files)
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     accs = {"fedavg": 0.80, "fedavg · evaluation.proxy_holdout=200": 0.81, "fedavg · client.keep_momentum=True": 0.78,
             "fedlaw": 0.86, "fedlaw · evaluation.proxy_holdout=200 · fedlaw.proxy_size=200": 0.85,
             "fedlaw · fedlaw.server_epochs=20": 0.855,
@@ -366,7 +366,7 @@ def test_switch_experiments_show_each_switchs_effect_per_method(tmp_path):
         if run.label in accs:
             fabricate(run, runs_dir, accs[run.label])
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "switches")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "switches")))
     html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
     table = html[html.index("What each switch does"):]
     table = table[:table.index("</table>")]
@@ -388,7 +388,7 @@ def test_switch_keys_name_the_switch_and_leave_every_other_key_to_the_method(tmp
     switch; FedLAW's SWA variant is a method of its own, not a switch of FedLAW's."""
     files = [ROOT / "params" / "fedlaw.yaml", ROOT / "params" / "subsets" / "fedlaw_table3_fmnist_mlp_partition_draw.yaml"]
     params = paramsfile.load_params_files(files)
-    runs = [r for r in config.expand(params) if r.experiment == "fedlaw_table3_fmnist_draw_dir01"]
+    runs = [r for r in expansion.expand(params) if r.experiment == "fedlaw_table3_fmnist_draw_dir01"]
     accs = {("feddyn", "run"): [0.10, None, 0.30], ("feddyn", 1): [0.40, 0.50, 0.60],
             ("fedlaw", "run"): [0.85, 0.86, 0.87], ("fedlaw", 1): [0.86, 0.86, 0.86],
             ("swa", "run"): [0.80, 0.80, 0.83]}
@@ -400,7 +400,7 @@ def test_switch_keys_name_the_switch_and_leave_every_other_key_to_the_method(tmp
             acc = accs[key][run.setting["seed"] - 8]
             fabricate(run, runs_dir, float("nan") if acc is None else acc, status="diverged" if acc is None else "finished")
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "draws")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "draws")))
     html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
     table = html[html.index("What each switch does"):]
     table = table[:table.index("</table>")]
@@ -469,7 +469,7 @@ def test_every_paper_table_is_exported_as_latex_csv_and_markdown_with_the_pages_
     fabricate(shards_run(runs, "fedprox", [], 1), runs_dir, 0.86)  # the best of ours on the #C=2 FMA row
     fabricate(shards_run(runs, "fedavg", ["ima"], 1), runs_dir, 0.90)
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "ima")))
     html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "reports" / "ima.html").read_text()
     folder = tmp_path / "reports" / "ima_tables"
     assert sorted(p.name for p in folder.iterdir()) == ["ima_table1.csv", "ima_table1.md", "ima_table1.tex"]
@@ -573,7 +573,7 @@ def test_evidence_carries_equal_runs_from_an_earlier_keep_and_nothing_else(tmp_p
     from fedrepro.report import evidence
     path = _two_method_params(tmp_path)
     params = paramsfile.load_params(path)
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     # earlier ids (earlier code); run 5 ran on another draw of the clients
     old_partition = lambda i, r: r.partition + ("-other" if i == 5 else "-old")
     earlier = [SimpleNamespace(id=r.id[:-4] + "0ld0", setting=r.setting, partition=old_partition(i, r))
@@ -622,7 +622,7 @@ def _keep_as_earlier(tmp_path, params, path, runs, earlier, then):
     """Keep the runs finished in ``then`` as evidence folder ev/two, by the manifest an earlier commit wrote:
     today's runs under their ``earlier`` ids and partitions."""
     from fedrepro.report import evidence
-    manifest = config.run_manifest(params, [str(path)], "earlier", "two")
+    manifest = expansion.run_manifest(params, [str(path)], "earlier", "two")
     for exp in manifest["experiments"].values():
         for entry in exp["runs"]:
             i = [r.id for r in runs].index(entry["id"])
@@ -645,7 +645,7 @@ def test_evidence_compare_confirms_a_rerun_bit_for_bit_and_names_what_differs(tm
     from fedrepro import cli
     path = _two_method_params(tmp_path)
     params = paramsfile.load_params(path)
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     earlier = [SimpleNamespace(id=r.id[:-4] + "0ld0", setting=r.setting, partition=r.partition + "-old") for r in runs]
 
     then, today = tmp_path / "then", tmp_path / "today"
@@ -702,7 +702,7 @@ def test_the_provenance_names_the_gpu_stack_and_the_determinism_switches(tmp_pat
                                               "matmul_allow_tf32": False, "cudnn_allow_tf32": True}}
     (runs_dir / run.id / "summary.json").write_text(json.dumps(summary))
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "ima")))
     html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
     provenance = html[html.index('id="provenance"'):]
     assert ("<td>GPU stack and determinism switches</td><td>torch 2.15.0+cu132, CUDA 13.2, cuDNN 92600, GPU NVIDIA "
@@ -756,7 +756,7 @@ def test_each_paper_table_states_the_compute_its_runs_took_and_the_plans_estimat
     fabricate(shards_run(runs, "fedavg", [], 1), runs_dir, 0.80)  # 1.0 s of runtime each
     fabricate(shards_run(runs, "fedavg", [], 2), runs_dir, 0.82)
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(config.manifest(params, runs, "ima")))
+    manifest_path.write_text(json.dumps(expansion.manifest(params, runs, "ima")))
     html = page.build(manifest_path, runs_dir, tmp_path / "partitions", tmp_path / "r.html").read_text()
     assert re.search(r"<b>Compute</b> of the runs these cells count: 0\.0 device-hours over 2 runs \(CPU 0\.0 h\); "
                      r"the plan(?:'|&#39;)s estimate: \d+\.\d h", html)

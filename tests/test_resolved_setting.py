@@ -6,8 +6,9 @@ import ast
 
 import pytest
 
-from fedrepro import identity, registry
-from fedrepro.spec import settings
+from fedrepro import identity
+from fedrepro.configure import registry
+from fedrepro.configure import settings
 
 # receivers of .get( in run/ and algorithms/ that are no setting: checkpoint state, the environment, a round's
 # info and metrics row, a fork record, a pack's member record (its optional keys: done_at, forks), a JSON record read

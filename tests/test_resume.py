@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from conftest import make_partition, subprocess_env
-from fedrepro import cli, registry
+from fedrepro import cli
+from fedrepro.configure import registry
 from fedrepro.run import checkpoint
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 6,
@@ -228,7 +229,7 @@ def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state
     so a resume restores exactly what the observers say they need."""
     from fedrepro.run.observers import Observer
     from fedrepro.run.trainer import Trainer
-    from fedrepro.spec.settings import resolve
+    from fedrepro.configure.settings import resolve
     setting = resolve({**BASE, "algorithm": "fedavg", "rounds": 4, "snapshots": {"rounds": [1]}})
     trainer = Trainer(setting, tmp_path / "run", partition_dir, tiny_data_root)
     trainer.run(progress=False, stop_after=2)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import settings
+from fedrepro.configure import settings
 from fedrepro.run.batchable import dropout_layers
 from fedrepro.data.cifar import ImageDataset
 from fedrepro.models import vgg

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedrepro import rundir
+from fedrepro import identity
+from fedrepro.run import rundir
 from fedrepro.records import CorruptFileError
 from fedrepro.report import paper
 
@@ -78,7 +79,7 @@ def test_the_papers_table_skips_a_run_with_corrupt_metrics_and_keeps_the_others(
 
 
 def test_the_planner_does_not_import_the_benchmark():
-    source = (Path(rundir.__file__).parent / "ops" / "plan.py").read_text()
+    source = (identity.PACKAGE / "ops" / "plan.py").read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
     imported |= {f"{node.module}.{a.name}" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
                  for a in node.names}

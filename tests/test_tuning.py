@@ -1,4 +1,4 @@
-"""The tuning stage (fedrepro.spec.tuning): choosing, tune blocks and their errors, the validation split, the
+"""The tuning stage (fedrepro.configure.tuning): choosing, tune blocks and their errors, the validation split, the
 expansion into tuning runs and final runs, the plan's count, and the stage end to end through Snakemake."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from conftest import DEBIAN_FMNIST, ROOT, job_counts, make_partition, snakemake_cmd, \
     subprocess_env, write_yaml
-from fedrepro.spec import config, paramsfile, schema, settings, tuning
+from fedrepro.configure import expansion, paramsfile, schema, settings, tuning
 from fedrepro.evaluation import validation_split
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2, "device": "cpu",
@@ -31,7 +31,7 @@ def params(tune=PROX, grid=None, base=BASE) -> dict:
 
 def expand(p: dict):
     tunings: dict = {}
-    return config.expand(p, tunings), tunings
+    return expansion.expand(p, tunings), tunings
 
 
 # --------------------------------------------------------------------------- choosing
@@ -169,7 +169,7 @@ def test_a_tuned_grid_point_gives_its_tuning_runs_and_waits_for_the_choice():
     own = [r for r in runs if not r.tuning]
     assert [r.setting["algorithm"] for r in own] == ["fedavg", "fedavg"]  # the fedprox runs wait
     assert [p["variant"] for p in entry["pending"]] == [{"algorithm": "fedprox"}] * 2
-    manifest = config.manifest(params(), runs, "t", tunings)
+    manifest = expansion.manifest(params(), runs, "t", tunings)
     assert {r["id"] for r in manifest["experiments"]["e"]["runs"]} == {r.id for r in own}
     assert manifest["tunings"][tid]["selection"]["candidates"][0]["runs"] == [tuning_runs[0].id]
 
@@ -185,13 +185,13 @@ def test_the_chosen_value_is_in_the_final_runs_setting_and_identity():
         assert all(r.setting["evaluation"]["validation"] == 0 for r, _ in pairs)  # scored on the test set
     assert {r.id for r, _ in finals[0.1]}.isdisjoint(r.id for r, _ in finals[0.01])
     # the untuned runs and a plain file's manifest are those of the file without the tune block
-    plain = config.expand(params(tune=None))
+    plain = expansion.expand(params(tune=None))
     assert [r.id for r in runs if not r.tuning and r.setting["algorithm"] == "fedavg"] == \
         [r.id for r in plain if r.setting["algorithm"] == "fedavg"]
-    assert "tunings" not in config.manifest(params(tune=None), plain, "t", {})
+    assert "tunings" not in expansion.manifest(params(tune=None), plain, "t", {})
     # the tuned manifest lists them with the choice
     choice = {"chosen": {"fedprox": {"mu": 0.01}}, "chosen_label": "fedprox.mu=0.01"}
-    tuned = tuning.tuned_manifest(config.manifest(p, runs, "t", tunings), {tid: choice})
+    tuned = tuning.tuned_manifest(expansion.manifest(p, runs, "t", tunings), {tid: choice})
     assert [r["tuned"]["label"] for r in tuned["experiments"]["e"]["runs"] if "tuned" in r] == ["fedprox.mu=0.01"] * 2
     assert tuned["tunings"][tid]["choice"] == choice
 
@@ -319,7 +319,7 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
 @pytest.mark.slow
 def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path, fmnist_data):
     """The final runs a tuning gives are known only after its checkpoint; a tuned fedavg+ima run still starts
-    from its tuned FedAvg sibling's state at t_s (fedrepro.spec.forks.WorkflowForks.current)."""
+    from its tuned FedAvg sibling's state at t_s (fedrepro.configure.forks.WorkflowForks.current)."""
     work = tmp_path / "work"
     (work / "params").mkdir(parents=True)
     spec = copy.deepcopy(TINY_TUNE)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from fedrepro.report import cites, matrix_text, verification
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT
 
 # A two-column table: cells match runs by algorithm; alpha selects the row.
 TABLE = {"tables": {"toy_table1": {

@@ -20,7 +20,7 @@ import torch
 
 from conftest import BIN, ROOT, job_counts, snakemake_cmd, subprocess_env, write_yaml
 from fedrepro import identity
-from fedrepro.spec import config, paramsfile
+from fedrepro.configure import expansion, paramsfile
 
 
 def _snakemake(workdir: Path, *args: str, env=None, timeout=900) -> subprocess.CompletedProcess:
@@ -30,7 +30,7 @@ def _snakemake(workdir: Path, *args: str, env=None, timeout=900) -> subprocess.C
 
 
 def _expected_counts(params_file: Path) -> dict[str, int]:
-    runs = config.unique_runs(config.expand(paramsfile.load_params(params_file)))
+    runs = expansion.unique_runs(expansion.expand(paramsfile.load_params(params_file)))
     partitions = {run.partition for run in runs.values()}
     datasets = {run.setting["dataset"] for run in runs.values()}
     return {"download": len(datasets), "partition": len(partitions), "train": len(runs),
@@ -92,7 +92,7 @@ def test_the_workflow_and_fedrepro_manifest_agree_on_the_manifest(tmp_path):
     assert done.returncode == 0, done.stderr
     manifest = json.loads(out.read_text())
     assert list(manifest["experiments"]) == [only]
-    assert config.manifest_path(manifest).endswith(path.split("/")[-1])
+    assert expansion.manifest_path(manifest).endswith(path.split("/")[-1])
     cli[cli.index("--overrides") + 1] = "{}"  # the whole file: another content, so another name
     done = subprocess.run(cli, capture_output=True, text=True, env=subprocess_env())
     assert done.returncode != 0 and "hashes to" in done.stderr, done.stderr
@@ -113,7 +113,7 @@ def tiny_run(tmp_path_factory, fmnist_data):
     proc = _snakemake(work, "--configfile", str(params), "--workflow-profile", str(ROOT / "workflow/profiles/ci"),
                       "--cores", "2", env=env)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
-    runs = config.unique_runs(config.expand(paramsfile.load_params(params)))
+    runs = expansion.unique_runs(expansion.expand(paramsfile.load_params(params)))
     return {"work": work, "params": params, "uri": uri, "env": env, "runs": runs, "fmnist": fmnist_data}
 
 
@@ -339,10 +339,10 @@ def _without_timings(path: Path) -> str:
 @pytest.fixture(scope="module")
 def forked_grid(tmp_path_factory, fmnist_data):
     """.test/config/forks.yaml trained twice through Snakemake: sharing prefixes, and with share_prefixes=false."""
-    from fedrepro.spec import forks
+    from fedrepro.configure import forks
     params = fmnist_data.params_file(FORKS_CONFIG, tmp_path_factory.mktemp("params"))
     env = subprocess_env(fmnist=fmnist_data)
-    runs = config.unique_runs(config.expand(paramsfile.load_params(params)))
+    runs = expansion.unique_runs(expansion.expand(paramsfile.load_params(params)))
     shared = forks.assign(list(runs.values()))
     grids = {}
     for name, extra in (("shared", ()), ("unshared", ("--config", "share_prefixes=false"))):
@@ -363,12 +363,12 @@ def test_forks_each_job_asks_for_the_runtime_of_the_rounds_it_trains(tmp_path):
     Step costs large enough that no request is the floor, so the counts show; measured on the CPU, the device
     these runs train on (a measurement of another device would not price them)."""
     from fedrepro.ops import plan
-    from fedrepro.spec import forks
+    from fedrepro.configure import forks
     costs = {"fmnist/mlp:256": 5.0}
     (tmp_path / "results" / "bench").mkdir(parents=True)
     (tmp_path / "results" / "bench" / "step_costs.json").write_text(json.dumps({"device": "cpu",
                                                                                 "step_seconds": costs}))
-    runs = config.unique_runs(config.expand(paramsfile.load_params(FORKS_CONFIG)))
+    runs = expansion.unique_runs(expansion.expand(paramsfile.load_params(FORKS_CONFIG)))
     shared = forks.assign(list(runs.values()))
     minutes = lambda run_id, rounds: plan.run_minutes({**runs[run_id].setting, "rounds": rounds}, costs)  # noqa: E731
     rounds = {run_id: run.setting["rounds"] for run_id, run in runs.items()}
@@ -445,7 +445,7 @@ def test_forks_reruns_follow_the_tree(forked_grid):
         folder = work / f"changed{expected['train']}"
         folder.mkdir()
         path = write_yaml(folder / "forks.yaml", changed)
-        targets = _train_targets(config.unique_runs(config.expand(paramsfile.load_params(path))))
+        targets = _train_targets(expansion.unique_runs(expansion.expand(paramsfile.load_params(path))))
         proc = _snakemake(work, "-n", "--configfile", str(path), *CI_PROFILE, *targets)
         assert proc.returncode == 0, proc.stderr[-3000:]
         counts = dict(collections.Counter(rule for rule, _ in _jobs(proc.stdout + proc.stderr)))
@@ -464,10 +464,10 @@ def test_a_figure_waits_for_every_run_of_its_experiment_also_one_another_experim
             "second": {"base": base, "grid": {"algorithm": ["fedavg", "fedprox"]}}},
         "figures": {"fig_first": {"kind": "locality", "experiment": "first"},
                     "fig_second": {"kind": "locality", "experiment": "second"}}})
-    runs = config.expand(paramsfile.load_params(params))
+    runs = expansion.expand(paramsfile.load_params(params))
     shared = next(r.id for r in runs if r.experiment == "first")
-    assert config.unique_runs(runs)[shared].experiment == "second"  # the run is listed under one experiment only
-    assert config.runs_by_experiment(runs)["first"] == [shared]
+    assert expansion.unique_runs(runs)[shared].experiment == "second"  # the run is listed under one experiment only
+    assert expansion.runs_by_experiment(runs)["first"] == [shared]
     proc = _snakemake(tmp_path, "-n", "results/figures/shared/fig_first.png", "results/figures/shared/fig_second.png",
                       "--configfile", str(params))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -506,11 +506,11 @@ def test_a_method_added_to_one_experiment_reruns_its_runs_and_their_readers_only
     (tmp_path / "params").mkdir()
     params = write_yaml(tmp_path / "params" / "default.yaml", default)
     before = _job_inputs(tmp_path / "work", params)
-    runs = set(config.unique_runs(config.expand(paramsfile.load_params(params))))
+    runs = set(expansion.unique_runs(expansion.expand(paramsfile.load_params(params))))
     default["experiments"]["fmnist_quick"]["grid"]["algorithm"].append("fedprox")
     write_yaml(params, default)
     after = _job_inputs(tmp_path / "work", params)
-    new = set(config.unique_runs(config.expand(paramsfile.load_params(params)))) - runs
+    new = set(expansion.unique_runs(expansion.expand(paramsfile.load_params(params)))) - runs
     rerun = {out: job for out, job in after.items() if before.get(out) != job and job[0] != "all"}
     counts = dict(collections.Counter(rule for rule, _, _ in rerun.values()))
     quick_figures = [name for name, spec in default["figures"].items() if spec.get("experiment") == "fmnist_quick"]

@@ -1,12 +1,12 @@
 """What exists, found by one registry: every kind of part is a module plus the YAML fragment beside it.
 
-    algorithms/<name>.yaml   a method or plug-in: its settings sections (read by fedrepro.registry)
+    algorithms/<name>.yaml   a method or plug-in: its settings sections (read by fedrepro.configure.registry)
     data/<family>.yaml       ``datasets: {<name>: facts}``, the datasets data/<family>.py serves
     models/<family>.yaml     ``models: {<name>: facts}``, the models models/<family>.py builds (its BUILDERS)
     partitions/<kind>.yaml   a partition kind: the keys of its identity, its readable name, its own settings
     report/figures/<paper>.yaml   a paper's figure kinds (read by fedrepro.report.figures)
 
-Adding a dataset, a model or a partition kind is its module and its fragment (fedrepro.registry checks that
+Adding a dataset, a model or a partition kind is its module and its fragment (fedrepro.configure.registry checks that
 each gives the facts that are read). A family module may still key its own tables by dataset name (the CIFAR
 archive names, Synthetic's parameters), so a dataset added to an existing family goes into both its files.
 This module reads YAML only (no torch), so validation and the Snakefile use it before any job starts, and

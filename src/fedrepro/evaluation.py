@@ -1,5 +1,5 @@
 """What every run of a comparison is scored on, and how: the test set minus the comparison's proxy
-hold-out, with the model in eval mode; or, for the tuning stage (fedrepro.spec.tuning), a validation split
+hold-out, with the model in eval mode; or, for the tuning stage (fedrepro.configure.tuning), a validation split
 carved from the clients' training data, so that choosing a hyperparameter never looks at the test set.
 Below the engine and the methods, which both use it.
 """

@@ -44,7 +44,7 @@ FAMILY_PACKAGES = ("data", "models", "algorithms", "partitions")
 # every run. A run's partition code enters through its partition id, which hashes the kind's own closure.
 # The catalog reads the fragments into dicts: what training reads of them, its own dataset's and model's
 # facts, a run hashes as facts (catalog.training_facts), so the reader is no part of it.
-OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partitions/records.py",
+OUTSIDE_RUNS = frozenset({"identity.py", "run/provenance.py", "records.py", "run/rundir.py", "partitions/records.py",
                           "catalog.py"})
 RUN_ENTRY = "run/jobs.py"  # what a training job executes: training a run and keeping a parent's fork state
 # Modules of the run wing that a run executes only when its setting asks for them: the batched path (a round's
@@ -307,7 +307,7 @@ def partition_identity(part: dict) -> dict:
 def identity_setting(setting: dict) -> dict:
     """The resolved run setting as its name hashes it: the values that cannot change what the run computes
     left out, so that adding an option (off by default) renames no run; a file partition's path left out (its
-    content hash stays). The run trains with the whole setting (fedrepro.spec.settings.resolve)."""
+    content hash stays). The run trains with the whole setting (fedrepro.configure.settings.resolve)."""
     out = {**setting, "partition": partition_identity(setting["partition"])}
     neutral = {
         "hessian": not out.get("hessian", {}).get("every"),  # off

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedrepro.spec import config, paramsfile  # noqa: E402
+from fedrepro.configure import expansion, paramsfile  # noqa: E402
 from fedrepro.errors import FedreproError  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("ids.json")
@@ -50,7 +50,7 @@ def ids_of(files: list[Path]) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             params = _with_partition_files(paramsfile.load_params_files(files), Path(tmp))
-            runs = config.expand(params, {})
+            runs = expansion.expand(params, {})
         except FedreproError:
             return None
     return {"runs": sorted({r.id for r in runs}), "partitions": sorted({r.partition for r in runs})}

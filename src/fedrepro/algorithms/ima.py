@@ -33,7 +33,7 @@ class WindowAverage(PostStep):
         self.models.append(x.clone())
         if updates.round < self.start:
             # nothing logged either: before t_s a run is its host's, row for row (its FMA sibling's rounds
-            # serve as its own, fedrepro.spec.forks)
+            # serve as its own, fedrepro.configure.forks)
             return x
         averaged = torch.stack(self.models).mean(0)
         updates.info["ima_active"] = 1

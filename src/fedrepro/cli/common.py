@@ -120,8 +120,8 @@ def _name(what: str):
     """An argparse type: a name that becomes a file or folder name, by the project's naming rule (letters,
     digits, ``_ . + -``, as experiments, params files and runs are named)."""
     def parse(text: str) -> str:
-        from fedrepro.spec.paramsfile import check_name
-        from fedrepro.spec.schema import ConfigError
+        from fedrepro.configure.paramsfile import check_name
+        from fedrepro.configure.schema import ConfigError
         try:
             return check_name(text, what)
         except ConfigError as err:
@@ -191,8 +191,8 @@ def finish(p: argparse.ArgumentParser, example: str) -> None:
 def _manifest_of(args, command: str) -> dict:
     """The manifest a command reads: --manifest as written, or the one of --configfile's params files."""
     from fedrepro import records
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
     if args.manifest:
         return records.read_json(args.manifest)
-    return config.run_manifest(paramsfile.load_params_files(args.configfile), args.configfile,
+    return expansion.run_manifest(paramsfile.load_params_files(args.configfile), args.configfile,
                                f"fedrepro {command} --configfile " + " ".join(args.configfile))

@@ -25,14 +25,14 @@ def add_expand(sub) -> None:
 
 
 def cmd_expand(args) -> None:
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
     params = paramsfile.load_params_files(args.configfile)
     if args.add_method:
         params["add_method"] = args.add_method
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     for run in runs:
         print(run.experiment, run.id)
-    print(f"{len(config.unique_runs(runs))} runs", file=sys.stderr)
+    print(f"{len(expansion.unique_runs(runs))} runs", file=sys.stderr)
 
 
 def add_plan(sub) -> None:
@@ -60,7 +60,7 @@ def add_plan(sub) -> None:
 
 def cmd_plan(args) -> None:
     from fedrepro.ops import plan, pricing
-    from fedrepro.spec import paramsfile
+    from fedrepro.configure import paramsfile
     params = paramsfile.load_params_files(args.configfile)
     if args.only:
         params["only"] = args.only

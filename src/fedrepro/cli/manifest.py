@@ -24,7 +24,7 @@ def add_track(sub) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--configfile", nargs="+", type=_existing("file"), help="params file(s), merged in order as snakemake does")
     source.add_argument("--manifest", type=_existing("file"), help="the manifest the workflow wrote (results/manifests/)")
-    source.add_argument("--record", type=_json_arg, help="one run's record as JSON (fedrepro.spec.config.run_record: "
+    source.add_argument("--record", type=_json_arg, help="one run's record as JSON (fedrepro.configure.expansion.run_record: "
                         "the workflow's tracking job of one run)")
     p.add_argument("--run", action="append", help="only this run id (repeat for several)")
     p.add_argument("--runs-dir", default="results/runs", type=_absent_or("folder"))
@@ -70,7 +70,7 @@ def add_manifest(sub) -> None:
 
 def cmd_manifest(args) -> None:
     from fedrepro.errors import SetupError
-    from fedrepro.spec import config, paramsfile, schema, settings
+    from fedrepro.configure import expansion, paramsfile, schema, settings
     files = [str(Path(args.base, f)) for f in args.configfile]
     for name in files:  # relative to --base, so checked here rather than by the parser
         try:
@@ -81,11 +81,11 @@ def cmd_manifest(args) -> None:
     if args.overrides:  # Snakemake's --config: merged last, as Snakemake does
         params = schema.validate(settings.deep_merge(params, args.overrides), "params.schema.yaml",
                                  " ".join(args.configfile) + " with --config")
-    manifest = config.run_manifest(params, args.configfile, args.command or "fedrepro manifest --configfile "
+    manifest = expansion.run_manifest(params, args.configfile, args.command or "fedrepro manifest --configfile "
                                    + " ".join(args.configfile))
     if args.experiments is not None:
-        manifest = config.experiment_slice(manifest, args.experiments)
-    addressed = Path(config.slice_path(manifest) if args.experiments is not None else config.manifest_path(manifest))
+        manifest = expansion.experiment_slice(manifest, args.experiments)
+    addressed = Path(expansion.slice_path(manifest) if args.experiments is not None else expansion.manifest_path(manifest))
     out = Path(args.out or addressed)
     if args.check_name and out.name != addressed.name:
         raise SystemExit(f"fedrepro manifest: the manifest's content hashes to {addressed.name}, not {out.name}: "
@@ -120,7 +120,7 @@ def add_tune(sub) -> None:
 
 
 def cmd_tune(args) -> None:
-    from fedrepro.spec import tuning
+    from fedrepro.configure import tuning
     manifest = json.loads(Path(args.manifest).read_text())
     if args.action == "select":
         try:
@@ -131,7 +131,7 @@ def cmd_tune(args) -> None:
         print(f"tuning {args.tuning}: {choice['chosen_label']} ({choice['criterion']} "
               f"{choice['candidates'][choice['chosen_index']]['value']:.4f})")
     elif args.action == "final":
-        from fedrepro.rundir import RunDir
+        from fedrepro.run.rundir import RunDir
         final = [r["id"] for exp in manifest["experiments"].values() for r in exp["runs"] if "tuned" in r]
         missing = [r for r in final if not RunDir(Path(args.runs_dir) / r).finished()]
         if missing:

@@ -36,13 +36,13 @@ def add_report(sub) -> None:
 
 def cmd_report(args) -> None:
     from fedrepro.report import page
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
     manifest = args.manifest
     if manifest is None:  # straight from the params files: a partial grid, while runs are missing
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         manifest = Path(args.out).with_suffix(".manifest.json")
-        from fedrepro.spec import tuning
-        content = config.run_manifest(paramsfile.load_params_files(args.configfile), args.configfile,
+        from fedrepro.configure import tuning
+        content = expansion.run_manifest(paramsfile.load_params_files(args.configfile), args.configfile,
                                       "fedrepro report --configfile " + " ".join(args.configfile))
         if content.get("tunings"):  # the final runs of the tunings that chose already; the others are missing
             content = tuning.tuned_manifest(content, tuning.choices_on_disk(content, Path(args.runs_dir).parent / "tuning"))
@@ -69,7 +69,7 @@ def add_tables(sub) -> None:
 
 def cmd_tables(args) -> None:
     from fedrepro.report import page, tables
-    from fedrepro.spec import schema
+    from fedrepro.configure import schema
     manifest = _manifest_of(args, "tables")
     comparisons = page.paper_comparisons(manifest, Path(args.runs_dir))
     if args.table:
@@ -126,7 +126,7 @@ def add_index(sub) -> None:
 
 def cmd_index(args) -> None:
     from fedrepro.report import index
-    from fedrepro.spec.paramsfile import ROOT
+    from fedrepro.configure.paramsfile import ROOT
     evidence = None if args.no_evidence else (args.evidence or ROOT / "evidence")
     out = index.build(args.out, args.params, args.runs_dir, evidence=evidence)
     print(f"index: {Path(out).resolve()}")

@@ -57,7 +57,7 @@ def cmd_train(args) -> None:
     import torch
     from fedrepro.run.jobs import train
     from fedrepro.run.process import die_with_parent
-    from fedrepro.spec.settings import resolve
+    from fedrepro.configure.settings import resolve
     die_with_parent()  # killing Snakemake stops its training jobs too
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -75,7 +75,7 @@ def cmd_train(args) -> None:
         from fedrepro.tracking import live
         tracker = live.live_run(args.out, args.tracking_uri, args.mlflow_experiment, args.mlflow_manifest,
                                 args.partition)
-    from fedrepro.spec import forks
+    from fedrepro.configure import forks
     summary = train(setting, args.out, args.partition, args.data_root, args.checkpoint_every,
                     progress=not args.no_progress, stop_after=args.stop_after, tracker=tracker,
                     keep_forks=args.keep_forks, history=args.fork_history, fork_from=args.fork_from,
@@ -117,8 +117,8 @@ def cmd_train_pack(args) -> None:
     from fedrepro.errors import SetupError
     from fedrepro.run.jobs import train_pack
     from fedrepro.run.process import die_with_parent
-    from fedrepro.spec import forks
-    from fedrepro.spec.settings import resolve
+    from fedrepro.configure import forks
+    from fedrepro.configure.settings import resolve
     die_with_parent()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -163,8 +163,8 @@ def cmd_take_packed(args) -> None:
     from fedrepro.errors import SetupError
     from fedrepro.identity import stable_hash
     from fedrepro.records import read_json
-    from fedrepro.rundir import RunDir
-    from fedrepro.spec.settings import resolve
+    from fedrepro.run.rundir import RunDir
+    from fedrepro.configure.settings import resolve
     setting, staged = resolve(args.setting), RunDir(Path(args.staged))
     if not staged.summary.exists() or read_json(staged.summary).get("setting_hash") != stable_hash(setting):
         raise SetupError(f"--staged {args.staged}: holds no finished run of this setting (its pack did not "
@@ -211,7 +211,7 @@ def cmd_fork(args) -> None:
     import torch
     from fedrepro.run.jobs import fork_state
     from fedrepro.run.process import die_with_parent
-    from fedrepro.spec.settings import resolve
+    from fedrepro.configure.settings import resolve
     die_with_parent()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -34,7 +34,7 @@ from fedrepro import catalog, data, models, partitions
 from fedrepro.run.trainer import Trainer
 from fedrepro.ops.bench_baselines import ComputeFloor, ReferenceLoop, reference_dataset
 from fedrepro.ops.bench_settings import SETTINGS, BenchSetting
-from fedrepro.provenance import machine
+from fedrepro.run.provenance import machine
 
 GOALS = {"cpu": {"reference_over_engine": 4.0, "engine_over_floor": 1.15},
          "cuda": {"reference_over_engine": 10.0, "engine_over_floor": 1.2}}
@@ -76,7 +76,7 @@ def build_module(bench: BenchSetting) -> nn.Module:
 
 
 def engine_setting(bench: BenchSetting, device: str) -> dict:
-    from fedrepro.spec.settings import resolve
+    from fedrepro.configure.settings import resolve
     setting = resolve({
         "dataset": "fmnist", "model": bench.model, "num_clients": bench.num_clients,
         "participation": bench.per_round / bench.num_clients, "local_epochs": bench.epochs,

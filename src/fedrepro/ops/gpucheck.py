@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import catalog, data, models, partitions, registry
+from fedrepro import catalog, data, models, partitions
+from fedrepro.configure import registry
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.process import pick_device
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import config, forks, paramsfile, settings
-from fedrepro.provenance import device_line, machine
-from fedrepro.rundir import RunDir
+from fedrepro.configure import expansion, forks, paramsfile, settings
+from fedrepro.run.provenance import device_line, machine
+from fedrepro.run.rundir import RunDir
 
 OUT = Path("results/bench/gpu_check.json")
 
@@ -273,7 +274,7 @@ def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
     settings = {}
     for path in PAPER_PARAMS:
         if Path(path).exists():
-            for run in config.expand(paramsfile.load_params_files([path])):
+            for run in expansion.expand(paramsfile.load_params_files([path])):
                 settings.setdefault(pricing.step_key(run.setting), run.setting)
     costs, skipped = {}, {}
     for key, setting in sorted(settings.items()):

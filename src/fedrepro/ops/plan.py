@@ -8,7 +8,7 @@ Compute is counted in local SGD steps (the dominant cost of these papers' runs):
 with the mean client size N / clients and, for ``+random_epochs``, the mean of its epoch range; seconds per
 step are pricing.py's. Server-side work (the proxy-set epochs of FedLAW, FedDF, FedBE and Server-FT,
 FedAWARE's min-norm solve) and evaluation are not counted. A run that starts from another run's state
-(fedrepro.spec.forks) counts only the rounds it trains itself; the plan gives both counts.
+(fedrepro.configure.forks) counts only the rounds it trains itself; the plan gives both counts.
 """
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ from pathlib import Path
 
 from fedrepro.ops.pricing import (BENCH_FILE, H200_BENCH_FILE, PlanError, StepCosts, local_steps, run_device,
                                 step_costs, step_costs_by_device, step_seconds)
-from fedrepro.spec import config, settings
-from fedrepro.rundir import RunDir
+from fedrepro.configure import expansion, settings
+from fedrepro.run.rundir import RunDir
 
 
 def final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[settings.Run], set[str]]:
-    """The final runs of the tunings (fedrepro.spec.tuning), and the ids of those whose tuning has not chosen yet:
+    """The final runs of the tunings (fedrepro.configure.tuning), and the ids of those whose tuning has not chosen yet:
     with the chosen value where the choice is there (results/tuning/ beside the runs folder), else with the tune
     grid's first candidate, which stands in for the cost and for which runs are shared (not done: the run
     is not known before the choice)."""
-    from fedrepro.spec import tuning
+    from fedrepro.configure import tuning
 
     runs, waiting = [], set()
     for tid, entry in tunings.items():
@@ -51,15 +51,15 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
     tables that priced each (``priced_by``, described in ``sources``); ``*_unshared`` as if every run
     trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once;
     ``rounds_tuning*``: the part of the rounds that the tuning stage's runs train (counted in rounds too). The
-    final runs of a tuning (fedrepro.spec.tuning) are counted with the chosen value, or the tune grid's first
+    final runs of a tuning (fedrepro.configure.tuning) are counted with the chosen value, or the tune grid's first
     candidate before the choice, and share prefixes among themselves as the workflow has them do."""
-    from fedrepro.spec import forks
+    from fedrepro.configure import forks
 
     tunings: dict = {}
-    runs = config.expand(params, tunings)
+    runs = expansion.expand(params, tunings)
     finals, waiting = final_runs(tunings, runs_dir)
     runs += finals
-    shared = forks.of_params(params, list(config.unique_runs(runs).values()))
+    shared = forks.of_params(params, list(expansion.unique_runs(runs).values()))
     costs = step_costs(device, bench)
     seen: set[str] = set()
     rows = defaultdict(lambda: {**dict.fromkeys(SUMMED, 0), "unknown": set(), "priced_by": set()})
@@ -219,9 +219,9 @@ def cluster_requests(params: dict, walltime_min: int, runs_per_gpu: int = RUNS_P
                      bench: str | Path | None = None) -> dict:
     """Per-run runtime requests of a params file and the group size that fits a site's walltime; each run
     priced for the device it runs on, as the train rule prices it."""
-    from fedrepro.spec import forks
+    from fedrepro.configure import forks
 
-    runs = config.unique_runs(config.expand(params))
+    runs = expansion.unique_runs(expansion.expand(params))
     costs = step_costs_by_device(bench, {run_device(run.setting) for run in runs.values()})
     shared = forks.of_params(params, list(runs.values()))
     minutes = {run_id: run_minutes(run.setting, costs[run_device(run.setting)],

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedrepro import catalog, schedule
-from fedrepro.spec import config
-from fedrepro.provenance import machine
+from fedrepro.configure import expansion
+from fedrepro.run.provenance import machine
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +52,7 @@ PYTHIA_70M = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads":
 
 def local_steps(setting: dict, start: int = 0, stop: int | None = None) -> float:
     """The local steps of rounds start..stop-1, every round by default: a run that starts from another run's
-    state at round t (fedrepro.spec.forks) trains rounds t..R-1, the fork step that trains a parent's first
+    state at round t (fedrepro.configure.forks) trains rounds t..R-1, the fork step that trains a parent's first
     rounds again 0..t-1. Every round costs the same here."""
     spec = catalog.DATASETS[setting["dataset"]]
     mean_size = spec["train_size"] / setting["num_clients"]
@@ -283,7 +283,7 @@ def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE
     if table.get("device") not in (None, device):
         table = {}  # costs of another device do not mix
     costs = table.get("step_seconds", {})
-    settings = {step_key(r.setting): r.setting for r in config.expand(params)}
+    settings = {step_key(r.setting): r.setting for r in expansion.expand(params)}
     for key, setting in sorted(settings.items()):
         costs[key] = measure_step(setting, device, steps)
         log(f"{key} on {device}: {costs[key] * 1e3:.2f} ms per step")

@@ -18,7 +18,7 @@ import math
 from functools import lru_cache
 
 from fedrepro.report.paper import Cell
-from fedrepro.spec.paramsfile import ROOT, read_yaml
+from fedrepro.configure.paramsfile import ROOT, read_yaml
 
 DIVERGED = "closed form: not finite"
 

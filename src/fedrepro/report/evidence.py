@@ -25,7 +25,7 @@ import json
 import shutil
 from pathlib import Path
 
-from fedrepro import rundir
+from fedrepro.run import rundir
 from fedrepro.errors import FedreproError
 
 RUN_FILES = rundir.RECORD_FILES
@@ -62,7 +62,7 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     says which runs were carried and from where."""
     from fedrepro import records
     from fedrepro.report import verification
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
 
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
     if manifest is not None:
@@ -77,10 +77,10 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     else:
         configfiles = [Path(p) for p in configfiles]
         params = paramsfile.load_params_files([str(p) for p in configfiles])
-        runs = config.expand(params)
+        runs = expansion.expand(params)
         declared = {r.id: r.partition for r in runs}
         command = "fedrepro evidence keep --configfile " + " ".join(map(str, configfiles)) + f" --name {name}"
-        kept_manifest = config.run_manifest(params, configfiles, command, name)
+        kept_manifest = expansion.run_manifest(params, configfiles, command, name)
     finished = [r for r in declared if rundir.RunDir(runs_dir / r).finished()]
     carried = _carried(kept_manifest, [r for r in declared if r not in finished], partitions_dir, carry or [])
     if not finished and not carried:
@@ -200,7 +200,7 @@ def _equal_runs(folder: Path, declared: dict, partitions_dir: Path):
     added since with their defaults), is the declared setting, and the two partitions hold the same clients
     (True: their content hashes agree) or the declared one has not been made in ``partitions_dir`` yet (None).
     A run's id also hashes its code, so the ids of two commits never meet: settings do."""
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
 
     for run in _kept_runs(folder):
         setting = settings.resolve(run["setting"])
@@ -239,10 +239,10 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
     column with the largest difference and that difference (0.0: bit for bit), both final accuracies, and the
     CPU kernels torch picked for each (None where a summary predates that record)."""
     from fedrepro import records
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
 
     folder, runs_dir, partitions_dir = Path(folder), Path(runs_dir), Path(partitions_dir)
-    runs = config.expand(paramsfile.load_params_files([str(p) for p in configfiles]))
+    runs = expansion.expand(paramsfile.load_params_files([str(p) for p in configfiles]))
     declared = {r.id: {"setting": r.setting, "partition": r.partition} for r in runs}
     matches: dict = {}
     for kept, new_id, same_clients in _equal_runs(folder, declared, partitions_dir):
@@ -298,7 +298,7 @@ def _content(partition: Path) -> str | None:
 def _mark_switches(manifest: dict) -> None:
     """An experiment of switches (``switches``: true or the switch keys, a flag of how the report presents it, no part of any run)
     in this checkout's params files is one in a manifest written before the flag existed too."""
-    from fedrepro.spec import paramsfile, schema
+    from fedrepro.configure import paramsfile, schema
 
     files = [paramsfile.ROOT / p for p in manifest.get("configfiles", [])]
     if not files or not all(p.is_file() for p in files):

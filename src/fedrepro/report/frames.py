@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedrepro import records
-from fedrepro.rundir import RunDir
+from fedrepro.run.rundir import RunDir
 
 SEP = " · "  # between the parts of a run label
 
@@ -154,7 +154,7 @@ def _effects(done: pd.DataFrame, method_of, switch_of) -> dict:
 
 
 def accelerator_text(record: dict | None) -> str | None:
-    """A summary's ``accelerator`` record (fedrepro.provenance) as one line: torch, CUDA, cuDNN, the GPU and its
+    """A summary's ``accelerator`` record (fedrepro.run.provenance) as one line: torch, CUDA, cuDNN, the GPU and its
     driver, and the determinism switches that differ from a bit-for-bit setting; None for a summary without one."""
     if not record:
         return None

@@ -17,8 +17,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from fedrepro.spec import config, paramsfile, schema
-from fedrepro.rundir import STATES, RunDir
+from fedrepro.configure import expansion, paramsfile, schema
+from fedrepro.run.rundir import STATES, RunDir
 
 
 def params_files(params_dir: Path) -> list[Path]:
@@ -29,9 +29,9 @@ def params_files(params_dir: Path) -> list[Path]:
 def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
     try:
         params = paramsfile.load_params(params_path)
-        runs = config.expand(params)
+        runs = expansion.expand(params)
         # a corrupt summary.json is named in this file's entry and stops no other
-        state_of = {run_id: RunDir(runs_dir / run_id).state() for run_id in config.unique_runs(runs)}
+        state_of = {run_id: RunDir(runs_dir / run_id).state() for run_id in expansion.unique_runs(runs)}
     except (schema.ConfigError, OSError, ValueError) as err:  # one broken file must not hide the others
         return {"name": params_path.stem, "path": str(params_path), "title": params_path.stem, "error": str(err),
                 "run_ids": set(), "experiments": [], "runs": 0, **{s: 0 for s in STATES}, "report": None,

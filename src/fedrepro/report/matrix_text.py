@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT
 from fedrepro.report import claims, collapses, paper
 from fedrepro.report.verification import Row, chance
 

@@ -39,7 +39,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     ``experiments``, or else from those named ``T`` or ``T_*`` (e.g. ``ima_table1`` from
     ``ima_table1_fmnist``), so ablation runs that happen to share a cell's settings never leak into it.
     """
-    from fedrepro.spec import tuning
+    from fedrepro.configure import tuning
     from fedrepro.report import claims, compute, paper
 
     tables = paper.load_results()
@@ -50,7 +50,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
             continue
         declared = [r for e in experiments for r in manifest["experiments"][e]["runs"]]
         joined = paper.join({name: table}, paper.load_runs(runs_dir, {r["id"] for r in declared}))
-        # a tuned experiment's final runs are in its scope before their tuning chose (fedrepro.spec.tuning)
+        # a tuned experiment's final runs are in its scope before their tuning chose (fedrepro.configure.tuning)
         scope = [r["setting"] for r in declared] + tuning.waiting_settings(manifest, experiments)
         for cell in joined:
             cell.in_scope = any(paper.matches(setting, cell.match) for setting in scope)
@@ -120,7 +120,7 @@ def mark_best(rows: list[dict], among: str, lower_is_better: list[bool]) -> None
 
 
 def tuning_sections(manifest: dict, experiment: str) -> list[dict]:
-    """The tunings (fedrepro.spec.tuning) whose final runs are this experiment's: per candidate the criterion on
+    """The tunings (fedrepro.configure.tuning) whose final runs are this experiment's: per candidate the criterion on
     the validation split (the tuning curve), and the chosen value; a tuning not chosen yet says so."""
     out = []
     for tid, entry in manifest.get("tunings", {}).items():

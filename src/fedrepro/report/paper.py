@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro import rundir
+from fedrepro.run import rundir
 from fedrepro.records import CorruptFileError
 from fedrepro.report import collapses
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
 

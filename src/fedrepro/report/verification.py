@@ -30,8 +30,8 @@ import yaml
 
 from fedrepro import catalog
 from fedrepro.report import claims, computed, paper
-from fedrepro.spec.paramsfile import ROOT
-from fedrepro.spec.schema import ConfigError
+from fedrepro.configure.paramsfile import ROOT
+from fedrepro.configure.schema import ConfigError
 
 
 EVIDENCE = ROOT / "evidence"

@@ -1,4 +1,4 @@
-"""A method of the user's own (``add_method``, fedrepro.spec.overlay) against each table's methods.
+"""A method of the user's own (``add_method``, fedrepro.configure.overlay) against each table's methods.
 
 Per experiment the added method ran in, and per cell of it (a grid point without its method and seed: a
 partition, a dataset, ...), every method's number: ours (mean ± std over seeds) and, where a paper table of

@@ -11,7 +11,7 @@ from fedrepro.identity import stable_hash
 from fedrepro.run import checkpoint
 from fedrepro.run.fork_states import ForkError, ForkStates
 from fedrepro.run.trainer import Trainer
-from fedrepro.rundir import RunDir
+from fedrepro.run.rundir import RunDir
 
 
 def train(setting: dict, run_dir, partition_dir, data_root, checkpoint_every: int = 10, progress: bool = True,

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from fedrepro import records
-from fedrepro.provenance import git_commit
+from fedrepro.run.provenance import git_commit
 from fedrepro.tracking.record import (ENTRY_POINT, MLFLOW_STATUS, add_membership, complete_run, dataset_inputs, flatten,
                                       log_inputs, log_metrics, open_run, read_marker, round_metrics, run_tags,
                                       source_name, system_tags, write_marker)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrepro import rundir
+from fedrepro.run import rundir
 from fedrepro.tracking.record import (ENTRY_POINT, add_membership, complete_run, flatten, log_metrics, open_run,
                                       read_marker, round_metrics, rows_with_times, run_tags, source_name, system_tags,
                                       write_marker)

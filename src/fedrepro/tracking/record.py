@@ -11,7 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedrepro import records, rundir
+from fedrepro import records
+from fedrepro.run import rundir
 
 
 BATCH = 1000  # MLflow's limit of metric values per log_batch

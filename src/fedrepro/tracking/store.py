@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT
 from fedrepro.errors import SetupError
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import jsonschema
 
 from fedrepro import catalog
-from fedrepro.rundir import RunDir
+from fedrepro.run.rundir import RunDir
 from fedrepro.errors import FedreproError
 
 
@@ -92,7 +92,7 @@ def described(kind: str, **fill) -> str:
 
 def check(figures: dict, experiments: dict) -> dict[str, dict]:
     """Every figure spec with its defaults filled in; a clear error naming the figure and key otherwise."""
-    from fedrepro.spec.schema import ConfigError
+    from fedrepro.configure.schema import ConfigError
 
     problems, out = [], {}
     for name, spec in (figures or {}).items():

@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from fedrepro import registry
+from fedrepro.configure import registry
 from fedrepro.errors import FedreproError
 
 

@@ -4,7 +4,7 @@ whose names match these patterns), with the paper's tuning stage.
 
 An experiment's method axis is its ``algorithm`` grid axis, or its ``setting`` axis, when it lists two methods or
 more; an experiment without one (an ablation or a figure of one method) is left as it is. Where the experiment tunes
-its baselines (``tune`` blocks, fedrepro.spec.tuning), the added method is tuned too, over the search space its
+its baselines (``tune`` blocks, fedrepro.configure.tuning), the added method is tuned too, over the search space its
 fragment declares (``tune: {<key>: [values]}``), with the budget of the experiment's most-tuned baseline: at
 most as many candidates (the first ones, in the fragment's order), the same tuning seeds, criterion, validation
 share and plug-ins left out, so that the comparison is fair by construction. A method that declares no search
@@ -15,10 +15,10 @@ from __future__ import annotations
 import copy
 import fnmatch
 
-from fedrepro import registry
+from fedrepro.configure import registry
 from fedrepro.errors import FedreproError
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import grid_points, split_algorithm
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import grid_points, split_algorithm
 
 
 def names(params: dict, key: str) -> list[str]:

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from fedrepro.spec.schema import ConfigError, validate
-from fedrepro.spec.settings import deep_merge
+from fedrepro.configure.schema import ConfigError, validate
+from fedrepro.configure.settings import deep_merge
 
 # the project's folder, under which params files, results and reports lie
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,7 +53,7 @@ def selected_experiments(params: dict) -> dict:
     all of them when ``only`` is absent; with the methods ``add_method`` adds on their method axes. ``only`` comes from the file or from ``--config only=a,b``."""
     import fnmatch
 
-    from fedrepro.spec import overlay
+    from fedrepro.configure import overlay
 
     experiments = overlay.apply(params, dict(params["experiments"]))  # add_method: a method on the method axes
     only = params.get("only")

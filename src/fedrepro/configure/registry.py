@@ -7,11 +7,11 @@ A method is two files side by side: ``algorithms/<name>.py`` (its math, a ``buil
     schema:                    # the setting sections it reads, as JSON schema with defaults
       <section>: {type: object, default: {}, properties: {...}}
     keys: {...}                # keys other fragments may include with `$keys: <this file's name>`
-    requires:                  # conditions checked before any job (fedrepro.spec.conditions)
+    requires:                  # conditions checked before any job (fedrepro.configure.conditions)
       - {check: "<section>.mu * client.lr < 1", because: "..."}
     refuses:                   # plug-ins: algorithms it cannot be combined with, and why
       <algorithm>: "..."
-    fork:                      # plug-ins that act only from some round on (fedrepro.spec.forks)
+    fork:                      # plug-ins that act only from some round on (fedrepro.configure.forks)
       acts_from: "<expression: the first round it changes anything>"
       needs_models: "<expression: the host's last global models it needs at that round>"
 
@@ -30,7 +30,7 @@ import yaml
 
 from fedrepro import catalog, external
 from fedrepro.catalog import DATASETS, MODELS, PARTITION_KEYS, PARTITION_KINDS, FragmentError
-from fedrepro.spec import conditions
+from fedrepro.configure import conditions
 
 FRAGMENTS = catalog.PACKAGE / "algorithms"
 SCHEMAS = catalog.PACKAGE / "schemas"

@@ -20,11 +20,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from fedrepro import registry
+from fedrepro.configure import registry
 from fedrepro.identity import run_id, stable_hash
-from fedrepro.rundir import RunDir
-from fedrepro.spec import conditions
-from fedrepro.spec.settings import prune
+from fedrepro.run.rundir import RunDir
+from fedrepro.configure import conditions
+from fedrepro.configure.settings import prune
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedrepro import catalog, registry, schedule
-from fedrepro.spec.schema import ConfigError, _short
+from fedrepro import catalog, schedule
+from fedrepro.configure import registry
+from fedrepro.configure.schema import ConfigError, _short
 
 
 def check_compatible(setting: dict, where: str) -> None:

@@ -12,12 +12,13 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedrepro import catalog, registry
+from fedrepro import catalog
+from fedrepro.configure import registry
 from fedrepro.identity import partition_id
-from fedrepro.spec import conditions
-from fedrepro.spec.checks import _refuse_unread_pretrained, check_compatible, check_data_transforms, check_partition_file
+from fedrepro.configure import conditions
+from fedrepro.configure.checks import _refuse_unread_pretrained, check_compatible, check_data_transforms, check_partition_file
 from fedrepro.errors import FedreproError
-from fedrepro.spec.schema import ConfigError, validate
+from fedrepro.configure.schema import ConfigError, validate
 
 
 # --------------------------------------------------------------------------- grids
@@ -86,7 +87,7 @@ def derive_defaults(setting: dict) -> dict:
     """Defaults that depend on other values, made explicit before the run is named: two settings that
     compute the same run get the same id, and training code reads values instead of re-deriving them.
     Each is written once, as ``null_means`` beside the key in its schema or fragment (an expression of
-    fedrepro.spec.conditions over the setting), and resolved in the order the keys are declared."""
+    fedrepro.configure.conditions over the setting), and resolved in the order the keys are declared."""
     if setting["partition"].get("seed") == "run":
         # a new draw per training seed (FedLAW App. D.4): the run and its partition are named by the number
         setting["partition"] = {**setting["partition"], "seed": setting["seed"]}
@@ -108,7 +109,7 @@ class Run:
     experiment: str
     setting: dict
     variant: dict = field(default_factory=dict)  # the grid values other than the seed
-    tuning: str = ""  # the tuning (fedrepro.spec.tuning) whose candidate this run is; "" for an experiment's own run
+    tuning: str = ""  # the tuning (fedrepro.configure.tuning) whose candidate this run is; "" for an experiment's own run
 
     @property
     def partition(self) -> str:

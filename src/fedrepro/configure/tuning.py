@@ -30,13 +30,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrepro import registry
+from fedrepro.configure import registry
 from fedrepro.errors import FedreproError
 from fedrepro.identity import partition_id, run_id, stable_hash
-from fedrepro.spec import conditions
-from fedrepro.spec.paramsfile import check_name
-from fedrepro.spec.schema import ConfigError, closest
-from fedrepro.spec.settings import Run, variant_label, deep_merge, grid_points, resolve, split_algorithm
+from fedrepro.configure import conditions
+from fedrepro.configure.paramsfile import check_name
+from fedrepro.configure.schema import ConfigError, closest
+from fedrepro.configure.settings import Run, variant_label, deep_merge, grid_points, resolve, split_algorithm
 
 
 class TuningError(FedreproError, RuntimeError):
@@ -209,7 +209,7 @@ def choose(selection: dict, summaries: dict[str, dict | None]) -> dict:
 
 def select(manifest: dict, tuning: str, runs_dir: str | Path) -> dict:
     """The choice of one tuning of a manifest, from its runs' summaries."""
-    from fedrepro.rundir import RunDir
+    from fedrepro.run.rundir import RunDir
     if tuning not in manifest.get("tunings", {}):
         raise TuningError(f"tuning {tuning} is not in the manifest; it has: {', '.join(manifest.get('tunings', {}))}")
     selection = manifest["tunings"][tuning]["selection"]
