@@ -27,11 +27,11 @@ import pandas as pd
 import torch
 
 from fedrepro import data, partitions
-from fedrepro.run import checkpoint
-from fedrepro.run.trainer import Trainer
 from fedrepro.configure import expansion, forks, paramsfile, settings
 from fedrepro.identity import partition_setting
+from fedrepro.run import checkpoint
 from fedrepro.run.provenance import machine
+from fedrepro.run.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

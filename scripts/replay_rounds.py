@@ -7,7 +7,9 @@ data/fmnist are read). Every run its newest manifest names that has a metrics.cs
 rounds (default 3) from its recorded setting and partition, and each round's train and test numbers are
 compared with the recorded ones. After a change meant to preserve behaviour, every line should say "same".
 """
-import json, sys, tempfile
+import json
+import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd

@@ -119,6 +119,7 @@ def tiny_data_root(tmp_path_factory) -> Path:
 def fmnist_mirror(tmp_path, monkeypatch) -> Path:
     """Generated Fashion-MNIST .gz files, and the downloader's checksums and expected sizes set to theirs."""
     from torchvision.datasets import FashionMNIST
+
     from fedrepro.data import fmnist
     folder = tmp_path / "mirror"
     sums = write_fake_fmnist(folder, n_train=50, n_test=20)

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from fedrepro import catalog, data, identity, models, partitions
-from fedrepro.partitions import records as partition_records
 from fedrepro.configure import expansion, paramsfile, settings
 from fedrepro.data import agnews
+from fedrepro.flat import FlatModel, learnt_buffers
+from fedrepro.partitions import records as partition_records
 from fedrepro.run import checkpoint
 from fedrepro.run.trainer import Trainer
-from fedrepro.flat import FlatModel, learnt_buffers
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

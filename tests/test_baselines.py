@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro.run import checkpoint
-from fedrepro.configure import settings
 from fedrepro.algorithms import BuildContext, fedavgm, fedcm, feddyn, fedprox, scaffold
+from fedrepro.configure import settings
 from fedrepro.parts import Algorithm, ClientRun, RoundUpdates
+from fedrepro.run import checkpoint
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")

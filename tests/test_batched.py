@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro import data, models
+from fedrepro.configure.settings import resolve
 from fedrepro.data import cifar
 from fedrepro.parts import ClientObjective
 from fedrepro.run.batchable import unsupported
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.configure.settings import resolve
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro import data, models
-from fedrepro.run import checkpoint
-from fedrepro.run.trainer import Trainer
-from fedrepro.run.client import client_generator
 from fedrepro.configure.schema import ConfigError
 from fedrepro.configure.settings import resolve
-from fedrepro.identity import identity_setting
 from fedrepro.evaluation import evaluate
 from fedrepro.flat import FlatModel
+from fedrepro.identity import identity_setting
+from fedrepro.run import checkpoint
+from fedrepro.run.client import client_generator
+from fedrepro.run.trainer import Trainer
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

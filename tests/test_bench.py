@@ -3,16 +3,16 @@ the same amount of work. (No timing assertions: speed goals live in the benchmar
 from __future__ import annotations
 
 import copy
-import math
 import json
+import math
 
 import pytest
 import torch
 
 from fedrepro import cli, data
+from fedrepro.ops import bench, bench_baselines, bench_settings
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.ops import bench, bench_baselines, bench_settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

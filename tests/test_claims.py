@@ -570,6 +570,7 @@ def test_fedlaw_fig5_marginal_gain_after_the_critical_point_fails_on_changed_val
 
 def test_the_share_of_the_gain_after_the_critical_point_is_a_ratio_of_differences():
     import math
+
     import pandas as pd
 
     frame = pd.DataFrame({"round": range(1, 11), "test_acc": [0.1, 0.3, 0.5, 0.6, 0.6, 0.6, 0.6, 0.7, 0.7, 0.7]})

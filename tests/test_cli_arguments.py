@@ -141,8 +141,8 @@ def test_unreadable_input_and_unwritable_output_are_refused(capsys, tmp_path):
 def test_a_manifest_not_written_yet_leaves_training_alone(tmp_path):
     """The workflow passes every train job the params file's manifest for live tracking; a run asked for by its
     own summary (snakemake <run>/summary.json) starts before that manifest exists, and must train, ungrouped."""
-    from fedrepro.cli.run import _absent_or  # the type --mlflow-manifest takes
     from fedrepro.cli import build_parser
+    from fedrepro.cli.run import _absent_or  # the type --mlflow-manifest takes
     parser = build_parser()
     missing = tmp_path / "manifests" / "not-yet.json"
     args = parser.parse_args(["train", "--setting", "{}", "--partition", str(tmp_path), "--data-root", str(tmp_path),

@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_batched import rounding_bound
 from torch import nn
 
 from fedrepro import data
-from fedrepro.run.trainer import Trainer
-from fedrepro.run.client import client_generator, holdout_split
 from fedrepro.configure.schema import ConfigError
 from fedrepro.configure.settings import resolve
-
-from test_batched import rounding_bound
+from fedrepro.run.client import client_generator, holdout_split
+from fedrepro.run.trainer import Trainer
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

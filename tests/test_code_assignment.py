@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from fedrepro import data, streams
+from fedrepro.configure import schema, settings
 from fedrepro.run import cohorts
 from fedrepro.run.cohorts import code_pairing, exploration_draws, sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.configure import schema, settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fedrepro import data
+from fedrepro.configure import schema, settings
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.configure import schema, settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

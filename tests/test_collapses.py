@@ -8,8 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from fedrepro.report import collapses, evidence
 from fedrepro.configure.paramsfile import ROOT
+from fedrepro.report import collapses, evidence
 
 
 def _detect(points, classes=10):

@@ -15,9 +15,8 @@ import pytest
 
 from conftest import make_partition
 from fedrepro import cli
-from fedrepro.configure import registry
+from fedrepro.configure import registry, schema, settings
 from fedrepro.ops import gpucheck
-from fedrepro.configure import schema, settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

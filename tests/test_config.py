@@ -8,8 +8,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro.configure import registry
-from fedrepro.configure import expansion, paramsfile, schema, settings
+from fedrepro.configure import expansion, paramsfile, registry, schema, settings
 
 
 def _params(base: dict | None = None, grid: dict | None = None) -> dict:

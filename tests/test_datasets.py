@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from fedrepro import catalog, data, identity, partitions
-from fedrepro.partitions.base import PartitionError
-from fedrepro.data import cifar, synthetic
 from fedrepro.configure.schema import ConfigError
 from fedrepro.configure.settings import resolve
+from fedrepro.data import cifar, synthetic
+from fedrepro.partitions.base import PartitionError
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -11,18 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import U32
 from fedrepro import data, identity, models, partitions
-from fedrepro.partitions import records as partition_records
-from fedrepro.partitions import label_quantity
-from fedrepro.partitions.base import PartitionError
 from fedrepro.configure import schema, settings
 from fedrepro.data import digit5, pacs
 from fedrepro.data.base import DataError
 from fedrepro.data.domains import DomainDataset
-from fedrepro.run.trainer import Trainer
 from fedrepro.evaluation import score
-
-from conftest import U32
+from fedrepro.partitions import label_quantity, records as partition_records
+from fedrepro.partitions.base import PartitionError
+from fedrepro.run.trainer import Trainer
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -128,6 +128,7 @@ def test_the_end_to_end_tests_generated_files_pass_the_real_download_in_a_subpro
     them, so the hook is what makes them pass and the download's check still runs."""
     import subprocess
     import sys
+
     from conftest import generated_fmnist, subprocess_env
     arrays = fake_fmnist_arrays(60, 20, seed=3)
     generated = generated_fmnist(tmp_path / "generated", arrays)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, DEBIAN_FMNIST, subprocess_env, write_yaml
+from conftest import BIN, DEBIAN_FMNIST, ROOT, subprocess_env, write_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -86,9 +86,10 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     `dvc params diff` sees an edit to a paper's params file, not only to the default one."""
     import re
 
-    from fedrepro.report import frames
-    from fedrepro.configure import expansion, paramsfile
     from test_report import fabricate
+
+    from fedrepro.configure import expansion, paramsfile
+    from fedrepro.report import frames
 
     env = subprocess_env(f"sqlite:///{tmp_path / 'mlflow.db'}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
                          GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t", DVC_NO_ANALYTICS="1")

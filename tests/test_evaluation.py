@@ -6,17 +6,16 @@ import copy
 import numpy as np
 import pytest
 import torch
+from test_batched import rounding_bound
 from torch import nn
 
+from conftest import float32_forward_bound, float64_cross_entropy
 from fedrepro import data
+from fedrepro.configure.settings import resolve
 from fedrepro.evaluation import evaluate, proxy_indices, split_test
+from fedrepro.functional import FunctionalModel
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.functional import FunctionalModel
-from fedrepro.configure.settings import resolve
-
-from conftest import float32_forward_bound, float64_cross_entropy
-from test_batched import rounding_bound
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -18,11 +18,10 @@ import torch
 
 from conftest import ROOT, snakemake_cmd, subprocess_env, write_yaml
 from fedrepro import external, identity
-from fedrepro.configure import registry
-from fedrepro.report import versus
-from fedrepro.configure import expansion, paramsfile
+from fedrepro.configure import expansion, paramsfile, registry
 from fedrepro.configure.schema import ConfigError
 from fedrepro.configure.settings import resolve
+from fedrepro.report import versus
 
 EXAMPLE = ROOT / "examples" / "mymethod"
 QUICK = {"dataset": "fmnist", "model": "mlp", "num_clients": 6, "participation": 0.5, "rounds": 2, "batch_size": 16,

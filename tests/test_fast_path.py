@@ -10,15 +10,15 @@ import copy
 import numpy as np
 import pytest
 import torch
+from test_batched import BATCH, rounding_bound
 
 from fedrepro import data, models
+from fedrepro.configure.settings import resolve
+from fedrepro.parts import GradientCorrection
 from fedrepro.run import trainer as trainer_module
 from fedrepro.run.client import client_generator
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.configure.settings import resolve
-from fedrepro.parts import GradientCorrection
-from test_batched import BATCH, rounding_bound
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

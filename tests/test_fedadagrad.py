@@ -1,15 +1,15 @@
 """FedAdagrad: two server steps by hand, state through a checkpoint, and a real run that resumes exactly."""
-import pytest
 import io
 import math
 
+import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro.run import checkpoint
-from fedrepro.configure import settings
 from fedrepro.algorithms.fedadagrad import ServerAdagrad
+from fedrepro.configure import settings
 from fedrepro.parts import RoundUpdates
+from fedrepro.run import checkpoint
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

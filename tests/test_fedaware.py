@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedrepro.run import checkpoint
-from fedrepro.configure import schema, settings
 from fedrepro.algorithms.aware import ProjectOntoAware, project
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
+from fedrepro.configure import schema, settings
 from fedrepro.minnorm import min_norm_weights
 from fedrepro.parts import RoundUpdates
+from fedrepro.run import checkpoint
 from fedrepro.server import ServerSGD
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")

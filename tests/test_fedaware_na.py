@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fedrepro import algorithms, identity
-from fedrepro.configure import schema, settings
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
+from fedrepro.configure import schema, settings
 from fedrepro.parts import RoundUpdates
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")

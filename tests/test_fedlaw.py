@@ -7,12 +7,11 @@ import pytest
 import torch
 from torch import nn
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+from conftest import method_section  # noqa: E402
 from fedrepro.algorithms.fedlaw import LearnedAggregation
 from fedrepro.evaluation import proxy_indices
 from fedrepro.parts import RoundUpdates
-
-# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
-from conftest import method_section  # noqa: E402
 
 pytestmark = pytest.mark.floats
 

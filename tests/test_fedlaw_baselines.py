@@ -7,20 +7,20 @@ import math
 
 import pytest
 import torch
+from test_fedlaw import problem as mlp_problem
 from torch import nn
 
 from conftest import make_partition
-from fedrepro.run import checkpoint
-from fedrepro.configure import schema, settings
-from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedbe import BayesianEnsembleDistillation, swag_sample
+from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedlaw import LearnedAggregation
 from fedrepro.algorithms.proxy import optimizer_settings, round_generator
+from fedrepro.algorithms.serverft import ProxyFineTune
+from fedrepro.configure import schema, settings
 from fedrepro.evaluation import proxy_indices
 from fedrepro.functional import FunctionalModel
-from fedrepro.algorithms.serverft import ProxyFineTune
 from fedrepro.parts import RoundUpdates
-from test_fedlaw import problem as mlp_problem
+from fedrepro.run import checkpoint
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -8,15 +8,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedrepro.configure import schema, settings
 from fedrepro.algorithms import BuildContext, fedavg, fednova
 from fedrepro.algorithms.fednova import CrossClientVR, LrScaledMomentum, NormalisedAveraging, a_norm
 from fedrepro.algorithms.random_epochs import RandomEpochs
-from fedrepro.run.client import LocalSGD, client_generator
+from fedrepro.configure import schema, settings
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.models import build as build_model
 from fedrepro.parts import Algorithm, ClientObjective, ClientRun, GradientCorrection, RoundUpdates
+from fedrepro.run.client import LocalSGD, client_generator
 from fedrepro.server import ServerSGD, WeightedMean
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")

@@ -11,16 +11,14 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import identity, cli
+from fedrepro import cli, identity
+from fedrepro.configure import expansion, paramsfile, schema, settings
+from fedrepro.errors import FedreproError
 from fedrepro.partitions import records as partition_records
+from fedrepro.report import figures
+from fedrepro.report.figures import fedlaw as fedlaw_figures, fednova as quad, ima
 from fedrepro.run import checkpoint
 from fedrepro.run.cohorts import sample_cohort
-from fedrepro.errors import FedreproError
-from fedrepro.report import figures
-from fedrepro.report.figures import fednova as quad
-from fedrepro.report.figures import fedlaw as fedlaw_figures
-from fedrepro.report.figures import ima
-from fedrepro.configure import expansion, paramsfile, schema, settings
 
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
         "batch_size": 64, "device": "cpu", "client": {"lr": 0.05},
@@ -419,8 +417,8 @@ def test_the_logged_hessian_eigenvalues_are_those_of_the_rounds_global_model(tin
     import torch.nn.functional as F
 
     from fedrepro import data, models
-    from fedrepro.run import hessian
     from fedrepro.functional import FunctionalModel
+    from fedrepro.run import hessian
     run = figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
                               {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}})[0]
     m = run.metrics
@@ -598,8 +596,9 @@ def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates
 
 
 def test_the_quick_default_draws_figures_of_every_paper(tmp_path):
-    from conftest import ROOT, job_counts
     from test_workflow import _snakemake
+
+    from conftest import ROOT, job_counts
 
     params = paramsfile.load_params(ROOT / "params" / "default.yaml")
     specs = figures.check(params["figures"], params["experiments"])
@@ -624,8 +623,9 @@ WORKFLOW = {
 
 @pytest.mark.slow
 def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path, fmnist_data):
-    from conftest import subprocess_env, write_yaml
     from test_workflow import _snakemake
+
+    from conftest import subprocess_env, write_yaml
 
     params = write_yaml(tmp_path / "tiny.yaml", fmnist_data.params(WORKFLOW))
     proc = _snakemake(tmp_path, "--configfile", str(params), "--cores", "2", env=subprocess_env(fmnist=fmnist_data))

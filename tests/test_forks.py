@@ -18,11 +18,11 @@ import torch
 
 from conftest import make_partition, subprocess_env
 from fedrepro import cli
+from fedrepro.configure import expansion, forks, schema, settings
 from fedrepro.run import checkpoint
 from fedrepro.run.fork_states import ForkError
 from fedrepro.run.jobs import fork_state
 from fedrepro.run.trainer import Trainer
-from fedrepro.configure import expansion, forks, schema, settings
 
 START, WINDOW, ROUNDS = 3, 3, 6
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": ROUNDS,
@@ -318,8 +318,8 @@ def test_the_workflow_asks_the_invocations_forks_and_a_finished_run_answers_from
 def test_a_model_with_dropout_forks_exactly(tmp_path, partition_dir, tiny_data_root):
     """Dropout draws from the global torch stream: the fork state carries its position."""
     from fedrepro import data
-    from fedrepro.partitions import records as partition_records
     from fedrepro.identity import partition_setting
+    from fedrepro.partitions import records as partition_records
 
     parent, child = _settings("fedavg")
     datasets = tuple(data.load("fmnist", tiny_data_root, train=split) for split in (True, False))

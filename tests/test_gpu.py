@@ -20,8 +20,8 @@ import torch
 
 from conftest import make_partition
 from fedrepro import cli
-from fedrepro.run.process import pick_device
 from fedrepro.ops import slots
+from fedrepro.run.process import pick_device
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
@@ -244,6 +244,7 @@ def test_check_gpu_without_cuda_says_so(capsys):
 def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
     """What check-gpu measures for `fedrepro plan` (here on the CPU, for a one-setting params file)."""
     import yaml
+
     from fedrepro.ops import pricing
     params = tmp_path / "p.yaml"
     params.write_text(yaml.safe_dump({"experiments": {"e": {"base": {

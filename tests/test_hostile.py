@@ -178,7 +178,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from conftest import make_partition  # noqa: E402
-from fedrepro.run import checkpoint
+from fedrepro.run import checkpoint  # noqa: E402
 
 RUN = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4, "local_epochs": 1,
        "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
@@ -404,8 +404,8 @@ def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
 
 def test_a_truncated_summary_is_named_by_the_report(tmp_path):
     from fedrepro import records
-    from fedrepro.report import frames
     from fedrepro.configure import expansion, paramsfile
+    from fedrepro.report import frames
     files, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     fabricate(runs["one"], runs_dir, 0.7)

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from fedrepro.run import checkpoint
-from fedrepro.configure import schema, settings
 from fedrepro.algorithms import ima
+from fedrepro.configure import schema, settings
 from fedrepro.parts import Algorithm, RoundUpdates
+from fedrepro.run import checkpoint
 from fedrepro.server import ServerSGD, WeightedMean
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")

@@ -9,15 +9,15 @@ import torch
 from torch import nn
 
 from conftest import make_partition
-from fedrepro.run import checkpoint
-from fedrepro.configure import schema, settings
 from fedrepro.algorithms.fedasam import AdaptiveSharpness
 from fedrepro.algorithms.fedfa import FeatureAnchors
 from fedrepro.algorithms.fedgma import MaskedAveraging
-from fedrepro.run.client import LocalSGD
+from fedrepro.configure import schema, settings
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
+from fedrepro.run import checkpoint
+from fedrepro.run.client import LocalSGD
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from fedrepro import algorithms, api, data, identity, models
-from fedrepro.configure import registry
 from fedrepro.algorithms import ima, random_batch, random_epochs
+from fedrepro.configure import registry
+from fedrepro.configure.settings import resolve
 from fedrepro.external import MethodError
 from fedrepro.parts import lr_schedule
 from fedrepro.run.trainer import Trainer
-from fedrepro.configure.settings import resolve
 
 SIZES = [40, 24, 33, 17, 30, 26]
 FEATURE_MODELS = {"fedfa": "cnn"}  # methods that read a feature extractor and a classifier

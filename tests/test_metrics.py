@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fedrepro import metrics
-from fedrepro.run.trainer import Trainer
 from fedrepro.configure import settings
 from fedrepro.data import TensorDataset
+from fedrepro.run.trainer import Trainer
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from fedrepro.algorithms import fedadagrad, fedadam, fedams, fedavgm, fedyogi
-from fedrepro.parts import RoundUpdates
 from fedrepro.configure import settings
+from fedrepro.parts import RoundUpdates
 
 F64 = torch.float64
 P = 3            # parameters
@@ -235,6 +235,7 @@ def test_random_epochs_are_uniform_on_both_ends_and_each_clients_own():
 
     s = settings.resolve({"algorithm": "fedavg+random_epochs", "seed": 3, "random_epochs": {"low": 2, "high": 5}})
     from types import SimpleNamespace
+
     from fedrepro.parts import ClientPlan
     algo = SimpleNamespace(client_plan=ClientPlan())
     random_epochs.apply(algo, s, None)

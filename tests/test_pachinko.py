@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 
 from fedrepro import identity, partitions
-from fedrepro.partitions.base import content_hash
 from fedrepro.configure import expansion, paramsfile, schema, settings
-from fedrepro.partitions.base import PartitionError
-from fedrepro.partitions.pachinko import CIFAR100_COARSE
 from fedrepro.partitions import pachinko
+from fedrepro.partitions.base import PartitionError, content_hash
+from fedrepro.partitions.pachinko import CIFAR100_COARSE
 
 # The archive's fine_label_names (alphabetical, torchvision's label order) and the superclass table
 # of https://www.cs.toronto.edu/~kriz/cifar.html, superclasses in coarse_label_names' order.

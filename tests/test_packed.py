@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_batched import rounding_bound  # noqa: E402 (tests/ is on the path)
 
 from fedrepro import partitions
+from fedrepro.configure.settings import resolve
 from fedrepro.ops import gpucheck
 from fedrepro.run.packed import PackedRuns
 from fedrepro.run.trainer import Trainer
-from fedrepro.configure.settings import resolve
-
-from test_batched import rounding_bound  # noqa: E402 (tests/ is on the path)
 
 ROUNDS = 3
 

@@ -13,9 +13,8 @@ import pandas as pd
 import pytest
 
 from fedrepro import catalog
-from fedrepro.configure import registry
+from fedrepro.configure import expansion, paramsfile, registry, schema, settings
 from fedrepro.report import claims, paper
-from fedrepro.configure import expansion, paramsfile, schema, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT.parent / "shared" / "specs"

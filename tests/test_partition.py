@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from fedrepro import partitions
-from fedrepro.partitions import records as partition_records
-from fedrepro.partitions import dirichlet, hybrid, inner_dirichlet
+from fedrepro.partitions import dirichlet, hybrid, inner_dirichlet, records as partition_records
 from fedrepro.partitions.base import PartitionError, class_counts, content_hash, long_tail_counts
 
 

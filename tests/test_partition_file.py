@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from fedrepro import identity, partitions
-from fedrepro.partitions import records as partition_records
-from fedrepro.partitions.base import PartitionError
 from fedrepro.configure import expansion, schema, settings
 from fedrepro.identity import partition_id, run_id
+from fedrepro.partitions import records as partition_records
+from fedrepro.partitions.base import PartitionError
 
 N_TRAIN = 60000  # fmnist's training set
 

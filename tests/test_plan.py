@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fedrepro import cli
-from fedrepro.ops import plan, pricing
 from fedrepro.configure import expansion, paramsfile, schema, settings
+from fedrepro.ops import plan, pricing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -273,6 +273,7 @@ def _sbatch_lines(tmp_path, runs: int, *extra) -> list[str]:
     import time
 
     import yaml
+
     from conftest import snakemake_cmd, subprocess_env
 
     params = {"title": "t", "data": {"root": "data"}, "experiments": {"tiny": {

@@ -7,8 +7,7 @@ import textwrap
 
 import pytest
 
-from fedrepro.configure import registry
-from fedrepro.configure import conditions, schema, settings
+from fedrepro.configure import conditions, registry, schema, settings
 
 
 def test_every_method_module_has_its_fragment_and_every_fragment_its_module():

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedrepro.report import page, plots
 from fedrepro.configure import expansion, paramsfile, settings, tuning
 from fedrepro.configure.paramsfile import ROOT
+from fedrepro.report import page, plots
 
 
 def fabricate(run: settings.Run, runs_dir, final_acc: float, rounds: int = 12, status: str = "finished") -> None:
@@ -193,6 +193,7 @@ def test_two_verdicts_the_strict_gap_and_the_seed_noise_interval_never_merge():
     seeds 62.0, 62.2, 62.4 -> s 0.2, t(0.975, 2) = 4.303: half width 4.303 x 0.2 / sqrt(3) = 0.497, so Δ +1.52
     is neither. The interval agrees with scipy's own t tests: inside exactly when p >= 0.05."""
     from scipy import stats
+
     from fedrepro.report import paper
     cells = [paper.Cell("t", "p", "FedAvg", "a", {}, {}, 60.68, None, ours=[62.0, 64.0]),
              paper.Cell("t", "p", "FedAvg", "b", {}, {}, 60.68, None, ours=[62.0, 62.2, 62.4]),
@@ -530,6 +531,7 @@ def _latex_is_installed() -> str | None:
 def test_every_shipped_paper_table_compiles_with_latex(tmp_path):
     """Every table of params/paper_results.yaml (their labels' #, %, α, γ, ×, ±), bold cells included."""
     import subprocess
+
     from fedrepro.report import paper, tables
     results = paper.load_results()
     names = set(results) | {e for table in results.values() for e in table.get("experiments", [])}

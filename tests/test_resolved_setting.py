@@ -7,8 +7,7 @@ import ast
 import pytest
 
 from fedrepro import identity
-from fedrepro.configure import registry
-from fedrepro.configure import settings
+from fedrepro.configure import registry, settings
 
 # receivers of .get( in run/ and algorithms/ that are no setting: checkpoint state, the environment, a round's
 # info and metrics row, a fork record, a pack's member record (its optional keys: done_at, forks), a JSON record read

@@ -227,9 +227,9 @@ def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state
                                                                                    tiny_data_root):
     """Every observer declares the state it keeps; a checkpoint holds that and the trainer's own, nothing more,
     so a resume restores exactly what the observers say they need."""
+    from fedrepro.configure.settings import resolve
     from fedrepro.run.observers import Observer
     from fedrepro.run.trainer import Trainer
-    from fedrepro.configure.settings import resolve
     setting = resolve({**BASE, "algorithm": "fedavg", "rounds": 4, "snapshots": {"rounds": [1]}})
     trainer = Trainer(setting, tmp_path / "run", partition_dir, tiny_data_root)
     trainer.run(progress=False, stop_after=2)

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrepro.run.trainer import Trainer
 from fedrepro.configure import settings
-from fedrepro.run.batchable import dropout_layers
 from fedrepro.data.cifar import ImageDataset
 from fedrepro.models import vgg
+from fedrepro.run.batchable import dropout_layers
+from fedrepro.run.trainer import Trainer
 
 # VGG-11's configuration "A" (8 convolutions, 5 poolings) with narrow layers; the last one keeps 512 channels,
 # which the classifier (Dropout-FC(512, 512)-ReLU-Dropout-FC(512, 512)-ReLU-FC) expects

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from fedrepro import identity
-from fedrepro.run import rundir
 from fedrepro.records import CorruptFileError
 from fedrepro.report import paper
+from fedrepro.run import rundir
 
 SETTING = {"algorithm": "fedavg", "dataset": "fmnist"}
 

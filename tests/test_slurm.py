@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, DEBIAN_FMNIST, snakemake_cmd, subprocess_env, write_yaml
+from conftest import DEBIAN_FMNIST, ROOT, snakemake_cmd, subprocess_env, write_yaml
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

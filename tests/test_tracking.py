@@ -557,6 +557,7 @@ def test_live_metrics_are_sent_in_batches_at_most_every_10_seconds(monkeypatch):
 def test_an_exception_mid_training_marks_the_run_failed(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
                                                         monkeypatch):
     from mlflow import MlflowClient
+
     from fedrepro.run.trainer import Trainer
     round_ = Trainer.round
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEBIAN_FMNIST, ROOT, job_counts, make_partition, snakemake_cmd, \
-    subprocess_env, write_yaml
+from conftest import DEBIAN_FMNIST, ROOT, job_counts, make_partition, snakemake_cmd, subprocess_env, write_yaml
 from fedrepro.configure import expansion, paramsfile, schema, settings, tuning
 from fedrepro.evaluation import validation_split
 
@@ -333,7 +332,7 @@ def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path, fmnist_data):
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     finals = {s["setting"]["plugins"] and "ima" or "host": (rid, s) for rid, (s, _) in _summaries(work).items()
               if s["scored_on"] == "test"}
-    (host_id, host), (child_id, child) = finals["host"], finals["ima"]
+    (host_id, host), (_, child) = finals["host"], finals["ima"]
     assert host["setting"]["client"]["lr"] == child["setting"]["client"]["lr"] == 0.05  # both tuned
     assert child["forked_from"] == {"run": host_id, "round": 2}, child.get("forked_from")
     assert host.get("forked_from") is None

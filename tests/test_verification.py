@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedrepro.report import cites, matrix_text, verification
 from fedrepro.configure.paramsfile import ROOT
+from fedrepro.report import cites, matrix_text, verification
 
 # A two-column table: cells match runs by algorithm; alpha selects the row.
 TABLE = {"tables": {"toy_table1": {

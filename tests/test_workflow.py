@@ -362,8 +362,8 @@ def test_forks_each_job_asks_for_the_runtime_of_the_rounds_it_trains(tmp_path):
     fork step trains at most the parent's first t rounds; a parent, and every run with sharing off, asks for R.
     Step costs large enough that no request is the floor, so the counts show; measured on the CPU, the device
     these runs train on (a measurement of another device would not price them)."""
-    from fedrepro.ops import plan
     from fedrepro.configure import forks
+    from fedrepro.ops import plan
     costs = {"fmnist/mlp:256": 5.0}
     (tmp_path / "results" / "bench").mkdir(parents=True)
     (tmp_path / "results" / "bench" / "step_costs.json").write_text(json.dumps({"device": "cpu",

@@ -21,8 +21,21 @@ from __future__ import annotations
 
 from fedrepro.algorithms import BuildContext
 from fedrepro.external import API_VERSION
-from fedrepro.parts import (THE_SETTINGS, Aggregator, Algorithm, ClientHook, ClientObjective, ClientPlan, ClientRun,
-                            GradientCorrection, Part, PostStep, RoundUpdates, ServerOptimizer, lr_schedule)
+from fedrepro.parts import (
+                            THE_SETTINGS,
+                            Aggregator,
+                            Algorithm,
+                            ClientHook,
+                            ClientObjective,
+                            ClientPlan,
+                            ClientRun,
+                            GradientCorrection,
+                            Part,
+                            PostStep,
+                            RoundUpdates,
+                            ServerOptimizer,
+                            lr_schedule,
+)
 from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi
 

@@ -10,8 +10,15 @@ import torch
 
 from fedrepro import external
 from fedrepro.external import MethodError
-from fedrepro.parts import (Aggregator, Algorithm, ClientObjective, ClientPlan, GradientCorrection, PostStep,
-                            ServerOptimizer)
+from fedrepro.parts import (
+    Aggregator,
+    Algorithm,
+    ClientObjective,
+    ClientPlan,
+    GradientCorrection,
+    PostStep,
+    ServerOptimizer,
+)
 
 
 @dataclass

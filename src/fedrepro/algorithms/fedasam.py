@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from fedrepro.parts import Algorithm, ClientObjective, ClientRun
 from fedrepro.server import ServerSGD, WeightedMean
 
+
 class AdaptiveSharpness(ClientObjective):
     batched_forms = frozenset({"step"})  # run/batched.py
     forwards_per_step = 2  # two forward passes a step: a dropout model draws two masks (run/batched.py)

@@ -18,12 +18,12 @@ Only models whose last layer is a Linear classifier over a feature layer can run
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from torch.func import vmap
 
-from fedrepro.parts import Algorithm, ClientObjective, ClientRun, FeatureTerm, RoundUpdates
 from fedrepro.catalog import FEATURE_CLASSIFIER_MODELS
+from fedrepro.parts import Algorithm, ClientObjective, ClientRun, FeatureTerm, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
+
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which the code uses
 
 

@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from fedrepro import metrics
-from fedrepro.algorithms.proxy import epoch_batches, proxy_samples
+from fedrepro.algorithms.proxy import epoch_batches, proxy_samples, round_generator as _generator
 from fedrepro.functional import FunctionalModel
-from fedrepro.algorithms.proxy import round_generator as _generator
 from fedrepro.parts import Aggregator, Algorithm, RoundUpdates
 from fedrepro.server import ServerSGD
 

@@ -6,7 +6,15 @@ import errno
 
 from fedrepro.cli import data, evidence, grid, manifest, ops, reports, run
 from fedrepro.cli.common import (  # noqa: F401 (the names callers import from fedrepro.cli)
-    DEBUG_HELP, DEBUG_VARIABLE, EXAMPLES, Parser, _debugging, _existing, _json_arg, _number)
+    DEBUG_HELP,
+    DEBUG_VARIABLE,
+    EXAMPLES,
+    Parser,
+    _debugging,
+    _existing,
+    _json_arg,
+    _number,
+)
 from fedrepro.cli.run import RUN_FOLDER, _check_run_folder  # noqa: F401
 
 # One module per command group, each command's arguments beside its handler; in this order in --help.

@@ -112,6 +112,7 @@ def cmd_evidence(args) -> None:
 
 def _kept_run(run: Path) -> tuple[dict, object]:
     import pandas as pd
+
     from fedrepro import records
     metrics = run / "metrics.csv"
     return records.read_json(run / "summary.json"), pd.read_csv(metrics) if metrics.is_file() else None

@@ -59,8 +59,8 @@ def add_plan(sub) -> None:
 
 
 def cmd_plan(args) -> None:
-    from fedrepro.ops import plan, pricing
     from fedrepro.configure import paramsfile
+    from fedrepro.ops import plan, pricing
     params = paramsfile.load_params_files(args.configfile)
     if args.only:
         params["only"] = args.only

@@ -69,8 +69,8 @@ def add_manifest(sub) -> None:
 
 
 def cmd_manifest(args) -> None:
-    from fedrepro.errors import SetupError
     from fedrepro.configure import expansion, paramsfile, schema, settings
+    from fedrepro.errors import SetupError
     files = [str(Path(args.base, f)) for f in args.configfile]
     for name in files:  # relative to --base, so checked here rather than by the parser
         try:

@@ -34,6 +34,7 @@ def add_bench(sub) -> None:
 
 def cmd_bench(args) -> None:
     import torch
+
     from fedrepro.ops import bench
     devices = args.device or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if "cuda" in devices and not torch.cuda.is_available():

@@ -5,7 +5,17 @@ import json
 import sys
 from pathlib import Path
 
-from fedrepro.cli.common import EXAMPLES, _absent_or, _existing, _json_arg, _manifest_of, _name, _number, _output, finish
+from fedrepro.cli.common import (
+    EXAMPLES,
+    _absent_or,
+    _existing,
+    _json_arg,
+    _manifest_of,
+    _name,
+    _number,
+    _output,
+    finish,
+)
 
 
 def add_parsers(sub) -> None:
@@ -35,8 +45,8 @@ def add_report(sub) -> None:
 
 
 def cmd_report(args) -> None:
-    from fedrepro.report import page
     from fedrepro.configure import expansion, paramsfile
+    from fedrepro.report import page
     manifest = args.manifest
     if manifest is None:  # straight from the params files: a partial grid, while runs are missing
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -68,8 +78,8 @@ def add_tables(sub) -> None:
 
 
 def cmd_tables(args) -> None:
-    from fedrepro.report import page, tables
     from fedrepro.configure import schema
+    from fedrepro.report import page, tables
     manifest = _manifest_of(args, "tables")
     comparisons = page.paper_comparisons(manifest, Path(args.runs_dir))
     if args.table:
@@ -125,8 +135,8 @@ def add_index(sub) -> None:
 
 
 def cmd_index(args) -> None:
-    from fedrepro.report import index
     from fedrepro.configure.paramsfile import ROOT
+    from fedrepro.report import index
     evidence = None if args.no_evidence else (args.evidence or ROOT / "evidence")
     out = index.build(args.out, args.params, args.runs_dir, evidence=evidence)
     print(f"index: {Path(out).resolve()}")

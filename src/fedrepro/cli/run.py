@@ -55,9 +55,10 @@ def add_train(sub) -> None:
 
 def cmd_train(args) -> None:
     import torch
+
+    from fedrepro.configure.settings import resolve
     from fedrepro.run.jobs import train
     from fedrepro.run.process import die_with_parent
-    from fedrepro.configure.settings import resolve
     die_with_parent()  # killing Snakemake stops its training jobs too
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -114,11 +115,12 @@ def _json_list(text: str) -> list:
 
 def cmd_train_pack(args) -> None:
     import torch
+
+    from fedrepro.configure import forks
+    from fedrepro.configure.settings import resolve
     from fedrepro.errors import SetupError
     from fedrepro.run.jobs import train_pack
     from fedrepro.run.process import die_with_parent
-    from fedrepro.configure import forks
-    from fedrepro.configure.settings import resolve
     die_with_parent()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,11 +162,12 @@ def add_take_packed(sub) -> None:
 
 def cmd_take_packed(args) -> None:
     import shutil
+
+    from fedrepro.configure.settings import resolve
     from fedrepro.errors import SetupError
     from fedrepro.identity import stable_hash
     from fedrepro.records import read_json
     from fedrepro.run.rundir import RunDir
-    from fedrepro.configure.settings import resolve
     setting, staged = resolve(args.setting), RunDir(Path(args.staged))
     if not staged.summary.exists() or read_json(staged.summary).get("setting_hash") != stable_hash(setting):
         raise SetupError(f"--staged {args.staged}: holds no finished run of this setting (its pack did not "
@@ -209,9 +212,10 @@ def add_fork(sub) -> None:
 
 def cmd_fork(args) -> None:
     import torch
+
+    from fedrepro.configure.settings import resolve
     from fedrepro.run.jobs import fork_state
     from fedrepro.run.process import die_with_parent
-    from fedrepro.configure.settings import resolve
     die_with_parent()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -101,9 +101,9 @@ def check_data_transforms(setting: dict, where: str) -> None:
 def check_partition_file(setting: dict, where: str) -> None:
     """Kind ``file``: read and check the index lists before any job, and put the file's content hash in the
     setting (the run's and the partition's identity; a changed file is a new partition)."""
+    from fedrepro.identity import file_sha256
     from fedrepro.partitions import file as partition_file
     from fedrepro.partitions.base import PartitionError
-    from fedrepro.identity import file_sha256
 
     part = setting["partition"]
     if "path" not in part:

@@ -12,11 +12,11 @@ import json
 import os
 from pathlib import Path
 
-from fedrepro.identity import run_id, stable_hash
 from fedrepro.configure import forks, overlay, tuning as ftuning
 from fedrepro.configure.paramsfile import SAFE_EXPERIMENT, check_name, data_root, selected_experiments
 from fedrepro.configure.schema import ConfigError
-from fedrepro.configure.settings import Run, variant_label, deep_merge, grid_points, resolve
+from fedrepro.configure.settings import Run, deep_merge, grid_points, resolve, variant_label
+from fedrepro.identity import run_id, stable_hash
 
 
 def expand(params: dict, tunings: dict | None = None) -> list[Run]:

@@ -20,11 +20,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from fedrepro.configure import registry
+from fedrepro.configure import conditions, registry
+from fedrepro.configure.settings import prune
 from fedrepro.identity import run_id, stable_hash
 from fedrepro.run.rundir import RunDir
-from fedrepro.configure import conditions
-from fedrepro.configure.settings import prune
 
 
 @dataclass(frozen=True)

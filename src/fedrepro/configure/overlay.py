@@ -16,9 +16,9 @@ import copy
 import fnmatch
 
 from fedrepro.configure import registry
-from fedrepro.errors import FedreproError
 from fedrepro.configure.schema import ConfigError
 from fedrepro.configure.settings import grid_points, split_algorithm
+from fedrepro.errors import FedreproError
 
 
 def names(params: dict, key: str) -> list[str]:

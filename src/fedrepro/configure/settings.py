@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedrepro import catalog
-from fedrepro.configure import registry
-from fedrepro.identity import partition_id
-from fedrepro.configure import conditions
-from fedrepro.configure.checks import _refuse_unread_pretrained, check_compatible, check_data_transforms, check_partition_file
-from fedrepro.errors import FedreproError
+from fedrepro.configure import conditions, registry
+from fedrepro.configure.checks import (
+    _refuse_unread_pretrained,
+    check_compatible,
+    check_data_transforms,
+    check_partition_file,
+)
 from fedrepro.configure.schema import ConfigError, validate
-
+from fedrepro.errors import FedreproError
+from fedrepro.identity import partition_id
 
 # --------------------------------------------------------------------------- grids
 

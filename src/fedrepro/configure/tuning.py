@@ -30,13 +30,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrepro.configure import registry
-from fedrepro.errors import FedreproError
-from fedrepro.identity import partition_id, run_id, stable_hash
-from fedrepro.configure import conditions
+from fedrepro.configure import conditions, registry
 from fedrepro.configure.paramsfile import check_name
 from fedrepro.configure.schema import ConfigError, closest
-from fedrepro.configure.settings import Run, variant_label, deep_merge, grid_points, resolve, split_algorithm
+from fedrepro.configure.settings import Run, deep_merge, grid_points, resolve, split_algorithm, variant_label
+from fedrepro.errors import FedreproError
+from fedrepro.identity import partition_id, run_id, stable_hash
 
 
 class TuningError(FedreproError, RuntimeError):

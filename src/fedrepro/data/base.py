@@ -10,8 +10,8 @@ module, and the package's ``__init__`` dispatches to them by name.
 from __future__ import annotations
 
 import gzip
-import json
 import hashlib
+import json
 import os
 import shutil
 import tempfile

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrepro.data.base import (DEFAULT_MAX_BYTES, TensorDataset, extract, fetch_from_mirrors, file_ok,
-                                not_downloaded, verify_loaded)
+from fedrepro.data.base import (
+    DEFAULT_MAX_BYTES,
+    TensorDataset,
+    extract,
+    fetch_from_mirrors,
+    file_ok,
+    not_downloaded,
+    verify_loaded,
+)
 
 DATASET = "fmnist"
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
 # --------------------------------------------------------------------------- ResNet-18 (CIFAR stem)
 
 

@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from fedrepro import catalog, data, models, partitions
-from fedrepro.run.trainer import Trainer
 from fedrepro.ops.bench_baselines import ComputeFloor, ReferenceLoop, reference_dataset
 from fedrepro.ops.bench_settings import SETTINGS, BenchSetting
 from fedrepro.run.provenance import machine
+from fedrepro.run.trainer import Trainer
 
 GOALS = {"cpu": {"reference_over_engine": 4.0, "engine_over_floor": 1.15},
          "cuda": {"reference_over_engine": 10.0, "engine_over_floor": 1.2}}

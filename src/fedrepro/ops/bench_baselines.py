@@ -8,9 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro.run.cohorts import sample_cohort
 from fedrepro.ops.bench_settings import BenchSetting
-
+from fedrepro.run.cohorts import sample_cohort
 
 # ----------------------------------------------------------------------------- (b) reference
 

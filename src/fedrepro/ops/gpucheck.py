@@ -18,13 +18,12 @@ import numpy as np
 import torch
 
 from fedrepro import catalog, data, models, partitions
-from fedrepro.configure import registry
+from fedrepro.configure import expansion, forks, paramsfile, registry, settings
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.process import pick_device
-from fedrepro.run.trainer import Trainer
-from fedrepro.configure import expansion, forks, paramsfile, settings
 from fedrepro.run.provenance import device_line, machine
 from fedrepro.run.rundir import RunDir
+from fedrepro.run.trainer import Trainer
 
 OUT = Path("results/bench/gpu_check.json")
 

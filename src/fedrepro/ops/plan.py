@@ -17,9 +17,18 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from fedrepro.ops.pricing import (BENCH_FILE, H200_BENCH_FILE, PlanError, StepCosts, local_steps, run_device,
-                                step_costs, step_costs_by_device, step_seconds)
 from fedrepro.configure import expansion, settings
+from fedrepro.ops.pricing import (
+    BENCH_FILE,
+    H200_BENCH_FILE,
+    PlanError,
+    StepCosts,
+    local_steps,
+    run_device,
+    step_costs,
+    step_costs_by_device,
+    step_seconds,
+)
 from fedrepro.run.rundir import RunDir
 
 

@@ -22,7 +22,6 @@ import numpy as np
 from fedrepro.catalog import DATASETS
 from fedrepro.partitions.base import PartitionError, per_domain
 
-
 NOT_KINDS = ("__init__", "base", "records")
 
 

@@ -7,7 +7,6 @@ import numpy as np
 
 from fedrepro.partitions.base import PartitionError, long_tailed
 
-
 # Redrawing a Dirichlet partition until every client has min_size samples: a min_size that is
 # reachable in principle but not in practice (alpha = 0.001 gives each class to one client) would
 # redraw for minutes. The draws are seeded, so this cap decides only whether the partition is found

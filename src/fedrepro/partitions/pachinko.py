@@ -5,7 +5,6 @@ import numpy as np
 
 from fedrepro.partitions.base import PartitionError, draw
 
-
 # CIFAR-100's superclass of each fine label (fine labels in torchvision's order, i.e. the archive's
 # alphabetical ``fine_label_names``; superclasses in the order of its ``coarse_label_names``). It is
 # the fine->coarse map that the archive's per-sample ``coarse_labels`` encode, and agrees with the

@@ -12,7 +12,6 @@ import yaml
 from fedrepro.report import paper
 from fedrepro.report.verification import EVIDENCE, EXPLANATIONS
 
-
 NUMBER = r"(?<![\d.])\d+\.\d{2}(?![\d])"  # a number with two decimals, as accuracies and std are written
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from fedrepro.report.paper import Cell
 from fedrepro.configure.paramsfile import ROOT, read_yaml
+from fedrepro.report.paper import Cell
 
 DIVERGED = "closed form: not finite"
 

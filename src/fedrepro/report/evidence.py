@@ -25,8 +25,8 @@ import json
 import shutil
 from pathlib import Path
 
-from fedrepro.run import rundir
 from fedrepro.errors import FedreproError
+from fedrepro.run import rundir
 
 RUN_FILES = rundir.RECORD_FILES
 PARTITION_FILES = ("partition.json", "counts.csv", "heatmap.png")
@@ -61,8 +61,8 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     of the same content. It keeps its own id and summary (which name the commit it ran with); the manifest
     says which runs were carried and from where."""
     from fedrepro import records
-    from fedrepro.report import verification
     from fedrepro.configure import expansion, paramsfile
+    from fedrepro.report import verification
 
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
     if manifest is not None:

@@ -14,12 +14,18 @@ from pathlib import Path
 import pandas as pd
 
 from fedrepro import records
-from fedrepro.partitions import records as partition_records
 from fedrepro.identity import stable_hash
+from fedrepro.partitions import records as partition_records
 from fedrepro.report import tables, versus
 from fedrepro.report.frames import load_runs, summary_table, switch_effects
-from fedrepro.report.plots import (ablation_figure, coincide_note, coinciding, collapse_points, curves_figure,
-                                   tuning_figure)
+from fedrepro.report.plots import (
+    ablation_figure,
+    coincide_note,
+    coinciding,
+    collapse_points,
+    curves_figure,
+    tuning_figure,
+)
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 

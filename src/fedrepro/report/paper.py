@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro.run import rundir
+from fedrepro.configure.paramsfile import ROOT
 from fedrepro.records import CorruptFileError
 from fedrepro.report import collapses
-from fedrepro.configure.paramsfile import ROOT
+from fedrepro.run import rundir
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
 

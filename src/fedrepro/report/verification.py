@@ -29,10 +29,9 @@ from pathlib import Path
 import yaml
 
 from fedrepro import catalog
-from fedrepro.report import claims, computed, paper
 from fedrepro.configure.paramsfile import ROOT
 from fedrepro.configure.schema import ConfigError
-
+from fedrepro.report import claims, computed, paper
 
 EVIDENCE = ROOT / "evidence"
 EXPLANATIONS = "explanations.yaml"

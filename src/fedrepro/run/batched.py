@@ -50,12 +50,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedrepro.flat import learnt_buffers
+from fedrepro.parts import ClientRun, FeatureTerm
 from fedrepro.run.batchable import dropout_layers
 from fedrepro.run.batched_draws import GroupState
 from fedrepro.run.client import LocalSGD
-from fedrepro.flat import learnt_buffers
-from fedrepro.parts import ClientRun, FeatureTerm, RoundUpdates
-
 
 # ---------------------------------------------------------------- the clients' schedules
 

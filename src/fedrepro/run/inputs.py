@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from fedrepro import data, partitions
-from fedrepro.partitions import records as partition_records
-from fedrepro.partitions.base import PartitionError, class_counts, content_hash
 from fedrepro.evaluation import split_test, validation_set, validation_split
 from fedrepro.identity import partition_setting
+from fedrepro.partitions import records as partition_records
+from fedrepro.partitions.base import PartitionError, class_counts, content_hash
 from fedrepro.run.client import holdout_split
 
 

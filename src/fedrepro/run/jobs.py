@@ -10,8 +10,8 @@ from pathlib import Path
 from fedrepro.identity import stable_hash
 from fedrepro.run import checkpoint
 from fedrepro.run.fork_states import ForkError, ForkStates
-from fedrepro.run.trainer import Trainer
 from fedrepro.run.rundir import RunDir
+from fedrepro.run.trainer import Trainer
 
 
 def train(setting: dict, run_dir, partition_dir, data_root, checkpoint_every: int = 10, progress: bool = True,

@@ -27,7 +27,6 @@ from fedrepro import algorithms, data, external, identity, models
 from fedrepro.flat import FlatModel
 from fedrepro.identity import partition_id, stable_hash
 from fedrepro.parts import ClientRun, RoundUpdates
-from fedrepro.run.provenance import device_line, run_provenance
 from fedrepro.run import checkpoint, inputs as run_inputs, rows
 from fedrepro.run.batched_rounds import BatchedRounds, ClientData
 from fedrepro.run.client import LocalSGD, client_generator
@@ -35,8 +34,9 @@ from fedrepro.run.cohorts import code_pairing, sample_cohort
 from fedrepro.run.fork_states import ForkStates
 from fedrepro.run.observers import Checkpoints, Cosines, HessianLog, MetricsRows, Observer, Preempted, Snapshots
 from fedrepro.run.process import main_thread, pick_device
-from fedrepro.schedule import cohort_size
+from fedrepro.run.provenance import device_line, run_provenance
 from fedrepro.run.rundir import RunDir
+from fedrepro.schedule import cohort_size
 
 
 @dataclass

@@ -10,12 +10,32 @@ from pathlib import Path
 
 from fedrepro import records
 from fedrepro.run.provenance import git_commit
-from fedrepro.tracking.record import (ENTRY_POINT, MLFLOW_STATUS, add_membership, complete_run, dataset_inputs, flatten,
-                                      log_inputs, log_metrics, open_run, read_marker, round_metrics, run_tags,
-                                      source_name, system_tags, write_marker)
-from fedrepro.tracking.store import (default_uri, ensure_experiment, find_runs, lock, open_store, parent_run,
-                                     prefix_experiments)
-
+from fedrepro.tracking.record import (
+    ENTRY_POINT,
+    MLFLOW_STATUS,
+    add_membership,
+    complete_run,
+    dataset_inputs,
+    flatten,
+    log_inputs,
+    log_metrics,
+    open_run,
+    read_marker,
+    round_metrics,
+    run_tags,
+    source_name,
+    system_tags,
+    write_marker,
+)
+from fedrepro.tracking.store import (
+    default_uri,
+    ensure_experiment,
+    find_runs,
+    lock,
+    open_store,
+    parent_run,
+    prefix_experiments,
+)
 
 FLUSH_SECONDS = 10.0
 

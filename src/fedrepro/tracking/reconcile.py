@@ -7,11 +7,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedrepro.run import rundir
-from fedrepro.tracking.record import (ENTRY_POINT, add_membership, complete_run, flatten, log_metrics, open_run,
-                                      read_marker, round_metrics, rows_with_times, run_tags, source_name, system_tags,
-                                      write_marker)
-from fedrepro.tracking.store import (default_uri, ensure_experiment, experiment_name, find_runs, lock, open_store,
-                                     parent_run, prefix_experiments)
+from fedrepro.tracking.record import (
+    ENTRY_POINT,
+    add_membership,
+    complete_run,
+    flatten,
+    log_metrics,
+    open_run,
+    read_marker,
+    round_metrics,
+    rows_with_times,
+    run_tags,
+    source_name,
+    system_tags,
+    write_marker,
+)
+from fedrepro.tracking.store import (
+    default_uri,
+    ensure_experiment,
+    experiment_name,
+    find_runs,
+    lock,
+    open_store,
+    parent_run,
+    prefix_experiments,
+)
 
 
 def reconcile_run(client, uri: str, run_dir: Path, experiment: str, parent: str | None, membership: str,

@@ -14,7 +14,6 @@ from pathlib import Path
 from fedrepro import records
 from fedrepro.run import rundir
 
-
 BATCH = 1000  # MLflow's limit of metric values per log_batch
 MARKER = rundir.MLFLOW  # in the run folder: which store holds the run, and whether it is complete
 MLFLOW_STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "interrupted": "KILLED"}

@@ -13,7 +13,6 @@ from pathlib import Path
 from fedrepro.configure.paramsfile import ROOT
 from fedrepro.errors import SetupError
 
-
 # A dead server must cost seconds, not MLflow's default of 7 retries with exponential backoff (~4 min).
 FAIL_FAST_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}

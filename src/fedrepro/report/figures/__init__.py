@@ -21,8 +21,8 @@ from pathlib import Path
 import jsonschema
 
 from fedrepro import catalog
-from fedrepro.run.rundir import RunDir
 from fedrepro.errors import FedreproError
+from fedrepro.run.rundir import RunDir
 
 
 class MissingInput(FedreproError):

@@ -7,6 +7,7 @@ import numpy as np
 from fedrepro.report.figures import MissingInput, described, finished, legend_outside
 from fedrepro.report.figures.curves import frame, method, methods_legend, over_rounds, split
 
+
 def middle_rounds(frame, column: str):
     """The values of ``column`` in the middle stage of a run: rounds 90-110 (App. D.5) when the run has
     them, else its middle tenth (a short run of a test)."""

@@ -48,8 +48,8 @@ class Evaluator:
     def __init__(self, setting: dict, data_root: Path | None, device: str = "auto"):
         from fedrepro import data, models
         from fedrepro.evaluation import evaluate
-        from fedrepro.run.process import pick_device
         from fedrepro.flat import FlatModel
+        from fedrepro.run.process import pick_device
 
         if data_root is None:
             raise MissingInput("no data root given to evaluate models")
