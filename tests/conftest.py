@@ -3,6 +3,7 @@
 Nothing here needs the internet. Datasets are generated (tiny, random, but in Fashion-MNIST's
 on-disk format) so that the real download, extraction and loading code runs on them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-FMNIST_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+FMNIST_FILES = [
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+]
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
@@ -34,6 +39,7 @@ def pytest_configure(config):
     threads cost more than they give on a small shared machine; no assertion depends on the count,
     since every numerical test compares with a reference computed in the same process."""
     import torch
+
     torch.set_num_threads(1)
     fmnist_source()  # a FEDREPRO_TEST_FMNIST it does not take stops the run before any test
 
@@ -77,13 +83,20 @@ def fmnist_sized_arrays(seed: int = 0):
         images = np.zeros((n, 28, 28), dtype=np.uint8)
         for k in range(10):
             rows = labels == k
-            images[rows, 2 * k:2 * k + 8] = rng.integers(100, 256, size=(int(rows.sum()), 8, 28), dtype=np.uint8)
+            images[rows, 2 * k : 2 * k + 8] = rng.integers(100, 256, size=(int(rows.sum()), 8, 28), dtype=np.uint8)
         out[split] = (images, labels)
     return out
 
 
-def write_fake_fmnist(folder: Path, n_train: int = 400, n_test: int = 100, seed: int = 0,
-                      gz: bool = True, raw: bool = False, arrays: dict | None = None) -> dict[str, dict]:
+def write_fake_fmnist(
+    folder: Path,
+    n_train: int = 400,
+    n_test: int = 100,
+    seed: int = 0,
+    gz: bool = True,
+    raw: bool = False,
+    arrays: dict | None = None,
+) -> dict[str, dict]:
     """Write the four Fashion-MNIST files; return {file name: {"md5", "sha256_content"}}.
 
     ``gz`` writes the published ``*.gz`` files; ``raw`` also writes the decompressed files,
@@ -102,8 +115,10 @@ def write_fake_fmnist(folder: Path, n_train: int = 400, n_test: int = 100, seed:
                 (folder / f"{name}.gz").write_bytes(blob)
             if raw:
                 (folder / name).write_bytes(content)
-            sums[f"{name}.gz"] = {"md5": hashlib.md5(blob).hexdigest(),
-                                  "sha256_content": hashlib.sha256(content).hexdigest()}
+            sums[f"{name}.gz"] = {
+                "md5": hashlib.md5(blob).hexdigest(),
+                "sha256_content": hashlib.sha256(content).hexdigest(),
+            }
     return sums
 
 
@@ -121,6 +136,7 @@ def fmnist_mirror(tmp_path, monkeypatch) -> Path:
     from torchvision.datasets import FashionMNIST
 
     from fedrepro.data import fmnist
+
     folder = tmp_path / "mirror"
     sums = write_fake_fmnist(folder, n_train=50, n_test=20)
     monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
@@ -133,6 +149,7 @@ def make_partition(data_root: Path, out: Path, num_clients: int = 4, kind: str =
     """Partition the training labels under ``data_root`` into ``out`` with the real code."""
     from fedrepro import data, partitions
     from fedrepro.partitions import records as partition_records
+
     setting = {"dataset": "fmnist", "num_clients": num_clients, "kind": kind, "seed": 1, **extra}
     labels = data.train_labels("fmnist", data_root)
     parts = partitions.make(labels, setting)
@@ -184,8 +201,7 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
 
 def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
     """snakemake on the project's Snakefile, run in another working directory."""
-    return [str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-            *args]
+    return [str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -194,7 +210,7 @@ def job_counts(output: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for i, line in enumerate(lines):
         if line.strip().startswith("Job stats"):
-            for row in lines[i + 3:]:
+            for row in lines[i + 3 :]:
                 parts = row.split()
                 if len(parts) != 2 or not parts[1].isdigit():
                     break
@@ -205,6 +221,7 @@ def job_counts(output: str) -> dict[str, int]:
 
 def write_yaml(path: Path, obj) -> Path:
     import yaml
+
     path.write_text(yaml.safe_dump(obj, sort_keys=False))
     return path
 
@@ -253,6 +270,7 @@ class FmnistData:
 
     def params_text(self, text: str) -> str:
         import yaml
+
         return yaml.safe_dump(self.params(yaml.safe_load(text)), sort_keys=False)
 
     def params_file(self, path: Path, folder: Path) -> Path:
@@ -260,6 +278,7 @@ class FmnistData:
         if self.source == "debian":
             return path
         import yaml
+
         folder.mkdir(parents=True, exist_ok=True)
         return write_yaml(folder / path.name, self.params(yaml.safe_load(path.read_text())))
 
@@ -320,7 +339,7 @@ def serve():
 
 # --------------------------------------------------------------------------- float32 bounds (README "Floating point")
 
-U32 = 2.0 ** -24  # float32's unit roundoff
+U32 = 2.0**-24  # float32's unit roundoff
 
 
 def float32_forward_bound(module, x):
@@ -331,6 +350,7 @@ def float32_forward_bound(module, x):
     import copy
 
     import torch
+
     twin = copy.deepcopy(module).double().eval()
     length = sum(m.in_features + 1 for m in twin.modules() if isinstance(m, torch.nn.Linear))
     with torch.no_grad():
@@ -348,6 +368,7 @@ def float64_cross_entropy(module, x, y):
     import math
 
     import torch
+
     twin = copy.deepcopy(module).double().eval()
     with torch.no_grad():
         z = twin(x.double())
@@ -362,4 +383,5 @@ def method_section(algorithm: str) -> dict:
     """A method's settings section as a run resolves it (every default of its fragment filled): what a test that
     builds the method's parts directly passes as their config, before overriding the keys it studies."""
     from fedrepro.configure.settings import resolve
+
     return resolve({"algorithm": algorithm, "evaluation": {"proxy_holdout": 100}})[algorithm]

@@ -14,6 +14,7 @@ The engine runs in float32, as does the plain loop, so they differ by rounding i
 the tolerance is 1e-5 of the update's size (float32's epsilon is 1.2e-7; 8 steps with momentum), while each
 method's extra terms move the update by more than 1e-2 of its size here (checked in each test).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,12 +42,23 @@ def _trainer(tmp_path, algorithm: str, section: dict) -> Trainer:
     labels = torch.arange(n) % 10
     images = (torch.randint(0, 60, (n, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
     train = data.TensorDataset(images, labels, 0.0, 1.0)
-    parts = [np.arange(sum(SIZES[:i]), sum(SIZES[:i + 1])) for i in range(len(SIZES))]
-    setting = settings.resolve({"algorithm": algorithm, "model": "mlp", "dataset": "fmnist", "num_clients": len(SIZES),
-                              "participation": 1.0, "local_epochs": EPOCHS, "batch_size": BATCH, "device": "cpu",
-                              "rounds": 3, "seed": 5, **({algorithm: section} if section else {}),
-                              "client": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY,
-                                         "shuffle": "none"}})  # batches in the partition's order, every epoch
+    parts = [np.arange(sum(SIZES[:i]), sum(SIZES[: i + 1])) for i in range(len(SIZES))]
+    setting = settings.resolve(
+        {
+            "algorithm": algorithm,
+            "model": "mlp",
+            "dataset": "fmnist",
+            "num_clients": len(SIZES),
+            "participation": 1.0,
+            "local_epochs": EPOCHS,
+            "batch_size": BATCH,
+            "device": "cpu",
+            "rounds": 3,
+            "seed": 5,
+            **({algorithm: section} if section else {}),
+            "client": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "shuffle": "none"},
+        }
+    )  # batches in the partition's order, every epoch
     return Trainer(setting, tmp_path / algorithm, None, None, datasets=(train, train), parts=parts)
 
 
@@ -61,7 +73,7 @@ def plain_local_round(trainer, client: int, w_global: torch.Tensor, extra_loss) 
     steps = 0
     for _ in range(EPOCHS):
         for start in range(0, len(index), BATCH):
-            images, labels = trainer.inputs.train.batch(index[start:start + BATCH])
+            images, labels = trainer.inputs.train.batch(index[start : start + BATCH])
             opt.zero_grad()
             loss = F.cross_entropy(module(images), labels) + extra_loss(parameters_to_vector(module.parameters()))
             loss.backward()
@@ -123,8 +135,9 @@ def test_feddyn_is_sgd_on_the_dynamic_regulariser(tmp_path, alpha):
     part = trainer.algorithm.corrections[0]
     state = part.grad_state.clone()
     assert bool((state.norm(dim=1) > 0).all()), "round 0 set every l_i"
-    terms = {int(i): (lambda w, i=int(i): -torch.dot(state[i], w) + alpha / 2 * (w - w_global).pow(2).sum())
-             for i in cohort}
+    terms = {
+        int(i): (lambda w, i=int(i): -torch.dot(state[i], w) + alpha / 2 * (w - w_global).pow(2).sum()) for i in cohort
+    }
     finals = _compare(trainer, cohort, w_global, terms)
     for i, (final, _) in finals.items():
         _close(part.grad_state[i], state[i] + alpha * (w_global - final), f"l_{i}")

@@ -3,6 +3,7 @@
 A run id names a run's folder, its MLflow run and its kept evidence; a change that renames runs is one
 deliberate commit that rewrites the file with ``python tests/golden/ids.py --write`` and says why.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The ``fedrepro`` command: every step a Snakemake rule runs, each with --help."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,6 +24,7 @@ GROUPS = (data, run, grid, manifest, reports, ops, evidence)
 
 def build_parser() -> argparse.ArgumentParser:
     from fedrepro import __version__
+
     parser = Parser(prog="fedrepro", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fedrepro {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     from fedrepro.errors import FedreproError
+
     try:
         args.func(args)
     except FedreproError as err:
@@ -50,9 +53,12 @@ def main(argv: list[str] | None = None) -> None:
             raise
         # a failed write() names no file: the command's output then stands for it (a run's folder)
         where = err.filename or getattr(args, "out", None) or "its output"
-        parser.exit(2, f"fedrepro {args.command}: cannot write {where}: {err.strerror}; free space there or make "
-                       f"it writable, then run the same command again (a training run resumes from its last "
-                       f"checkpoint)\n")
+        parser.exit(
+            2,
+            f"fedrepro {args.command}: cannot write {where}: {err.strerror}; free space there or make "
+            f"it writable, then run the same command again (a training run resumes from its last "
+            f"checkpoint)\n",
+        )
 
 
 # What a write meets when the disk or the folder stops taking files, as against a fault of fedrepro's

@@ -10,6 +10,7 @@ most as many candidates (the first ones, in the fragment's order), the same tuni
 share and plug-ins left out, so that the comparison is fair by construction. A method that declares no search
 space runs at its defaults, as a baseline the paper does not tune.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,9 @@ def apply(params: dict, experiments: dict) -> dict:
     patterns = names(params, "add_method_to") or ["*"]
     unmatched = [p for p in patterns if not fnmatch.filter(experiments, p)]
     if unmatched:
-        raise ConfigError(f"add_method_to: {', '.join(unmatched)} matches no experiment; experiments: "
-                          f"{', '.join(experiments)}")
+        raise ConfigError(
+            f"add_method_to: {', '.join(unmatched)} matches no experiment; experiments: {', '.join(experiments)}"
+        )
     out = {}
     for name, exp in experiments.items():
         if any(fnmatch.fnmatchcase(name, p) for p in patterns):
@@ -69,8 +71,10 @@ def _tune_block(experiment: str, blocks: list[dict], method: str) -> list[dict]:
     except FedreproError as err:
         raise ConfigError(f"add_method: {err}") from None
     if base not in registry.ALGORITHMS:
-        raise ConfigError(f"add_method: '{method}' names no method; known: {', '.join(sorted(registry.ALGORITHMS))}, "
-                          f"or a method of your own package by its entry point or module path")
+        raise ConfigError(
+            f"add_method: '{method}' names no method; known: {', '.join(sorted(registry.ALGORITHMS))}, "
+            f"or a method of your own package by its entry point or module path"
+        )
     space = registry.ALGORITHMS[base].get("tune")
     if not space:
         return []

@@ -5,6 +5,7 @@ deep-merged over the base, filled with the schema's defaults and its derived def
 sections the run actually uses, and checked. Reading params files is paramsfile.py's, the schema
 schema.py's, the cross-key checks checks.py's; expanding whole grids (with tunings and forks) config.py's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -102,8 +103,12 @@ def derive_defaults(setting: dict) -> dict:
 
 def _derived(schema: dict) -> list[tuple[str, str, str]]:
     """(section, key, expression) of every key whose null means a value derived from others."""
-    return [(section, key, sub["null_means"]) for section, spec in schema["properties"].items()
-            for key, sub in (spec.get("properties") or {}).items() if "null_means" in sub]
+    return [
+        (section, key, sub["null_means"])
+        for section, spec in schema["properties"].items()
+        for key, sub in (spec.get("properties") or {}).items()
+        if "null_means" in sub
+    ]
 
 
 @dataclass
@@ -112,7 +117,9 @@ class Run:
     experiment: str
     setting: dict
     variant: dict = field(default_factory=dict)  # the grid values other than the seed
-    tuning: str = ""  # the tuning (fedrepro.configure.tuning) whose candidate this run is; "" for an experiment's own run
+    tuning: str = (
+        ""  # the tuning (fedrepro.configure.tuning) whose candidate this run is; "" for an experiment's own run
+    )
 
     @property
     def partition(self) -> str:

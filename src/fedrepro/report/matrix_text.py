@@ -1,6 +1,7 @@
 """The verification matrix (fedrepro.report.verification) as text: the Markdown matrix that docs/verification.md
 holds between two markers, and the README's summary per paper (``glance``) between two more. Both are written by
 ``fedrepro evidence matrix --write-readme`` and never typed; a test checks that both agree with the evidence."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,8 +69,10 @@ def _paper_beside(verdict: claims.Verdict) -> str:
     """What the paper's own numbers give on the comparisons ours makes, and over its whole table."""
     if not verdict.paper_on_ours.total:
         return f"the paper: {verdict.paper_side}"
-    return (f"the paper's own numbers {verdict.paper_on_ours} on the same comparisons ({verdict.paper_side} over "
-            f"the whole table)")
+    return (
+        f"the paper's own numbers {verdict.paper_on_ours} on the same comparisons ({verdict.paper_side} over "
+        f"the whole table)"
+    )
 
 
 def _consistent(row: Row) -> str:
@@ -79,7 +82,8 @@ def _consistent(row: Row) -> str:
     only_so = row.noise_only - row.through_spread
     text = f"{row.consistent - row.through_spread}/{row.with_interval}"
     notes = ([f"{only_so} of them only so"] if only_so else []) + (
-        [f"+{row.through_spread} only through our spread"] if row.through_spread else [])
+        [f"+{row.through_spread} only through our spread"] if row.through_spread else []
+    )
     return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
@@ -94,8 +98,11 @@ def _flagged(flagged: list[dict]) -> str:
     """'Collapsed: seed 10 to 10.01% at round 23 (best before 76.84%).' for an entry's flagged runs."""
     if not flagged:
         return ""
-    return " Collapsed: " + "; ".join(f"seed {f['seed']} {collapses.describe(f['record'], limit=2)}"
-                                      for f in flagged) + "."
+    return (
+        " Collapsed: "
+        + "; ".join(f"seed {f['seed']} {collapses.describe(f['record'], limit=2)}" for f in flagged)
+        + "."
+    )
 
 
 def _verdict_text(o: dict, row: Row) -> str:
@@ -104,10 +111,12 @@ def _verdict_text(o: dict, row: Row) -> str:
     strict = f"{o['delta']:+.2f} (strict ±{o['allowed']:.2f}"
     if o["interval"] is None:
         return strict + "; one seed: no interval)"
-    where = {"seed noise only": "inside it: seed noise only",
-             "through our spread": "inside it only through our spread: the table's median half-width is "
-                                   + (f"±{row.typical:.2f}" if row.typical is not None else "unknown")
-                                   + (", and a run of the cell collapsed" if o["collapsed"] else "")}
+    where = {
+        "seed noise only": "inside it: seed noise only",
+        "through our spread": "inside it only through our spread: the table's median half-width is "
+        + (f"±{row.typical:.2f}" if row.typical is not None else "unknown")
+        + (", and a run of the cell collapsed" if o["collapsed"] else ""),
+    }
     return strict + f"; 95% t interval ±{o['interval']:.2f}, the paper's value {where.get(o['verdict'], 'outside it')})"
 
 
@@ -115,16 +124,18 @@ def _chance_text(rows: list[Row]) -> str:
     c = chance(rows)
     if not c["cells"]:
         return "No cell has two or more seeds yet: there is no interval to count misses of."
-    return (f"**What chance alone gives.** {c['cells']} cells have a 95% t interval (two or more seeds). Were every "
-            f"paper value the true mean of our runs, {c['expected']:.2f} of them would be expected outside it "
-            f"(0.05 each); {c['misses']} are. For the strict gap, our seeds' own spread would put "
-            f"{c['strict_expected']:.2f} of those {c['cells']} cells more than 1.5 points from a true paper value "
-            f"(sum over the cells of P(|t(n−1)| > 1.5 / (s/√n)), our s standing in for the true spread); "
-            f"{sum(1 for r in rows for o in r.outside if o['interval'] is not None)} are. Expected counts add up "
-            f"whatever the cells' dependence, but the cells are not independent trials: they rest on "
-            f"{c['draws']} partition draws in {c['draw_sets']} sets (a table's methods at one setting share a "
-            f"setting's draws, e.g. FedLAW Table 3's eight methods the three draws of each α), and a hard draw "
-            f"moves every method on it together, so no chance of at least so many misses is given.")
+    return (
+        f"**What chance alone gives.** {c['cells']} cells have a 95% t interval (two or more seeds). Were every "
+        f"paper value the true mean of our runs, {c['expected']:.2f} of them would be expected outside it "
+        f"(0.05 each); {c['misses']} are. For the strict gap, our seeds' own spread would put "
+        f"{c['strict_expected']:.2f} of those {c['cells']} cells more than 1.5 points from a true paper value "
+        f"(sum over the cells of P(|t(n−1)| > 1.5 / (s/√n)), our s standing in for the true spread); "
+        f"{sum(1 for r in rows for o in r.outside if o['interval'] is not None)} are. Expected counts add up "
+        f"whatever the cells' dependence, but the cells are not independent trials: they rest on "
+        f"{c['draws']} partition draws in {c['draw_sets']} sets (a table's methods at one setting share a "
+        f"setting's draws, e.g. FedLAW Table 3's eight methods the three draws of each α), and a hard draw "
+        f"moves every method on it together, so no chance of at least so many misses is given."
+    )
 
 
 def markdown(rows: list[Row]) -> str:
@@ -135,43 +146,54 @@ def markdown(rows: list[Row]) -> str:
     through = sum(r.through_spread for r in rows)
     only_so = sum(r.noise_only for r in rows) - through
     no_number = sum(r.diverged for r in rows if not r.figure_only)
-    lines = [f"**Reproduced: {within} of the {run} cells run** (|ours − paper| ≤ 1.5 points, the table's "
-             f"tolerance; 20 rounds for rounds-to-target){f'; {no_number} of them with no number (every seed diverged)' if no_number else ''}. "
-             f"Separately, consistent within seed noise: {consistent - through} of the {with_interval} cells with "
-             f"two or more seeds (the paper's value inside the 95% t interval of our mean), {only_so} of them only "
-             f"so (outside the strict gap); counted apart, {through} more are consistent only through our own "
-             f"spread ({paper.THROUGH_SPREAD}).",
-             "",
-             "| paper table | cells reported | runnable here | run at full settings | seeds per cell | "
-             "reproduced (\\|Δ\\| ≤ 1.5) | consistent within seed noise (95% t) | largest gap (ours − paper) and "
-             "its explanation | collapsed runs | claim checks that hold on our runs (on the paper's numbers of the "
-             "same cells) | evidence |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"**Reproduced: {within} of the {run} cells run** (|ours − paper| ≤ 1.5 points, the table's "
+        f"tolerance; 20 rounds for rounds-to-target){f'; {no_number} of them with no number (every seed diverged)' if no_number else ''}. "
+        f"Separately, consistent within seed noise: {consistent - through} of the {with_interval} cells with "
+        f"two or more seeds (the paper's value inside the 95% t interval of our mean), {only_so} of them only "
+        f"so (outside the strict gap); counted apart, {through} more are consistent only through our own "
+        f"spread ({paper.THROUGH_SPREAD}).",
+        "",
+        "| paper table | cells reported | runnable here | run at full settings | seeds per cell | "
+        "reproduced (\\|Δ\\| ≤ 1.5) | consistent within seed noise (95% t) | largest gap (ours − paper) and "
+        "its explanation | collapsed runs | claim checks that hold on our runs (on the paper's numbers of the "
+        "same cells) | evidence |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or (f"computed from `{r.computed}`" if r.computed
-                                                                      else "—")
+        folders = ", ".join(f"`evidence/{f}/`" for f in r.folders) or (
+            f"computed from `{r.computed}`" if r.computed else "—"
+        )
         reported, within_text = ("figure", "—") if r.figure_only else (r.reported, f"{r.within}/{r.run}")
-        lines.append(f"| {r.title} | {reported} | {r.runnable} | {r.run} | {_seeds(r.seeds)} | "
-                     f"{within_text} | {_consistent(r)} | {_gap(r)} | {_collapsed(r)} | "
-                     f"{_checks(r)} | {folders} |")
+        lines.append(
+            f"| {r.title} | {reported} | {r.runnable} | {r.run} | {_seeds(r.seeds)} | "
+            f"{within_text} | {_consistent(r)} | {_gap(r)} | {_collapsed(r)} | "
+            f"{_checks(r)} | {folders} |"
+        )
     outside = [(r, o) for r in rows for o in r.outside]
     lines.append("")
     lines.append(_chance_text(rows))
     lines.append("")
     if outside:
-        lines.append("Cells not reproduced (every cell run whose |ours − paper| exceeds 1.5 points, with its "
-                     "95% t interval and its explanation):")
+        lines.append(
+            "Cells not reproduced (every cell run whose |ours − paper| exceeds 1.5 points, with its "
+            "95% t interval and its explanation):"
+        )
         lines.append("")
         for r, o in outside:
-            lines.append(f"- {r.table}, {o['row']} / {o['column']}: {_verdict_text(o, r)}.{_flagged(o['collapsed'])} "
-                         f"{o['explanation']}")
+            lines.append(
+                f"- {r.table}, {o['row']} / {o['column']}: {_verdict_text(o, r)}.{_flagged(o['collapsed'])} "
+                f"{o['explanation']}"
+            )
     else:
         lines.append("Every cell that was run is reproduced.")
     flagged = [(r, f) for r in rows for f in r.collapsed]
     lines.append("")
     if flagged:
-        lines.append(f"Runs flagged as collapsed ({collapses.RULE}; every episode at its lowest round), per cell, with "
-                     f"the summary of the cell's explanation:")
+        lines.append(
+            f"Runs flagged as collapsed ({collapses.RULE}; every episode at its lowest round), per cell, with "
+            f"the summary of the cell's explanation:"
+        )
         lines.append("")
         cells: dict = {}
         for r, f in flagged:
@@ -184,9 +206,11 @@ def markdown(rows: list[Row]) -> str:
     failing = [(r, v) for r in rows for v in r.checks_failing]
     lines.append("")
     if failing:
-        lines.append("Claim checks our runs do not confirm (comparisons that hold on ours / made; the same "
-                     "comparisons on the paper's own numbers; then, of the comparisons both make, those where ours "
-                     "holds exactly when the paper's numbers do):")
+        lines.append(
+            "Claim checks our runs do not confirm (comparisons that hold on ours / made; the same "
+            "comparisons on the paper's own numbers; then, of the comparisons both make, those where ours "
+            "holds exactly when the paper's numbers do):"
+        )
         lines.append("")
         lines.extend(f"- {r.table}: {v.text}: ours {v.ours}; {_paper_beside(v)}{_agreement(v)}" for r, v in failing)
     else:
@@ -198,10 +222,12 @@ def glance(rows: list[Row]) -> str:
     """The README's summary of the matrix: per paper, its tables, those with runs kept, the cells run, how many are
     reproduced (within the table's tolerance, 1.5 points), how many are consistent within seed noise (of the cells
     run at two or more seeds), and the claim checks that hold. The two verdicts are never merged."""
-    lines = ["| paper | tables and figures | with kept runs | cells run | reproduced (within 1.5 points) "
-             "| consistent within seed noise | consistent only through our spread | claim checks that hold on "
-             "ours (on the paper's numbers of the same cells) | page |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| paper | tables and figures | with kept runs | cells run | reproduced (within 1.5 points) "
+        "| consistent within seed noise | consistent only through our spread | claim checks that hold on "
+        "ours (on the paper's numbers of the same cells) | page |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     papers: dict[str, list[Row]] = {}
     for r in rows:
         papers.setdefault(r.paper_key, []).append(r)
@@ -220,16 +246,27 @@ def glance(rows: list[Row]) -> str:
         kept = sum(r.run > 0 and not r.computed for r in group)
         in_figures = sum(r.run for r in group if r.figure_only and not r.computed)
         closed = sum(r.run for r in group if r.computed)
-        cells = f"{run}" + (f" (+{in_figures} in figures)" if in_figures else "") + (
-            f" (+{closed} computed in closed form)" if closed else "")
+        cells = (
+            f"{run}"
+            + (f" (+{in_figures} in figures)" if in_figures else "")
+            + (f" (+{closed} computed in closed form)" if closed else "")
+        )
         page = f"[docs/papers/{paper_key}.md](docs/papers/{paper_key}.md)"
-        reproduced_text = f"{reproduced}/{run}" + (f" ({no_number} with no number: every seed diverged)"
-                                                   if no_number else "") if run else "—"
-        checks_text = (f"{holding}/{len(evaluated)}" + (f" ({paper_holding}/{len(on_paper)})" if on_paper else "")
-                       if evaluated else "—")
-        lines.append(f"| {PAPER_NAMES.get(paper_key, paper_key)} | {len(group)} | {kept} | {cells} | "
-                     f"{reproduced_text} | {f'{consistent}/{with_interval}' if with_interval else '—'} | "
-                     f"{f'{through}/{with_interval}' if with_interval else '—'} | {checks_text} | {page} |")
+        reproduced_text = (
+            f"{reproduced}/{run}" + (f" ({no_number} with no number: every seed diverged)" if no_number else "")
+            if run
+            else "—"
+        )
+        checks_text = (
+            f"{holding}/{len(evaluated)}" + (f" ({paper_holding}/{len(on_paper)})" if on_paper else "")
+            if evaluated
+            else "—"
+        )
+        lines.append(
+            f"| {PAPER_NAMES.get(paper_key, paper_key)} | {len(group)} | {kept} | {cells} | "
+            f"{reproduced_text} | {f'{consistent}/{with_interval}' if with_interval else '—'} | "
+            f"{f'{through}/{with_interval}' if with_interval else '—'} | {checks_text} | {page} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -238,7 +275,7 @@ def generated_block(text: str, start_marker: str = README_START, end_marker: str
     start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
         raise ValueError(f"no generated block's markers ({start_marker!r} ... {end_marker!r})")
-    return text[start + len(start_marker):end].strip("\n") + "\n"
+    return text[start + len(start_marker) : end].strip("\n") + "\n"
 
 
 def readme_block(text: str) -> str:
@@ -252,7 +289,7 @@ def write_block(path: str | Path, block: str, start_marker: str = README_START, 
     start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
         raise ValueError(f"{path} has no generated block's markers ({start_marker!r} ... {end_marker!r})")
-    path.write_text(text[:start + len(start_marker)] + "\n" + block + text[end:])
+    path.write_text(text[: start + len(start_marker)] + "\n" + block + text[end:])
 
 
 def write_readme(block: str, readme: str | Path = MATRIX_DOC) -> None:
