@@ -191,7 +191,8 @@ def test_modes_and_fallbacks(tmp_path):
 # ------------------------------------------------------------------ methods' client terms
 
 # name: (setting, passes per step, the client state its end hooks keep (part, attribute) or None, and that
-# state's size per unit of update: Delta / (lr tau) for SCAFFOLD and FedNova-VR (tau, ||a||_1 >= 1), alpha Delta for FedDyn)
+# state's size per unit of update: Delta / (lr tau) for SCAFFOLD and FedNova-VR (tau, ||a||_1 >= 1), alpha Delta
+# for FedDyn)
 METHODS = {
     "fedprox": ({"algorithm": "fedprox", "fedprox": {"mu": 0.5}}, 1, None, 0),
     "scaffold": ({"algorithm": "scaffold"}, 1, ("correction0", "c_clients"), 1 / 0.05),

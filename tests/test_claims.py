@@ -247,19 +247,19 @@ EXPECTED_STATED = {
     ): 7,
     (
         "fedlaw_fig3_fig11",
-        '"the ratio of two gradient terms remains steady at around 19" (Fig. 3: r in [15.2, 22.8] in rounds 1-20, 90-110 and 181-200)',
+        '"the ratio of two gradient terms remains steady at around 19" (Fig. 3: r in [15.2, 22.8] in rounds 1-20, 90-110 and 181-200)',  # noqa: E501 (the paper's sentence, whole)
     ): 3,
     (
         "fedlaw_fig3_fig11",
-        '"the distribution of r can be approximated into a Gaussian distribution with its mean around 20.5" (Fig. 11: the mean r of every run of Figs. 2 and 9 in [16.4, 24.6])',
+        '"the distribution of r can be approximated into a Gaussian distribution with its mean around 20.5" (Fig. 11: the mean r of every run of Figs. 2 and 9 in [16.4, 24.6])',  # noqa: E501 (the paper's sentence, whole)
     ): 1,
     (
         "fedlaw_fig2",
-        '"adaptive GWS is more beneficial when the number of local epochs is small" (IID, α=100: the gain at E=1 above the gain at E=5)',
+        '"adaptive GWS is more beneficial when the number of local epochs is small" (IID, α=100: the gain at E=1 above the gain at E=5)',  # noqa: E501 (the paper's sentence, whole)
     ): 1,
     (
         "fedlaw_fig2",
-        '"adaptive GWS is more beneficial when the number of local epochs is small" (NonIID, α=1: the gain at E=1 above the gain at E=5)',
+        '"adaptive GWS is more beneficial when the number of local epochs is small" (NonIID, α=1: the gain at E=1 above the gain at E=5)',  # noqa: E501 (the paper's sentence, whole)
     ): 1,
     (
         "fedlaw_fig9",
@@ -267,15 +267,15 @@ EXPECTED_STATED = {
     ): 6,
     (
         "fedlaw_fig9",
-        '"it has a smaller benefit when the system is extremely NonIID (i.e., α = 0.1)" (the gain at α=0.1 below the gain at every other α)',
+        '"it has a smaller benefit when the system is extremely NonIID (i.e., α = 0.1)" (the gain at α=0.1 below the gain at every other α)',  # noqa: E501 (the paper's sentence, whole)
     ): 5,
     (
         "fedlaw_fig6",
-        '"After the critical point, the coherence of FEDAVG goes down below zero" (FedAvg\'s mean coherence over rounds 101-200 at or below 0)',
+        '"After the critical point, the coherence of FEDAVG goes down below zero" (FedAvg\'s mean coherence over rounds 101-200 at or below 0)',  # noqa: E501 (the paper's sentence, whole)
     ): 1,
     (
         "fedlaw_fig6",
-        '"adaptive GWS maintains coherence above zero" (adaptive GWS\'s mean coherence over rounds 101-200 at or above 0)',
+        '"adaptive GWS maintains coherence above zero" (adaptive GWS\'s mean coherence over rounds 101-200 at or above 0)',  # noqa: E501 (the paper's sentence, whole)
     ): 1,
     ("fedlaw_fig6", "FedAvg reaches the critical point within rounds 1-100 (so that rounds 101-200 lie after it)"): 1,
     (
@@ -284,11 +284,11 @@ EXPECTED_STATED = {
     ): 2,
     (
         "fedlaw_fig5",
-        '"After the critical point ... the coherence is kept negative but close to zero" (mean coherence over rounds 101-200 in [-0.1, 0])',
+        '"After the critical point ... the coherence is kept negative but close to zero" (mean coherence over rounds 101-200 in [-0.1, 0])',  # noqa: E501 (the paper's sentence, whole)
     ): 2,
     (
         "fedlaw_fig5",
-        '"After the critical point, the test accuracy gain is marginal" (at most half of the accuracy gained from round 1 to the last 10 rounds comes after the critical round)',
+        '"After the critical point, the test accuracy gain is marginal" (at most half of the accuracy gained from round 1 to the last 10 rounds comes after the critical round)',  # noqa: E501 (the paper's sentence, whole)
     ): 2,
     ("fednova_fig2", "with the same local steps FedNova ends where FedAvg does"): 1,
     ("fednova_fig2", "with random local steps FedNova ends nearer the optimum than FedAvg, FedProx and VRLSGD"): 3,
@@ -735,7 +735,8 @@ def test_fedlaw_fig5_critical_point_and_coherence_close_to_zero_fail_on_changed_
 
 
 def _accuracy(first: float, at_turn: float, end: float, turn: int = 20, rounds: int = 200):
-    """Accuracy rising linearly from ``first`` at round 1 to ``at_turn`` at ``turn``, then to ``end`` at the last round."""
+    """Accuracy rising linearly from ``first`` at round 1 to ``at_turn`` at ``turn``, then to ``end`` at the last
+    round."""
     return lambda t: (
         first + (at_turn - first) * (t - 1) / (turn - 1)
         if t <= turn

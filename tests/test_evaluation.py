@@ -226,7 +226,7 @@ def test_the_global_train_loss_of_augmented_data_neither_augments_nor_draws_from
     assert value == pytest.approx(evaluate(model, plain)[1], abs=2 * bound)
 
 
-# --------------------------------------------------------------------------- FedLAW Table 6: long-tailed proxy, balanced sampling
+# ------------------------------------------------------------- FedLAW Table 6: long-tailed proxy, balanced sampling
 
 
 def test_a_long_tailed_proxy_keeps_its_size_and_the_exponential_profile():

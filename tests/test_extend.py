@@ -110,7 +110,8 @@ def test_a_model_is_two_files(copy):
         from fedrepro.ops import pricing
         from fedrepro.configure import settings
         setting = settings.resolve({"dataset": "fmnist", "model": "tiny"})
-        print(json.dumps({"id": identity.run_id(setting), "params": models.num_parameters(models.build("tiny", "fmnist")),
+        print(json.dumps({"id": identity.run_id(setting),
+                          "params": models.num_parameters(models.build("tiny", "fmnist")),
                           "rough": pricing.ROUGH_STEP_SECONDS["tiny"], "code": identity.run_code(setting)}))
         """)
     assert found["id"].startswith("fedavg-fmnist-dir0.5-tiny-s1-")

@@ -429,7 +429,8 @@ def test_vr_refuses_partial_participation_before_any_work():
     both = {**raw, "participation": 1.0, "fednova": {"vr": True, "mu": 0.001}, "client": {"momentum": 0.9}}
     with pytest.raises(
         schema.ConfigError,
-        match=r"fednova\.vr = True, fednova\.mu = 0\.001, client\.momentum = 0\.9\).*set fednova\.mu or client\.momentum to 0",
+        match=r"fednova\.vr = True, fednova\.mu = 0\.001, client\.momentum = 0\.9\)"
+        r".*set fednova\.mu or client\.momentum to 0",
     ):
         settings.resolve(both)
     # and the part itself will not average over a partial cohort

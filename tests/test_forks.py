@@ -201,10 +201,10 @@ def _with_input_dropout(build):
 
 
 # The train entry point (cli.main, what the `fedrepro` script calls) on that model, with one change: in the
-# round its first argument names (-1: none), once the cohort's first client has trained (model, momentum buffer and torch stream half
-# moved in memory), the process says so in a file and waits to be killed. Without it the test could not choose
-# when the kill lands: on a loaded machine the run may pass its fork round between a poll and the kill. If
-# nothing kills it, it ends itself rather than wait forever.
+# round its first argument names (-1: none), once the cohort's first client has trained (model, momentum buffer
+# and torch stream half moved in memory), the process says so in a file and waits to be killed. Without it the
+# test could not choose when the kill lands: on a loaded machine the run may pass its fork round between a poll
+# and the kill. If nothing kills it, it ends itself rather than wait forever.
 TRAIN = (
     inspect.getsource(_with_input_dropout)
     + """

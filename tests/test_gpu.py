@@ -264,7 +264,8 @@ def test_gpu_check_imports_neither_snakemake_nor_mlflow(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT / 'src'}"}
     probe = (
-        "import sys\nfrom fedrepro import cli; from fedrepro.ops import gpucheck, bench, slots\nfrom fedrepro.run import jobs\n"
+        "import sys\nfrom fedrepro import cli; from fedrepro.ops import gpucheck, bench, slots\n"
+        "from fedrepro.run import jobs\n"
         "gpucheck.check_cohort_matches_sequential('cpu')\n"
         "assert not any(m.split('.')[0] in ('snakemake', 'mlflow') for m in sys.modules)\n"
         "import snakemake\n"

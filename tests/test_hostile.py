@@ -158,7 +158,8 @@ def test_every_value_reaching_a_shell_is_quoted():
 
     # TRACK_LIVE is an argument list that train.smk builds with shlex.join (quoted where it is made)
     # FEDREPRO is this Python's path and `-m fedrepro`, the path quoted with shlex.quote in common.smk
-    # params.forks: shlex.join of WorkflowForks.train_args; wildcards.round is constrained to digits, params.history an int
+    # params.forks: shlex.join of WorkflowForks.train_args; wildcards.round is constrained to digits, params.history
+    # an int
     # params.experiments: a manifest slice's experiment names, shlex.join-ed in report.smk; params.source: a
     # tracking job's --record or --manifest, its value shlex.quote-d in common.smk's track_source
     unquoted_ok = {

@@ -415,7 +415,8 @@ def test_every_fedlaw_table_joins_each_cell_to_its_three_seeds():
         "fedlaw_table11",
     } <= set(tables)
     experiments = list(dict.fromkeys(r.experiment for r in runs))
-    # the figures' tables: Figs. 5 and 6 run seed 8 only; Fig. 11 pools every adaptive GWS run of the sweeps (12 settings)
+    # the figures' tables: Figs. 5 and 6 run seed 8 only; Fig. 11 pools every adaptive GWS run of the sweeps
+    # (12 settings)
     seeds_of = {"fedlaw_fig5": [8], "fedlaw_fig6": [8]}
     for name in tables:
         mine = [r for r in runs if r.experiment in paper.table_experiments(name, tables[name], experiments)]

@@ -99,7 +99,8 @@ def test_a_new_method_needs_only_its_module_and_its_fragment(tmp_path):
         from fedrepro.configure import schema, settings
         s = settings.resolve({"algorithm": "fedtoy"})
         assert s["fedtoy"] == {"scale": 0.5}, s
-        assert "algorithms/fedtoy.py" in identity.code_closure((identity.RUN_ENTRY,) + identity.method_modules("fedtoy", []))
+        entries = (identity.RUN_ENTRY,) + identity.method_modules("fedtoy", [])
+        assert "algorithms/fedtoy.py" in identity.code_closure(entries)
         a = algorithms.build(s, 2, 3, torch.device("cpu"), torch.ones(2))
         assert a.optimizer.lr == 0.5
         try:

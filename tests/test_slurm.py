@@ -88,7 +88,11 @@ STATE=$(cat "$PIDFILE.state" 2>/dev/null || true)
 # the configuration files: those found before the test come back, those the test wrote go
 if [ -e "$PIDFILE.etc" ]; then
   for f in slurm.conf gres.conf; do
-    if [ -n "$STATE" ] && [ -e "$STATE/etc/$f" ]; then cp -p "$STATE/etc/$f" "/etc/slurm/$f"; else rm -f "/etc/slurm/$f"; fi
+    if [ -n "$STATE" ] && [ -e "$STATE/etc/$f" ]; then
+      cp -p "$STATE/etc/$f" "/etc/slurm/$f"
+    else
+      rm -f "/etc/slurm/$f"
+    fi
   done
 fi
 [ -n "$STATE" ] && rm -rf "$STATE"

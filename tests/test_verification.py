@@ -563,6 +563,7 @@ def test_the_progress_the_readmes_state_is_the_evidence_folders():
                 kept = json.loads((ROOT / "evidence" / folders[0] / "manifest.json").read_text())["evidence"]
                 stated.append((doc.name, folders[0], tuple(map(int, progress.groups()))))
                 assert stated[-1][2] == (kept["runs_kept"], kept["runs_declared"]), (
-                    f"{doc.name} says {folders[0]} holds {progress.group(0)}: it holds {kept['runs_kept']} of {kept['runs_declared']}"
+                    f"{doc.name} says {folders[0]} holds {progress.group(0)}: "
+                    f"it holds {kept['runs_kept']} of {kept['runs_declared']}"
                 )
     assert stated, "no progress row found: the test no longer reads the READMEs"

@@ -179,11 +179,12 @@ EXAMPLES = {
     "--curves results/curves/default",
     "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
     "check-gpu": "fedrepro check-gpu --out results/bench/gpu_check.json --throughput 2 4 8",
-    "tables": "fedrepro tables --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
-    "--format latex",
-    "figures": 'fedrepro figures --name quadratic --spec \'{"kind": "quadratic"}\' --out reports/default_figures/quadratic.png',
-    "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
-    "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
+    "tables": "fedrepro tables --configfile params/fedlaw.yaml "
+    "params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml --format latex",
+    "figures": 'fedrepro figures --name quadratic --spec \'{"kind": "quadratic"}\' '
+    "--out reports/default_figures/quadratic.png",
+    "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml "
+    "params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml --name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
     "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html\n"
     "  fedrepro evidence matrix --write-readme\n"
     "  fedrepro evidence compare evidence/fednova_fig5_synthetic --configfile params/fednova.yaml "

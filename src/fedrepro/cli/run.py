@@ -63,8 +63,9 @@ def add_train(sub) -> None:
     p.add_argument(
         "--mlflow-manifest",
         type=_absent_or("file"),
-        help="the params file's manifest, when it is there yet (a run trained before it is written is tracked ungrouped): the run is nested under the parent run of "
-        "the first experiment that holds it (not part of the run's identity)",
+        help="the params file's manifest, when it is there yet (a run trained before it is written is tracked "
+        "ungrouped): the run is nested under the parent run of the first experiment that holds it (not part of the "
+        "run's identity)",
     )
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.set_defaults(func=cmd_train)

@@ -53,7 +53,8 @@ def data_root(params: dict) -> str:
 
 def selected_experiments(params: dict) -> dict:
     """The experiments ``only`` names (exact names or shell patterns such as ``ima_table1_*``);
-    all of them when ``only`` is absent; with the methods ``add_method`` adds on their method axes. ``only`` comes from the file or from ``--config only=a,b``."""
+    all of them when ``only`` is absent; with the methods ``add_method`` adds on their method axes. ``only``
+    comes from the file or from ``--config only=a,b``."""
     import fnmatch
 
     from fedrepro.configure import overlay

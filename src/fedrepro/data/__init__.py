@@ -4,9 +4,9 @@ domain of each training sample (multi-domain families only).
 
 A family is a module over ``base`` and its fragment: ``data/<family>.py`` and ``data/<family>.yaml``, which
 declares the datasets it serves and their facts (fedrepro.catalog). The module provides ``download(dataset,
-root, mirrors, timeout, log)`` and ``load(dataset, root, train, preprocess, pretrained)``, optionally ``train_labels(dataset, root)`` (labels without decoding the inputs)
-and ``train_domains(dataset, root)``. Nothing here names a dataset or a family; the families never import this
-module.
+root, mirrors, timeout, log)`` and ``load(dataset, root, train, preprocess, pretrained)``, optionally
+``train_labels(dataset, root)`` (labels without decoding the inputs) and ``train_domains(dataset, root)``.
+Nothing here names a dataset or a family; the families never import this module.
 """
 
 from __future__ import annotations

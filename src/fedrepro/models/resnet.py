@@ -42,8 +42,8 @@ class FrozenStatsNorm(nn.Module):
     FedAWARE's code builds its CIFAR-100 ResNet18_gn with BatchNorm blocks (model.py defines BasicBlock twice,
     the later BatchNorm one wins) and FedLab sends parameters only, so the server model's running statistics
     stay at 0 and 1 for the whole run and every test accuracy is taken with them. The module keeps them as
-    constants made in the forward pass (no buffers, so nothing is averaged or carried) and calls the same ``batch_norm`` kernel
-    BatchNorm2d calls, with BatchNorm2d's parameter names."""
+    constants made in the forward pass (no buffers, so nothing is averaged or carried) and calls the same
+    ``batch_norm`` kernel BatchNorm2d calls, with BatchNorm2d's parameter names."""
 
     def __init__(self, channels: int, eps: float = 1e-5):
         super().__init__()

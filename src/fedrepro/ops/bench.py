@@ -285,7 +285,8 @@ def throughput(name: str, device_name: str, concurrency: list[int], rounds: int,
     fits = rows
     if device_name.startswith("cuda"):
         total = torch.cuda.get_device_properties(torch.device(device_name)).total_memory / 2 ** 20
-        fits = [r for r in rows if r["runs_side_by_side"] * r["peak_gpu_mb_per_run"] <= MEMORY_SHARE * total] or rows[:1]
+        fits = [r for r in rows
+                if r["runs_side_by_side"] * r["peak_gpu_mb_per_run"] <= MEMORY_SHARE * total] or rows[:1]
     best = max(r["runs_per_device_hour"] for r in fits)
     chosen = min(r["runs_side_by_side"] for r in fits if r["runs_per_device_hour"] >= 0.95 * best)
     return {"setting": name, "device": device_name, "paper_rounds": paper_rounds, "timed_rounds": rounds,
@@ -346,7 +347,8 @@ def table(report: dict) -> str:
         if "engine_cohort" in s:
             extra = f" (sequential {s['engine_sequential']:.3f}, cohort {s['engine_cohort']:.3f})"
         lines.append(f"| {r['setting']} ({r['paper']}{', quick' if r['quick'] else ''}) | {r['device']} "
-                     f"| {r['engine_path']}{extra} | {r['steps_per_round']:.0f} | {s['engine']:.3f} | {s['reference']:.3f} "
+                     f"| {r['engine_path']}{extra} | {r['steps_per_round']:.0f} | {s['engine']:.3f} "
+                     f"| {s['reference']:.3f} "
                      f"| {s['floor']:.3f} | {r['ratios']['reference_over_engine']:.1f} "
                      f"| {r['ratios']['engine_over_floor']:.2f} | {rss} | {gpu} |")
     mach = report["machine"]

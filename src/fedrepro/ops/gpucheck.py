@@ -378,7 +378,8 @@ def main(
         out.write_text(json.dumps(report, indent=2, default=str))
     failed = [name for name, r in report["checks"].items() if not r["ok"]]
     log(
-        f"{len(report['checks']) - len(failed)} checks passed, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "
+        f"{len(report['checks']) - len(failed)} checks passed, {len(failed)} failed"
+        f"{': ' + ', '.join(failed) if failed else ''}; "
         f"written to {out}"
     )
     return 1 if failed else 0

@@ -361,8 +361,8 @@ def _content(partition: Path) -> str | None:
 
 
 def _mark_switches(manifest: dict) -> None:
-    """An experiment of switches (``switches``: true or the switch keys, a flag of how the report presents it, no part of any run)
-    in this checkout's params files is one in a manifest written before the flag existed too."""
+    """An experiment of switches (``switches``: true or the switch keys, a flag of how the report presents it, no
+    part of any run) in this checkout's params files is one in a manifest written before the flag existed too."""
     from fedrepro.configure import paramsfile, schema
 
     files = [paramsfile.ROOT / p for p in manifest.get("configfiles", [])]

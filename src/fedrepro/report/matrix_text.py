@@ -148,7 +148,8 @@ def markdown(rows: list[Row]) -> str:
     no_number = sum(r.diverged for r in rows if not r.figure_only)
     lines = [
         f"**Reproduced: {within} of the {run} cells run** (|ours − paper| ≤ 1.5 points, the table's "
-        f"tolerance; 20 rounds for rounds-to-target){f'; {no_number} of them with no number (every seed diverged)' if no_number else ''}. "
+        f"tolerance; 20 rounds for rounds-to-target)"
+        f"{f'; {no_number} of them with no number (every seed diverged)' if no_number else ''}. "
         f"Separately, consistent within seed noise: {consistent - through} of the {with_interval} cells with "
         f"two or more seeds (the paper's value inside the 95% t interval of our mean), {only_so} of them only "
         f"so (outside the strict gap); counted apart, {through} more are consistent only through our own "

@@ -84,8 +84,10 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
             f"{f'; {all_diverged} diverged at every seed' if all_diverged else ''}. Separately, "
             f"{int(compared.loc[with_interval, 'consistent'].astype(bool).sum()) - len(spread)}/"
             f"{int(with_interval.sum())} with two or more seeds are consistent within seed noise (the paper's "
-            f"value inside the {paper.CONFIDENCE:.0%} t interval){f', {len(noise)} of them only so' if len(noise) else ''}"
-            f"{f'; counted apart, {len(spread)} more only through our spread ({paper.THROUGH_SPREAD})' if len(spread) else ''}. "
+            f"value inside the {paper.CONFIDENCE:.0%} t interval)"
+            f"{f', {len(noise)} of them only so' if len(noise) else ''}"
+            f"{f'; counted apart, {len(spread)} more only through our spread' if len(spread) else ''}"
+            f"{f' ({paper.THROUGH_SPREAD})' if len(spread) else ''}. "
             f"{int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope."
         )
         counted = dict.fromkeys(runs_dir / r for cell in joined for r in cell.runs + cell.diverged)

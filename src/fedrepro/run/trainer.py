@@ -52,8 +52,8 @@ class RoundPlan:
 
 
 class Trainer:
-    def __init__(self, setting: dict, run_dir: str | Path, partition_dir: str | Path | None, data_root: str | Path | None,
-                 *, datasets: tuple[data.TensorDataset, data.TensorDataset] | None = None,
+    def __init__(self, setting: dict, run_dir: str | Path, partition_dir: str | Path | None,
+                 data_root: str | Path | None, *, datasets: tuple[data.TensorDataset, data.TensorDataset] | None = None,
                  parts: list[np.ndarray] | None = None, module: torch.nn.Module | None = None,
                  forks: ForkStates | None = None):
         """``datasets`` (train, test), ``parts`` and ``module`` replace loading from disk (benchmark, tests);
@@ -305,7 +305,8 @@ class Trainer:
             "partition_hash": self.inputs.partition_hash,
             "final_acc": float(acc.tail(rows.LAST_ROUNDS).mean()) if status == "finished" else float("nan"),
             "best_acc": float(acc.max()) if len(acc) else float("nan"),
-            "final_loss": float(frame["test_loss"].dropna().tail(rows.LAST_ROUNDS).mean()) if len(acc) else float("nan"),
+            "final_loss": (float(frame["test_loss"].dropna().tail(rows.LAST_ROUNDS).mean()) if len(acc)
+                           else float("nan")),
             "e_ludd": float(frame["e_lud"].mean()),
             # which samples the accuracies (metrics.csv's test_acc/test_loss included) are of
             "scored_on": "validation" if self.setting["evaluation"]["validation"] else "test",

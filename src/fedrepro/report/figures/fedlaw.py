@@ -28,7 +28,8 @@ def _gws_pairs(runs, axis: str):
         if r.setting["algorithm"] != "fedavg" and not law:
             continue
         value = r.setting["local_epochs"] if axis == "local_epochs" else r.setting["partition"].get(axis)
-        line = f"alpha={r.setting['partition'].get('alpha')}" if axis == "local_epochs" else f"E={r.setting['local_epochs']}"
+        line = (f"alpha={r.setting['partition'].get('alpha')}" if axis == "local_epochs"
+                else f"E={r.setting['local_epochs']}")
         row = {"line": line, "x": value, "method": "gws" if law else "fedavg", "seed": r.setting["seed"],
                "acc": r.metrics["test_acc"].dropna().tail(10).mean() * 100}
         if law:
