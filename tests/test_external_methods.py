@@ -119,7 +119,8 @@ def test_its_runs_are_named_by_its_own_code(installed):
     try:
         module.write_text(text.replace("import torch\n", "import torch  # a comment renames nothing\n"))
         assert identity.run_id(setting) == first
-        module.write_text(text.replace("ordered[cut:k - cut].mean(0)", "ordered[cut:k - cut].median(0).values"))
+        assert "ordered[cut : k - cut].mean(0)" in text  # the edit below must change the module
+        module.write_text(text.replace("ordered[cut : k - cut].mean(0)", "ordered[cut : k - cut].median(0).values"))
         assert identity.run_id(setting) != first
     finally:
         module.write_text(text)
