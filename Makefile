@@ -83,9 +83,11 @@ FLOAT_ISA ?= ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default
 test-floats: setup
 	$(FLOAT_ISA) pytest -q -m "floats and not slow and not slurm and not gpu" -n $(TEST_WORKERS) --dist loadfile
 
-# The reviewer's checks: Snakefile and rules as snakefmt writes them, and every `snakemake --lint` warning one the
-# Snakefile explains (scripts/lint_workflow.py).
+# The reviewer's checks: Python as ruff lints and formats it (pyproject.toml [tool.ruff]), Snakefile and rules as
+# snakefmt writes them, and every `snakemake --lint` warning one the Snakefile explains (scripts/lint_workflow.py).
 lint: setup
+	ruff check .
+	ruff format --check .
 	snakefmt --check Snakefile workflow/rules/*.smk
 	python scripts/lint_workflow.py
 

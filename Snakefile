@@ -20,7 +20,7 @@ if "experiments" not in config:
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from fedrepro import identity as fidentity
 from fedrepro.errors import FedreproError
-from fedrepro.spec import config as fconfig, paramsfile as fparams, schema as fschema, tuning as ftuning
+from fedrepro.configure import expansion as fexpansion, paramsfile as fparams, schema as fschema, tuning as ftuning
 
 # The params files as the workflow names them: --configfile's, else the directive's (which Snakemake reads
 # relative to the working directory). Both spellings of one file give the same names, so that neither
@@ -39,9 +39,9 @@ try:
     fparams.check_name(CONFIG_NAME, "params file name")
     fschema.validate(config, "params.schema.yaml", " ".join(CONFIG_FILES))
     TUNINGS = {}  # the tuning stage's tunings (workflow/rules/tune.smk), filled by expand
-    EXPANDED = fconfig.expand(config, TUNINGS)
-    RUNS = fconfig.unique_runs(EXPANDED)
-    EXPERIMENT_RUNS = fconfig.runs_by_experiment(EXPANDED)  # a run two experiments share is in both
+    EXPANDED = fexpansion.expand(config, TUNINGS)
+    RUNS = fexpansion.unique_runs(EXPANDED)
+    EXPERIMENT_RUNS = fexpansion.runs_by_experiment(EXPANDED)  # a run two experiments share is in both
     DATA_ROOT = fparams.data_root(config)
 except FedreproError as err:  # a params file (or a fragment of the registry) that cannot run
     raise WorkflowError(f"invalid params file:\n{err}")
@@ -53,8 +53,8 @@ MANIFEST_COMMAND = "snakemake --configfile " + " ".join(CONFIG_FILES)
 # only --config's values: Snakemake's overwrite_config also holds the --configfile contents, which the
 # directive's spelling lacks
 CONFIG_OVERRIDES = json.dumps(dict(workflow.config_settings.config), sort_keys=True)
-MANIFEST = fconfig.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME, (EXPANDED, TUNINGS))
-MANIFEST_PATH = fconfig.manifest_path(MANIFEST)
+MANIFEST = fexpansion.run_manifest(config, CONFIG_FILES, MANIFEST_COMMAND, CONFIG_NAME, (EXPANDED, TUNINGS))
+MANIFEST_PATH = fexpansion.manifest_path(MANIFEST)
 # The run table the rules look runs up in: the params files' runs, and the final runs of their tunings
 # (workflow/rules/tune.smk) once the checkpoint's manifest, TUNED_MANIFEST, names them.
 TUNED_MANIFEST = ftuning.tuned_manifest_path(MANIFEST_PATH)

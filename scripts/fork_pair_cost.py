@@ -11,6 +11,7 @@ trained from round 0, on real Fashion-MNIST at full size. The pair's wall time o
     python scripts/fork_pair_cost.py --rounds 8 [--data-root data/fmnist]       (times rounds too)
     python scripts/fork_pair_cost.py --round-seconds 3.3                        (a measured round, e.g. bench)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,11 @@ import pandas as pd
 import torch
 
 from fedrepro import data, partitions
-from fedrepro.run import checkpoint
-from fedrepro.run.trainer import Trainer
-from fedrepro.spec import config, forks, paramsfile, settings
+from fedrepro.configure import expansion, forks, paramsfile, settings
 from fedrepro.identity import partition_setting
-from fedrepro.provenance import machine
+from fedrepro.run import checkpoint
+from fedrepro.run.provenance import machine
+from fedrepro.run.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,8 +41,11 @@ def pair_settings(rounds: int) -> tuple[dict, dict, dict]:
     """The paper's FedAvg and FedAvg+IMA on #C=2 (params/ima.yaml), and the full-length child."""
     params = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_table1_fmnist"
-    runs = [r for r in config.expand(params) if r.setting["partition"]["kind"] == "shards" and r.setting["seed"] == 1
-            and r.setting["algorithm"] == "fedavg"]
+    runs = [
+        r
+        for r in expansion.expand(params)
+        if r.setting["partition"]["kind"] == "shards" and r.setting["seed"] == 1 and r.setting["algorithm"] == "fedavg"
+    ]
     host = next(r.setting for r in runs if not r.setting["plugins"])
     child = next(r.setting for r in runs if r.setting["plugins"] == ["ima"])
     short = lambda s: {**copy.deepcopy(s), "rounds": rounds}
@@ -68,19 +72,30 @@ def fork_overheads(host: dict, child: dict, datasets, parts, tmp: Path, window: 
     window_part = forked.algorithm.post_steps[-1]
     x = forked.model.flat.clone()
     from fedrepro.parts import RoundUpdates
+
     updates = RoundUpdates(start, None, None, None, None, None, 0.0)
     tic = time.perf_counter()
     for _ in range(20):
         window_part(x, updates)
     window_s = (time.perf_counter() - tic) / 20
-    return {"fork_state_mb": path.stat().st_size / 1e6, "fork_write_s": write_s, "fork_read_and_start_s": read_s,
-            "ima_window_average_s": window_s, "parameters": forked.model.numel}
+    return {
+        "fork_state_mb": path.stat().st_size / 1e6,
+        "fork_write_s": write_s,
+        "fork_read_and_start_s": read_s,
+        "ima_window_average_s": window_s,
+        "parameters": forked.model.numel,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=0, help="also train this many rounds of each (0: overheads only, "
-                    "with --round-seconds measured elsewhere, e.g. fedrepro bench)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="also train this many rounds of each (0: overheads only, "
+        "with --round-seconds measured elsewhere, e.g. fedrepro bench)",
+    )
     ap.add_argument("--round-seconds", type=float, help="seconds per host round when --rounds is 0")
     ap.add_argument("--data-root", default=str(ROOT / "data" / "fmnist"))
     ap.add_argument("--threads", type=int, default=2)
@@ -103,13 +118,32 @@ def main() -> None:
     if host_round:
         one = R * host_round
         shared = one + (R - t_s) * ima_round + result["fork_write_s"] + result["fork_read_and_start_s"]
-        result.update({"pair_unshared_h": 2 * one / 3600, "pair_shared_h": shared / 3600, "one_run_h": one / 3600,
-                       "shared_over_one_run": shared / one, "unshared_over_one_run": 2.0})
-    print(json.dumps({
-        "setting": "IMA Table 1 FMNIST CNN, #C=2, FedAvg / FedAvg+IMA (100 clients, 10 per round, E=5, B=50)",
-        "rounds": R, "t_s": t_s, "host_round_s": host_round, "ima_round_s": ima_round, **result,
-        "threads": args.threads, "loadavg_before": load0, "loadavg_after": os.getloadavg(), "machine": machine()},
-        indent=2))
+        result.update(
+            {
+                "pair_unshared_h": 2 * one / 3600,
+                "pair_shared_h": shared / 3600,
+                "one_run_h": one / 3600,
+                "shared_over_one_run": shared / one,
+                "unshared_over_one_run": 2.0,
+            }
+        )
+    print(
+        json.dumps(
+            {
+                "setting": "IMA Table 1 FMNIST CNN, #C=2, FedAvg / FedAvg+IMA (100 clients, 10 per round, E=5, B=50)",
+                "rounds": R,
+                "t_s": t_s,
+                "host_round_s": host_round,
+                "ima_round_s": ima_round,
+                **result,
+                "threads": args.threads,
+                "loadavg_before": load0,
+                "loadavg_after": os.getloadavg(),
+                "machine": machine(),
+            },
+            indent=2,
+        )
+    )
 
 
 def timed_pair(host, child, datasets, parts, tmp: Path, window: int) -> dict:
@@ -121,17 +155,25 @@ def timed_pair(host, child, datasets, parts, tmp: Path, window: int) -> dict:
     parent = trainer(host, "parent")
     parent.keep_forks, parent.history_length = {start: tmp / "parent" / "fork.pt"}, window - 1
     parent.run(checkpoint_every=0, progress=False)
-    trainer(child, "forked").run(checkpoint_every=0, progress=False, fork_from=tmp / "parent" / "fork.pt",
-                                 accepts=lambda p, r: forks.shares_prefix(child, p, r))
+    trainer(child, "forked").run(
+        checkpoint_every=0,
+        progress=False,
+        fork_from=tmp / "parent" / "fork.pt",
+        accepts=lambda p, r: forks.shares_prefix(child, p, r),
+    )
     metrics = {name: pd.read_csv(tmp / name / "metrics.csv") for name in ("alone", "forked", "parent")}
     drop = ["seconds", "wall_time"]
-    identical = (metrics["alone"].drop(columns=drop).to_csv(index=False)
-                 == metrics["forked"].drop(columns=drop).to_csv(index=False)
-                 and torch.equal(checkpoint.load(tmp / "alone" / "model.pt")["x"],
-                                 checkpoint.load(tmp / "forked" / "model.pt")["x"]))
-    return {"host_round_s": float(np.median(metrics["parent"]["seconds"])),
-            "ima_round_s": float(np.median(metrics["forked"]["seconds"].iloc[start:])),
-            "forked_equals_unshared": identical, "measured_rounds": len(metrics["parent"])}
+    identical = metrics["alone"].drop(columns=drop).to_csv(index=False) == metrics["forked"].drop(columns=drop).to_csv(
+        index=False
+    ) and torch.equal(
+        checkpoint.load(tmp / "alone" / "model.pt")["x"], checkpoint.load(tmp / "forked" / "model.pt")["x"]
+    )
+    return {
+        "host_round_s": float(np.median(metrics["parent"]["seconds"])),
+        "ima_round_s": float(np.median(metrics["forked"]["seconds"].iloc[start:])),
+        "forked_equals_unshared": identical,
+        "measured_rounds": len(metrics["parent"]),
+    }
 
 
 if __name__ == "__main__":

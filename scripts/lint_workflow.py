@@ -5,6 +5,7 @@ runs the linter on the quick default and on every paper's params file, and exits
 
     python scripts/lint_workflow.py            (make lint; .ci/run)
 """
+
 from __future__ import annotations
 
 import re
@@ -15,7 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # the titles of the warnings the Snakefile explains; a variable or param named in the title must be one it names
 EXPLAINED = [
-    re.compile(r"Shell command directly uses variable (FEDREPRO|TRACK_LIVE|MIRRORS|DATA_ROOT) from outside of the rule"),
+    re.compile(
+        r"Shell command directly uses variable (FEDREPRO|TRACK_LIVE|MIRRORS|DATA_ROOT) from outside of the rule"
+    ),
     re.compile(r"Param (data_root|paper_figures) is a prefix of input or output file but hardcoded"),
     re.compile(r"Mixed rules and functions in same snakefile\."),
 ]
@@ -48,8 +51,21 @@ def main() -> int:
     configs = [c for c in dict.fromkeys(configs) if c.name != "paper_results.yaml"]
     failed = False
     for config in configs:
-        proc = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "--snakefile", str(ROOT / "Snakefile"),
-                               "--configfile", str(config)], capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                "--lint",
+                "--snakefile",
+                str(ROOT / "Snakefile"),
+                "--configfile",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         text = proc.stdout + proc.stderr
         if "Lints for" not in text and proc.returncode != 0:
             print(f"{config.name}: snakemake --lint failed:\n{text[-3000:]}", file=sys.stderr)
@@ -59,7 +75,9 @@ def main() -> int:
         for warning in left:
             print(f"{config.name}: unexplained lint warning: {warning}", file=sys.stderr)
         failed |= bool(left)
-        print(f"{config.name}: {'unexplained warnings' if left else 'every lint warning is explained in the Snakefile'}")
+        print(
+            f"{config.name}: {'unexplained warnings' if left else 'every lint warning is explained in the Snakefile'}"
+        )
     return 1 if failed else 0
 
 

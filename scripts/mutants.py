@@ -13,6 +13,7 @@ counts (killed, survived, no tests, timeouts); `mutmut results` and `mutmut show
 and show the survivors. docs/testing.md records the scores and every survivor's triage. `make mutants` runs
 this script.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,25 +33,37 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "server": (["src/fedrepro/server.py"], ["test_oracles.py", "test_baselines.py"]),
     "minnorm": (["src/fedrepro/minnorm.py"], ["test_fedaware.py", "test_fedaware_na.py", "test_minnorm_size.py"]),
     "metrics": (["src/fedrepro/metrics.py"], ["test_metrics.py"]),
-    "cohorts": (["src/fedrepro/run/cohorts.py"],
-                ["test_cohort_sampler.py", "test_cohort_warmup.py", "test_oracles.py"]),
+    "cohorts": (
+        ["src/fedrepro/run/cohorts.py"],
+        ["test_cohort_sampler.py", "test_cohort_warmup.py", "test_oracles.py"],
+    ),
     "parts": (["src/fedrepro/parts.py"], ["test_parts.py", "test_oracles.py", "test_baselines.py"]),
     "report_paper": (["src/fedrepro/report/paper.py"], ["test_oracles.py", "test_paper_params.py", "test_claims.py"]),
-    "tuning": (["src/fedrepro/spec/tuning.py"], ["test_tuning.py"]),
-    "partitions": (["src/fedrepro/partitions/[!r]*.py"],
-                   ["test_partition.py", "test_partition_oracle.py", "test_pachinko.py"]),
-    "fedopt": ([ALG + n for n in ("fedadam.py", "fedyogi.py", "fedams.py", "fedavgm.py", "fedadagrad.py")],
-               ["test_oracles.py", "test_baselines.py", "test_fedadagrad.py"]),
-    "client_corrections": ([ALG + n for n in ("fedprox.py", "scaffold.py", "feddyn.py", "fedcm.py")],
-                           ["test_baselines.py"]),
+    "tuning": (["src/fedrepro/configure/tuning.py"], ["test_tuning.py"]),
+    "partitions": (
+        ["src/fedrepro/partitions/[!r]*.py"],
+        ["test_partition.py", "test_partition_oracle.py", "test_pachinko.py"],
+    ),
+    "fedopt": (
+        [ALG + n for n in ("fedadam.py", "fedyogi.py", "fedams.py", "fedavgm.py", "fedadagrad.py")],
+        ["test_oracles.py", "test_baselines.py", "test_fedadagrad.py"],
+    ),
+    "client_corrections": (
+        [ALG + n for n in ("fedprox.py", "scaffold.py", "feddyn.py", "fedcm.py")],
+        ["test_baselines.py"],
+    ),
     "fednova": ([ALG + "fednova.py"], ["test_fednova.py"]),
     "fedaware": ([ALG + "fedaware.py", ALG + "aware.py"], ["test_fedaware.py", "test_fedaware_na.py"]),
-    "fedlaw": ([ALG + n for n in ("fedlaw.py", "proxy.py", "feddf.py", "fedbe.py", "serverft.py")],
-               ["test_fedlaw.py", "test_fedlaw_baselines.py"]),
+    "fedlaw": (
+        [ALG + n for n in ("fedlaw.py", "proxy.py", "feddf.py", "fedbe.py", "serverft.py")],
+        ["test_fedlaw.py", "test_fedlaw_baselines.py"],
+    ),
     "ima": ([ALG + "ima.py"], ["test_ima.py", "test_oracles.py"]),
     "ima_baselines": ([ALG + n for n in ("fedasam.py", "fedgma.py", "fedfa.py")], ["test_ima_baselines.py"]),
-    "client_draws": ([ALG + "random_epochs.py", ALG + "random_batch.py"],
-                     ["test_oracles.py", "test_client_protocol.py"]),
+    "client_draws": (
+        [ALG + "random_epochs.py", ALG + "random_batch.py"],
+        ["test_oracles.py", "test_client_protocol.py"],
+    ),
 }
 
 
@@ -73,7 +86,8 @@ def prepare(module: str) -> Path:
         f"only_mutate = {_toml_list(mutated)}\n"
         'also_copy = ["params/"]\n'
         f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}\n"
-        f"pytest_add_cli_args_test_selection = {_toml_list(['tests/' + t for t in tests])}\n")
+        f"pytest_add_cli_args_test_selection = {_toml_list(['tests/' + t for t in tests])}\n"
+    )
     return folder
 
 

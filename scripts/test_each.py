@@ -3,9 +3,10 @@ another file imported a module, seeded a generator or set a global fails here.
 
     python scripts/test_each.py [--workers N] [FILE ...] [-- PYTEST_ARGS ...]
 
-Without files: every tests/test_*.py, the end-to-end ones first. Prints one line per file (result, seconds), the output of each failing
-file, and exits non-zero when any failed. `make test-each` and CI (.ci/run) run it.
+Without files: every tests/test_*.py, the end-to-end ones first. Prints one line per file (result, seconds),
+the output of each failing file, and exits non-zero when any failed. `make test-each` and CI (.ci/run) run it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_one(path: str, extra: list[str]) -> tuple[str, int, float, str]:
     start = time.monotonic()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", path, *extra],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", path, *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return path, proc.returncode, time.monotonic() - start, proc.stdout
 
 
@@ -37,7 +44,7 @@ def expected_length(path: str) -> tuple[int, int]:
 def main(argv: list[str]) -> int:
     extra: list[str] = []
     if "--" in argv:
-        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="files run at once (default 2)")
     parser.add_argument("files", nargs="*", help="test files (default: every tests/test_*.py)")

@@ -3,6 +3,7 @@
 Nothing here needs the internet. Datasets are generated (tiny, random, but in Fashion-MNIST's
 on-disk format) so that the real download, extraction and loading code runs on them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-FMNIST_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+FMNIST_FILES = [
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+]
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
@@ -34,6 +39,7 @@ def pytest_configure(config):
     threads cost more than they give on a small shared machine; no assertion depends on the count,
     since every numerical test compares with a reference computed in the same process."""
     import torch
+
     torch.set_num_threads(1)
     fmnist_source()  # a FEDREPRO_TEST_FMNIST it does not take stops the run before any test
 
@@ -77,13 +83,20 @@ def fmnist_sized_arrays(seed: int = 0):
         images = np.zeros((n, 28, 28), dtype=np.uint8)
         for k in range(10):
             rows = labels == k
-            images[rows, 2 * k:2 * k + 8] = rng.integers(100, 256, size=(int(rows.sum()), 8, 28), dtype=np.uint8)
+            images[rows, 2 * k : 2 * k + 8] = rng.integers(100, 256, size=(int(rows.sum()), 8, 28), dtype=np.uint8)
         out[split] = (images, labels)
     return out
 
 
-def write_fake_fmnist(folder: Path, n_train: int = 400, n_test: int = 100, seed: int = 0,
-                      gz: bool = True, raw: bool = False, arrays: dict | None = None) -> dict[str, dict]:
+def write_fake_fmnist(
+    folder: Path,
+    n_train: int = 400,
+    n_test: int = 100,
+    seed: int = 0,
+    gz: bool = True,
+    raw: bool = False,
+    arrays: dict | None = None,
+) -> dict[str, dict]:
     """Write the four Fashion-MNIST files; return {file name: {"md5", "sha256_content"}}.
 
     ``gz`` writes the published ``*.gz`` files; ``raw`` also writes the decompressed files,
@@ -102,8 +115,10 @@ def write_fake_fmnist(folder: Path, n_train: int = 400, n_test: int = 100, seed:
                 (folder / f"{name}.gz").write_bytes(blob)
             if raw:
                 (folder / name).write_bytes(content)
-            sums[f"{name}.gz"] = {"md5": hashlib.md5(blob).hexdigest(),
-                                  "sha256_content": hashlib.sha256(content).hexdigest()}
+            sums[f"{name}.gz"] = {
+                "md5": hashlib.md5(blob).hexdigest(),
+                "sha256_content": hashlib.sha256(content).hexdigest(),
+            }
     return sums
 
 
@@ -119,7 +134,9 @@ def tiny_data_root(tmp_path_factory) -> Path:
 def fmnist_mirror(tmp_path, monkeypatch) -> Path:
     """Generated Fashion-MNIST .gz files, and the downloader's checksums and expected sizes set to theirs."""
     from torchvision.datasets import FashionMNIST
+
     from fedrepro.data import fmnist
+
     folder = tmp_path / "mirror"
     sums = write_fake_fmnist(folder, n_train=50, n_test=20)
     monkeypatch.setattr(FashionMNIST, "resources", [(name, sums[name]["md5"]) for name in FMNIST_FILES])
@@ -132,6 +149,7 @@ def make_partition(data_root: Path, out: Path, num_clients: int = 4, kind: str =
     """Partition the training labels under ``data_root`` into ``out`` with the real code."""
     from fedrepro import data, partitions
     from fedrepro.partitions import records as partition_records
+
     setting = {"dataset": "fmnist", "num_clients": num_clients, "kind": kind, "seed": 1, **extra}
     labels = data.train_labels("fmnist", data_root)
     parts = partitions.make(labels, setting)
@@ -183,8 +201,7 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
 
 def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
     """snakemake on the project's Snakefile, run in another working directory."""
-    return [str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-            *args]
+    return [str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -193,7 +210,7 @@ def job_counts(output: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for i, line in enumerate(lines):
         if line.strip().startswith("Job stats"):
-            for row in lines[i + 3:]:
+            for row in lines[i + 3 :]:
                 parts = row.split()
                 if len(parts) != 2 or not parts[1].isdigit():
                     break
@@ -204,6 +221,7 @@ def job_counts(output: str) -> dict[str, int]:
 
 def write_yaml(path: Path, obj) -> Path:
     import yaml
+
     path.write_text(yaml.safe_dump(obj, sort_keys=False))
     return path
 
@@ -252,6 +270,7 @@ class FmnistData:
 
     def params_text(self, text: str) -> str:
         import yaml
+
         return yaml.safe_dump(self.params(yaml.safe_load(text)), sort_keys=False)
 
     def params_file(self, path: Path, folder: Path) -> Path:
@@ -259,6 +278,7 @@ class FmnistData:
         if self.source == "debian":
             return path
         import yaml
+
         folder.mkdir(parents=True, exist_ok=True)
         return write_yaml(folder / path.name, self.params(yaml.safe_load(path.read_text())))
 
@@ -321,17 +341,20 @@ def file_size_limit(size: int):
     """For a child process (``preexec_fn``): no file may grow past ``size`` bytes, as on a full disk. SIGXFSZ
     ignored, so the write that crosses it fails with EFBIG (what a full disk's ENOSPC is to the code) instead of
     killing it. RLIMIT_FSIZE is POSIX and needs no privilege: it works in any Linux CI, unlike a small tmpfs."""
+
     def limit() -> None:
         import resource
         import signal
+
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
     return limit
 
 
 # --------------------------------------------------------------------------- float32 bounds (README "Floating point")
 
-U32 = 2.0 ** -24  # float32's unit roundoff
+U32 = 2.0**-24  # float32's unit roundoff
 
 
 def float32_forward_bound(module, x):
@@ -342,6 +365,7 @@ def float32_forward_bound(module, x):
     import copy
 
     import torch
+
     twin = copy.deepcopy(module).double().eval()
     length = sum(m.in_features + 1 for m in twin.modules() if isinstance(m, torch.nn.Linear))
     with torch.no_grad():
@@ -359,6 +383,7 @@ def float64_cross_entropy(module, x, y):
     import math
 
     import torch
+
     twin = copy.deepcopy(module).double().eval()
     with torch.no_grad():
         z = twin(x.double())
@@ -385,12 +410,16 @@ def rounding_bound(trainer, steps: int, lr: float, momentum: float, passes: int 
 
     import torch
     import torch.nn.functional as F
+
     module = trainer.model.module
-    index = trainer.inputs.client_index[0][:trainer.setting["batch_size"]]
+    index = trainer.inputs.client_index[0][: trainer.setting["batch_size"]]
     x, y = trainer.inputs.train.batch(index)
     widest = [x[0].numel()]
-    hooks = [m.register_forward_hook(lambda m, i, o: widest.append(o[0].numel()))
-             for m in module.modules() if not list(m.children())]
+    hooks = [
+        m.register_forward_hook(lambda m, i, o: widest.append(o[0].numel()))
+        for m in module.modules()
+        if not list(m.children())
+    ]
     saved = {k: v.clone() for k, v in module.state_dict().items()}  # BatchNorm statistics and counters move
     with torch.random.fork_rng():
         trainer.model.loss_and_grad(F.cross_entropy, x, y)
@@ -408,7 +437,9 @@ def float64_engine(monkeypatch):
     an oracle then differ by float64 rounding (u = 2**-53), far below anything a wrong term moves. Yields the
     dataset class that hands out the samples in float64."""
     import torch
+
     from fedrepro.run import trainer as trainer_module
+
     build = trainer_module.run_inputs.build
 
     def build_float64(*args, **kwargs):
@@ -439,11 +470,13 @@ def _float64_dataset():
 
         def to(self, device):
             return Float64Dataset(self.images.to(device), self.labels.to(device), self.mean, self.std)
+
     return Float64Dataset
 
 
 def method_section(algorithm: str) -> dict:
     """A method's settings section as a run resolves it (every default of its fragment filled): what a test that
     builds the method's parts directly passes as their config, before overriding the keys it studies."""
-    from fedrepro.spec.settings import resolve
+    from fedrepro.configure.settings import resolve
+
     return resolve({"algorithm": algorithm, "evaluation": {"proxy_holdout": 100}})[algorithm]

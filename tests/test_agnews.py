@@ -2,6 +2,7 @@
 on-disk formats (the Hugging Face parquet and the original csv), a tiny word-level tokenizer and a
 tiny randomly initialised GPT-NeoX saved with ``save_pretrained``; then tokenised device tensors,
 the classifier on the flat engine, and two federated rounds end to end."""
+
 from __future__ import annotations
 
 import csv
@@ -14,17 +15,17 @@ import pytest
 import torch
 
 from fedrepro import catalog, data, evaluation, identity, models, partitions
-from fedrepro.partitions import records as partition_records
-from fedrepro.spec import config, paramsfile, settings
+from fedrepro.configure import expansion, paramsfile, settings
 from fedrepro.data import agnews
+from fedrepro.flat import FlatModel, learnt_buffers
+from fedrepro.partitions import records as partition_records
 from fedrepro.run import checkpoint
 from fedrepro.run.trainer import Trainer
-from fedrepro.flat import FlatModel, learnt_buffers
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
-U32, U64 = 2.0 ** -24, 2.0 ** -53  # float32's and float64's unit roundoff
+U32, U64 = 2.0**-24, 2.0**-53  # float32's and float64's unit roundoff
 
 
 def summed_inputs(module, x) -> int:
@@ -46,8 +47,31 @@ def summed_inputs(module, x) -> int:
             h.remove()
     return total[0]
 
-WORDS = ["world", "sports", "business", "tech", "market", "team", "game", "stocks", "chip", "war", "talks",
-         "wins", "rises", "falls", "new", "the", "a", "of", "in", "reuters", "ap", "-"]
+
+WORDS = [
+    "world",
+    "sports",
+    "business",
+    "tech",
+    "market",
+    "team",
+    "game",
+    "stocks",
+    "chip",
+    "war",
+    "talks",
+    "wins",
+    "rises",
+    "falls",
+    "new",
+    "the",
+    "a",
+    "of",
+    "in",
+    "reuters",
+    "ap",
+    "-",
+]
 TOPIC = {0: "war talks world", 1: "team wins game sports", 2: "stocks rises market business", 3: "new chip tech"}
 TRAIN_ROWS, TEST_ROWS = 40, 8
 
@@ -66,10 +90,16 @@ def articles(n: int, seed: int):
 
 def write_parquet(folder, split, rows):
     import datasets
-    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(
-        names=["World", "Sports", "Business", "Sci/Tech"])})
-    ds = datasets.Dataset.from_dict({"text": [f"{t} {d}" for _, t, d in rows], "label": [l for l, _, _ in rows]},
-                                    features=features)
+
+    features = datasets.Features(
+        {
+            "text": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["World", "Sports", "Business", "Sci/Tech"]),
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {"text": [f"{t} {d}" for _, t, d in rows], "label": [l for l, _, _ in rows]}, features=features
+    )
     ds.to_parquet(str(folder / agnews.FILES["parquet"][split]))
 
 
@@ -96,13 +126,22 @@ def tiny_model(tmp_path_factory):
     vocab = {"<|endoftext|>": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
     core = Tokenizer(tmodels.WordLevel(vocab, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                  unk_token="[UNK]")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="[UNK]"
+    )
     tok.save_pretrained(folder)
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=64, rotary_pct=0.25, bos_token_id=0,
-                        eos_token_id=0)
+    cfg = GPTNeoXConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        rotary_pct=0.25,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     GPTNeoXForCausalLM(cfg).save_pretrained(folder)  # a causal LM checkpoint, as Pythia's is
     return str(folder)
 
@@ -149,8 +188,9 @@ def test_original_csv_format_gives_the_same_columns(tmp_path, small_sizes, tiny_
     assert split["text"][3] == f"{rows[3][1]} {rows[3][2]}"  # title + " " + description
 
 
-@pytest.mark.parametrize("problem,says", [("short", "39 rows, AGNews train has 40"),
-                                          ("unbalanced", r"label counts \[40, 0, 0, 0\]")])
+@pytest.mark.parametrize(
+    "problem,says", [("short", "39 rows, AGNews train has 40"), ("unbalanced", r"label counts \[40, 0, 0, 0\]")]
+)
 def test_a_wrong_file_is_refused_and_never_takes_the_place(tmp_path, small_sizes, problem, says):
     mirror = tmp_path / "bad"
     mirror.mkdir()
@@ -199,9 +239,19 @@ def test_classifier_on_the_flat_engine(agnews_root, tiny_model, float64_engine):
 def test_pythia70m_parameter_count_from_its_published_config():
     # EleutherAI/pythia-70m's config.json (no weights needed): 44,673,024 with a 4-way head
     from transformers import GPTNeoXConfig, GPTNeoXForSequenceClassification
-    cfg = GPTNeoXConfig(vocab_size=50304, hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
-                        intermediate_size=2048, max_position_embeddings=2048, rotary_pct=0.25,
-                        use_parallel_residual=True, num_labels=4, pad_token_id=0)
+
+    cfg = GPTNeoXConfig(
+        vocab_size=50304,
+        hidden_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        intermediate_size=2048,
+        max_position_embeddings=2048,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        num_labels=4,
+        pad_token_id=0,
+    )
     with torch.device("meta"):
         count = models.num_parameters(GPTNeoXForSequenceClassification(cfg))
     assert count == catalog.MODELS["pythia70m"]["params"]["agnews"] == 44673024
@@ -215,11 +265,23 @@ def test_pretrained_section_enters_only_pretrained_runs():
 
 
 def test_two_federated_rounds_end_to_end(agnews_root, tiny_model, tmp_path):
-    s = settings.resolve({"algorithm": "fedaware", "dataset": "agnews", "model": "pythia70m", "device": "cpu",
-                        "pretrained": {"path": tiny_model, "max_length": 16}, "num_clients": 4,
-                        "participation": 0.5, "rounds": 2, "batch_size": 8, "local_epochs": 1,
-                        "client": {"lr": 1e-2}, "seed": 3,
-                        "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 2}})
+    s = settings.resolve(
+        {
+            "algorithm": "fedaware",
+            "dataset": "agnews",
+            "model": "pythia70m",
+            "device": "cpu",
+            "pretrained": {"path": tiny_model, "max_length": 16},
+            "num_clients": 4,
+            "participation": 0.5,
+            "rounds": 2,
+            "batch_size": 8,
+            "local_epochs": 1,
+            "client": {"lr": 1e-2},
+            "seed": 3,
+            "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 2},
+        }
+    )
     labels = data.train_labels("agnews", agnews_root)
     parts = partitions.make(labels, identity.partition_setting(s))
     partition_records.save(tmp_path / "part", identity.partition_setting(s), labels, parts, 4)
@@ -244,20 +306,37 @@ def test_two_federated_rounds_end_to_end(agnews_root, tiny_model, tmp_path):
 
 def test_fig4s_agnews_sweep_runs_at_a_tiny_size(agnews_root, tiny_model, tmp_path):
     """FedAWARE Fig. 4's AGNews experiment, its own settings shrunk: FedAWARE-NA and FedAvg-Full, 2 rounds."""
-    from fedrepro.spec.paramsfile import ROOT
+    from fedrepro.configure.paramsfile import ROOT
+
     params = paramsfile.load_params(ROOT / "params" / "fedaware.yaml")
     params["only"] = "fedaware_fig4_alpha_agnews"
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     assert len(runs) == 33 and {r.setting["dataset"] for r in runs} == {"agnews"}
-    picked = [r.setting for r in runs if r.setting["seed"] == 1998 and (
-        r.setting.get("fedaware", {}).get("weights") == "static" and r.setting["fedaware"]["alpha"] == 0.1
-        or r.setting["algorithm"] == "fedavg")]
+    picked = [
+        r.setting
+        for r in runs
+        if r.setting["seed"] == 1998
+        and (
+            r.setting.get("fedaware", {}).get("weights") == "static"
+            and r.setting["fedaware"]["alpha"] == 0.1
+            or r.setting["algorithm"] == "fedavg"
+        )
+    ]
     assert len(picked) == 2
     for i, paper_setting in enumerate(picked):
-        s = settings.resolve({**paper_setting, "device": "cpu", "num_clients": 4, "rounds": 2, "batch_size": 8,
-                            "local_epochs": 1, "pretrained": {"path": tiny_model, "max_length": 16},
-                            "participation": 0.5 if paper_setting["algorithm"] == "fedaware" else 1.0,
-                            "partition": {**paper_setting["partition"], "min_size": 2}})
+        s = settings.resolve(
+            {
+                **paper_setting,
+                "device": "cpu",
+                "num_clients": 4,
+                "rounds": 2,
+                "batch_size": 8,
+                "local_epochs": 1,
+                "pretrained": {"path": tiny_model, "max_length": 16},
+                "participation": 0.5 if paper_setting["algorithm"] == "fedaware" else 1.0,
+                "partition": {**paper_setting["partition"], "min_size": 2},
+            }
+        )
         labels = data.train_labels("agnews", agnews_root)
         parts = partitions.make(labels, identity.partition_setting(s))
         partition_records.save(tmp_path / f"part{i}", identity.partition_setting(s), labels, parts, 4)

@@ -1,5 +1,6 @@
 """Baselines: server optimizers against hand-computed steps, client corrections (FedProx, SCAFFOLD,
 FedDyn, FedCM) against hand-computed local runs, state through checkpoints, and two real rounds."""
+
 from __future__ import annotations
 
 import io
@@ -11,10 +12,10 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro.run import checkpoint
-from fedrepro.spec import settings
 from fedrepro.algorithms import BuildContext, fedavgm, fedcm, feddyn, fedprox, scaffold
+from fedrepro.configure import settings
 from fedrepro.parts import Algorithm, ClientRun, RoundUpdates
+from fedrepro.run import checkpoint
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
@@ -29,9 +30,15 @@ def vec(*values) -> torch.Tensor:
 
 def updates_with(deltas, sizes=None, steps=None, lr=0.1, clients=None) -> RoundUpdates:
     k = deltas.shape[0]
-    return RoundUpdates(0, torch.arange(k) if clients is None else torch.tensor(clients), deltas,
-                        torch.ones(k, dtype=F64) if sizes is None else sizes,
-                        torch.ones(k, dtype=F64) if steps is None else steps, torch.zeros(k), lr)
+    return RoundUpdates(
+        0,
+        torch.arange(k) if clients is None else torch.tensor(clients),
+        deltas,
+        torch.ones(k, dtype=F64) if sizes is None else sizes,
+        torch.ones(k, dtype=F64) if steps is None else steps,
+        torch.zeros(k),
+        lr,
+    )
 
 
 def round_trip(state: dict) -> dict:
@@ -64,7 +71,7 @@ def test_fedadam_two_steps_by_hand():
 
 
 def test_fedadam_v0_starts_the_second_moment():
-    opt = ServerAdam(LR, B1, B2, TAU, v0=TAU ** 2)
+    opt = ServerAdam(LR, B1, B2, TAU, v0=TAU**2)
     x1 = opt(torch.zeros(1, dtype=F64), vec(2.0), updates_with(vec(2.0)[None]))
     assert float(x1) == pytest.approx(-LR * 0.2 / (math.sqrt(0.99 * 1e-6 + 0.04) + TAU))
 
@@ -140,15 +147,26 @@ def federated_round(algo: Algorithm, x, targets, cohort, lr=0.1, steps=2, sizes=
     locals_ = [local_gd(algo.corrections, c, x, targets[c], lr, steps) for c in cohort]
     deltas = torch.stack([x - xi for xi in locals_])
     k = len(cohort)
-    updates = RoundUpdates(0, torch.tensor(cohort), deltas, torch.ones(k, dtype=F64) if sizes is None else sizes,
-                           torch.full((k,), float(steps), dtype=F64), torch.zeros(k), lr)
+    updates = RoundUpdates(
+        0,
+        torch.tensor(cohort),
+        deltas,
+        torch.ones(k, dtype=F64) if sizes is None else sizes,
+        torch.full((k,), float(steps), dtype=F64),
+        torch.zeros(k),
+        lr,
+    )
     return algo.server_step(x, updates), updates
 
 
 TARGETS = [vec(1.0, 0.0), vec(5.0, 5.0), vec(0.0, 2.0)]
 # the sections as a resolved setting gives them (every key with its value: the methods read no defaults)
-SETTING = {"server": {"lr": 1.0}, "fedprox": {"mu": 0.5, "mean": "data_size"}, "feddyn": {"alpha": 0.1, "form": "paper"},
-           "fedcm": {"alpha": 0.25}}
+SETTING = {
+    "server": {"lr": 1.0},
+    "fedprox": {"mu": 0.5, "mean": "data_size"},
+    "feddyn": {"alpha": 0.1, "form": "paper"},
+    "fedcm": {"alpha": 0.25},
+}
 
 
 def ctx():
@@ -175,11 +193,11 @@ def test_scaffold_control_variates_by_hand():
     cv = algo.corrections[0]
     x1, _ = federated_round(algo, torch.zeros(2, dtype=F64), TARGETS, [0, 2])
     # round 1, c = c_i = 0: client 0 goes 0 -> 0.1 -> 0.19 along axis 0, client 2 0 -> 0.2 -> 0.38 along axis 1
-    torch.testing.assert_close(cv.c_clients[0], vec(-0.19 / 0.2, 0.0))      # c_0 = (x - x_0) / (tau lr)
+    torch.testing.assert_close(cv.c_clients[0], vec(-0.19 / 0.2, 0.0))  # c_0 = (x - x_0) / (tau lr)
     torch.testing.assert_close(cv.c_clients[2], vec(0.0, -0.38 / 0.2))
     torch.testing.assert_close(cv.c_clients[1], vec(0.0, 0.0))
-    torch.testing.assert_close(cv.c, vec(-0.95 / 3, -1.9 / 3))              # c += (1/N) sum (c_i+ - c_i)
-    torch.testing.assert_close(x1, vec(0.095, 0.19))                        # uniform mean of the two updates
+    torch.testing.assert_close(cv.c, vec(-0.95 / 3, -1.9 / 3))  # c += (1/N) sum (c_i+ - c_i)
+    torch.testing.assert_close(x1, vec(0.095, 0.19))  # uniform mean of the two updates
     # round 2, client 0: every local gradient is shifted by c - c_0
     shift = cv.c - cv.c_clients[0]
     x, expected = x1.clone(), x1.clone()
@@ -203,9 +221,9 @@ def test_feddyn_state_and_server_step_by_hand():
     x1, _ = federated_round(algo, torch.zeros(2, dtype=F64), TARGETS, [0, 2])
     # client 0: x = 0.1, then g = -0.9 + 0.1 * 0.1 = -0.89, x = 0.189; client 2 likewise reaches 0.378
     reg, agg = algo.corrections[0], algo.aggregator
-    torch.testing.assert_close(reg.grad_state[0], vec(-0.1 * 0.189, 0.0))   # l_0 = -alpha (x_0 - x)
+    torch.testing.assert_close(reg.grad_state[0], vec(-0.1 * 0.189, 0.0))  # l_0 = -alpha (x_0 - x)
     torch.testing.assert_close(reg.grad_state[2], vec(0.0, -0.1 * 0.378))
-    torch.testing.assert_close(agg.h, (0.1 / 3) * vec(-0.189, -0.378))      # h = alpha/N sum Delta_i
+    torch.testing.assert_close(agg.h, (0.1 / 3) * vec(-0.189, -0.378))  # h = alpha/N sum Delta_i
     # x = mean(x_i) - h / alpha = (0.0945, 0.189) + (0.063, 0.126)
     torch.testing.assert_close(x1, vec(0.1575, 0.315))
     saved = round_trip(algo.state_dict())
@@ -226,7 +244,7 @@ def test_feddyn_in_fedlaws_code_form_by_hand():
     reg, agg = algo.corrections[0], algo.aggregator
     torch.testing.assert_close(reg.grad_state[0], vec(-0.1 * 0.185, 0.0))
     torch.testing.assert_close(reg.grad_state[2], vec(0.0, -0.1 * 0.375))
-    torch.testing.assert_close(agg.h, 0.1 * vec(-0.185 / 2, -0.375 / 2))     # h = alpha sum p_i Delta_i, p = 1/2
+    torch.testing.assert_close(agg.h, 0.1 * vec(-0.185 / 2, -0.375 / 2))  # h = alpha sum p_i Delta_i, p = 1/2
     # d = sum p_i Delta_i + h / alpha = 2 sum p_i Delta_i
     torch.testing.assert_close(x1, vec(0.185, 0.375))
 
@@ -252,8 +270,19 @@ def test_fedcm_mixes_the_local_gradient_with_the_last_rounds_average_gradient():
 # --------------------------------------------------------------------------- two real rounds, and resume
 
 
-METHODS = ["fedavgm", "fedprox", "scaffold", "feddyn", "fedcm", "fedadam", "fedyogi", "fedams", "fednova",
-           "fednova+random_epochs", "fedavg+random_epochs"]
+METHODS = [
+    "fedavgm",
+    "fedprox",
+    "scaffold",
+    "feddyn",
+    "fedcm",
+    "fedadam",
+    "fedyogi",
+    "fedams",
+    "fednova",
+    "fednova+random_epochs",
+    "fedavg+random_epochs",
+]
 
 
 @pytest.fixture(scope="module")
@@ -263,9 +292,19 @@ def tiny_partition(tiny_data_root, tmp_path_factory):
 
 def tiny_setting(method: str) -> dict:
     extra = {"fednova": {"mu": 0.01, "server_momentum": 0.5}} if method.startswith("fednova") else {}
-    return settings.resolve({"algorithm": method, "num_clients": 4, "participation": 0.5, "rounds": 3,
-                           "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"},
-                           "client": {"lr": 0.05, "lr_decay": 0.9, "momentum": 0.5}, **extra})
+    return settings.resolve(
+        {
+            "algorithm": method,
+            "num_clients": 4,
+            "participation": 0.5,
+            "rounds": 3,
+            "batch_size": 50,
+            "device": "cpu",
+            "partition": {"kind": "iid"},
+            "client": {"lr": 0.05, "lr_decay": 0.9, "momentum": 0.5},
+            **extra,
+        }
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -326,7 +365,9 @@ def test_fedprox_mean_weighs_by_data_size_or_uniformly(mean):
 
     algo = fedprox.build({**SETTING, "fedprox": {"mu": 0.5, "mean": mean}}, ctx())
     deltas = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    updates = RoundUpdates(0, torch.tensor([0, 1]), deltas, torch.tensor([1.0, 3.0]), torch.ones(2), torch.zeros(2), 0.1)
+    updates = RoundUpdates(
+        0, torch.tensor([0, 1]), deltas, torch.tensor([1.0, 3.0]), torch.ones(2), torch.zeros(2), 0.1
+    )
     x_new = algo.server_step(torch.zeros(2), updates)
     expected = torch.tensor([-0.5, -0.5]) if mean == "uniform" else torch.tensor([-0.25, -0.75])
     torch.testing.assert_close(x_new, expected)

@@ -5,6 +5,7 @@ and applies its method's terms in both, so the client updates agree up to float3
 (``rounding_bound`` derives the tolerance), and what is elementwise or drawn (step counts, BatchNorm
 statistics of the first step, dropout masks, crops, the global generator afterwards) agrees exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,15 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import rounding_bound
 from fedrepro import data, models
+from fedrepro.configure.settings import resolve
 from fedrepro.data import cifar
 from fedrepro.parts import ClientObjective
 from fedrepro.run.batchable import unsupported
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec.settings import resolve
-
-from conftest import rounding_bound
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -40,22 +40,33 @@ def _data(sizes, channels=1, side=28):
     images = torch.randint(0, 256, (n, channels, side, side), dtype=torch.uint8, generator=gen)
     labels = torch.randint(0, 10, (n,), generator=gen)
     # normalisation on: the batched path must apply it too
-    return data.TensorDataset(images, labels, 0.2860, 0.3530), data.TensorDataset(images[:64], labels[:64], 0.2860, 0.3530)
+    return data.TensorDataset(images, labels, 0.2860, 0.3530), data.TensorDataset(
+        images[:64], labels[:64], 0.2860, 0.3530
+    )
 
 
 def _trainer(tmp_path, mode: str, sizes=SIZES, model="mlp", module=None, datasets=None, **extra) -> Trainer:
     datasets = datasets or _data(sizes)
     bounds = np.cumsum([0] + list(sizes))
     parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
-    setting = {"model": model, "num_clients": len(sizes), "participation": 1.0, "local_epochs": 2,
-               "batch_size": BATCH, "device": "cpu", "rounds": 4, "eval_every": 1,
-               "client": {"lr": 0.05, "momentum": 0.5, "weight_decay": 1e-3}}
+    setting = {
+        "model": model,
+        "num_clients": len(sizes),
+        "participation": 1.0,
+        "local_epochs": 2,
+        "batch_size": BATCH,
+        "device": "cpu",
+        "rounds": 4,
+        "eval_every": 1,
+        "client": {"lr": 0.05, "momentum": 0.5, "weight_decay": 1e-3},
+    }
     for key, value in extra.items():
         setting[key] = {**setting.get(key, {}), **value} if isinstance(value, dict) else value
     torch.manual_seed(3)
     module = module() if module is not None else models.build(model, "fmnist")
-    trainer = Trainer(resolve(setting), tmp_path / f"run-{mode}", None, None, datasets=datasets, parts=parts,
-                             module=module)
+    trainer = Trainer(
+        resolve(setting), tmp_path / f"run-{mode}", None, None, datasets=datasets, parts=parts, module=module
+    )
     trainer.cohort_mode = mode
     return trainer
 
@@ -151,17 +162,26 @@ def test_modes_and_fallbacks(tmp_path):
 # ------------------------------------------------------------------ methods' client terms
 
 # name: (setting, passes per step, the client state its end hooks keep (part, attribute) or None, and that
-# state's size per unit of update: Delta / (lr tau) for SCAFFOLD and FedNova-VR (tau, ||a||_1 >= 1), alpha Delta for FedDyn)
+# state's size per unit of update: Delta / (lr tau) for SCAFFOLD and FedNova-VR (tau, ||a||_1 >= 1), alpha Delta for
+# FedDyn)
 METHODS = {
     "fedprox": ({"algorithm": "fedprox", "fedprox": {"mu": 0.5}}, 1, None, 0),
     "scaffold": ({"algorithm": "scaffold"}, 1, ("correction0", "c_clients"), 1 / 0.05),
     "feddyn": ({"algorithm": "feddyn", "feddyn": {"alpha": 0.1}}, 1, ("correction0", "grad_state"), 0.1),
-    "feddyn_norm": ({"algorithm": "feddyn", "feddyn": {"alpha": 0.1, "form": "fedlaw_code"}}, 1,
-                    ("correction0", "grad_state"), 0.1),
+    "feddyn_norm": (
+        {"algorithm": "feddyn", "feddyn": {"alpha": 0.1, "form": "fedlaw_code"}},
+        1,
+        ("correction0", "grad_state"),
+        0.1,
+    ),
     "fedcm": ({"algorithm": "fedcm", "fedcm": {"alpha": 0.5}}, 1, None, 0),
     "fednova_prox": ({"algorithm": "fednova", "fednova": {"mu": 0.5}}, 1, None, 0),
-    "fednova_vr": ({"algorithm": "fednova", "fednova": {"vr": True}, "client": {"momentum": 0.0}}, 1,
-                   ("correction0", "d_clients"), 1 / 0.05),
+    "fednova_vr": (
+        {"algorithm": "fednova", "fednova": {"vr": True}, "client": {"momentum": 0.0}},
+        1,
+        ("correction0", "d_clients"),
+        1 / 0.05,
+    ),
     "fedasam": ({"algorithm": "fedasam", "fedasam": {"rho": 0.7, "eta": 0.2}}, 2, None, 0),
 }
 
@@ -220,8 +240,14 @@ def test_kept_client_momentum_trains_together(tmp_path):
 
 def _bn_module():
     """A conv, a BatchNorm with running statistics and a linear head."""
-    return nn.Sequential(nn.Conv2d(1, 4, 3, stride=2), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
-                         nn.Flatten(), nn.Linear(16, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, stride=2),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
 
 
 def test_batchnorm_statistics_per_client(tmp_path):
@@ -273,8 +299,16 @@ def test_the_first_step_s_batchnorm_statistics_are_the_same_numbers(tmp_path):
 
 
 def _dropout_mlp():
-    return nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 32), nn.ReLU(),
-                         nn.Dropout(0.3), nn.Linear(32, 10))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(784, 64),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(64, 32),
+        nn.ReLU(),
+        nn.Dropout(0.3),
+        nn.Linear(32, 10),
+    )
 
 
 def _from_one_global_seed(trainers, seed: int):
@@ -304,13 +338,16 @@ def _cifar_like(sizes, augment=True):
     images = torch.randint(0, 256, (n, 3, 12, 12), dtype=torch.uint8, generator=gen)
     labels = torch.randint(0, 10, (n,), generator=gen)
     mean, std = torch.tensor([0.49, 0.48, 0.45]), torch.tensor([0.25, 0.24, 0.26])
-    return (cifar.ImageDataset(images, labels, mean, std, augment),
-            cifar.ImageDataset(images[:32], labels[:32], mean, std, False))
+    return (
+        cifar.ImageDataset(images, labels, mean, std, augment),
+        cifar.ImageDataset(images[:32], labels[:32], mean, std, False),
+    )
 
 
 def _small_cnn():
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(0.2),
-                         nn.Linear(16, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(0.2), nn.Linear(16, 10)
+    )
 
 
 def test_augmentation_draws_are_each_clients_own(tmp_path):
@@ -379,8 +416,10 @@ def test_fedfa_trains_together(tmp_path, calibration_start):
         anchor_bound = _feature_gain(plain) * bound
         for c in mine.client_anchors:
             torch.testing.assert_close(theirs.client_anchors[c], mine.client_anchors[c], rtol=0, atol=anchor_bound)
-        assert max(float((mine.client_anchors[c] - mine.anchors).abs().max()) for c in mine.client_anchors) \
-            > 100 * anchor_bound, "the anchor bound does not separate moving from not moving"
+        assert (
+            max(float((mine.client_anchors[c] - mine.anchors).abs().max()) for c in mine.client_anchors)
+            > 100 * anchor_bound
+        ), "the anchor bound does not separate moving from not moving"
         for trainer, updates in ((plain, a), (fast, b)):
             trainer.algorithm.objective.end_round(updates)
             trainer.model.flat.copy_(x - updates.weighted_mean())

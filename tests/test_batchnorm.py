@@ -1,6 +1,7 @@
 """BatchNorm running statistics in the flat engine (setting ``batchnorm``): a second flat vector of
 buffers, started from the global one by every client, averaged with the data-size weights of the
 round, used in eval mode and checkpointed; ``batch_stats`` keeps the engine's earlier behaviour."""
+
 from __future__ import annotations
 
 import copy
@@ -12,14 +13,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro import data, models
-from fedrepro.run import checkpoint
-from fedrepro.run.trainer import Trainer
-from fedrepro.run.client import client_generator
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import resolve
-from fedrepro.identity import identity_setting
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import resolve
 from fedrepro.evaluation import evaluate
 from fedrepro.flat import FlatModel
+from fedrepro.identity import identity_setting
+from fedrepro.run import checkpoint
+from fedrepro.run.client import client_generator
+from fedrepro.run.trainer import Trainer
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -40,16 +41,33 @@ def _parts():
 
 
 def _setting(**extra) -> dict:
-    return resolve({"dataset": "cifar10", "model": "resnet8", "num_clients": 2, "participation": 1.0, "rounds": 2,
-                    "batch_size": BATCH, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05, "momentum": 0.9},
-                    **extra})
+    return resolve(
+        {
+            "dataset": "cifar10",
+            "model": "resnet8",
+            "num_clients": 2,
+            "participation": 1.0,
+            "rounds": 2,
+            "batch_size": BATCH,
+            "device": "cpu",
+            "eval_every": 1,
+            "client": {"lr": 0.05, "momentum": 0.9},
+            **extra,
+        }
+    )
 
 
 def _small() -> nn.Module:
     """A conv, a BatchNorm with running statistics and a linear head: small enough for an oracle."""
     torch.manual_seed(4)
-    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
-                         nn.Flatten(), nn.Linear(16, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, stride=2),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
 
 
 def _test_set() -> data.TensorDataset:
@@ -58,8 +76,9 @@ def _test_set() -> data.TensorDataset:
 
 
 def _trainer(tmp_path, module=None, **extra) -> Trainer:
-    return Trainer(_setting(**extra), tmp_path, None, None, datasets=(_data(), _test_set()), parts=_parts(),
-                          module=module)
+    return Trainer(
+        _setting(**extra), tmp_path, None, None, datasets=(_data(), _test_set()), parts=_parts(), module=module
+    )
 
 
 def _fedavg_oracle(initial: nn.Module, rounds: int, lrs: list[float], train: data.TensorDataset):
@@ -78,7 +97,7 @@ def _fedavg_oracle(initial: nn.Module, rounds: int, lrs: list[float], train: dat
             order = index[torch.randperm(len(index), generator=client_generator(1, t, c))]
             batch_losses = []
             for start in range(0, len(index), BATCH):
-                x, y = train.batch(order[start:start + BATCH])
+                x, y = train.batch(order[start : start + BATCH])
                 opt.zero_grad()
                 loss = F.cross_entropy(model(x), y)
                 loss.backward()
@@ -110,8 +129,7 @@ def test_batch_stats_run_equals_plain_fedavg_with_torch_sgd(tmp_path, float64_en
     tolerance = 1e-9
     train = float64_engine(_data().images, _data().labels, 0.5, 0.5)
     test = float64_engine(train.images[:40], train.labels[:40], 0.5, 0.5)
-    trainer = Trainer(_setting(batchnorm="batch_stats"), tmp_path, None, None, datasets=(train, test),
-                      parts=_parts())
+    trainer = Trainer(_setting(batchnorm="batch_stats"), tmp_path, None, None, datasets=(train, test), parts=_parts())
     assert trainer.model.flat.dtype == torch.float64 and len(trainer.model.buffers) == 0
     initial = copy.deepcopy(trainer.model.module)
     assert not any(m.track_running_stats for m in initial.modules() if isinstance(m, nn.BatchNorm2d))
@@ -159,7 +177,7 @@ def _oracle_clients(initial: nn.Module, lr: float, train: data.TensorDataset):
         index = torch.as_tensor(part)
         order = index[torch.randperm(len(index), generator=client_generator(1, 0, c))]
         for start in range(0, len(index), BATCH):
-            x, y = train.batch(order[start:start + BATCH])
+            x, y = train.batch(order[start : start + BATCH])
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()

@@ -1,18 +1,19 @@
 """`fedrepro bench` at CI size: it runs, writes what `fedrepro plan` reads, and its three loops do
 the same amount of work. (No timing assertions: speed goals live in the benchmark, not in tests.)"""
+
 from __future__ import annotations
 
 import copy
-import math
 import json
+import math
 
 import pytest
 import torch
 
 from fedrepro import cli, data
+from fedrepro.ops import bench, bench_baselines, bench_settings
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.ops import bench, bench_baselines, bench_settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -27,8 +28,25 @@ def _high_water_mib() -> float:
 def test_quick_bench_writes_json_table_and_page(tmp_path, capsys):
     out, page = tmp_path / "bench.json", tmp_path / "bench.html"
     high_water_before = _high_water_mib()
-    cli.main(["bench", "--quick", "--rounds", "1", "--device", "cpu", "--settings", "fmnist_mlp", "cifar_cnn",
-              "--data-root", str(tmp_path / "absent"), "--out", str(out), "--html", str(page)])
+    cli.main(
+        [
+            "bench",
+            "--quick",
+            "--rounds",
+            "1",
+            "--device",
+            "cpu",
+            "--settings",
+            "fmnist_mlp",
+            "cifar_cnn",
+            "--data-root",
+            str(tmp_path / "absent"),
+            "--out",
+            str(out),
+            "--html",
+            str(page),
+        ]
+    )
     printed = capsys.readouterr().out
     assert "(b)/(a)" in printed and "Machine:" in printed
     report = json.loads(out.read_text())
@@ -72,9 +90,15 @@ def test_floor_does_the_engines_steps_with_the_engines_batch_sizes(tmp_path):
     setting, images, labels, parts = _small("fmnist_mlp")
     parts = [p[: 50 + 7 * i] for i, p in enumerate(parts)]  # unequal, with partial last batches
     module = bench.build_module(setting)
-    trainer = Trainer(bench.engine_setting(setting, "cpu"), tmp_path, None, None,
-                             datasets=(data.TensorDataset(images, labels, 0.0, 1.0),) * 2, parts=parts,
-                             module=copy.deepcopy(module))
+    trainer = Trainer(
+        bench.engine_setting(setting, "cpu"),
+        tmp_path,
+        None,
+        None,
+        datasets=(data.TensorDataset(images, labels, 0.0, 1.0),) * 2,
+        parts=parts,
+        module=copy.deepcopy(module),
+    )
     floor = bench_baselines.ComputeFloor(module, images, labels, setting, parts, torch.device("cpu"), seed=1)
     for t in (1, 2):
         cohort = sample_cohort(1, t, setting.num_clients, setting.per_round)
@@ -91,8 +115,9 @@ def test_reference_loop_is_fedavg_over_the_same_cohort():
     takes the data-size weighted mean. A wrong cohort, weight or step moves the result by ~lr * |grad|."""
     setting, images, labels, parts = _small("cifar_cnn")
     parts = [p[: 20 + 9 * i] for i, p in enumerate(parts)]  # unequal sizes, so the weights matter
-    one_step = bench_settings.BenchSetting(**{**setting.__dict__, "lr": 0.5, "epochs": 1,
-                                     "batch_size": max(len(p) for p in parts)})
+    one_step = bench_settings.BenchSetting(
+        **{**setting.__dict__, "lr": 0.5, "epochs": 1, "batch_size": max(len(p) for p in parts)}
+    )
     module = bench.build_module(setting)
     dataset = bench_baselines.ImageArray(images, labels)
     loop = bench_baselines.ReferenceLoop(module, dataset, parts, one_step, torch.device("cpu"), 1)
@@ -102,8 +127,11 @@ def test_reference_loop_is_fedavg_over_the_same_cohort():
     sizes = torch.tensor([len(parts[c]) for c in cohort], dtype=torch.float64)
     expected = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in start.state_dict().items()}
     widest, largest = [0], 0.0  # the longest gradient sum, the largest gradient entry (for the bound below)
-    hooks = [m.register_forward_hook(lambda m, i, o: widest.append(o[0].numel()))
-             for m in start.modules() if not list(m.children())]
+    hooks = [
+        m.register_forward_hook(lambda m, i, o: widest.append(o[0].numel()))
+        for m in start.modules()
+        if not list(m.children())
+    ]
     for c, weight in zip(cohort, sizes / sizes.sum()):
         client = copy.deepcopy(start)
         x, y = data.TensorDataset(images, labels, 0.0, 1.0).batch(torch.as_tensor(parts[c]))
@@ -122,9 +150,11 @@ def test_reference_loop_is_fedavg_over_the_same_cohort():
     # another order by the loop (as tests/conftest.py's rounding_bound: sqrt(R) u32 of the largest gradient,
     # twice for the feedback), times lr; the weighted mean adds one rounding per client of the largest weight
     r = max(len(p) for p in parts) * max(widest)
-    u32 = 2.0 ** -24
+    u32 = 2.0**-24
     largest_weight = max(float(v.abs().max()) for v in start.state_dict().values() if v.is_floating_point())
-    bound = 2 * one_step.lr * math.sqrt(r) * 2 * u32 * largest + (len(cohort) + 1) * u32 * (largest_weight + one_step.lr * largest)
+    bound = 2 * one_step.lr * math.sqrt(r) * 2 * u32 * largest + (len(cohort) + 1) * u32 * (
+        largest_weight + one_step.lr * largest
+    )
     moved = 0.0
     for key, value in loop.model.state_dict().items():
         torch.testing.assert_close(value.double(), expected[key], rtol=0, atol=bound)
@@ -139,7 +169,7 @@ def test_image_array_matches_the_engines_scaling():
     x, y = dataset[2]
     engine_x, engine_y = data.TensorDataset(images, labels, 0.0, 1.0).batch(torch.tensor([2]))
     # one float32 division of the same byte on each side (the engine's normalisation by 0 and 1 is exact)
-    torch.testing.assert_close(x, engine_x[0], rtol=0, atol=2 * 2.0 ** -24)
+    torch.testing.assert_close(x, engine_x[0], rtol=0, atol=2 * 2.0**-24)
     assert y == int(engine_y[0])
 
 
@@ -153,8 +183,24 @@ def test_engine_setting_is_a_valid_run_setting():
 def test_throughput_side_by_side_and_table1_extrapolation(tmp_path, capsys):
     """Several runs per device at CI size on the CPU: the mechanism the GPU measurement uses."""
     out = tmp_path / "bench.json"
-    cli.main(["bench", "--quick", "--rounds", "1", "--device", "cpu", "--settings", "fmnist_cnn",
-              "--data-root", str(tmp_path / "absent"), "--throughput", "2", "--out", str(out)])
+    cli.main(
+        [
+            "bench",
+            "--quick",
+            "--rounds",
+            "1",
+            "--device",
+            "cpu",
+            "--settings",
+            "fmnist_cnn",
+            "--data-root",
+            str(tmp_path / "absent"),
+            "--throughput",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     (t,) = report["throughput"]
@@ -172,7 +218,13 @@ def test_throughput_side_by_side_and_table1_extrapolation(tmp_path, capsys):
 
 
 def test_extrapolation_picks_the_chosen_concurrency():
-    tput = {"timed_rounds": 5, "runs_per_device": 4, "rows": [
-        {"runs_side_by_side": 1, "seconds_per_round": 0.1}, {"runs_side_by_side": 4, "seconds_per_round": 0.2}]}
+    tput = {
+        "timed_rounds": 5,
+        "runs_per_device": 4,
+        "rows": [
+            {"runs_side_by_side": 1, "seconds_per_round": 0.1},
+            {"runs_side_by_side": 4, "seconds_per_round": 0.2},
+        ],
+    }
     e = bench.extrapolate_table(tput, 96, 300)
     assert e["waves"] == 24 and abs(e["wall_seconds"] - 24 * 300 * 0.2) < 1e-9

@@ -2,6 +2,7 @@
 written (a folder where a file goes, inside /proc, below a file), an input that is not a regular file (a
 device, a folder) or not there, a name against the project's naming rule. Each ends in one line on stderr
 naming the argument, exit status 2, no traceback and nothing written."""
+
 import os
 
 import pytest
@@ -20,16 +21,62 @@ def _cases(folder: str) -> list[tuple[list[str], str]]:
         (["partition", "--setting", SETTING, "--data-root", "/dev/null", "--out", "p"], "--data-root"),
         (["partition", "--setting", SETTING, "--data-root", folder, "--out", "/proc/p"], "--out"),
         (["train", "--setting", "{}", "--partition", folder, "--data-root", folder, "--out", "/proc/r"], "--out"),
-        (["train", "--setting", "{}", "--partition", folder, "--data-root", folder, "--out", f"{folder}/r",
-          "--fork-from", "/dev/zero"], "--fork-from"),
+        (
+            [
+                "train",
+                "--setting",
+                "{}",
+                "--partition",
+                folder,
+                "--data-root",
+                folder,
+                "--out",
+                f"{folder}/r",
+                "--fork-from",
+                "/dev/zero",
+            ],
+            "--fork-from",
+        ),
         (["train-pack", "--members", "[{}]", "--report", "/proc/pack.json"], "--report"),
         (["train-pack", "--members", "[{}]", "--done-dir", "/proc/done"], "--done-dir"),
         (["take-packed", "--setting", "{}", "--staged", "/dev/null", "--out", "r"], "--staged"),
         (["take-packed", "--setting", "{}", "--staged", folder, "--out", "/proc/r"], "--out"),
-        (["fork", "--setting", "{}", "--run-dir", "/dev/null", "--round", "1", "--partition", folder,
-          "--data-root", folder, "--out", "f.pt"], "--run-dir"),
-        (["fork", "--setting", "{}", "--run-dir", folder, "--round", "1", "--partition", folder,
-          "--data-root", folder, "--out", folder], "--out"),
+        (
+            [
+                "fork",
+                "--setting",
+                "{}",
+                "--run-dir",
+                "/dev/null",
+                "--round",
+                "1",
+                "--partition",
+                folder,
+                "--data-root",
+                folder,
+                "--out",
+                "f.pt",
+            ],
+            "--run-dir",
+        ),
+        (
+            [
+                "fork",
+                "--setting",
+                "{}",
+                "--run-dir",
+                folder,
+                "--round",
+                "1",
+                "--partition",
+                folder,
+                "--data-root",
+                folder,
+                "--out",
+                folder,
+            ],
+            "--out",
+        ),
         (["expand", "--configfile", "/dev/null"], "--configfile"),
         (["expand", "--configfile", folder], "--configfile"),
         (["plan", "--configfile", "/dev/zero"], "--configfile"),
@@ -71,6 +118,7 @@ def _cases(folder: str) -> list[tuple[list[str], str]]:
 def _commands(parser) -> set[str]:
     """Every command's name, actions of a group included ("evidence keep")."""
     import argparse
+
     names = set()
 
     def walk(p, prefix):
@@ -80,13 +128,16 @@ def _commands(parser) -> set[str]:
                     walk(child, f"{prefix} {name}".strip())
                 return
         names.add(prefix)
+
     walk(parser, "")
     return names
 
 
 def test_every_command_has_a_bad_argument_case(tmp_path):
-    covered = {" ".join(a for a in argv[:2] if not a.startswith("-") and a not in ("/dev/null", "/dev/zero"))
-               for argv, _ in _cases(str(tmp_path))}
+    covered = {
+        " ".join(a for a in argv[:2] if not a.startswith("-") and a not in ("/dev/null", "/dev/zero"))
+        for argv, _ in _cases(str(tmp_path))
+    }
     covered = {c if c in _commands(cli.build_parser()) else c.split()[0] for c in covered}
     assert _commands(cli.build_parser()) <= covered, "a command without a bad-argument case here"
 
@@ -114,10 +165,14 @@ def test_what_is_allowed_is_said(capsys, tmp_path):
     for argv, words in [
         (["plan", "--configfile", "/dev/zero"], "/dev/zero is a character device; a regular file is expected"),
         (["expand", "--configfile", str(tmp_path)], "is a folder; a regular file is expected"),
-        (["report", "--configfile", "params/default.yaml", "--out", "/proc/nope.html"],
-         "/proc/nope.html lies inside /proc, a pseudo file system"),
-        (["evidence", "keep", "--configfile", "params/default.yaml", "--name", "a b"],
-         "'a b' is not allowed: use letters, digits and _ . + - only"),
+        (
+            ["report", "--configfile", "params/default.yaml", "--out", "/proc/nope.html"],
+            "/proc/nope.html lies inside /proc, a pseudo file system",
+        ),
+        (
+            ["evidence", "keep", "--configfile", "params/default.yaml", "--name", "a b"],
+            "'a b' is not allowed: use letters, digits and _ . + - only",
+        ),
     ]:
         with pytest.raises(SystemExit):
             cli.main(argv)
@@ -131,8 +186,10 @@ def test_unreadable_input_and_unwritable_output_are_refused(capsys, tmp_path):
     locked.chmod(0)
     shut = tmp_path / "shut"
     shut.mkdir(mode=0o500)
-    for argv, words in [(["expand", "--configfile", str(locked)], "cannot be read"),
-                        (["index", "--out", str(shut / "index.html")], "cannot write in")]:
+    for argv, words in [
+        (["expand", "--configfile", str(locked)], "cannot be read"),
+        (["index", "--out", str(shut / "index.html")], "cannot write in"),
+    ]:
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert words in capsys.readouterr().err
@@ -141,11 +198,25 @@ def test_unreadable_input_and_unwritable_output_are_refused(capsys, tmp_path):
 def test_a_manifest_not_written_yet_leaves_training_alone(tmp_path):
     """The workflow passes every train job the params file's manifest for live tracking; a run asked for by its
     own summary (snakemake <run>/summary.json) starts before that manifest exists, and must train, ungrouped."""
-    from fedrepro.cli.run import _absent_or  # the type --mlflow-manifest takes
     from fedrepro.cli import build_parser
+    from fedrepro.cli.run import _absent_or  # the type --mlflow-manifest takes
+
     parser = build_parser()
     missing = tmp_path / "manifests" / "not-yet.json"
-    args = parser.parse_args(["train", "--setting", "{}", "--partition", str(tmp_path), "--data-root", str(tmp_path),
-                              "--out", str(tmp_path / "run"), "--mlflow-manifest", str(missing)])
+    args = parser.parse_args(
+        [
+            "train",
+            "--setting",
+            "{}",
+            "--partition",
+            str(tmp_path),
+            "--data-root",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "run"),
+            "--mlflow-manifest",
+            str(missing),
+        ]
+    )
     assert args.mlflow_manifest == str(missing)
     assert _absent_or("file")(str(missing)) == str(missing)

@@ -1,5 +1,6 @@
 """The official codes' client-side protocol as settings: momentum kept across rounds
 (client.keep_momentum) and a per-client hold-out (client.holdout), checked against oracles."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,13 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro import data
-from fedrepro.run.trainer import Trainer
-from fedrepro.run.client import client_generator, holdout_split
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import resolve
-
 from conftest import rounding_bound
+from fedrepro import data
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import resolve
+from fedrepro.run.client import client_generator, holdout_split
+from fedrepro.run.trainer import Trainer
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -42,11 +42,22 @@ def _parts(sizes):
 
 def _trainer(tmp_path, client: dict, algorithm: str = "fedavg", sizes=SIZES, epochs: int = 2) -> Trainer:
     train = _data(sum(sizes))
-    setting = resolve({"algorithm": algorithm, "num_clients": len(sizes), "participation": 1.0,
-                       "local_epochs": epochs, "batch_size": BATCH, "device": "cpu", "rounds": 2, "eval_every": 1,
-                       "client": {"lr": 0.08, "lr_decay": 0.99, "momentum": 0.9, "weight_decay": 5e-4, **client}})
-    return Trainer(setting, tmp_path / algorithm, None, None, datasets=(train, _data(32)),
-                          parts=_parts(sizes), module=_module())
+    setting = resolve(
+        {
+            "algorithm": algorithm,
+            "num_clients": len(sizes),
+            "participation": 1.0,
+            "local_epochs": epochs,
+            "batch_size": BATCH,
+            "device": "cpu",
+            "rounds": 2,
+            "eval_every": 1,
+            "client": {"lr": 0.08, "lr_decay": 0.99, "momentum": 0.9, "weight_decay": 5e-4, **client},
+        }
+    )
+    return Trainer(
+        setting, tmp_path / algorithm, None, None, datasets=(train, _data(32)), parts=_parts(sizes), module=_module()
+    )
 
 
 def _oracle(sizes, rounds: int, epochs: int, keep: bool) -> torch.Tensor:
@@ -63,12 +74,12 @@ def _oracle(sizes, rounds: int, epochs: int, keep: bool) -> torch.Tensor:
             if not keep:
                 optims[c] = torch.optim.SGD(model.parameters(), lr=0.08, momentum=0.9, weight_decay=5e-4)
             for group in optims[c].param_groups:
-                group["lr"] = 0.08 * 0.99 ** t
+                group["lr"] = 0.08 * 0.99**t
             gen = client_generator(1, t, c)  # the default run seed
             for _ in range(epochs):
                 order = index[torch.randperm(len(index), generator=gen)]
                 for start in range(0, len(index), BATCH):
-                    x, y = train.batch(order[start:start + BATCH])
+                    x, y = train.batch(order[start : start + BATCH])
                     optims[c].zero_grad()
                     F.cross_entropy(model(x), y).backward()
                     optims[c].step()
@@ -88,8 +99,9 @@ def test_momentum_equals_per_client_torch_sgd(tmp_path, keep):
     # float32 rounding of the same steps in other orders (conftest.rounding_bound) over 3 rounds of 2 epochs
     # of at most ceil(31 / 8) = 4 steps, plus one rounding per client of each round's weighted mean
     steps = 3 * 2 * -(-max(SIZES) // BATCH)
-    bound = (rounding_bound(_trainer(tmp_path / "bound", {"keep_momentum": keep}), steps, 0.08, 0.9)
-             + 3 * (len(SIZES) + 1) * 2.0 ** -24 * float(expected.abs().max()))
+    bound = rounding_bound(_trainer(tmp_path / "bound", {"keep_momentum": keep}), steps, 0.08, 0.9) + 3 * (
+        len(SIZES) + 1
+    ) * 2.0**-24 * float(expected.abs().max())
     assert (expected - other).abs().max() > 100 * bound, "the oracle cannot tell kept from restarted momentum"
     torch.testing.assert_close(trainer.model.flat, expected, rtol=0, atol=bound)
 

@@ -1,5 +1,6 @@
 """cohort.assignment: code, FedAWARE's code crediting the j-th upload (ascending ids) to the j-th id of its
 sampler's unsorted draw: checked on hand-built draws, against the uploads of the same round credited right."""
+
 from __future__ import annotations
 
 import math
@@ -9,10 +10,10 @@ import pytest
 import torch
 
 from fedrepro import data, streams
+from fedrepro.configure import schema, settings
 from fedrepro.run import cohorts
 from fedrepro.run.cohorts import code_pairing, exploration_draws, sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import schema, settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -23,11 +24,18 @@ pytestmark = pytest.mark.floats
 # Round 0 is the head of the shuffled list; rounds 1-8 come from a Python set in ascending order, round 9's
 # set order wraps around its table size; round 10 is numpy's uniform draw (not reproducible: another stream).
 CODE_ROUND_0 = [71, 93, 4, 68, 67, 5, 44, 78, 57, 39]
-CODE_EXPLORATION = [CODE_ROUND_0, [0, 1, 2, 3, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21],
-                    [22, 23, 24, 25, 26, 27, 28, 29, 30, 31], [32, 33, 34, 35, 36, 37, 38, 40, 41, 42],
-                    [43, 45, 46, 47, 48, 49, 50, 51, 52, 53], [54, 55, 56, 58, 59, 60, 61, 62, 63, 64],
-                    [65, 66, 69, 70, 72, 73, 74, 75, 76, 77], [79, 80, 81, 82, 83, 84, 85, 86, 87, 88],
-                    [96, 97, 98, 99, 89, 90, 91, 92, 94, 95]]
+CODE_EXPLORATION = [
+    CODE_ROUND_0,
+    [0, 1, 2, 3, 6, 7, 8, 9, 10, 11],
+    [12, 13, 14, 15, 16, 17, 18, 19, 20, 21],
+    [22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
+    [32, 33, 34, 35, 36, 37, 38, 40, 41, 42],
+    [43, 45, 46, 47, 48, 49, 50, 51, 52, 53],
+    [54, 55, 56, 58, 59, 60, 61, 62, 63, 64],
+    [65, 66, 69, 70, 72, 73, 74, 75, 76, 77],
+    [79, 80, 81, 82, 83, 84, 85, 86, 87, 88],
+    [96, 97, 98, 99, 89, 90, 91, 92, 94, 95],
+]
 
 
 def test_the_exploration_draws_what_the_codes_sampler_drew(monkeypatch):
@@ -69,9 +77,11 @@ def test_the_pairing_is_the_draw_and_the_cohort_its_sorted_ids(n, k):
     # without the warm-up every round is a uniform draw, round 0 included
     assert all(code_pairing(11, t, n, k).tolist() == _uniform_draw(11, t, n, k).tolist() for t in range(5))
     # round 0 and the uniform rounds come unsorted (else the setting would change nothing)
-    unsorted = [t for t in [0, *range(explore, explore + 6)]
-                if not np.array_equal(code_pairing(11, t, n, k, "permutation"),
-                                      sample_cohort(11, t, n, k, "permutation"))]
+    unsorted = [
+        t
+        for t in [0, *range(explore, explore + 6)]
+        if not np.array_equal(code_pairing(11, t, n, k, "permutation"), sample_cohort(11, t, n, k, "permutation"))
+    ]
     assert len(unsorted) >= 2
 
 
@@ -81,11 +91,24 @@ def _trainer(tmp_path, algorithm: str, assignment: str, name: str) -> Trainer:
     images = (torch.randint(0, 60, (210, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
     train = data.TensorDataset(images, labels, 0.0, 1.0)
     sizes = [10, 20, 30, 40, 50, 60]  # unequal, so a permuted weight shows
-    parts = [np.arange(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(6)]
-    setting = settings.resolve({"algorithm": algorithm, "model": "mlp", "num_clients": 6, "participation": 1 / 3,
-                              "local_epochs": 1, "batch_size": 10, "device": "cpu", "rounds": 4, "seed": 1998,
-                              "client": {"lr": 0.05}, "fedaware": {"alpha": 1.0}, "aware": {"alpha": 1.0},
-                              "cohort": {"warmup": "permutation", "assignment": assignment}})
+    parts = [np.arange(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(6)]
+    setting = settings.resolve(
+        {
+            "algorithm": algorithm,
+            "model": "mlp",
+            "num_clients": 6,
+            "participation": 1 / 3,
+            "local_epochs": 1,
+            "batch_size": 10,
+            "device": "cpu",
+            "rounds": 4,
+            "seed": 1998,
+            "client": {"lr": 0.05},
+            "fedaware": {"alpha": 1.0},
+            "aware": {"alpha": 1.0},
+            "cohort": {"warmup": "permutation", "assignment": assignment},
+        }
+    )
     return Trainer(setting, tmp_path / name, None, None, datasets=(train, train), parts=parts)
 
 
@@ -101,8 +124,9 @@ def hand_draws(monkeypatch):
     monkeypatch.setattr(cohorts, "cohort_draw", lambda seed, t, n, k, warmup="none": np.array(DRAWS[t]))
 
 
-@pytest.mark.parametrize("algorithm,momenta", [("fedaware", lambda a: a.aggregator.momenta),
-                                               ("fedavg+aware", lambda a: a.optimizer.momenta)])
+@pytest.mark.parametrize(
+    "algorithm,momenta", [("fedaware", lambda a: a.aggregator.momenta), ("fedavg+aware", lambda a: a.optimizer.momenta)]
+)
 def test_each_upload_lands_in_the_momentum_the_code_writes_it_to(tmp_path, hand_draws, algorithm, momenta):
     right = _trainer(tmp_path, algorithm, "per_client", "right")
     code = _trainer(tmp_path, algorithm, "code", "code")

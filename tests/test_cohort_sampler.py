@@ -12,6 +12,7 @@ passes with probability 0.999 for any choice of seeds (and so under any change o
 defects they are written for (a client never sampled, a sorted pairing, cohorts of neighbouring ids) give
 p-values below 1e-50 at these sizes.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,9 @@ def test_warmup_rounds_follow_the_recipe_and_then_the_uniform_ones(n, k):
     if n % k:  # a last partial chunk is topped up from that round's uniform stream, among the others
         left = sorted(set(range(n)) - set().union(*chunks[:full]))
         others = np.setdiff1d(np.arange(n), left)
-        top = np.random.default_rng(np.random.SeedSequence([seed, full])).choice(others, size=k - len(left),
-                                                                                replace=False)
+        top = np.random.default_rng(np.random.SeedSequence([seed, full])).choice(
+            others, size=k - len(left), replace=False
+        )
         assert chunks[full] == set(left) | set(top.tolist())
     for t in range(explore, explore + 20):
         want = recipe_draw(seed, t, n, k)

@@ -1,4 +1,5 @@
 """cohort.warmup: permutation, FedAWARE's exploration sampler as a cohort schedule of the comparison."""
+
 from __future__ import annotations
 
 import math
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from fedrepro import data
+from fedrepro.configure import schema, settings
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import schema, settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -60,9 +61,21 @@ def _fedaware_trainer(tmp_path, warmup: str, client: dict | None = None) -> Trai
     images = (torch.randint(0, 60, (200, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
     train = data.TensorDataset(images, labels, 0.0, 1.0)
     parts = [np.arange(i * 20, (i + 1) * 20) for i in range(10)]
-    setting = settings.resolve({"algorithm": "fedaware", "model": "mlp", "num_clients": 10, "participation": 0.2,
-                              "local_epochs": 1, "batch_size": 20, "device": "cpu", "rounds": 8, "seed": 1998,
-                              "client": {"lr": 0.05, **(client or {})}, "cohort": {"warmup": warmup}})
+    setting = settings.resolve(
+        {
+            "algorithm": "fedaware",
+            "model": "mlp",
+            "num_clients": 10,
+            "participation": 0.2,
+            "local_epochs": 1,
+            "batch_size": 20,
+            "device": "cpu",
+            "rounds": 8,
+            "seed": 1998,
+            "client": {"lr": 0.05, **(client or {})},
+            "cohort": {"warmup": warmup},
+        }
+    )
     return Trainer(setting, tmp_path / warmup, None, None, datasets=(train, train), parts=parts)
 
 
@@ -112,7 +125,7 @@ def test_unshuffled_clients_take_their_batches_in_the_partitions_order(tmp_path)
     index = trainer.inputs.client_index[2]
     trainer.model.flat.copy_(x)
     for start in range(0, len(index), 8):  # one epoch of plain SGD, batches in order
-        images, labels = trainer.inputs.train.batch(index[start:start + 8])
+        images, labels = trainer.inputs.train.batch(index[start : start + 8])
         trainer.model.loss_and_grad(torch.nn.functional.cross_entropy, images, labels)
         trainer.model.flat.sub_(0.05 * trainer.model.grad)
     torch.testing.assert_close(x - trainer.model.flat, a[0])

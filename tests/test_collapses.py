@@ -1,5 +1,6 @@
 """Collapses, computed from the kept metrics (never by the trainer): a fall of more than 20 points below the
 run's best so far, or to chance, on synthetic curves and on the real evidence."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import math
 import pandas as pd
 import pytest
 
+from fedrepro.configure.paramsfile import ROOT
 from fedrepro.report import collapses, evidence
-from fedrepro.spec.paramsfile import ROOT
 
 
 def _detect(points, classes=10):
@@ -21,8 +22,15 @@ def test_a_fall_of_more_than_20_points_is_a_collapse_and_20_is_not():
     record = _detect([50, 80, 59.99, 58, 79, 81])
     assert record["collapsed"]
     (episode,) = record["episodes"]  # rounds 3 and 4 are one episode, told by its lowest round
-    assert episode == {"first_round": 3, "last_round": 4, "low_round": 4, "low_acc": 58.0, "best_before": 80.0,
-                       "best_round": 2, "to_chance": False}
+    assert episode == {
+        "first_round": 3,
+        "last_round": 4,
+        "low_round": 4,
+        "low_acc": 58.0,
+        "best_before": 80.0,
+        "best_round": 2,
+        "to_chance": False,
+    }
     assert record["largest_fall"] == {"drop": 22.0, "round": 4, "acc": 58.0, "best": 80.0}
 
 
@@ -45,8 +53,9 @@ def test_the_first_round_and_nan_rounds_are_never_collapses():
 
 def test_describe_says_each_episode():
     record = _detect([50, 80, 40, 80, 85, 10])
-    assert collapses.describe(record, limit=None) == ("to 40.00% at round 3 (best before 80.00%); "
-                                                      "to 10.00% at round 6 (best before 85.00%)")
+    assert collapses.describe(record, limit=None) == (
+        "to 40.00% at round 3 (best before 80.00%); to 10.00% at round 6 (best before 85.00%)"
+    )
     assert collapses.describe(record, limit=1) == "to 10.00% at round 6 (best before 85.00%); 1 more"
     assert collapses.describe(_detect([50, 60])) == ""
 
@@ -56,8 +65,11 @@ FOLDER = ROOT / "evidence" / "fedlaw_table3_fmnist_mlp_partition_draw"
 
 
 def _shared_draw_runs() -> list:
-    return [r for r in (FOLDER / "runs").iterdir()
-            if json.loads((r / "summary.json").read_text())["setting"]["partition"]["seed"] == 1]
+    return [
+        r
+        for r in (FOLDER / "runs").iterdir()
+        if json.loads((r / "summary.json").read_text())["setting"]["partition"]["seed"] == 1
+    ]
 
 
 def _flagged(runs) -> dict:
@@ -79,8 +91,10 @@ def _kept(run_prefix: str) -> dict:
 def test_the_known_collapses_of_fedlaw_table3_on_the_shared_draw_are_found_in_the_kept_runs():
     """FedDF α=0.1 seed 10 to 10.01% (chance) at round 23; Server-FT α=0.1 seed 10 to 16.86% at round 147 and
     seed 9 to 40.85% at round 173; FedDF α=100 seed 8 to 47.22% at round 29."""
+
     def lows(prefix):
         return {(e["low_round"], e["low_acc"]) for e in _kept(prefix)["episodes"]}
+
     assert (23, 10.01) in lows("feddf-fmnist-dir0.1-mlp-s10-")
     assert (147, 16.86) in lows("serverft-fmnist-dir0.1-mlp-s10-")
     assert (173, 40.85) in lows("serverft-fmnist-dir0.1-mlp-s9-")
@@ -88,7 +102,12 @@ def test_the_known_collapses_of_fedlaw_table3_on_the_shared_draw_are_found_in_th
     # FedBE α=0.1 dips to about 59% near rounds 154-158, 19.66 points below its best at seed 8: short of the
     # 20-point rule, so not flagged there; its record still says how far it fell
     seed8 = _kept("fedbe-fmnist-dir0.1-mlp-s8-")
-    assert not seed8["collapsed"] and seed8["largest_fall"] == {"drop": 19.66, "round": 154, "acc": 59.32, "best": 78.98}
+    assert not seed8["collapsed"] and seed8["largest_fall"] == {
+        "drop": 19.66,
+        "round": 154,
+        "acc": 59.32,
+        "best": 78.98,
+    }
 
 
 def test_every_flagged_run_of_fedlaw_table3_mlp_on_the_shared_draw():
@@ -96,10 +115,17 @@ def test_every_flagged_run_of_fedlaw_table3_mlp_on_the_shared_draw():
     diverges, Server-FT's seed 8 (to 29.42% at round 66), FedBE α=100 seed 10 (55.68%) and FedBE α=0.1 seed 9
     (54.07% at round 10)."""
     assert set(_flagged(_shared_draw_runs())) == {
-        "feddf-fmnist-dir0.1-mlp-s10", "feddf-fmnist-dir100-mlp-s8", "fedbe-fmnist-dir100-mlp-s10",
-        "fedbe-fmnist-dir0.1-mlp-s9", "serverft-fmnist-dir0.1-mlp-s8", "serverft-fmnist-dir0.1-mlp-s9",
-        "serverft-fmnist-dir0.1-mlp-s10", "feddyn-fmnist-dir0.1-mlp-s8", "feddyn-fmnist-dir0.1-mlp-s9",
-        "feddyn-fmnist-dir0.1-mlp-s10"}
+        "feddf-fmnist-dir0.1-mlp-s10",
+        "feddf-fmnist-dir100-mlp-s8",
+        "fedbe-fmnist-dir100-mlp-s10",
+        "fedbe-fmnist-dir0.1-mlp-s9",
+        "serverft-fmnist-dir0.1-mlp-s8",
+        "serverft-fmnist-dir0.1-mlp-s9",
+        "serverft-fmnist-dir0.1-mlp-s10",
+        "feddyn-fmnist-dir0.1-mlp-s8",
+        "feddyn-fmnist-dir0.1-mlp-s9",
+        "feddyn-fmnist-dir0.1-mlp-s10",
+    }
 
 
 def test_every_kept_summary_holds_the_record_the_rule_computes_today():
@@ -136,8 +162,13 @@ def test_every_flagged_run_of_fedlaw_table3_mlp_on_the_paper_draws():
     round 8) and FedDyn Dir(0.1) before each NaN; no other run."""
     flagged = _flagged((ROOT / "evidence" / "fedlaw_table3_fmnist_mlp" / "runs").iterdir())
     assert set(flagged) == {f"serverft-fmnist-dir{a}-mlp-s{s}" for a in ("100", "0.1") for s in (8, 9, 10)} | {
-        "feddf-fmnist-dir100-mlp-s8", "feddf-fmnist-dir0.1-mlp-s10", "fedprox-fmnist-dir0.1-mlp-s9",
-        "feddyn-fmnist-dir0.1-mlp-s8", "feddyn-fmnist-dir0.1-mlp-s9", "feddyn-fmnist-dir0.1-mlp-s10"}
+        "feddf-fmnist-dir100-mlp-s8",
+        "feddf-fmnist-dir0.1-mlp-s10",
+        "fedprox-fmnist-dir0.1-mlp-s9",
+        "feddyn-fmnist-dir0.1-mlp-s8",
+        "feddyn-fmnist-dir0.1-mlp-s9",
+        "feddyn-fmnist-dir0.1-mlp-s10",
+    }
     assert (66, 65.45) in flagged["feddf-fmnist-dir100-mlp-s8"]
     assert (117, 51.42) in flagged["feddf-fmnist-dir0.1-mlp-s10"]
     assert (8, 51.52) in flagged["fedprox-fmnist-dir0.1-mlp-s9"]

@@ -3,6 +3,7 @@ case is held to one thing it computes: a plain method's server steps written out
 snapshots (every round's global model and both clients' models), or its reduction to FedAvg where its own
 step is server-side training; a plug-in leaves its host's rounds unchanged until it acts and changes them
 from then on. The combinations the papers rule out are refused before any work, naming the keys."""
+
 from __future__ import annotations
 
 import json
@@ -14,28 +15,38 @@ import pandas as pd
 import pytest
 
 from conftest import make_partition
-from fedrepro import cli, registry
+from fedrepro import cli
+from fedrepro.configure import registry, schema, settings
 from fedrepro.ops import gpucheck
-from fedrepro.spec import schema, settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
-BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
-        "batch_size": 100, "device": "cpu", "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1},
-        "ima": {"start_round": 2, "window": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2},
-        **{name: {"proxy_size": 20, "server_epochs": 2} for name in ("feddf", "fedbe", "serverft")},
-        "evaluation": {"proxy_holdout": 20},
-        # the permutation warm-up shows every client by round 2, so FedAWARE's and +aware's momenta are ready
-        # and their AWARE step runs in rounds 2 and 3 (random cohorts of 2 out of 4 may never show them all)
-        "cohort": {"warmup": "permutation"},
-        # every round's model before and after the server step, and both clients of its cohort of 2
-        "snapshots": {"rounds": [1, 2, 3], "clients": 2},
-        # the code's 1e-4 makes FedGMA's masked correction ~1e-5 of the step, under float32's blur of it
-        "fedgma": {"lr": 0.5},
-        # v0 = tau^2 (Reddi et al.'s v0 >= tau^2): from 0, sign(v - d^2) would hang on the float32 blur of
-        # every coordinate that did not move
-        "fedyogi": {"v0": 1.0e-8}}
+BASE = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 3,
+    "batch_size": 100,
+    "device": "cpu",
+    "client": {"lr": 0.05},
+    "partition": {"kind": "iid", "seed": 1},
+    "ima": {"start_round": 2, "window": 2},
+    "fedlaw": {"proxy_size": 20, "server_epochs": 2},
+    **{name: {"proxy_size": 20, "server_epochs": 2} for name in ("feddf", "fedbe", "serverft")},
+    "evaluation": {"proxy_holdout": 20},
+    # the permutation warm-up shows every client by round 2, so FedAWARE's and +aware's momenta are ready
+    # and their AWARE step runs in rounds 2 and 3 (random cohorts of 2 out of 4 may never show them all)
+    "cohort": {"warmup": "permutation"},
+    # every round's model before and after the server step, and both clients of its cohort of 2
+    "snapshots": {"rounds": [1, 2, 3], "clients": 2},
+    # the code's 1e-4 makes FedGMA's masked correction ~1e-5 of the step, under float32's blur of it
+    "fedgma": {"lr": 0.5},
+    # v0 = tau^2 (Reddi et al.'s v0 >= tau^2): from 0, sign(v - d^2) would hang on the float32 blur of
+    # every coordinate that did not move
+    "fedyogi": {"v0": 1.0e-8},
+}
 PLUGIN_SETS = ["", "+ima", "+aware", "+ima+aware"]
 NEEDS_FEATURE_MODEL = {"fedfa"}  # FedFA's anchors live on the penultimate layer of IMA's CNNs
 
@@ -72,8 +83,22 @@ def train(partition_dir, tiny_data_root, tmp_path_factory):
         key = json.dumps(setting, sort_keys=True)
         if key not in folders:
             out = tmp_path_factory.mktemp("run") / "run"
-            cli.main(["train", "--setting", key, "--partition", str(partition_dir), "--data-root",
-                      str(tiny_data_root), "--out", str(out), "--no-progress", "--threads", "1"])
+            cli.main(
+                [
+                    "train",
+                    "--setting",
+                    key,
+                    "--partition",
+                    str(partition_dir),
+                    "--data-root",
+                    str(tiny_data_root),
+                    "--out",
+                    str(out),
+                    "--no-progress",
+                    "--threads",
+                    "1",
+                ]
+            )
             folders[key] = out
         return folders[key]
 
@@ -82,8 +107,9 @@ def train(partition_dir, tiny_data_root, tmp_path_factory):
 
 def test_every_method_is_covered():
     assert len(list(combinations())) == 4 * len(registry.ALGORITHMS) >= 4 * 14
-    assert set(registry.ALGORITHMS) == set(SERVER_STEP) | set(REDUCES_TO_FEDAVG) | {"fedaware"}, \
+    assert set(registry.ALGORITHMS) == set(SERVER_STEP) | set(REDUCES_TO_FEDAVG) | {"fedaware"}, (
         "every method is held to what it computes"
+    )
 
 
 @pytest.mark.parametrize("method", list(combinations()))
@@ -100,7 +126,9 @@ def test_runs_end_to_end(method, train):
     assert summary["status"] == "finished" and list(metrics["round"]) == [1, 2, 3]
     assert math.isfinite(summary["final_acc"]) and metrics["train_loss"].map(math.isfinite).all()
     if "+ima" in method:
-        assert list(metrics["ima_active"].fillna(-1)) == [-1, -1, 1], "IMA starts at round index 2 and logs nothing before"
+        assert list(metrics["ima_active"].fillna(-1)) == [-1, -1, 1], (
+            "IMA starts at round index 2 and logs nothing before"
+        )
     if "+aware" in method or name == "fedaware":
         gpucheck.check_aware_steps(method, metrics.to_dict("records"), method)
     if "+" in method:
@@ -145,12 +173,14 @@ def plain_sgd(c, setting):
         nonlocal v
         v = beta * v + p @ deltas
         return x - setting["server"]["lr"] * v, 0.0
+
     return step
 
 
 def plain_gma(c, setting):
     """FedGMA: the weighted mean, less eta_gma times the mean of the Delta_i on the coordinates where
     more than threshold * m clients' signs agree (fedgma.py's docstring)."""
+
     def step(x, deltas, p):
         m = len(deltas)
         signs = np.sign(deltas)
@@ -159,6 +189,7 @@ def plain_gma(c, setting):
         keep = np.abs(total) > c["threshold"] * m
         correction = (deltas * (agree & keep)).sum(0) / m
         return x - setting["server"]["lr"] * (p @ deltas - c["lr"] * correction), 0.0
+
     return step
 
 
@@ -181,7 +212,7 @@ def plain_adaptive(c, setting):
         if name in ("fedadam", "fedams"):
             state["v"] = beta2 * state["v"] + (1 - beta2) * d2
         elif name == "fedyogi":
-            state["open"] = state["open"] | (np.abs(state["v"] - d2) <= 2 * np.abs(d) * blur + blur ** 2)
+            state["open"] = state["open"] | (np.abs(state["v"] - d2) <= 2 * np.abs(d) * blur + blur**2)
             state["v"] = state["v"] - (1 - beta2) * d2 * np.sign(state["v"] - d2)
         else:
             state["v"] = state["v"] + d2
@@ -191,9 +222,10 @@ def plain_adaptive(c, setting):
         else:
             denominator = np.sqrt(state["v"]) + c["tau"]
         through_v = np.sqrt(1 - beta2) if name in ("fedadam", "fedams") else 1.0
-        sensitivity = lr * ((1 - beta1) / denominator + np.abs(state["m"]) * through_v / denominator ** 2)
+        sensitivity = lr * ((1 - beta1) / denominator + np.abs(state["m"]) * through_v / denominator**2)
         assert np.mean(state["open"]) < 1e-2, "Yogi's sign is blurred on many coordinates"
         return x - lr * state["m"] / denominator, np.where(state["open"], np.inf, sensitivity)
+
     return step
 
 
@@ -205,6 +237,7 @@ def plain_feddyn(c, setting):
         nonlocal h
         h = h + c["alpha"] / setting["num_clients"] * deltas.sum(0)
         return x - setting["server"]["lr"] * (deltas.mean(0) + h / c["alpha"]), 0.0
+
     return step
 
 
@@ -212,10 +245,14 @@ def plain_feddyn(c, setting):
 # steps here: equal sizes, one epoch), SCAFFOLD (eta_g = 1), FedASAM, FedFA and FedCM differ from FedAvg on
 # the clients (their local rounds: tests/test_local_objectives_sgd.py, test_baselines.py, test_ima_baselines.py)
 # and aggregate as it does.
-SERVER_STEP = {**{name: plain_sgd for name in ("fedavg", "fedavgm", "fedprox", "fednova", "scaffold", "fedasam",
-                                               "fedfa", "fedcm")},
-               "fedgma": plain_gma, "feddyn": plain_feddyn,
-               **{name: plain_adaptive for name in ("fedadam", "fedyogi", "fedams", "fedadagrad")}}
+SERVER_STEP = {
+    **{
+        name: plain_sgd for name in ("fedavg", "fedavgm", "fedprox", "fednova", "scaffold", "fedasam", "fedfa", "fedcm")
+    },
+    "fedgma": plain_gma,
+    "feddyn": plain_feddyn,
+    **{name: plain_adaptive for name in ("fedadam", "fedyogi", "fedams", "fedadagrad")},
+}
 
 # Methods whose server trains on a proxy set: with no server epochs they are FedAvg (their weights, the
 # proxy's and the ensemble's, enter only through that training), and with BASE's two they are not.

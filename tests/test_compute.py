@@ -1,4 +1,5 @@
 """compute: the device-hours a table's runs took, from their own records, and the plan's estimate beside it."""
+
 from __future__ import annotations
 
 import json
@@ -9,16 +10,25 @@ import pytest
 from fedrepro.ops import pricing
 from fedrepro.report import compute
 
-SETTING = {"dataset": "fmnist", "model": "mlp", "num_clients": 20, "participation": 0.5, "rounds": 4,
-           "local_epochs": 1, "batch_size": 50, "plugins": []}
+SETTING = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 20,
+    "participation": 0.5,
+    "rounds": 4,
+    "local_epochs": 1,
+    "batch_size": 50,
+    "plugins": [],
+}
 
 
 def kept_run(folder, name, seconds, device="cpu", forked_from=None):
     out = folder / name
     out.mkdir(parents=True)
     pd.DataFrame({"round": range(1, len(seconds) + 1), "seconds": seconds}).to_csv(out / "metrics.csv", index=False)
-    (out / "summary.json").write_text(json.dumps({"setting": SETTING, "runtime_s": float(sum(seconds)),
-                                                   "device": device, "forked_from": forked_from}))
+    (out / "summary.json").write_text(
+        json.dumps({"setting": SETTING, "runtime_s": float(sum(seconds)), "device": device, "forked_from": forked_from})
+    )
     return out
 
 
@@ -34,8 +44,9 @@ def test_device_hours_per_device_without_a_forked_runs_parent_rounds(tmp_path):
     seconds, _ = pricing.step_costs(pricing.run_device(SETTING)).price(SETTING)
     per_round = pricing.local_steps(SETTING, 0, 1) * seconds / 3600
     assert cost["estimate_hours"] == pytest.approx(per_round * (4 + 1 + 4))  # the child: its own round only
-    assert compute.text(cost).startswith("1.9 device-hours over 3 runs (CPU 1.5 h, NVIDIA H200 0.4 h); "
-                                         "the plan's estimate: ")
+    assert compute.text(cost).startswith(
+        "1.9 device-hours over 3 runs (CPU 1.5 h, NVIDIA H200 0.4 h); the plan's estimate: "
+    )
 
 
 def test_a_run_the_plan_cannot_price_is_said(tmp_path):

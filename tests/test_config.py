@@ -1,5 +1,6 @@
 """Params files: schema errors name the key, the value and what is allowed; incompatible settings
 are refused before any job starts; every shipped params file expands."""
+
 from __future__ import annotations
 
 import json
@@ -8,19 +9,21 @@ import subprocess
 import pytest
 
 from conftest import ROOT, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro import registry
-from fedrepro.spec import config, paramsfile, schema, settings
+from fedrepro.configure import expansion, paramsfile, registry, schema, settings
 
 
 def _params(base: dict | None = None, grid: dict | None = None) -> dict:
-    params = {"experiments": {"exp": {"base": {"dataset": "fmnist", "num_clients": 10, **(base or {})},
-                                      "grid": grid or {"seed": [1]}}}}
+    params = {
+        "experiments": {
+            "exp": {"base": {"dataset": "fmnist", "num_clients": 10, **(base or {})}, "grid": grid or {"seed": [1]}}
+        }
+    }
     return schema.validate(params, "params.schema.yaml", "params")
 
 
 def _error(base: dict | None = None, grid: dict | None = None) -> str:
     with pytest.raises(schema.ConfigError) as err:
-        config.expand(_params(base, grid))
+        expansion.expand(_params(base, grid))
     return str(err.value)
 
 
@@ -126,8 +129,10 @@ def test_ima_window_larger_than_start_round_is_refused():
     assert "window" in message and "start_round" in message
 
 
-@pytest.mark.skipif("aware" not in registry.PLUGINS or "feddyn" not in registry.ALGORITHMS,
-                    reason="+aware or feddyn is not in the registry yet")
+@pytest.mark.skipif(
+    "aware" not in registry.PLUGINS or "feddyn" not in registry.ALGORITHMS,
+    reason="+aware or feddyn is not in the registry yet",
+)
 def test_aware_with_feddyn_is_refused():
     message = _error({"algorithm": "feddyn+aware"})
     assert "aware" in message and "feddyn" in message
@@ -138,37 +143,43 @@ def test_aware_with_feddyn_is_refused():
 
 def test_run_ids_are_content_hashes():
     base = {"partition": {"kind": "dirichlet", "alpha": 0.5}}
-    a = config.expand(_params(base, {"seed": [1, 2]}))
-    b = config.expand(_params(base, {"seed": [2, 1]}))
+    a = expansion.expand(_params(base, {"seed": [1, 2]}))
+    b = expansion.expand(_params(base, {"seed": [2, 1]}))
     assert sorted(r.id for r in a) == sorted(r.id for r in b)
-    c = config.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.3}}, {"seed": [1, 2]}))
+    c = expansion.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.3}}, {"seed": [1, 2]}))
     assert not {r.id for r in a} & {r.id for r in c}
     # a section the run does not use does not change its hash
-    d = config.expand(_params({**base, "partition": {"kind": "dirichlet", "alpha": 0.5, "classes_per_client": 7}},
-                              {"seed": [1, 2]}))
+    d = expansion.expand(
+        _params({**base, "partition": {"kind": "dirichlet", "alpha": 0.5, "classes_per_client": 7}}, {"seed": [1, 2]})
+    )
     assert sorted(r.id for r in a) == sorted(r.id for r in d)
-
 
 
 def test_partition_seed_run_is_the_runs_own_seed_written_out():
     """``partition.seed: run`` draws a partition per training seed (FedLAW App. D.4); the resolved setting, the
     run id and the partition id hold the number, so it names the same runs as the seeds written out."""
     base = {"partition": {"kind": "dirichlet", "alpha": 0.5, "seed": "run"}}
-    tied = config.expand(_params(base, {"seed": [3, 4]}))
+    tied = expansion.expand(_params(base, {"seed": [3, 4]}))
     assert [r.setting["partition"]["seed"] for r in tied] == [3, 4]
-    written = [r for seed in (3, 4) for r in config.expand(
-        _params({"partition": {"kind": "dirichlet", "alpha": 0.5, "seed": seed}}, {"seed": [seed]}))]
+    written = [
+        r
+        for seed in (3, 4)
+        for r in expansion.expand(
+            _params({"partition": {"kind": "dirichlet", "alpha": 0.5, "seed": seed}}, {"seed": [seed]})
+        )
+    ]
     assert [(r.id, r.partition) for r in tied] == [(r.id, r.partition) for r in written]
     assert len({r.partition for r in tied}) == 2
-    shared = config.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.5}}, {"seed": [3, 4]}))
+    shared = expansion.expand(_params({"partition": {"kind": "dirichlet", "alpha": 0.5}}, {"seed": [3, 4]}))
     assert len({r.partition for r in shared}) == 1  # the default stays one fixed draw (seed 1)
 
 
-@pytest.mark.parametrize("value, allowed", [("runs", "must be of type integer or must be 'run'"),
-                                            (-1, "must be >= 0 or must be 'run'")])
+@pytest.mark.parametrize(
+    "value, allowed", [("runs", "must be of type integer or must be 'run'"), (-1, "must be >= 0 or must be 'run'")]
+)
 def test_a_bad_partition_seed_names_the_key_and_both_forms(value, allowed):
     with pytest.raises(schema.ConfigError) as err:
-        config.expand(_params({"partition": {"seed": value}}, {"seed": [1]}))
+        expansion.expand(_params({"partition": {"seed": value}}, {"seed": [1]}))
     assert f"setting 'partition.seed' = {value!r} is not allowed: {allowed}" in str(err.value)
     assert len(str(err.value).splitlines()) == 1
 
@@ -183,18 +194,25 @@ def test_every_grid_file_is_tested():
 @pytest.mark.parametrize("path", GRID_FILES, ids=lambda p: p.name)
 def test_shipped_params_files_expand(path):
     params = paramsfile.load_params(path)
-    runs = config.expand(params)
-    assert runs and len(config.unique_runs(runs)) >= 1
+    runs = expansion.expand(params)
+    assert runs and len(expansion.unique_runs(runs)) >= 1
 
 
 # --------------------------------------------------------------------------- through snakemake
 
 
 def test_snakemake_stops_before_any_job_on_a_bad_value(tmp_path):
-    bad = write_yaml(tmp_path / "bad.yaml", {"experiments": {"e": {
-        "base": {"num_clients": 4, "participation": 1.5, "rounds": 2}, "grid": {"seed": [1]}}}})
-    proc = subprocess.run(snakemake_cmd(tmp_path, "-n", "--configfile", str(bad)), capture_output=True,
-                          text=True, env=subprocess_env(), timeout=120)
+    bad = write_yaml(
+        tmp_path / "bad.yaml",
+        {"experiments": {"e": {"base": {"num_clients": 4, "participation": 1.5, "rounds": 2}, "grid": {"seed": [1]}}}},
+    )
+    proc = subprocess.run(
+        snakemake_cmd(tmp_path, "-n", "--configfile", str(bad)),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+    )
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "'participation'" in out and "1.5" in out and "<= 1" in out
@@ -208,8 +226,9 @@ def test_pretrained_on_a_model_that_loads_no_weights_is_refused_naming_the_key()
     assert "experiments.exp: pretrained = " in message and "model 'mlp', which loads no weights" in message
     assert "pythia70m" in message, "names the models that read it"
     # the model that reads it keeps it (the params file of FedAWARE's AGNews rows)
-    setting = settings.resolve({"dataset": "agnews", "model": "pythia70m", "num_clients": 10,
-                              "pretrained": {"path": "/models/pythia-70m"}})
+    setting = settings.resolve(
+        {"dataset": "agnews", "model": "pythia70m", "num_clients": 10, "pretrained": {"path": "/models/pythia-70m"}}
+    )
     assert setting["pretrained"]["path"] == "/models/pythia-70m"
 
 
@@ -220,17 +239,22 @@ def _alias_bomb(levels: int = 9, width: int = 10) -> str:
     return "\n".join(lines) + "\nexperiments: {}\n"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("extra: &a [*a]\nexperiments: {}\n", "line 1: an alias refers to a block that contains it (a recursive alias"),
-    ("x: &m {k: [1, {deeper: *m}]}\nexperiments: {}\n", "a recursive alias"),
-    (_alias_bomb(), "its aliases expand to more than 100000 values"),
-], ids=["self", "nested", "bomb"])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("extra: &a [*a]\nexperiments: {}\n", "line 1: an alias refers to a block that contains it (a recursive alias"),
+        ("x: &m {k: [1, {deeper: *m}]}\nexperiments: {}\n", "a recursive alias"),
+        (_alias_bomb(), "its aliases expand to more than 100000 values"),
+    ],
+    ids=["self", "nested", "bomb"],
+)
 def test_recursive_alias_and_alias_bomb_are_refused_quickly_by_name(tmp_path, capsys, text, message):
     """Once a RecursionError traceback (a recursive alias) or minutes of expansion (a bomb): the file is
     refused while it is read, by `fedrepro expand` and by the Snakefile's read (paramsfile.read_yaml)."""
     import time
 
     from fedrepro import cli
+
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     start = time.monotonic()
@@ -258,13 +282,31 @@ def _full_walk(instance: dict) -> dict:
     return instance
 
 
-@pytest.mark.parametrize("raw", [
-    {"dataset": "fmnist", "num_clients": 10, "seed": 1},
-    {"algorithm": "fedlaw", "dataset": "fmnist", "num_clients": 20, "seed": 9, "client": {"lr": 0.08, "momentum": 0.9},
-     "partition": {"kind": "dirichlet", "alpha": 0.1}, "fedlaw": {"variant": "swa"}},
-    {"algorithm": "fedavg", "plugins": ["ima"], "dataset": "fmnist", "num_clients": 100, "seed": 2, "rounds": 30,
-     "partition": {"kind": "shards", "classes_per_client": 2}, "ima": {"start_round": 20, "window": 5}},
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"dataset": "fmnist", "num_clients": 10, "seed": 1},
+        {
+            "algorithm": "fedlaw",
+            "dataset": "fmnist",
+            "num_clients": 20,
+            "seed": 9,
+            "client": {"lr": 0.08, "momentum": 0.9},
+            "partition": {"kind": "dirichlet", "alpha": 0.1},
+            "fedlaw": {"variant": "swa"},
+        },
+        {
+            "algorithm": "fedavg",
+            "plugins": ["ima"],
+            "dataset": "fmnist",
+            "num_clients": 100,
+            "seed": 2,
+            "rounds": 30,
+            "partition": {"kind": "shards", "classes_per_client": 2},
+            "ima": {"start_round": 20, "window": 5},
+        },
+    ],
+)
 def test_validation_by_parts_fills_exactly_what_the_whole_walk_fills(raw):
     # twice: the second validation is served from the memo and must still equal the reference, key order included
     for _ in range(2):
@@ -278,9 +320,13 @@ def test_validation_by_parts_fills_exactly_what_the_whole_walk_fills(raw):
 def test_validation_by_parts_refuses_what_the_whole_walk_refuses():
     good = {"dataset": "fmnist", "num_clients": 10, "seed": 1}
     schema.validate(dict(good), "setting.schema.yaml", "t")  # the good parts are in the memo now
-    for bad, key in [({**good, "seed": "one"}, "seed"), ({**good, "client": {"lr": 0}}, "client.lr"),
-                     ({**good, "client": {"lrr": 0.1}}, "client.lrr"), ({**good, "nonsense": 1}, "nonsense"),
-                     ({**good, "participation": 1.5}, "participation")]:
+    for bad, key in [
+        ({**good, "seed": "one"}, "seed"),
+        ({**good, "client": {"lr": 0}}, "client.lr"),
+        ({**good, "client": {"lrr": 0.1}}, "client.lrr"),
+        ({**good, "nonsense": 1}, "nonsense"),
+        ({**good, "participation": 1.5}, "participation"),
+    ]:
         with pytest.raises(schema.ConfigError, match=key.replace(".", r"\.")):
             schema.validate(bad, "setting.schema.yaml", "t")
         assert schema._valid_by_parts(dict(bad), schema._load_schema("setting.schema.yaml")) is False
@@ -298,19 +344,27 @@ def test_a_schema_with_a_reference_into_the_whole_takes_the_whole_walk():
 @pytest.mark.parametrize("name", ["fedlaw", "fednova"])
 def test_a_papers_grid_expands_to_the_same_runs_with_the_whole_walk(name, monkeypatch):
     params = paramsfile.load_params(ROOT / "params" / f"{name}.yaml")
-    fast = [(r.id, json.dumps(r.setting)) for r in config.expand(params)]
+    fast = [(r.id, json.dumps(r.setting)) for r in expansion.expand(params)]
     monkeypatch.setattr(schema, "_valid_by_parts", lambda instance, whole: False)
-    assert [(r.id, json.dumps(r.setting)) for r in config.expand(paramsfile.load_params(ROOT / "params" / f"{name}.yaml"))] == fast
+    assert [
+        (r.id, json.dumps(r.setting))
+        for r in expansion.expand(paramsfile.load_params(ROOT / "params" / f"{name}.yaml"))
+    ] == fast
 
 
 def test_one_expansion_reads_the_code_once_and_the_next_sees_an_edit(monkeypatch):
     from fedrepro import identity
+
     walks = []
     real_closure = identity.code_closure
-    monkeypatch.setattr(identity, "code_closure", lambda entries, outside=frozenset(): walks.append(entries) or real_closure(entries, outside))
+    monkeypatch.setattr(
+        identity,
+        "code_closure",
+        lambda entries, outside=frozenset(): walks.append(entries) or real_closure(entries, outside),
+    )
     params = _params(grid={"seed": [1, 2, 3], "algorithm": ["fedavg", "fedprox"]})
-    ids = [r.id for r in config.expand(params)]
+    ids = [r.id for r in expansion.expand(params)]
     assert len(set(ids)) == 6 and len(walks) == 3  # fedavg, fedprox, the partition: once each
     monkeypatch.setattr(identity, "files_hash", lambda names: "edited")  # as if the code changed in between
-    assert not set(r.id for r in config.expand(params)) & set(ids)
+    assert not set(r.id for r in expansion.expand(params)) & set(ids)
     assert identity.code_hash is not None and not getattr(identity.code_hash, "read_once", False)

@@ -1,5 +1,6 @@
 """CIFAR-10/100 and Synthetic: real download, extraction and loading code on generated files in the
 real formats (python-pickle batches in a .tar.gz, served over loopback HTTP), no internet."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,10 +14,10 @@ import pytest
 import torch
 
 from fedrepro import catalog, data, identity, partitions
-from fedrepro.partitions.base import PartitionError
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import resolve
 from fedrepro.data import cifar, synthetic
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import resolve
+from fedrepro.partitions.base import PartitionError
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -32,7 +33,9 @@ def _pickle_batch(folder: Path, name: str, images: np.ndarray, labels: np.ndarra
     (folder / name).write_bytes(pickle.dumps(entry))
 
 
-def make_fake_cifar(tmp: Path, dataset: str, monkeypatch, n_train: int = 20, n_test: int = 10) -> tuple[Path, np.ndarray]:
+def make_fake_cifar(
+    tmp: Path, dataset: str, monkeypatch, n_train: int = 20, n_test: int = 10
+) -> tuple[Path, np.ndarray]:
     """Write a small archive in torchvision's layout; point the torchvision class at its checksums."""
     cls = cifar._cifar_class(dataset)
     rng = np.random.default_rng(0)
@@ -59,8 +62,12 @@ def make_fake_cifar(tmp: Path, dataset: str, monkeypatch, n_train: int = 20, n_t
     served.mkdir()
     with tarfile.open(served / cls.filename, "w:gz") as tar:
         tar.add(folder, arcname=cls.base_folder)
-    for attr, value in (("train_list", train_list), ("test_list", test_list), ("meta", meta),
-                        ("tgz_md5", _md5(served / cls.filename))):
+    for attr, value in (
+        ("train_list", train_list),
+        ("test_list", test_list),
+        ("meta", meta),
+        ("tgz_md5", _md5(served / cls.filename)),
+    ):
         monkeypatch.setattr(cls, attr, value)
     return served, first_images
 
@@ -133,10 +140,12 @@ def test_normalisation_per_channel_and_augmentation_only_on_train(tmp_path, monk
     plain = data.load("cifar10", root, train=True, preprocess={"normalize": "ima"})
     x, _ = plain.batch(torch.arange(4))
     mean, std = cifar.NORMALIZE["ima"]
-    expected = (plain.images[:4].float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    expected = (plain.images[:4].float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1
+    )
     # two float32 computations of (v / 255 - mean) / std: each at most 4 roundings (divisions and subtraction,
     # or a multiply-add with folded constants) within u of the largest term (1 + mean) / std
-    bound = max(2 * 4 * 2.0 ** -24 * (1 + m) / s for m, s in zip(mean, std))
+    bound = max(2 * 4 * 2.0**-24 * (1 + m) / s for m, s in zip(mean, std))
     assert torch.allclose(x, expected, rtol=0, atol=bound)
     aug = data.load("cifar10", root, train=True, preprocess={"augment": "crop_flip"})
     assert aug.augment
@@ -152,8 +161,13 @@ def test_random_crop_flip_is_a_shifted_window_of_the_padded_image():
     assert out.shape == x.shape
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
     for i in range(2):
-        hits = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (False, True)
-                if torch.equal(out[i], (lambda w: w.flip(-1) if f else w)(padded[i, :, dy:dy + 32, dx:dx + 32]))]
+        hits = [
+            (dy, dx, f)
+            for dy in range(9)
+            for dx in range(9)
+            for f in (False, True)
+            if torch.equal(out[i], (lambda w: w.flip(-1) if f else w)(padded[i, :, dy : dy + 32, dx : dx + 32]))
+        ]
         assert hits, "each output must be a 32x32 window of the padded image, flipped or not"
 
 
@@ -191,8 +205,15 @@ def test_natural_partition_gives_each_user_its_samples(tmp_path):
 
 
 def test_natural_partition_settings_are_checked():
-    ok = resolve({"dataset": "synthetic_1_1", "model": "logreg", "num_clients": 30, "participation": 0.3,
-                  "partition": {"kind": "natural"}})
+    ok = resolve(
+        {
+            "dataset": "synthetic_1_1",
+            "model": "logreg",
+            "num_clients": 30,
+            "participation": 0.3,
+            "partition": {"kind": "natural"},
+        }
+    )
     assert ok["partition"] == {"kind": "natural"} and "preprocess" not in identity.identity_setting(ok)
     with pytest.raises(ConfigError, match="dataset_info.natural_clients = 30"):
         resolve({"dataset": "synthetic_1_1", "model": "logreg", "num_clients": 20, "partition": {"kind": "natural"}})
@@ -205,13 +226,16 @@ def test_natural_partition_settings_are_checked():
 
 def _every_dataset_class():
     from fedrepro.data.agnews import TextDataset
+
     labels = torch.arange(6) % 3
     images = torch.zeros(6, 3, 4, 4, dtype=torch.uint8)
-    return {"TensorDataset": data.TensorDataset(images[:, :1], labels, 0.0, 1.0),
-            "ImageDataset": cifar.ImageDataset(images, labels),
-            "ImageDataset+augment": cifar.ImageDataset(images, labels, augment=True),
-            "FeatureDataset": synthetic.FeatureDataset(torch.zeros(6, 5), labels),
-            "TextDataset": TextDataset(torch.zeros(6, 7, dtype=torch.int64), torch.ones(6, 7, dtype=torch.int64), labels)}
+    return {
+        "TensorDataset": data.TensorDataset(images[:, :1], labels, 0.0, 1.0),
+        "ImageDataset": cifar.ImageDataset(images, labels),
+        "ImageDataset+augment": cifar.ImageDataset(images, labels, augment=True),
+        "FeatureDataset": synthetic.FeatureDataset(torch.zeros(6, 5), labels),
+        "TextDataset": TextDataset(torch.zeros(6, 7, dtype=torch.int64), torch.ones(6, 7, dtype=torch.int64), labels),
+    }
 
 
 def test_every_dataset_class_declares_the_capabilities_the_engine_reads():
@@ -223,15 +247,20 @@ def test_every_dataset_class_declares_the_capabilities_the_engine_reads():
         for derived in (ds.subset(torch.arange(3)), ds.to("cpu")):
             assert (derived.augment, derived.batched_cohort) == (ds.augment, ds.batched_cohort), name
         declared[name] = (ds.augment, ds.batched_cohort)
-    assert declared == {"TensorDataset": (False, True), "ImageDataset": (False, True),
-                        "ImageDataset+augment": (True, True), "FeatureDataset": (False, True),
-                        # a (K, B) batch of token sequences cannot be vmapped through the HF model
-                        "TextDataset": (False, False)}
+    assert declared == {
+        "TensorDataset": (False, True),
+        "ImageDataset": (False, True),
+        "ImageDataset+augment": (True, True),
+        "FeatureDataset": (False, True),
+        # a (K, B) batch of token sequences cannot be vmapped through the HF model
+        "TextDataset": (False, False),
+    }
 
 
 def test_no_dataset_family_imports_the_dispatcher():
     """The families (and base) import base only: the package __init__ imports them, never the reverse."""
     import ast
+
     folder = Path(data.__file__).parent
     for path in sorted(folder.glob("*.py")):
         if path.name == "__init__.py":

@@ -1,6 +1,7 @@
 """What a reader meets first: the README stays a short read, its links lead somewhere, and neither it nor the
 docs, the evidence pages, the params files' comments or the library speak about how the project was made
 ("this session", "the next wave") instead of what it is. A measurement keeps its machine and date as facts."""
+
 from __future__ import annotations
 
 import re
@@ -8,12 +9,15 @@ import re
 import pytest
 import yaml
 
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT
 
 # Words about how the project was made. "wave" alone stays allowed: `fedrepro bench` counts "waves" of runs
 # side by side on a device (ceil(runs / runs per device)), a technical term.
-MAKING = re.compile(r"\bsessions?\b|\b(?:this|that|next|first|second|third|later|earlier|previous|last|the) waves?\b"
-                    r"|\bthis stop\b|\bissues? #?\d+\b", re.I)
+MAKING = re.compile(
+    r"\bsessions?\b|\b(?:this|that|next|first|second|third|later|earlier|previous|last|the) waves?\b"
+    r"|\bthis stop\b|\bissues? #?\d+\b",
+    re.I,
+)
 
 
 def _places():
@@ -39,20 +43,24 @@ def test_no_words_about_how_the_project_was_made():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             for word in making_words(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {word!r} in {line.strip()[:100]}")
-    assert not found, "say what the project is, not how it was made (a measurement keeps its machine and date):\n" + \
-        "\n".join(found)
+    assert not found, (
+        "say what the project is, not how it was made (a measurement keeps its machine and date):\n" + "\n".join(found)
+    )
 
 
-@pytest.mark.parametrize("text, words", [
-    ("measured on this session's AMD EPYC", ["session"]),
-    ("this wave's later runs ran at 54b37cc", ["this wave"]),
-    ("the next session's code", ["session"]),
-    ("Sessions differ", ["Sessions"]),
-    ("see issue #13 and issue 18", ["issue #13", "issue 18"]),
-    ("at this stop the grid was half done", ["this stop"]),
-    ("ceil(96 runs / 4 per device) = 24 waves x 300 rounds", []),
-    ("measured on an AMD EPYC, 2 cores, torch 2.15 (2026-11-26)", []),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("measured on this session's AMD EPYC", ["session"]),
+        ("this wave's later runs ran at 54b37cc", ["this wave"]),
+        ("the next session's code", ["session"]),
+        ("Sessions differ", ["Sessions"]),
+        ("see issue #13 and issue 18", ["issue #13", "issue 18"]),
+        ("at this stop the grid was half done", ["this stop"]),
+        ("ceil(96 runs / 4 per device) = 24 waves x 300 rounds", []),
+        ("measured on an AMD EPYC, 2 cores, torch 2.15 (2026-11-26)", []),
+    ],
+)
 def test_the_check_finds_the_words_it_names(text, words):
     assert making_words(text) == words
 
@@ -80,8 +88,12 @@ def test_the_readme_names_a_page_for_each_paper_and_the_citation_file_cites_the_
     assert cff["cff-version"] == "1.2.0"
     assert {"message", "title", "authors"} <= set(cff)
     titles = " ".join(r["title"] for r in cff["references"])
-    for words in ("Adaptive Weighted Aggregation", "Revisiting Weighted Aggregation", "Model Averaging",
-                  "Objective Inconsistency"):
+    for words in (
+        "Adaptive Weighted Aggregation",
+        "Revisiting Weighted Aggregation",
+        "Model Averaging",
+        "Objective Inconsistency",
+    ):
         assert words in titles
 
 
@@ -95,5 +107,6 @@ def test_tests_readme_maps_every_module_to_test_files_that_exist():
     missing = sorted(m for m in modules if f"`{m}" not in text)
     assert not missing, f"tests/README.md does not map: {missing}"
     named = set(re.findall(r"`(test_\w+\.py)`", text))
-    assert named and all((ROOT / "tests" / n).is_file() for n in named), sorted(n for n in named
-                                                                              if not (ROOT / "tests" / n).is_file())
+    assert named and all((ROOT / "tests" / n).is_file() for n in named), sorted(
+        n for n in named if not (ROOT / "tests" / n).is_file()
+    )

@@ -1,6 +1,7 @@
 """IMA's feature-skew datasets (Digit-Five, PACS) on tiny files written in the real on-disk formats (FedBN's
 pickled parts, PACS's folder of images): loading and preprocessing, the per-domain partition, the
 per-domain evaluation and one federated run through the engine."""
+
 from __future__ import annotations
 
 import json
@@ -11,25 +12,28 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import U32
 from fedrepro import data, identity, models, partitions
-from fedrepro.partitions import records as partition_records
-from fedrepro.partitions import label_quantity
-from fedrepro.partitions.base import PartitionError
-from fedrepro.spec import schema, settings
+from fedrepro.configure import schema, settings
 from fedrepro.data import digit5, pacs
 from fedrepro.data.base import DataError
 from fedrepro.data.domains import DomainDataset
-from fedrepro.run.trainer import Trainer
 from fedrepro.evaluation import score
-
-from conftest import U32
+from fedrepro.partitions import label_quantity, records as partition_records
+from fedrepro.partitions.base import PartitionError
+from fedrepro.run.trainer import Trainer
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
 # FedBN's image shapes per domain: grey 28 (MNIST), RGB 32 (SVHN, SynthDigits), grey 16 (USPS), RGB 28 (MNIST-M)
-DIGIT_SHAPES = {"MNIST": (28, 28), "SVHN": (32, 32, 3), "USPS": (16, 16), "SynthDigits": (32, 32, 3),
-                "MNIST_M": (28, 28, 3)}
+DIGIT_SHAPES = {
+    "MNIST": (28, 28),
+    "SVHN": (32, 32, 3),
+    "USPS": (16, 16),
+    "SynthDigits": (32, 32, 3),
+    "MNIST_M": (28, 28, 3),
+}
 PART, TEST = 12, 10
 
 
@@ -61,12 +65,19 @@ def test_digit5_loads_every_domain_resized_to_28_in_three_channels(digit_root):
     with open(digit_root / "USPS" / "partitions" / "train_part3.pkl", "rb") as fh:
         images, labels = pickle.load(fh)
     at = 2 * 10 * PART + 3 * PART  # USPS is the third domain; part 3 of ten
-    assert torch.equal(train.labels[at:at + PART], torch.as_tensor(labels, dtype=torch.int64))
+    assert torch.equal(train.labels[at : at + PART], torch.as_tensor(labels, dtype=torch.int64))
     # the oracle: torchvision's own transform of IMA's code for USPS on the PIL image
     from PIL import Image
     from torchvision import transforms
-    usps = transforms.Compose([transforms.Resize([28, 28]), transforms.Grayscale(num_output_channels=3),
-                               transforms.ToTensor(), transforms.Normalize((0.5,) * 3, (0.5,) * 3)])
+
+    usps = transforms.Compose(
+        [
+            transforms.Resize([28, 28]),
+            transforms.Grayscale(num_output_channels=3),
+            transforms.ToTensor(),
+            transforms.Normalize((0.5,) * 3, (0.5,) * 3),
+        ]
+    )
     x, y = train.batch(torch.tensor([at + 5]))
     assert torch.allclose(x[0], usps(Image.fromarray(images[5], mode="L")), rtol=0, atol=normalise_bound(0.5, 0.5))
     assert y.item() == labels[5]
@@ -74,8 +85,12 @@ def test_digit5_loads_every_domain_resized_to_28_in_three_channels(digit_root):
     with open(digit_root / "MNIST" / "partitions" / "train_part0.pkl", "rb") as fh:
         mnist = pickle.load(fh)[0]
     x, _ = train.batch(torch.tensor([0]))
-    assert torch.allclose(x[0], (torch.as_tensor(mnist[0], dtype=torch.float32) / 255 - 0.5).div(0.5).expand(3, 28, 28),
-                          rtol=0, atol=normalise_bound(0.5, 0.5))
+    assert torch.allclose(
+        x[0],
+        (torch.as_tensor(mnist[0], dtype=torch.float32) / 255 - 0.5).div(0.5).expand(3, 28, 28),
+        rtol=0,
+        atol=normalise_bound(0.5, 0.5),
+    )
 
 
 def normalise_bound(mean: float, std: float) -> float:
@@ -122,6 +137,7 @@ PACS_COUNTS = {"photo": 2, "art_painting": 3, "cartoon": 2, "sketch": 4}  # imag
 
 def write_pacs(root: Path) -> Path:
     from PIL import Image
+
     rng = np.random.default_rng(1)
     for name, per in PACS_COUNTS.items():
         for cls in pacs.CLASSES:
@@ -149,7 +165,7 @@ def test_pacs_test_split_is_the_codes_seeded_shuffle(pacs_root):
     for n in sizes:
         order = list(range(n))
         np.random.shuffle(order)
-        expected.append((sorted(order[int(0.1 * n):]), sorted(order[:int(0.1 * n)])))
+        expected.append((sorted(order[int(0.1 * n) :]), sorted(order[: int(0.1 * n)])))
     got = pacs.test_split(sizes)
     assert [(sorted(a.tolist()), sorted(b.tolist())) for a, b in got] == expected
     assert [len(b) for _, b in got] == [int(0.1 * n) for n in sizes] == [1, 2, 1, 2]
@@ -166,8 +182,15 @@ def test_pacs_loads_224_crops_normalised_as_imagenet(pacs_root):
     first = pacs.test_split([len(labels)])[0][0][0]
     from PIL import Image
     from torchvision import transforms
-    code = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
-                               transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+
+    code = transforms.Compose(
+        [
+            transforms.Resize(256),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
     x, y = train.batch(torch.tensor([0]))
     bound = max(normalise_bound(m, s) for m, s in zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))
     assert torch.allclose(x[0], code(Image.open(paths[first]).convert("RGB")), rtol=0, atol=bound)
@@ -177,6 +200,7 @@ def test_pacs_loads_224_crops_normalised_as_imagenet(pacs_root):
 def test_pacs_download_names_a_missing_class_folder(pacs_root):
     assert data.download("pacs", pacs_root, log=lambda *_: None) == pacs_root
     import shutil
+
     shutil.rmtree(pacs_root / "cartoon" / "giraffe")
     with pytest.raises(DataError, match=r"cartoon/giraffe: missing; pacs cannot be downloaded here"):
         data.download("pacs", pacs_root, log=lambda *_: None)
@@ -190,9 +214,14 @@ def domain_labels(domains: int = 5, per_domain: int = 400, classes: int = 10, se
     return rng.integers(0, classes, domains * per_domain), np.repeat(np.arange(domains), per_domain)
 
 
-@pytest.mark.parametrize("kind,extra", [("label_quantity", {"classes_per_client": 2}),
-                                        ("dirichlet", {"alpha": 0.1, "min_size": 2, "balance": True}),
-                                        ("shards", {"classes_per_client": 2, "distinct": False})])
+@pytest.mark.parametrize(
+    "kind,extra",
+    [
+        ("label_quantity", {"classes_per_client": 2}),
+        ("dirichlet", {"alpha": 0.1, "min_size": 2, "balance": True}),
+        ("shards", {"classes_per_client": 2, "distinct": False}),
+    ],
+)
 def test_each_domain_is_split_over_its_own_twenty_clients(kind, extra):
     labels, domains = domain_labels()
     setting = {"dataset": "digit5", "num_clients": 100, "kind": kind, "seed": 1, **extra}
@@ -206,9 +235,13 @@ def test_each_domain_is_split_over_its_own_twenty_clients(kind, extra):
     inner = {**setting, "num_clients": 20}
     for d in range(5):
         at = np.flatnonzero(domains == d)
-        assert all(np.array_equal(a, at[b]) for a, b in zip(parts[20 * d:20 * d + 20], partitions.make(labels[at], inner)))
+        assert all(
+            np.array_equal(a, at[b]) for a, b in zip(parts[20 * d : 20 * d + 20], partitions.make(labels[at], inner))
+        )
     groups = partitions.groups(setting)
-    assert list(groups) == [f"domain_{n}" for n in digit5.DOMAINS] and list(groups["domain_USPS"]) == list(range(40, 60))
+    assert list(groups) == [f"domain_{n}" for n in digit5.DOMAINS] and list(groups["domain_USPS"]) == list(
+        range(40, 60)
+    )
 
 
 def test_label_quantity_gives_each_client_its_classes_split_evenly():
@@ -225,8 +258,14 @@ def test_label_quantity_gives_each_client_its_classes_split_evenly():
 
 def test_config_refuses_clients_that_do_not_divide_over_the_domains():
     with pytest.raises(schema.ConfigError, match="multiple of 5"):
-        settings.resolve({"dataset": "digit5", "model": "digit_cnn_gn2", "num_clients": 98,
-                        "partition": {"kind": "label_quantity", "classes_per_client": 2}})
+        settings.resolve(
+            {
+                "dataset": "digit5",
+                "model": "digit_cnn_gn2",
+                "num_clients": 98,
+                "partition": {"kind": "label_quantity", "classes_per_client": 2},
+            }
+        )
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -242,7 +281,7 @@ class ReadsItsAnswer(torch.nn.Module):
 
 def test_score_averages_the_domains_not_the_samples():
     answers = [[1, 2, 3, 4], [5, 6]]  # the model's predictions, domain by domain
-    truth = [[1, 2, 3, 9], [5, 0]]    # domain 0: 3 of 4 right; domain 1: 1 of 2
+    truth = [[1, 2, 3, 9], [5, 0]]  # domain 0: 3 of 4 right; domain 1: 1 of 2
     images = torch.zeros(6, 3, 2, 2, dtype=torch.uint8)
     images[:, 0, 0, 0] = torch.tensor(sum(answers, []), dtype=torch.uint8)
     test = DomainDataset(images, torch.tensor(sum(truth, [])), torch.tensor([0, 0, 0, 0, 1, 1]), ("a", "b"))
@@ -250,34 +289,56 @@ def test_score_averages_the_domains_not_the_samples():
     assert row["test_acc_a"] == 0.75 and row["test_acc_b"] == 0.5
     assert row["test_acc"] == 0.625  # (0.75 + 0.5) / 2 is exact in binary; pooled over the samples it would be 4/6
     # a mean of two float64 numbers, summed and divided in either order: within two float64 roundings
-    assert row["test_loss"] == pytest.approx((row["test_loss_a"] + row["test_loss_b"]) / 2, rel=2 * 2.0 ** -53, abs=0)
+    assert row["test_loss"] == pytest.approx((row["test_loss_a"] + row["test_loss_b"]) / 2, rel=2 * 2.0**-53, abs=0)
 
 
 # --------------------------------------------------------------------------- end to end
 
 
 def test_digit5_federated_rounds_through_the_engine(digit_root, tmp_path):
-    s = settings.resolve({"algorithm": "fedavg", "dataset": "digit5", "model": "digit_cnn_gn2", "device": "cpu",
-                        "num_clients": 10, "participation": 0.2, "rounds": 2, "batch_size": 16,
-                        "local_epochs": 1, "seed": 1,
-                        "partition": {"kind": "label_quantity", "classes_per_client": 2, "seed": 1}})
+    s = settings.resolve(
+        {
+            "algorithm": "fedavg",
+            "dataset": "digit5",
+            "model": "digit_cnn_gn2",
+            "device": "cpu",
+            "num_clients": 10,
+            "participation": 0.2,
+            "rounds": 2,
+            "batch_size": 16,
+            "local_epochs": 1,
+            "seed": 1,
+            "partition": {"kind": "label_quantity", "classes_per_client": 2, "seed": 1},
+        }
+    )
     from fedrepro import cli
+
     part = identity.partition_setting(s)  # the partition step as Snakemake runs it: its clients stay in their domains
-    cli.main(["partition", "--setting", json.dumps(part), "--data-root", str(digit_root), "--out", str(tmp_path / "part")])
+    cli.main(
+        ["partition", "--setting", json.dumps(part), "--data-root", str(digit_root), "--out", str(tmp_path / "part")]
+    )
     domains = data.train_domains("digit5", digit_root)
-    assert [set(domains[p]) for p in partition_records.load(tmp_path / "part")] == [{d} for d in range(5) for _ in range(2)]
+    assert [set(domains[p]) for p in partition_records.load(tmp_path / "part")] == [
+        {d} for d in range(5) for _ in range(2)
+    ]
     summary = Trainer(s, tmp_path / "run", tmp_path / "part", digit_root).run(progress=False)
     assert summary["status"] == "finished" and summary["rounds_done"] == 2
     import pandas as pd
+
     frame = pd.read_csv(tmp_path / "run" / "metrics.csv")
     # float64 means of five accuracies, in the run and here: within 5 float64 roundings each
-    assert np.allclose(frame["test_acc"], frame[[f"test_acc_{name}" for name in digit5.DOMAINS]].mean(axis=1),
-                       rtol=2 * 5 * 2.0 ** -53, atol=0)
+    assert np.allclose(
+        frame["test_acc"],
+        frame[[f"test_acc_{name}" for name in digit5.DOMAINS]].mean(axis=1),
+        rtol=2 * 5 * 2.0**-53,
+        atol=0,
+    )
     assert models.num_parameters(models.build("digit_cnn_gn2", "digit5")) == 806090
 
 
 def test_a_dataset_is_served_by_the_one_family_whose_fragment_declares_it(tmp_path, monkeypatch):
     from fedrepro import catalog
+
     with pytest.raises(ValueError, match=r"unknown dataset 'mnist'; known: .*digit5.*pacs"):
         data.family("mnist")
     # a name declared by two fragments is refused, naming both
@@ -286,7 +347,9 @@ def test_a_dataset_is_served_by_the_one_family_whose_fragment_declares_it(tmp_pa
         (tmp_path / "data" / f"{family}.py").write_text("")
         (tmp_path / "data" / f"{family}.yaml").write_text("datasets:\n  fmnist: {num_classes: 10}\n")
     monkeypatch.setattr(catalog, "PACKAGE", tmp_path)
-    with pytest.raises(catalog.FragmentError, match=r"data/fmnist.yaml: dataset 'fmnist' is declared in data/cifar.yaml"):
+    with pytest.raises(
+        catalog.FragmentError, match=r"data/fmnist.yaml: dataset 'fmnist' is declared in data/cifar.yaml"
+    ):
         catalog._members("data", "datasets")
     (tmp_path / "data" / "fmnist.py").unlink()
     with pytest.raises(catalog.FragmentError, match=r"fmnist.yaml: no fmnist.py beside it"):

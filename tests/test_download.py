@@ -3,6 +3,7 @@
 The checksums the downloader checks against are replaced by the generated files' own values, so
 the real fetch / verify / rename / extract / load path runs without the internet.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -101,10 +102,10 @@ def test_error_lists_every_mirror_tried_and_how_to_get_the_data(tmp_path, serve,
 
 def test_cli_download_writes_its_output_only_on_success(tmp_path, serve, fmnist_mirror, capsys):
     from fedrepro import cli
+
     out = tmp_path / "download.json"
     with pytest.raises(SystemExit) as exit_:  # a DownloadError: its message, no traceback, status 2
-        cli.main(["download", "--root", str(tmp_path / "d1"), "--mirror", str(tmp_path / "none"),
-                  "--out", str(out)])
+        cli.main(["download", "--root", str(tmp_path / "d1"), "--mirror", str(tmp_path / "none"), "--out", str(out)])
     assert exit_.value.code == 2 and "fedrepro download: could not get" in capsys.readouterr().err
     assert not out.exists()
     cli.main(["download", "--root", str(tmp_path / "d2"), "--mirror", serve(fmnist_mirror), "--out", str(out)])
@@ -114,6 +115,7 @@ def test_cli_download_writes_its_output_only_on_success(tmp_path, serve, fmnist_
 def test_generated_files_are_real_idx(fmnist_mirror):
     import gzip
     import struct
+
     head = gzip.decompress((fmnist_mirror / "train-images-idx3-ubyte.gz").read_bytes())[:16]
     assert struct.unpack(">IIII", head) == (0x0803, 50, 28, 28)
     labels = gzip.decompress((fmnist_mirror / "train-labels-idx1-ubyte.gz").read_bytes())
@@ -128,14 +130,33 @@ def test_the_end_to_end_tests_generated_files_pass_the_real_download_in_a_subpro
     them, so the hook is what makes them pass and the download's check still runs."""
     import subprocess
     import sys
+
     from conftest import generated_fmnist, subprocess_env
+
     arrays = fake_fmnist_arrays(60, 20, seed=3)
     generated = generated_fmnist(tmp_path / "generated", arrays)
 
     def download(root, env):
-        return subprocess.run([sys.executable, "-m", "fedrepro", "download", "--dataset", "fmnist", "--root",
-                               str(root), "--mirror", generated.mirror, "--out", str(root / "download.json")],
-                              capture_output=True, text=True, env=env, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fedrepro",
+                "download",
+                "--dataset",
+                "fmnist",
+                "--root",
+                str(root),
+                "--mirror",
+                generated.mirror,
+                "--out",
+                str(root / "download.json"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
 
     refused = download(tmp_path / "plain", subprocess_env())
     assert refused.returncode == 2 and "checksum mismatch" in refused.stderr, refused.stderr[-2000:]

@@ -1,5 +1,6 @@
 """DVC on top of Snakemake: push the artifacts to a local-directory remote, clone afresh, `dvc pull`,
 and Snakemake in the clone has nothing to do (files restored with new mtimes rerun nothing)."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, DEBIAN_FMNIST, subprocess_env, write_yaml
+from conftest import BIN, DEBIAN_FMNIST, ROOT, subprocess_env, write_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -17,10 +18,21 @@ TINY = {
     "title": "Tiny DVC check",
     "quick": True,
     "data": {"root": "data", "mirrors": {"fmnist": [str(DEBIAN_FMNIST) + "/"]}},
-    "experiments": {"dvc_tiny": {
-        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
-                 "batch_size": 256, "device": "cpu", "partition": {"kind": "iid", "seed": 1}},
-        "grid": {"seed": [1]}}},
+    "experiments": {
+        "dvc_tiny": {
+            "base": {
+                "dataset": "fmnist",
+                "model": "mlp",
+                "num_clients": 4,
+                "participation": 0.5,
+                "rounds": 2,
+                "batch_size": 256,
+                "device": "cpu",
+                "partition": {"kind": "iid", "seed": 1},
+            },
+            "grid": {"seed": [1]},
+        }
+    },
 }
 
 
@@ -46,9 +58,15 @@ def _project_copy(dst: Path, fmnist_data) -> Path:
 
 
 def test_push_clone_pull_then_nothing_to_do(tmp_path, fmnist_data):
-    env = subprocess_env(f"sqlite:///{tmp_path / 'mlflow.db'}", fmnist=fmnist_data, GIT_AUTHOR_NAME="t",
-                         GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t",
-                         DVC_NO_ANALYTICS="1")
+    env = subprocess_env(
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        fmnist=fmnist_data,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+        DVC_NO_ANALYTICS="1",
+    )
     dvc, git = str(BIN / "dvc"), "git"
     repo = _project_copy(tmp_path / "repo", fmnist_data)
     _run([git, "init", "-q", "-b", "main"], repo, env)
@@ -74,8 +92,18 @@ def test_push_clone_pull_then_nothing_to_do(tmp_path, fmnist_data):
     _run([dvc, "pull"], clone, env)
     assert (clone / "results" / "runs" / summaries[0].parent.name / "model.pt").exists()
     assert "up to date" in _run([dvc, "status"], clone, env).lower() or "nothing" in _run([dvc, "status"], clone, env)
-    out = _run([str(BIN / "snakemake"), "-n", "--workflow-profile", "workflow/profiles/local",
-                "--configfile", "params/default.yaml"], clone, env)
+    out = _run(
+        [
+            str(BIN / "snakemake"),
+            "-n",
+            "--workflow-profile",
+            "workflow/profiles/local",
+            "--configfile",
+            "params/default.yaml",
+        ],
+        clone,
+        env,
+    )
     assert "Nothing to be done" in out, out[-3000:]
 
 
@@ -86,12 +114,19 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     `dvc params diff` sees an edit to a paper's params file, not only to the default one."""
     import re
 
-    from fedrepro.report import frames
-    from fedrepro.spec import config, paramsfile
     from test_report import fabricate
 
-    env = subprocess_env(f"sqlite:///{tmp_path / 'mlflow.db'}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-                         GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t", DVC_NO_ANALYTICS="1")
+    from fedrepro.configure import expansion, paramsfile
+    from fedrepro.report import frames
+
+    env = subprocess_env(
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+        DVC_NO_ANALYTICS="1",
+    )
     dvc, git = str(BIN / "dvc"), "git"
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -99,14 +134,18 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     shutil.copytree(ROOT / "params", repo / "params")
     params = paramsfile.load_params(repo / "params" / "default.yaml")
     params["only"] = "fmnist_quick"  # the 30 runs of the method comparison (not the snapshot run for the figures)
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     rounds = 12
     for run in runs:
         fabricate(run, repo / "results" / "runs", 0.5 + 0.01 * run.setting["seed"], rounds=rounds)
     manifest = repo / "manifest.json"
-    manifest.write_text(json.dumps(config.manifest(params, runs, "default")))
-    frames.collect(manifest, repo / "results" / "runs", repo / "results" / "metrics" / "default",
-                   repo / "results" / "curves" / "default")
+    manifest.write_text(json.dumps(expansion.manifest(params, runs, "default")))
+    frames.collect(
+        manifest,
+        repo / "results" / "runs",
+        repo / "results" / "metrics" / "default",
+        repo / "results" / "curves" / "default",
+    )
     variants = {run.label for run in runs}
     assert len(variants) == 15
 

@@ -1,5 +1,6 @@
 """The reproducible environment: requirements.lock against pyproject.toml, the Makefile's install from it,
 and the container recipes (docs/environment.md)."""
+
 from __future__ import annotations
 
 import re
@@ -41,8 +42,11 @@ def pyproject_pins(pyproject: dict) -> dict[str, str]:
 
 def stale_pins(pins: dict[str, str], entries: dict[str, dict]) -> list[str]:
     """pyproject.toml's pins the lock lacks or holds at another version: `make lock` was not run."""
-    return [f"{name}=={version} (lock: {entries[name]['version'] if name in entries else 'absent'})"
-            for name, version in sorted(pins.items()) if entries.get(name, {}).get("version") != version]
+    return [
+        f"{name}=={version} (lock: {entries[name]['version'] if name in entries else 'absent'})"
+        for name, version in sorted(pins.items())
+        if entries.get(name, {}).get("version") != version
+    ]
 
 
 def test_the_lock_holds_every_pin_of_pyproject_at_its_version_with_hashes():
@@ -55,16 +59,19 @@ def test_the_lock_holds_every_pin_of_pyproject_at_its_version_with_hashes():
 
 
 def test_a_stale_lock_is_told():
-    entries = lock_entries("torch==2.15.0 \\\n    --hash=sha256:aa\n    # via fedrepro\npytest==9.1.0 \\\n"
-                           "    --hash=sha256:bb\n")
+    entries = lock_entries(
+        "torch==2.15.0 \\\n    --hash=sha256:aa\n    # via fedrepro\npytest==9.1.0 \\\n    --hash=sha256:bb\n"
+    )
     assert entries == {"torch": {"version": "2.15.0", "hashes": 1}, "pytest": {"version": "9.1.0", "hashes": 1}}
     assert stale_pins({"torch": "2.15.0", "pytest": "9.2.0", "snakefmt": "2.1.0"}, entries) == [
-        "pytest==9.2.0 (lock: 9.1.0)", "snakefmt==2.1.0 (lock: absent)"]
+        "pytest==9.2.0 (lock: 9.1.0)",
+        "snakefmt==2.1.0 (lock: absent)",
+    ]
 
 
 def test_make_setup_installs_from_the_lock_only():
     makefile = (ROOT / "Makefile").read_text()
-    recipe = makefile[makefile.index("$(VENV)/.installed:"):].split("\n\n")[0]
+    recipe = makefile[makefile.index("$(VENV)/.installed:") :].split("\n\n")[0]
     assert "pip install -q --require-hashes -r $(LOCK)" in recipe
     assert "--no-deps" in recipe and "-e ." in recipe
     assert "'.[test]'" not in recipe  # resolving again would bypass the lock
@@ -72,6 +79,7 @@ def test_make_setup_installs_from_the_lock_only():
 
 def _lint_script():
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("lint_workflow", ROOT / "scripts" / "lint_workflow.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -95,17 +103,18 @@ def test_the_lint_check_fails_on_a_warning_the_snakefile_does_not_explain():
     assert lint.unexplained(other) == [
         "Lints for snakefile /x/workflow/rules/report.smk: Mixed rules and functions in same snakefile.",
         "Lints for rule download (line 6, /x/workflow/rules/data.smk): Shell command directly uses variable "
-        "SOMETHING from outside of the rule"]
+        "SOMETHING from outside of the rule",
+    ]
     snakefile = (ROOT / "Snakefile").read_text()
     for variable in ("FEDREPRO", "TRACK_LIVE", "MIRRORS", "DATA_ROOT", "data_root", "paper_figures"):
-        assert variable in snakefile[snakefile.index("`snakemake --lint` warnings left on purpose"):]
+        assert variable in snakefile[snakefile.index("`snakemake --lint` warnings left on purpose") :]
 
 
 def test_ci_runs_the_format_and_lint_checks_before_the_tests():
     ci = (ROOT / ".ci" / "run").read_text()
     assert ci.index("make lint") < ci.index("make test")
     makefile = (ROOT / "Makefile").read_text()
-    recipe = makefile[makefile.index("\nlint:"):].split("\n\n")[0]
+    recipe = makefile[makefile.index("\nlint:") :].split("\n\n")[0]
     assert "snakefmt --check Snakefile workflow/rules/*.smk" in recipe and "scripts/lint_workflow.py" in recipe
 
 

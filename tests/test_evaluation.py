@@ -1,4 +1,5 @@
 """Scoring a model: eval mode (dropout off) everywhere a model is scored, train mode for training."""
+
 from __future__ import annotations
 
 import copy
@@ -8,14 +9,13 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import float32_forward_bound, float64_cross_entropy, rounding_bound
 from fedrepro import data
+from fedrepro.configure.settings import resolve
 from fedrepro.evaluation import evaluate, proxy_indices, split_test
+from fedrepro.functional import FunctionalModel
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.functional import FunctionalModel
-from fedrepro.spec.settings import resolve
-
-from conftest import float32_forward_bound, float64_cross_entropy, rounding_bound
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -24,8 +24,9 @@ pytestmark = pytest.mark.floats
 def dropout_mlp(seed: int = 3) -> nn.Module:
     """An MLP with VGG-11's classifier pattern (dropout before each hidden Linear)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(784, 64), nn.ReLU(), nn.Dropout(0.5),
-                         nn.Linear(64, 10))
+    return nn.Sequential(
+        nn.Flatten(), nn.Dropout(0.5), nn.Linear(784, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 10)
+    )
 
 
 def tiny_split(n: int = 256, seed: int = 0) -> data.TensorDataset:
@@ -78,11 +79,20 @@ def test_teachers_logits_are_scored_in_eval_mode_and_training_stays_in_train_mod
 def _trainer(tmp_path, name: str, mode: str = "off") -> Trainer:
     train, test = tiny_split(240, seed=1), tiny_split(128, seed=2)
     parts = [np.arange(i * 40, (i + 1) * 40) for i in range(6)]
-    setting = resolve({"model": "mlp", "num_clients": 6, "participation": 4 / 6, "local_epochs": 1,
-                       "batch_size": 16, "device": "cpu", "rounds": 3, "eval_every": 1,
-                       "client": {"lr": 0.05, "momentum": 0.5}})
-    trainer = Trainer(setting, tmp_path / name, None, None, datasets=(train, test), parts=parts,
-                             module=dropout_mlp())
+    setting = resolve(
+        {
+            "model": "mlp",
+            "num_clients": 6,
+            "participation": 4 / 6,
+            "local_epochs": 1,
+            "batch_size": 16,
+            "device": "cpu",
+            "rounds": 3,
+            "eval_every": 1,
+            "client": {"lr": 0.05, "momentum": 0.5},
+        }
+    )
+    trainer = Trainer(setting, tmp_path / name, None, None, datasets=(train, test), parts=parts, module=dropout_mlp())
     trainer.cohort_mode = mode
     return trainer
 
@@ -123,10 +133,15 @@ def _datasets():
     from fedrepro.data.agnews import TextDataset
     from fedrepro.data.cifar import ImageDataset
     from fedrepro.data.synthetic import FeatureDataset
+
     labels = torch.arange(40) % 10
     yield data.TensorDataset(torch.arange(40 * 4, dtype=torch.uint8).view(40, 1, 2, 2), labels, 0.5, 2.0)
-    yield ImageDataset(torch.arange(40 * 12, dtype=torch.int64).to(torch.uint8).view(40, 3, 2, 2), labels,
-                       torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 0.6, 0.7]))
+    yield ImageDataset(
+        torch.arange(40 * 12, dtype=torch.int64).to(torch.uint8).view(40, 3, 2, 2),
+        labels,
+        torch.tensor([0.1, 0.2, 0.3]),
+        torch.tensor([0.5, 0.6, 0.7]),
+    )
     yield FeatureDataset(torch.randn(40, 3), labels, torch.arange(40) // 4)
     yield TextDataset(torch.arange(40 * 5).view(40, 5), torch.ones(40, 5, dtype=torch.int64), labels)
 
@@ -157,11 +172,21 @@ def test_global_train_loss_is_the_size_weighted_mean_of_the_clients_losses_in_ev
     train, test = tiny_split(240, seed=1), tiny_split(64, seed=2)
     cuts = np.cumsum([0, 10, 20, 30, 40, 60, 80])
     parts = [np.arange(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
-    setting = resolve({"model": "mlp", "num_clients": 6, "participation": 0.5, "local_epochs": 1,
-                       "batch_size": 16, "device": "cpu", "rounds": 5, "eval_every": 1,
-                       "evaluation": {"global_train_loss_every": 2}, "client": {"lr": 0.05}})
-    trainer = Trainer(setting, tmp_path / "run", None, None, datasets=(train, test), parts=parts,
-                             module=dropout_mlp())
+    setting = resolve(
+        {
+            "model": "mlp",
+            "num_clients": 6,
+            "participation": 0.5,
+            "local_epochs": 1,
+            "batch_size": 16,
+            "device": "cpu",
+            "rounds": 5,
+            "eval_every": 1,
+            "evaluation": {"global_train_loss_every": 2},
+            "client": {"lr": 0.05},
+        }
+    )
+    trainer = Trainer(setting, tmp_path / "run", None, None, datasets=(train, test), parts=parts, module=dropout_mlp())
     trainer.run(progress=False)
     logged = [row["global_train_loss"] for row in trainer.rows]
     assert [not np.isnan(v) for v in logged] == [True, True, False, True, True]  # rounds 1, 2, 4 and the last
@@ -171,8 +196,10 @@ def test_global_train_loss_is_the_size_weighted_mean_of_the_clients_losses_in_ev
     twin = copy.deepcopy(model).double()  # the oracle in float64
     with torch.no_grad():
         for part in parts:
-            losses = [float(nn.functional.cross_entropy(twin(train.batch(torch.tensor([i]))[0].double()),
-                                                        train.labels[[i]])) for i in part]
+            losses = [
+                float(nn.functional.cross_entropy(twin(train.batch(torch.tensor([i]))[0].double()), train.labels[[i]]))
+                for i in part
+            ]
             oracle += len(part) / 240 * (sum(losses) / len(losses))
     x, y = train.batch(torch.arange(240))
     bound = float64_cross_entropy(model, x, y)[1]  # float32's reach from the exact mean loss
@@ -183,6 +210,7 @@ def test_global_train_loss_is_the_size_weighted_mean_of_the_clients_losses_in_ev
 def test_the_global_train_loss_of_augmented_data_neither_augments_nor_draws_from_the_rng():
     from fedrepro.data.cifar import ImageDataset
     from fedrepro.evaluation import global_train_loss
+
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 255, (24, 3, 32, 32), generator=gen, dtype=torch.uint8)
     train = ImageDataset(images, torch.randint(0, 10, (24,), generator=gen), augment=True)
@@ -197,11 +225,12 @@ def test_the_global_train_loss_of_augmented_data_neither_augments_nor_draws_from
     assert value == pytest.approx(evaluate(model, plain)[1], abs=2 * bound)
 
 
-# --------------------------------------------------------------------------- FedLAW Table 6: long-tailed proxy, balanced sampling
+# ---------------------------------------------------------------- FedLAW Table 6: long-tailed proxy, balanced sampling
 
 
 def test_a_long_tailed_proxy_keeps_its_size_and_the_exponential_profile():
     from fedrepro.evaluation import proxy_class_counts, proxy_indices, split_test
+
     assert list(proxy_class_counts(100, 10)) == [10] * 10
     counts = proxy_class_counts(100, 10, 10.0)
     share = 100 * 10.0 ** (-np.arange(10) / 9)
@@ -218,6 +247,7 @@ def test_a_long_tailed_proxy_keeps_its_size_and_the_exponential_profile():
 
 def test_balanced_sampling_draws_every_class_equally_often():
     from fedrepro.algorithms.proxy import epoch_batches
+
     labels = torch.as_tensor([0] * 90 + [1] * 10)
     g = torch.Generator().manual_seed(0)
     drawn = torch.cat([torch.cat(epoch_batches(100, 32, g, "cpu", labels)) for _ in range(200)])
@@ -230,7 +260,11 @@ def test_balanced_sampling_draws_every_class_equally_often():
 
 
 def test_a_long_tailed_proxy_without_a_proxy_is_refused():
-    from fedrepro.spec.schema import ConfigError
-    with pytest.raises(ConfigError, match=r"evaluation.proxy_long_tail_rho = 10 shapes the proxy hold-out, but "
-                                          r"evaluation.proxy_holdout is 0"):
+    from fedrepro.configure.schema import ConfigError
+
+    with pytest.raises(
+        ConfigError,
+        match=r"evaluation.proxy_long_tail_rho = 10 shapes the proxy hold-out, but "
+        r"evaluation.proxy_holdout is 0",
+    ):
         resolve({"dataset": "cifar10", "model": "simplecnn", "evaluation": {"proxy_long_tail_rho": 10}})

@@ -2,6 +2,7 @@
 entry point or its module path, checked against the method API before any job, hashed into its runs' ids,
 trained with its package recorded, put on a paper's tables with the paper's tuning budget, and compared in the
 report with a stated paired test."""
+
 from __future__ import annotations
 
 import importlib
@@ -17,15 +18,22 @@ import pytest
 import torch
 
 from conftest import ROOT, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro import external, identity, registry
+from fedrepro import external, identity
+from fedrepro.configure import expansion, paramsfile, registry
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import resolve
 from fedrepro.report import versus
-from fedrepro.spec import config, paramsfile
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import resolve
 
 EXAMPLE = ROOT / "examples" / "mymethod"
-QUICK = {"dataset": "fmnist", "model": "mlp", "num_clients": 6, "participation": 0.5, "rounds": 2, "batch_size": 16,
-         "device": "cpu"}
+QUICK = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 6,
+    "participation": 0.5,
+    "rounds": 2,
+    "batch_size": 16,
+    "device": "cpu",
+}
 
 
 def _forget(prefixes: tuple[str, ...]) -> None:
@@ -49,8 +57,23 @@ def installed(tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
     source = tmp_path_factory.mktemp("src") / "mymethod"
     shutil.copytree(EXAMPLE, source)  # pip builds in place: the project's folder stays clean
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--no-index", "--target", str(target), str(source)], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
@@ -72,8 +95,12 @@ def on_path(tmp_path):
 def test_found_by_its_entry_point_with_its_package_and_version(installed):
     assert external.entry_points()["trimmedmean"].value == "mymethod.trimmed"
     method = external.find("trimmedmean")
-    assert (method.module, method.package, method.version, method.kind) == ("mymethod.trimmed", "mymethod", "0.1.0",
-                                                                             "algorithm")
+    assert (method.module, method.package, method.version, method.kind) == (
+        "mymethod.trimmed",
+        "mymethod",
+        "0.1.0",
+        "algorithm",
+    )
     setting = resolve({**QUICK, "algorithm": "trimmedmean"})
     assert setting["trimmedmean"] == {"fraction": 0.1}  # the defaults of the fragment it ships as package data
     # named by its module path, the same module; a built-in run's setting has no section of it
@@ -92,7 +119,8 @@ def test_its_runs_are_named_by_its_own_code(installed):
     try:
         module.write_text(text.replace("import torch\n", "import torch  # a comment renames nothing\n"))
         assert identity.run_id(setting) == first
-        module.write_text(text.replace("ordered[cut:k - cut].mean(0)", "ordered[cut:k - cut].median(0).values"))
+        assert "ordered[cut : k - cut].mean(0)" in text  # the edit below must change the module
+        module.write_text(text.replace("ordered[cut : k - cut].mean(0)", "ordered[cut : k - cut].median(0).values"))
         assert identity.run_id(setting) != first
     finally:
         module.write_text(text)
@@ -101,7 +129,11 @@ def test_its_runs_are_named_by_its_own_code(installed):
 
 BROKEN = [
     ("no_build", lambda src: src.replace("def build(", "def make("), "no build(setting, ctx)"),
-    ("old_api", lambda src: src.replace("API_VERSION = 1", "API_VERSION = 0"), "API_VERSION = 0, this fedrepro serves 1"),
+    (
+        "old_api",
+        lambda src: src.replace("API_VERSION = 1", "API_VERSION = 0"),
+        "API_VERSION = 0, this fedrepro serves 1",
+    ),
     ("no_version", lambda src: src.replace("API_VERSION = 1", ""), "API_VERSION = 1 missing"),
     ("arity", lambda src: src.replace("def build(setting, ctx", "def build(setting"), "build takes 1 argument"),
 ]
@@ -113,11 +145,12 @@ def test_a_method_not_written_to_the_api_is_refused_before_any_job_in_one_line(o
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "method.py").write_text(breaks((EXAMPLE / "mymethod" / "trimmed.py").read_text()))
-    (package / "method.yaml").write_text((EXAMPLE / "mymethod" / "trimmed.yaml").read_text()
-                                         .replace("trimmedmean", f"trimmed_{name}"))
+    (package / "method.yaml").write_text(
+        (EXAMPLE / "mymethod" / "trimmed.yaml").read_text().replace("trimmedmean", f"trimmed_{name}")
+    )
     params = {"experiments": {"e": {"base": QUICK, "grid": {"algorithm": [f"broken_{name}.method"], "seed": [1]}}}}
     with pytest.raises(ConfigError) as err:
-        config.expand(paramsfile.validate(params, "params.schema.yaml", "test.yaml"))
+        expansion.expand(paramsfile.validate(params, "params.schema.yaml", "test.yaml"))
     message = str(err.value).splitlines()[0]
     assert says in message and f"broken_{name}.method" in message and "method API 1" in message, message
 
@@ -129,19 +162,24 @@ def test_a_method_without_a_fragment_or_with_a_taken_section_is_refused(on_path)
     (package / "m.py").write_text((EXAMPLE / "mymethod" / "trimmed.py").read_text())
     with pytest.raises(ConfigError, match=r"no settings fragment: put m.yaml beside m.py"):
         resolve({**QUICK, "algorithm": "nofragment.m"})
-    (package / "m.py").write_text((EXAMPLE / "mymethod" / "trimmed.py").read_text().replace("trimmedmean", "client")
-                                   + "\nFRAGMENT = {'kind': 'algorithm', 'schema': {'client': {'type': 'object', "
-                                     "'default': {}}}}\n")
+    (package / "m.py").write_text(
+        (EXAMPLE / "mymethod" / "trimmed.py").read_text().replace("trimmedmean", "client")
+        + "\nFRAGMENT = {'kind': 'algorithm', 'schema': {'client': {'type': 'object', "
+        "'default': {}}}}\n"
+    )
     with pytest.raises(ConfigError, match=r"section 'client' is one of fedrepro's already"):
         resolve({**QUICK, "algorithm": "nofragment.m"})
 
 
 def _datasets(sizes):
     from fedrepro import data
+
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (sum(sizes), 1, 28, 28), dtype=torch.uint8, generator=gen)
     labels = torch.randint(0, 10, (sum(sizes),), generator=gen)
-    return data.TensorDataset(images, labels, 0.2860, 0.3530), data.TensorDataset(images[:50], labels[:50], 0.2860, 0.3530)
+    return data.TensorDataset(images, labels, 0.2860, 0.3530), data.TensorDataset(
+        images[:50], labels[:50], 0.2860, 0.3530
+    )
 
 
 def test_it_trains_and_its_summary_records_its_package(installed, tmp_path):
@@ -152,15 +190,24 @@ def test_it_trains_and_its_summary_records_its_package(installed, tmp_path):
     sizes = [20, 14, 17, 12, 15, 16]
     bounds = np.cumsum([0] + sizes)
     parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
-    trainer = Trainer(setting, tmp_path / "run", None, None, datasets=_datasets(sizes), parts=parts,
-                      module=models.build("mlp", "fmnist"))
+    trainer = Trainer(
+        setting,
+        tmp_path / "run",
+        None,
+        None,
+        datasets=_datasets(sizes),
+        parts=parts,
+        module=models.build("mlp", "fmnist"),
+    )
     summary = trainer.run(progress=False)
     assert summary["status"] == "finished"
-    assert summary["method_packages"] == {"trimmedmean": {"module": "mymethod.trimmed", "package": "mymethod",
-                                                          "version": "0.1.0"}}
+    assert summary["method_packages"] == {
+        "trimmedmean": {"module": "mymethod.trimmed", "package": "mymethod", "version": "0.1.0"}
+    }
     # the code of its own module, beside the fedrepro files a CPU run of it executes
-    assert summary["code_hash"] == identity.code_hash("trimmedmean", [], "fmnist", "mlp",
-                                                      identity.unused_run_code(setting))
+    assert summary["code_hash"] == identity.code_hash(
+        "trimmedmean", [], "fmnist", "mlp", identity.unused_run_code(setting)
+    )
     assert identity.outside_code(["trimmedmean"])[0] is not None
     assert [r["trimmed_per_side"] for r in trainer.rows] == [1, 1]  # its own part ran: 3 clients, 1 cut per side
 
@@ -169,7 +216,7 @@ def _tunings(path: str, **overlay) -> tuple[list, dict]:
     params = paramsfile.load_params(ROOT / path)
     params.update(overlay)
     tunings: dict = {}
-    return config.expand(params, tunings), tunings
+    return expansion.expand(params, tunings), tunings
 
 
 def _block_of(tunings: dict, method: str) -> dict:
@@ -184,7 +231,11 @@ def test_add_method_puts_it_on_every_method_axis_with_the_papers_tuning_budget(i
     # IMA tunes its baselines over 3 values at seed 101, without +ima: the method gets its first 3 candidates
     fedprox = _block_of(tunings, "fedprox")
     assert len(ima["grid"]["setting"]) == len(fedprox["grid"]["fedprox.mu"]) == 3
-    assert (ima["seeds"], ima["without"], ima["criterion"]) == (fedprox["seeds"], fedprox["without"], fedprox["criterion"])
+    assert (ima["seeds"], ima["without"], ima["criterion"]) == (
+        fedprox["seeds"],
+        fedprox["without"],
+        fedprox["criterion"],
+    )
     assert ima["grid"]["setting"] == [{"trimmedmean": {"fraction": f}} for f in (0.1, 0.2, 0.0)]
     _, tunings = _tunings("params/fedaware.yaml", add_method="trimmedmean", only="fedaware_table2_cifar10")
     aware = _block_of(tunings, "trimmedmean")
@@ -193,8 +244,9 @@ def test_add_method_puts_it_on_every_method_axis_with_the_papers_tuning_budget(i
     runs, tunings = _tunings("params/default.yaml", add_method="trimmedmean")
     added = [r for r in runs if r.setting["algorithm"] == "trimmedmean"]
     assert {r.experiment for r in added} == {"fmnist_quick"} and len(added) == 6 and not tunings
-    manifest = config.manifest(paramsfile.load_params(ROOT / "params/default.yaml") | {"add_method": "trimmedmean"},
-                               runs, "default")
+    manifest = expansion.manifest(
+        paramsfile.load_params(ROOT / "params/default.yaml") | {"add_method": "trimmedmean"}, runs, "default"
+    )
     assert manifest["added_methods"] == ["trimmedmean"]
     runs, _ = _tunings("params/default.yaml", add_method="trimmedmean", add_method_to="fmnist_quick_figures")
     assert not [r for r in runs if r.setting["algorithm"] == "trimmedmean"]
@@ -229,15 +281,33 @@ def test_one_command_runs_it_on_the_quick_grid_and_the_report_compares_it(instal
     quick = paramsfile.read_yaml(ROOT / "params" / "default.yaml")
     exp = quick["experiments"]["fmnist_quick"]
     exp["base"].update({"rounds": 2, "device": "cpu"})
-    exp["grid"] = {"algorithm": ["fedavg", "fednova"], "partition": [{"kind": "dirichlet", "alpha": 0.5}], "seed": [1, 2]}
+    exp["grid"] = {
+        "algorithm": ["fedavg", "fednova"],
+        "partition": [{"kind": "dirichlet", "alpha": 0.5}],
+        "seed": [1, 2],
+    }
     quick = {**quick, "experiments": {"fmnist_quick": exp}, "tracking": {"enabled": False}}
     quick.pop("figures")
     params = fmnist_data.params_file(write_yaml(tmp_path / "default.yaml", quick), tmp_path / "params")
     env = subprocess_env(fmnist=fmnist_data, PYTHONPATH=f"{ROOT / 'src'}:{installed}")
     work = tmp_path / "work"
-    done = subprocess.run(snakemake_cmd(work, "--configfile", str(params), "--config", "add_method=trimmedmean",
-                                        "--workflow-profile", str(ROOT / "workflow/profiles/ci"), "--cores", "2"),
-                          capture_output=True, text=True, env=env, timeout=1800)
+    done = subprocess.run(
+        snakemake_cmd(
+            work,
+            "--configfile",
+            str(params),
+            "--config",
+            "add_method=trimmedmean",
+            "--workflow-profile",
+            str(ROOT / "workflow/profiles/ci"),
+            "--cores",
+            "2",
+        ),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in (work / "results" / "runs").glob("trimmedmean-*/summary.json")]
     assert len(summaries) == 2 and all(s["method_packages"]["trimmedmean"]["version"] == "0.1.0" for s in summaries)

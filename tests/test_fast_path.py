@@ -3,6 +3,7 @@
 Both start from the same Trainer state and draw the same batches, so every client's update, loss
 and step count must agree up to the summation order of batched kernels.
 """
+
 from __future__ import annotations
 
 import copy
@@ -11,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import rounding_bound
 from fedrepro import data, models
+from fedrepro.configure.settings import resolve
+from fedrepro.parts import GradientCorrection
 from fedrepro.run import trainer as trainer_module
 from fedrepro.run.client import client_generator
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec.settings import resolve
-from fedrepro.parts import GradientCorrection
-from conftest import rounding_bound
 
 BATCH = 16
 
@@ -32,8 +33,9 @@ pytestmark = pytest.mark.floats
 LR, MOMENTUM = 0.05, 0.5
 
 
-def _trainer(tmp_path, model: str, sizes: list[int], momentum=MOMENTUM, weight_decay=1e-3, epochs=2, k=4,
-             mode="off") -> Trainer:
+def _trainer(
+    tmp_path, model: str, sizes: list[int], momentum=MOMENTUM, weight_decay=1e-3, epochs=2, k=4, mode="off"
+) -> Trainer:
     gen = torch.Generator().manual_seed(0)
     n = sum(sizes)
     images = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=gen)
@@ -42,11 +44,22 @@ def _trainer(tmp_path, model: str, sizes: list[int], momentum=MOMENTUM, weight_d
     test = data.TensorDataset(images[:64], labels[:64], 0.2860, 0.3530)
     bounds = np.cumsum([0] + sizes)
     parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
-    setting = resolve({"model": model, "num_clients": len(sizes), "participation": k / len(sizes),
-                       "local_epochs": epochs, "batch_size": BATCH, "device": "cpu", "rounds": 3, "eval_every": 1,
-                       "client": {"lr": LR, "momentum": momentum, "weight_decay": weight_decay}})
-    trainer = Trainer(setting, tmp_path / f"run-{mode}", None, None, datasets=(train, test), parts=parts,
-                             module=_module(model))
+    setting = resolve(
+        {
+            "model": model,
+            "num_clients": len(sizes),
+            "participation": k / len(sizes),
+            "local_epochs": epochs,
+            "batch_size": BATCH,
+            "device": "cpu",
+            "rounds": 3,
+            "eval_every": 1,
+            "client": {"lr": LR, "momentum": momentum, "weight_decay": weight_decay},
+        }
+    )
+    trainer = Trainer(
+        setting, tmp_path / f"run-{mode}", None, None, datasets=(train, test), parts=parts, module=_module(model)
+    )
     trainer.cohort_mode = mode
     return trainer
 

@@ -1,16 +1,17 @@
 """FedAWARE: the min-norm solver against an exact QP, the momenta, the xAWARE projection, and state."""
+
 import itertools
 
 import numpy as np
 import pytest
 import torch
 
-from fedrepro.run import checkpoint
-from fedrepro.spec import schema, settings
 from fedrepro.algorithms.aware import ProjectOntoAware, project
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
+from fedrepro.configure import schema, settings
 from fedrepro.minnorm import min_norm_weights
 from fedrepro.parts import RoundUpdates
+from fedrepro.run import checkpoint
 from fedrepro.server import ServerSGD
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
@@ -47,10 +48,10 @@ def instances():
         if kind == "duplicate":
             v[1] = v[0]
         elif kind == "collinear":
-            v[1] = -2.5 * v[0]           # 0 = (2.5 v0 + v1) / 3.5 lies in the hull
+            v[1] = -2.5 * v[0]  # 0 = (2.5 v0 + v1) / 3.5 lies in the hull
         elif kind == "zero":
             v[-1] = 0
-        elif kind == "shifted":          # all vectors share a large common component: 0 is far from the hull
+        elif kind == "shifted":  # all vectors share a large common component: 0 is far from the hull
             v = v + 4 * torch.randn(1, p, generator=g, dtype=torch.float64)
         yield kind, v
 
@@ -72,7 +73,7 @@ def test_min_norm_matches_exact_qp(kind, v):
 def test_min_norm_degenerate_cases_by_hand():
     v = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
     assert min_norm_weights(v @ v.T).weights.tolist() == pytest.approx([0.5, 0.5])
-    v = torch.tensor([[2.0, 0.0], [-1.0, 0.0]], dtype=torch.float64)          # 0 = (v0 + 2 v1) / 3
+    v = torch.tensor([[2.0, 0.0], [-1.0, 0.0]], dtype=torch.float64)  # 0 = (v0 + 2 v1) / 3
     r = min_norm_weights(v @ v.T, tol=1e-14)
     assert r.weights.tolist() == pytest.approx([1 / 3, 2 / 3]) and r.value == pytest.approx(0, abs=1e-14)
     v = torch.tensor([[1.0, 1.0], [0.0, 0.0], [3.0, -1.0]], dtype=torch.float64)
@@ -98,7 +99,7 @@ def test_fedaware_warms_up_with_fedavg_then_takes_the_min_norm_point():
     agg = AwareAggregator(ClientMomenta(3, 2, "cpu", alpha=1.0, normalize=True, warmup=True))
     x = torch.zeros(2)
     d = agg(x, updates_for(0, [0, 1], torch.tensor([[2.0, 0.0], [0.0, 4.0]]), torch.tensor([1.0, 3.0])))
-    assert d.tolist() == [0.5, 3.0]                              # FedAvg: weights 1/4, 3/4
+    assert d.tolist() == [0.5, 3.0]  # FedAvg: weights 1/4, 3/4
     info = updates_for(1, [2], torch.tensor([[-3.0, 0.0]]))
     d = agg(x, info)
     # unit momenta e2, -e1 (client 0 is e1 too): 0 = (e1 + (-e1)) / 2 is in the hull
@@ -108,7 +109,7 @@ def test_fedaware_warms_up_with_fedavg_then_takes_the_min_norm_point():
 def test_fedaware_without_warmup_uses_the_clients_seen_so_far():
     agg = AwareAggregator(ClientMomenta(4, 2, "cpu", alpha=1.0, normalize=False, warmup=False))
     d = agg(torch.zeros(2), updates_for(0, [0, 1], torch.tensor([[2.0, 0.0], [0.0, 2.0]])))
-    assert d.tolist() == pytest.approx([1.0, 1.0])               # min-norm of {2 e1, 2 e2}; clients 2, 3 unseen
+    assert d.tolist() == pytest.approx([1.0, 1.0])  # min-norm of {2 e1, 2 e2}; clients 2, 3 unseen
 
 
 def test_normalize_changes_lambda_not_only_the_scale():
@@ -116,8 +117,8 @@ def test_normalize_changes_lambda_not_only_the_scale():
     unit = ClientMomenta(2, 2, "cpu", alpha=1.0, normalize=True, warmup=True)
     for m in (raw, unit):
         m.update(updates_for(0, [0, 1], torch.tensor([[4.0, 0.0], [0.0, 1.0]])))
-    assert raw.direction({}).tolist() == pytest.approx([4 / 17, 16 / 17])   # min-norm of 4 e1, e2
-    assert unit.direction({}).tolist() == pytest.approx([0.5, 0.5])         # min-norm of e1, e2
+    assert raw.direction({}).tolist() == pytest.approx([4 / 17, 16 / 17])  # min-norm of 4 e1, e2
+    assert unit.direction({}).tolist() == pytest.approx([0.5, 0.5])  # min-norm of e1, e2
 
 
 def test_projection_of_d_onto_itself_is_d():
@@ -153,7 +154,7 @@ def test_aware_keeps_the_host_momentum_unprojected_and_skips_warmup():
     x = torch.zeros(4, dtype=torch.float64)
     d1 = torch.tensor([1.0, 0, 0, 0], dtype=torch.float64)
     u = updates_for(0, [0, 1], torch.eye(4, dtype=torch.float64)[:2])
-    assert torch.equal(opt(x, d1, u), x - d1)          # client 2 unseen: the host's own step
+    assert torch.equal(opt(x, d1, u), x - d1)  # client 2 unseen: the host's own step
     d2 = torch.tensor([0, 2.0, 0, 0], dtype=torch.float64)
     u = updates_for(1, [2], torch.tensor([[0, 0, 3.0, 0]], dtype=torch.float64))
     opt(x, d2, u)
@@ -167,12 +168,17 @@ def test_aware_is_refused_for_feddyn():
 
 def test_momenta_and_host_state_survive_a_checkpoint(tmp_path):
     g = torch.Generator().manual_seed(3)
-    rounds = [updates_for(t, sorted(np.random.default_rng(t).choice(4, 2, replace=False).tolist()),
-                          torch.randn(2, 5, generator=g)) for t in range(6)]
+    rounds = [
+        updates_for(
+            t, sorted(np.random.default_rng(t).choice(4, 2, replace=False).tolist()), torch.randn(2, 5, generator=g)
+        )
+        for t in range(6)
+    ]
 
     def fresh():
-        return ProjectOntoAware(ServerSGD(lr=1.0, momentum=0.5),
-                                ClientMomenta(4, 5, "cpu", alpha=0.3, normalize=False, warmup=True))
+        return ProjectOntoAware(
+            ServerSGD(lr=1.0, momentum=0.5), ClientMomenta(4, 5, "cpu", alpha=0.3, normalize=False, warmup=True)
+        )
 
     def step(opt, x, u):
         return opt(x, u.weighted_mean(), u)

@@ -1,13 +1,14 @@
 """FedAWARE-NA (FedAWARE Fig. 4): the clients' moving-averaged updates with static data-size
 weights in place of the min-norm solve, checked against a case computed by hand."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from fedrepro import algorithms, identity
-from fedrepro.spec import schema, settings
 from fedrepro.algorithms.fedaware import AwareAggregator, ClientMomenta
+from fedrepro.configure import schema, settings
 from fedrepro.parts import RoundUpdates
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
@@ -16,8 +17,9 @@ pytestmark = pytest.mark.floats
 
 def updates(t, clients, deltas, sizes):
     k = len(clients)
-    return RoundUpdates(t, torch.tensor(clients), torch.tensor(deltas), torch.tensor(sizes),
-                        torch.ones(k), torch.zeros(k), 0.1)
+    return RoundUpdates(
+        t, torch.tensor(clients), torch.tensor(deltas), torch.tensor(sizes), torch.ones(k), torch.zeros(k), 0.1
+    )
 
 
 def test_static_weights_average_the_momenta_of_all_clients_seen_by_data_size():
@@ -27,13 +29,13 @@ def test_static_weights_average_the_momenta_of_all_clients_seen_by_data_size():
     # round 0: m0 = 0.5 [2, 0] = [1, 0], m1 = 0.5 [0, 4] = [0, 2]; n = 10, 30 (client 2 unseen)
     r0 = updates(0, [0, 1], [[2.0, 0.0], [0.0, 4.0]], [10.0, 30.0])
     d = agg(x, r0)
-    assert d.tolist() == pytest.approx([10 / 40 * 1, 30 / 40 * 2])          # [0.25, 1.5]
+    assert d.tolist() == pytest.approx([10 / 40 * 1, 30 / 40 * 2])  # [0.25, 1.5]
     assert r0.info["lambda"].tolist() == pytest.approx([0.25, 0.75, 0.0])
     # round 1: m1 = 0.5 [0, 2] + 0.5 [0, 0] = [0, 1], m2 = 0.5 [4, 4] = [2, 2]; m0 stale at [1, 0]
     r1 = updates(1, [1, 2], [[0.0, 0.0], [4.0, 4.0]], [30.0, 60.0])
     d = agg(x, r1)
     # p = (10, 30, 60) / 100 over every client seen, stale ones included; raw (unnormalised) momenta
-    assert d.tolist() == pytest.approx([0.1 * 1 + 0.6 * 2, 0.3 * 1 + 0.6 * 2])   # [1.3, 1.5]
+    assert d.tolist() == pytest.approx([0.1 * 1 + 0.6 * 2, 0.3 * 1 + 0.6 * 2])  # [1.3, 1.5]
     assert r1.info["support"] == 3
 
 
@@ -52,7 +54,7 @@ def test_static_is_not_the_min_norm_point():
 def test_warmup_still_takes_fedavg_steps_until_every_client_was_seen():
     agg = AwareAggregator(ClientMomenta(3, 2, "cpu", alpha=0.5, normalize=True, warmup=True, weights="static"))
     r = updates(0, [0, 1], [[2.0, 0.0], [0.0, 4.0]], [10.0, 30.0])
-    assert agg(torch.zeros(2), r).tolist() == pytest.approx([0.5, 3.0])   # the cohort's FedAvg of the deltas
+    assert agg(torch.zeros(2), r).tolist() == pytest.approx([0.5, 3.0])  # the cohort's FedAvg of the deltas
     assert r.info["aware_warmup"] == 1
 
 

@@ -1,5 +1,6 @@
 """FedLAW: reduction to FedAvg, fixed shrinking, the functional forward, and one Adam step against
 finite differences of the proxy loss computed through an ordinary module."""
+
 import copy
 
 import numpy as np
@@ -7,17 +8,26 @@ import pytest
 import torch
 from torch import nn
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+from conftest import method_section  # noqa: E402
 from fedrepro.algorithms.fedlaw import LearnedAggregation
 from fedrepro.evaluation import proxy_indices
 from fedrepro.parts import RoundUpdates
 
-# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
-from conftest import method_section  # noqa: E402
-
 pytestmark = pytest.mark.floats
 
-CFG = {**method_section("fedlaw"), "variant": "fedlaw", "gamma": 1.0, "proxy_size": 20, "server_epochs": 1, "server_lr": 0.01,
-       "betas": [0.5, 0.999], "lr_step_epochs": 20, "lr_step_factor": 0.5, "batch_size": 128}
+CFG = {
+    **method_section("fedlaw"),
+    "variant": "fedlaw",
+    "gamma": 1.0,
+    "proxy_size": 20,
+    "server_epochs": 1,
+    "server_lr": 0.01,
+    "betas": [0.5, 0.999],
+    "lr_step_epochs": 20,
+    "lr_step_factor": 0.5,
+    "batch_size": 128,
+}
 
 
 def problem(k=3, seed=0):
@@ -93,13 +103,17 @@ def test_one_adam_step_follows_the_finite_difference_gradient(variant, monkeypat
     h, lr = 1e-6, CFG["server_lr"]
     z0 = torch.log(p)
     g_theta = (loss(h, z0) - loss(-h, z0)) / (2 * h)
-    g_z = torch.tensor([(loss(0.0, z0 + h * e) - loss(0.0, z0 - h * e)) / (2 * h)
-                        for e in torch.eye(len(p), dtype=torch.float64)], dtype=torch.float64)
+    g_z = torch.tensor(
+        [(loss(0.0, z0 + h * e) - loss(0.0, z0 - h * e)) / (2 * h) for e in torch.eye(len(p), dtype=torch.float64)],
+        dtype=torch.float64,
+    )
     learn_gamma, learn_lambda = variant != "attentive", variant != "adaptive_gws"
     # central differences in float64 with h = 1e-6: truncation ~h^2, cancellation ~1e-16 / h, both < 1e-9
     (grads,) = handed  # one server epoch, one full batch: one step
-    expected_grads = [*([torch.tensor(g_theta, dtype=torch.float64)] if learn_gamma else []),
-                      *([g_z] if learn_lambda else [])]
+    expected_grads = [
+        *([torch.tensor(g_theta, dtype=torch.float64)] if learn_gamma else []),
+        *([g_z] if learn_lambda else []),
+    ]
     assert len(grads) == len(expected_grads)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-6, atol=1e-9)

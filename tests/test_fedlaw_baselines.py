@@ -1,39 +1,64 @@
 """FedLAW's server-side baselines (FedDF, FedBE, Server-FT) and FedLAW (SWA): hand-computed server
 steps on a linear model, the SWAG sample on constructed deltas, the SWA average against recorded
 iterates, the proxy set left out of evaluation, determinism and exact resume."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
+from test_fedlaw import problem as mlp_problem
 from torch import nn
 
 from conftest import make_partition
-from fedrepro.run import checkpoint
-from fedrepro.spec import schema, settings
-from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedbe import BayesianEnsembleDistillation, swag_sample
+from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedlaw import LearnedAggregation
 from fedrepro.algorithms.proxy import optimizer_settings, round_generator
+from fedrepro.algorithms.serverft import ProxyFineTune
+from fedrepro.configure import schema, settings
 from fedrepro.evaluation import proxy_indices
 from fedrepro.functional import FunctionalModel
-from fedrepro.algorithms.serverft import ProxyFineTune
 from fedrepro.parts import RoundUpdates
-from test_fedlaw import problem as mlp_problem
+from fedrepro.run import checkpoint
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
 from conftest import method_section  # noqa: E402
 
-CFG = {**method_section("fedbe"), "proxy_size": 20, "server_epochs": 1, "optimizer": "sgd", "lr": None, "momentum": None,
-       "weight_decay": None, "betas": [0.5, 0.999], "keep_state": True, "batch_size": 128, "swag_scale": 0.1}
+CFG = {
+    **method_section("fedbe"),
+    "proxy_size": 20,
+    "server_epochs": 1,
+    "optimizer": "sgd",
+    "lr": None,
+    "momentum": None,
+    "weight_decay": None,
+    "betas": [0.5, 0.999],
+    "keep_state": True,
+    "batch_size": 128,
+    "swag_scale": 0.1,
+}
 OPTIM = {"optimizer": "sgd", "lr": 0.3, "momentum": 0.9, "weight_decay": 0.01, "betas": (0.5, 0.999)}
-FEDLAW = {**method_section("fedlaw"), "variant": "swa", "gamma": 1.0, "proxy_size": 20, "server_epochs": 20, "server_lr": 0.01,
-          "betas": [0.5, 0.999], "lr_step_epochs": 20, "lr_step_factor": 0.5, "batch_size": 128,
-          "swa_order": "lambda_first", "swa_start": 5, "swa_lr": 0.05, "swa_anneal_epochs": 10,
-          "swa_cosine_epochs": 100}
+FEDLAW = {
+    **method_section("fedlaw"),
+    "variant": "swa",
+    "gamma": 1.0,
+    "proxy_size": 20,
+    "server_epochs": 20,
+    "server_lr": 0.01,
+    "betas": [0.5, 0.999],
+    "lr_step_epochs": 20,
+    "lr_step_factor": 0.5,
+    "batch_size": 128,
+    "swa_order": "lambda_first",
+    "swa_start": 5,
+    "swa_lr": 0.05,
+    "swa_anneal_epochs": 10,
+    "swa_cosine_epochs": 100,
+}
 
 
 def problem(k=3, seed=0, round_=0):
@@ -99,7 +124,7 @@ def test_serverft_sgd_steps_by_hand_and_momentum_carries_over():
 
     w0 = x - updates.weighted_mean()
     g0 = ce_grad(w0) + wd * w0
-    w1 = w0 - lr * g0                                    # first step: the buffer is the gradient
+    w1 = w0 - lr * g0  # first step: the buffer is the gradient
     x1 = x - agg(x, updates)
     assert torch.allclose(x1, w1, rtol=0, atol=1e-12)
     assert updates.info["proxy_loss"] == pytest.approx(float(nn.functional.cross_entropy(linear_logits(w0, px), py)))
@@ -126,7 +151,7 @@ def test_feddf_step_by_hand_with_the_unweighted_teacher_mean():
     module, x, updates, px, py = problem()
     agg = make(EnsembleDistillation, module, px, py)
     lr, wd = OPTIM["lr"], OPTIM["weight_decay"]
-    w0 = x - updates.weighted_mean()                     # student: data-size weighted FedAvg
+    w0 = x - updates.weighted_mean()  # student: data-size weighted FedAvg
     # the logits are linear in the parameters: the mean of the clients' logits is the logits of their
     # unweighted mean model
     teacher = linear_logits((x - updates.deltas).mean(0), px)
@@ -147,7 +172,7 @@ def test_fedbe_teachers_are_fedavg_clients_and_one_swag_sample():
     agg.prepare(x, x_avg, models, updates)
     eps = torch.randn(8, generator=round_generator(4, 0, "swag"), dtype=torch.float64)
     swag = swag_sample(x, models, FunctionalModel(module).slices(), 0.1, eps)
-    teachers = torch.stack([x_avg, *models, swag])       # K + 2 = 5 nets, uniform
+    teachers = torch.stack([x_avg, *models, swag])  # K + 2 = 5 nets, uniform
     expected = torch.stack([linear_logits(w, px) for w in teachers]).mean(0)
     assert torch.allclose(agg.teacher, expected, rtol=0, atol=1e-12)
 
@@ -158,15 +183,17 @@ def test_fedbe_teachers_are_fedavg_clients_and_one_swag_sample():
 def test_swag_sample_on_constructed_deltas():
     """Per parameter tensor: normalised deltas u_i, m = mean u, v = max(mean u^2 - m^2, 1e-5), and
     x + (m + 0.1 sqrt(v) eps) * mean ||g_i||."""
-    module = nn.Linear(2, 1).double()                                   # weight (1x2), bias (1)
+    module = nn.Linear(2, 1).double()  # weight (1x2), bias (1)
     slices = list(FunctionalModel(module).slices())
     x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     models = x + torch.tensor([[2.0, 0.0, -1.0], [0.0, 4.0, 3.0]], dtype=torch.float64)
     eps = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
     # weight: norms 2, 4 -> u = e1, e2; m = (.5, .5), v = .25, mean norm 3
     # bias:   norms 1, 3 -> u = -1, 1;  m = 0, v = 1, mean norm 2
-    expected = torch.tensor([1 + 3 * (0.5 + 0.1 * 0.5 * 1.0), 2 + 3 * (0.5 + 0.1 * 0.5 * -2.0),
-                             3 + 2 * (0.0 + 0.1 * 1.0 * 0.5)], dtype=torch.float64)
+    expected = torch.tensor(
+        [1 + 3 * (0.5 + 0.1 * 0.5 * 1.0), 2 + 3 * (0.5 + 0.1 * 0.5 * -2.0), 3 + 2 * (0.0 + 0.1 * 1.0 * 0.5)],
+        dtype=torch.float64,
+    )
     assert torch.allclose(swag_sample(x, models, slices, 0.1, eps), expected, rtol=0, atol=1e-12)
     # identical directions: the variance is clamped at 1e-5; an untouched layer stays at x (no 0/0)
     same = x + torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 0.0]], dtype=torch.float64)
@@ -186,13 +213,13 @@ def test_swa_averages_the_lambda_iterates_after_swa_start_then_learns_gamma():
     x_new = x - agg(x, updates)
     lam_stage = [t for t in agg.trace if t[0] == "lambda"]
     gamma_stage = [t for t in agg.trace if t[0] == "gamma"]
-    assert [t[0] for t in agg.trace] == ["lambda"] * 10 + ["gamma"] * 10        # code order, 20 // 2 each
-    assert all(t[2] == 0.0 for t in lam_stage)                                  # gamma = 1 while lambda learns
-    averaged = torch.stack([t[3] for t in lam_stage if t[1] > 5]).mean(0)      # epochs 6..9
+    assert [t[0] for t in agg.trace] == ["lambda"] * 10 + ["gamma"] * 10  # code order, 20 // 2 each
+    assert all(t[2] == 0.0 for t in lam_stage)  # gamma = 1 while lambda learns
+    averaged = torch.stack([t[3] for t in lam_stage if t[1] > 5]).mean(0)  # epochs 6..9
     assert updates.info["swa_averaged"] == 4
     lam = torch.softmax(averaged, 0)
     assert torch.allclose(updates.info["weights"], lam, atol=1e-12)
-    assert all(torch.equal(t[3], gamma_stage[0][3]) for t in gamma_stage)      # lambda fixed while gamma learns
+    assert all(torch.equal(t[3], gamma_stage[0][3]) for t in gamma_stage)  # lambda fixed while gamma learns
     assert torch.allclose(torch.softmax(gamma_stage[0][3], 0), lam, atol=1e-12)
     gamma = math.exp(gamma_stage[-1][2])
     assert updates.info["gamma"] == pytest.approx(gamma, rel=1e-12) and gamma != 1.0
@@ -213,7 +240,7 @@ def test_swa_in_the_papers_order_and_with_too_few_epochs():
     agg(x, updates)
     assert [t[0] for t in agg.trace] == ["gamma"] * 10 + ["lambda"] * 10
     gamma = agg.trace[9][2]
-    assert gamma != 0.0 and all(t[2] == gamma for t in agg.trace[10:])         # learned gamma, then fixed
+    assert gamma != 0.0 and all(t[2] == gamma for t in agg.trace[10:])  # learned gamma, then fixed
     # no epoch beyond swa_start: nothing is averaged and lambda stays at the data sizes (the code's
     # AveragedModel keeps its initial copy)
     short = LearnedAggregation(module, px, py, {**FEDLAW, "server_epochs": 12})
@@ -226,15 +253,29 @@ def test_swa_in_the_papers_order_and_with_too_few_epochs():
 
 
 def test_null_optimizer_settings_take_the_clients():
-    setting = settings.resolve({"algorithm": "feddf", "client": {"lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4},
-                              "evaluation": {"proxy_holdout": 100}})
+    setting = settings.resolve(
+        {
+            "algorithm": "feddf",
+            "client": {"lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4},
+            "evaluation": {"proxy_holdout": 100},
+        }
+    )
     # resolved before the run is named: the setting says what the optimiser gets (and the id hashes it)
     assert {k: setting["feddf"][k] for k in ("lr", "momentum", "weight_decay")} == {
-        "lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4}
-    assert optimizer_settings(setting["feddf"]) == {"optimizer": "sgd", "betas": (0.5, 0.999),
-                                                    "lr": 0.08, "momentum": 0.9, "weight_decay": 5e-4}
-    setting = settings.resolve({"algorithm": "serverft", "serverft": {"lr": 0.01, "optimizer": "adam"},
-                              "evaluation": {"proxy_holdout": 100}})
+        "lr": 0.08,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+    }
+    assert optimizer_settings(setting["feddf"]) == {
+        "optimizer": "sgd",
+        "betas": (0.5, 0.999),
+        "lr": 0.08,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+    }
+    setting = settings.resolve(
+        {"algorithm": "serverft", "serverft": {"lr": 0.01, "optimizer": "adam"}, "evaluation": {"proxy_holdout": 100}}
+    )
     assert optimizer_settings(setting["serverft"])["lr"] == 0.01
     assert setting["serverft"]["server_epochs"] == 2 and setting["serverft"]["keep_state"]
 
@@ -247,7 +288,9 @@ def test_proxy_size_is_checked(name):
 
 @pytest.mark.parametrize("name", ["fedlaw", "feddf", "fedbe", "serverft"])
 def test_a_proxy_size_other_than_the_comparisons_holdout_is_refused(name):
-    with pytest.raises(schema.ConfigError, match=rf"{name}\.proxy_size = 20, evaluation\.proxy_holdout = 30\).*test hold-out"):
+    with pytest.raises(
+        schema.ConfigError, match=rf"{name}\.proxy_size = 20, evaluation\.proxy_holdout = 30\).*test hold-out"
+    ):
         settings.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 30}})
     with pytest.raises(schema.ConfigError, match=r"evaluation\.proxy_holdout = 15 must be a multiple"):
         settings.resolve({"algorithm": "fedavg", "evaluation": {"proxy_holdout": 15}})
@@ -264,10 +307,14 @@ def test_fixed_gamma_needs_no_holdout():
 
 def test_every_method_of_a_fedlaw_experiment_is_scored_on_the_same_test_samples():
     """FedLAW evaluates every compared method on the test set minus the proxy samples."""
-    from fedrepro.spec.config import expand
-    from fedrepro.spec.paramsfile import ROOT, load_params
-    runs = [r for r in expand(load_params(ROOT / "params" / "fedlaw.yaml"))
-            if r.experiment == "fedlaw_table3_fmnist" and r.setting["seed"] == 8]
+    from fedrepro.configure.expansion import expand
+    from fedrepro.configure.paramsfile import ROOT, load_params
+
+    runs = [
+        r
+        for r in expand(load_params(ROOT / "params" / "fedlaw.yaml"))
+        if r.experiment == "fedlaw_table3_fmnist" and r.setting["seed"] == 8
+    ]
     methods = {r.setting["algorithm"] for r in runs}
     assert {"fedavg", "fedprox", "feddyn", "fedlaw", "feddf"} <= methods
     assert {r.setting["evaluation"]["proxy_holdout"] for r in runs} == {100}
@@ -281,15 +328,31 @@ def partition_dir(tiny_data_root, tmp_path_factory):
     return make_partition(tiny_data_root, tmp_path_factory.mktemp("part"), num_clients=4, kind="iid")
 
 
-METHODS = {"feddf": {}, "fedbe": {}, "serverft": {},
-           "fedlaw": {"fedlaw": {"variant": "swa", "proxy_size": 20, "server_epochs": 16, "swa_start": 2}}}
+METHODS = {
+    "feddf": {},
+    "fedbe": {},
+    "serverft": {},
+    "fedlaw": {"fedlaw": {"variant": "swa", "proxy_size": 20, "server_epochs": 16, "swa_start": 2}},
+}
 
 
 def tiny(method: str, seed: int = 1) -> dict:
     extra = METHODS.get(method) or ({method: {"proxy_size": 20, "server_epochs": 2}} if method in METHODS else {})
-    return settings.resolve({"algorithm": method, "num_clients": 4, "participation": 0.5, "rounds": 3, "seed": seed,
-                           "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"},
-                           "client": {"lr": 0.05, "momentum": 0.5}, "evaluation": {"proxy_holdout": 20}, **extra})
+    return settings.resolve(
+        {
+            "algorithm": method,
+            "num_clients": 4,
+            "participation": 0.5,
+            "rounds": 3,
+            "seed": seed,
+            "batch_size": 50,
+            "device": "cpu",
+            "partition": {"kind": "iid"},
+            "client": {"lr": 0.05, "momentum": 0.5},
+            "evaluation": {"proxy_holdout": 20},
+            **extra,
+        }
+    )
 
 
 @pytest.mark.parametrize("method", [*METHODS, "fedavg", "fedprox", "feddyn"])
@@ -305,7 +368,9 @@ def test_proxy_samples_are_not_evaluated(method, tiny_data_root, partition_dir, 
     keep = torch.ones(len(full), dtype=torch.bool)
     keep[index] = False
     assert len(trainer.inputs.test) == len(full) - 20
-    assert torch.equal(trainer.inputs.test.images, full.images[keep]) and torch.equal(trainer.inputs.test.labels, full.labels[keep])
+    assert torch.equal(trainer.inputs.test.images, full.images[keep]) and torch.equal(
+        trainer.inputs.test.labels, full.labels[keep]
+    )
     if method in METHODS:  # the aggregator trains on exactly the held-out samples
         assert torch.equal(trainer.algorithm.aggregator.proxy_y, full.labels[index])
 
@@ -360,6 +425,7 @@ def test_server_optimiser_state_survives_a_weights_only_checkpoint(optimizer, tm
 def test_a_method_built_without_the_engines_holdout_is_refused(name):
     """Proxy methods get their samples from the engine (BuildContext.proxy), never from the test set themselves."""
     from fedrepro import algorithms
+
     setting = settings.resolve({"algorithm": name, name: {"proxy_size": 20}, "evaluation": {"proxy_holdout": 20}})
     module = nn.Linear(3, 2)
     with pytest.raises(ValueError, match=r"evaluation\.proxy_holdout"):
@@ -372,18 +438,32 @@ def test_a_method_built_without_the_engines_holdout_is_refused(name):
 def bn_problem(k=3):
     """A BatchNorm MLP, k client models, each client's own running statistics, and the cohort's average."""
     import copy
+
     g = torch.Generator().manual_seed(3)
     module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
     n = sum(p.numel() for p in module.parameters())
     x = torch.randn(n, generator=g, dtype=torch.float64)
     deltas = 0.3 * torch.randn(k, n, generator=g, dtype=torch.float64)
-    own = torch.cat([torch.randn(k, 4, generator=g, dtype=torch.float64),             # running means
-                     0.5 + torch.rand(k, 4, generator=g, dtype=torch.float64)], 1)    # running variances
+    own = torch.cat(
+        [
+            torch.randn(k, 4, generator=g, dtype=torch.float64),  # running means
+            0.5 + torch.rand(k, 4, generator=g, dtype=torch.float64),
+        ],
+        1,
+    )  # running variances
     averaged = own.mean(0)
     module[1].running_mean.copy_(averaged[:4])
     module[1].running_var.copy_(averaged[4:])
-    updates = RoundUpdates(0, torch.arange(k), deltas, torch.tensor([10.0, 30.0, 60.0][:k], dtype=torch.float64),
-                           torch.ones(k), torch.zeros(k), 0.1, buffers=own)
+    updates = RoundUpdates(
+        0,
+        torch.arange(k),
+        deltas,
+        torch.tensor([10.0, 30.0, 60.0][:k], dtype=torch.float64),
+        torch.ones(k),
+        torch.zeros(k),
+        0.1,
+        buffers=own,
+    )
     proxy_x = torch.randn(6, 3, generator=g, dtype=torch.float64)
 
     def scored(w, buffers=None, train=False):
@@ -424,8 +504,13 @@ def test_fedbe_codes_fedavg_and_swag_teachers_use_batch_statistics():
     agg.prepare(x, x_avg, models, updates)
     eps = torch.randn(len(x), generator=round_generator(4, 0, "swag"), dtype=torch.float64)
     swag = swag_sample(x, models, FunctionalModel(module).slices(), 0.1, eps)
-    expected = torch.stack([scored(x_avg, train=True), *(scored(w, updates.buffers[i]) for i, w in enumerate(models)),
-                            scored(swag, train=True)]).mean(0)
+    expected = torch.stack(
+        [
+            scored(x_avg, train=True),
+            *(scored(w, updates.buffers[i]) for i, w in enumerate(models)),
+            scored(swag, train=True),
+        ]
+    ).mean(0)
     torch.testing.assert_close(agg.teacher, expected, rtol=0, atol=1e-12)
     assert all(torch.equal(a, b) for a, b in zip(before, module.buffers()))
     assert module.training  # the module's mode is left as it was

@@ -1,5 +1,6 @@
 """FedNova: the a_i normaliser, equality with FedAvg under equal local work, and the objective
 inconsistency of the FedNova paper's quadratic example (section III, eqs. 5 and 32)."""
+
 from __future__ import annotations
 
 import io
@@ -8,15 +9,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedrepro.spec import schema, settings
 from fedrepro.algorithms import BuildContext, fedavg, fednova
 from fedrepro.algorithms.fednova import CrossClientVR, LrScaledMomentum, NormalisedAveraging, a_norm
 from fedrepro.algorithms.random_epochs import RandomEpochs
-from fedrepro.run.client import LocalSGD, client_generator
+from fedrepro.configure import schema, settings
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.models import build as build_model
 from fedrepro.parts import Algorithm, ClientObjective, ClientRun, GradientCorrection, RoundUpdates
+from fedrepro.run.client import LocalSGD, client_generator
 from fedrepro.server import ServerSGD, WeightedMean
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
@@ -24,8 +25,11 @@ pytestmark = pytest.mark.floats
 
 
 def setting(momentum=0.0, mu=0.0, tau_eff="auto", server_momentum=0.0, lr=1.0, vr=False):
-    return {"server": {"lr": lr}, "client": {"momentum": momentum},
-            "fednova": {"mu": mu, "tau_eff": tau_eff, "server_momentum": server_momentum, "vr": vr}}
+    return {
+        "server": {"lr": lr},
+        "client": {"momentum": momentum},
+        "fednova": {"mu": mu, "tau_eff": tau_eff, "server_momentum": server_momentum, "vr": vr},
+    }
 
 
 def ctx(dim=1, num_clients=1):
@@ -39,7 +43,7 @@ def ctx(dim=1, num_clients=1):
 def test_a_norm_matches_the_papers_closed_forms(tau):
     assert a_norm(tau, lr=0.1) == tau
     rho = 0.9
-    momentum = (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)  # FedNova Table (momentum SGD)
+    momentum = (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)  # FedNova Table (momentum SGD)
     assert a_norm(tau, lr=0.1, rho=rho) == pytest.approx(momentum, rel=1e-12)
     lr, mu = 0.05, 0.5
     prox = (1 - (1 - lr * mu) ** tau) / (lr * mu)  # eq. (8): [1 - (1 - alpha)^tau] / alpha
@@ -73,8 +77,15 @@ def local_round(rho: float, sizes: list[int], batch_size: int = 16, epochs: int 
         result = local.train(ClientRun(0, c, model, x, lr), data, index, epochs, batch_size, client_generator(1, 0, c))
         deltas.append(x - model.flat)
         steps.append(result.steps)
-    updates = RoundUpdates(0, torch.arange(len(sizes)), torch.stack(deltas), torch.tensor(sizes, dtype=torch.float32),
-                           torch.tensor(steps, dtype=torch.float32), torch.zeros(len(sizes)), lr)
+    updates = RoundUpdates(
+        0,
+        torch.arange(len(sizes)),
+        torch.stack(deltas),
+        torch.tensor(sizes, dtype=torch.float32),
+        torch.tensor(steps, dtype=torch.float32),
+        torch.zeros(len(sizes)),
+        lr,
+    )
     return x, updates
 
 
@@ -104,8 +115,9 @@ def test_fednova_prox_rescales_fedprox_by_tau_over_a():
     lr, mu, tau = 0.05, 2.0, 8
     deltas = torch.randn(3, 5, dtype=torch.float64)
     sizes = torch.tensor([10.0, 30.0, 20.0], dtype=torch.float64)
-    updates = RoundUpdates(0, torch.arange(3), deltas, sizes, torch.full((3,), float(tau), dtype=torch.float64),
-                           torch.zeros(3), lr)
+    updates = RoundUpdates(
+        0, torch.arange(3), deltas, sizes, torch.full((3,), float(tau), dtype=torch.float64), torch.zeros(3), lr
+    )
     d = NormalisedAveraging(mu=mu)(torch.zeros(5, dtype=torch.float64), updates)
     a = (1 - (1 - lr * mu) ** tau) / (lr * mu)
     torch.testing.assert_close(d, tau / a * (sizes / sizes.sum()) @ deltas)
@@ -117,7 +129,7 @@ def test_server_momentum_follows_the_official_lr_scaled_buffer():
     x = torch.tensor([1.0], dtype=torch.float64)
     u1 = RoundUpdates(0, torch.arange(1), torch.zeros(1, 1), torch.ones(1), torch.ones(1), torch.zeros(1), 0.1)
     u2 = RoundUpdates(1, torch.arange(1), torch.zeros(1, 1), torch.ones(1), torch.ones(1), torch.zeros(1), 0.05)
-    x1 = opt(x, torch.tensor([0.2], dtype=torch.float64), u1)   # v = 0.2 / 0.1 = 2;  x = 1 - 2 * 0.1 * 2
+    x1 = opt(x, torch.tensor([0.2], dtype=torch.float64), u1)  # v = 0.2 / 0.1 = 2;  x = 1 - 2 * 0.1 * 2
     assert float(x1) == pytest.approx(0.6)
     x2 = opt(x1, torch.tensor([0.1], dtype=torch.float64), u2)  # v = 0.5 * 2 + 0.1 / 0.05 = 3;  x -= 2 * 0.05 * 3
     assert float(x2) == pytest.approx(0.3)
@@ -126,8 +138,9 @@ def test_server_momentum_follows_the_official_lr_scaled_buffer():
     buffer.seek(0)
     again = LrScaledMomentum(lr=2.0, momentum=0.5)
     again.load_state_dict(torch.load(buffer, weights_only=True))
-    torch.testing.assert_close(again(x2, torch.tensor([0.1], dtype=torch.float64), u2),
-                               opt(x2, torch.tensor([0.1], dtype=torch.float64), u2))
+    torch.testing.assert_close(
+        again(x2, torch.tensor([0.1], dtype=torch.float64), u2), opt(x2, torch.tensor([0.1], dtype=torch.float64), u2)
+    )
 
 
 # --------------------------------------------------------------------------- the quadratic example
@@ -168,7 +181,7 @@ def test_fixed_points_at_a_fixed_lr_match_the_closed_forms():
     e, sizes, tau = quadratic_problem()
     p, lr = sizes / sizes.sum(), 0.05
     c = 1 - (1 - lr) ** tau
-    fedavg_limit = (p * c) @ e / (p * c).sum()              # eq. (32) with weights p_i
+    fedavg_limit = (p * c) @ e / (p * c).sum()  # eq. (32) with weights p_i
     fednova_limit = (p * c / tau) @ e / (p * c / tau).sum()  # d = 0 in FedNova's update
     torch.testing.assert_close(run_quadratic(avg(), e, sizes, tau, [lr] * 3000), fedavg_limit, rtol=0, atol=1e-10)
     torch.testing.assert_close(run_quadratic(nova(), e, sizes, tau, [lr] * 3000), fednova_limit, rtol=0, atol=1e-10)
@@ -177,8 +190,8 @@ def test_fixed_points_at_a_fixed_lr_match_the_closed_forms():
 def test_fednova_reaches_the_true_minimiser_as_the_lr_decays_and_fedavg_does_not():
     e, sizes, tau = quadratic_problem()
     p = sizes / sizes.sum()
-    x_star = p @ e                                      # minimiser of sum_i p_i F_i
-    x_fedavg_biased = (p * tau) @ e / (p * tau).sum()   # eq. (33): FedAvg's limit as lr -> 0
+    x_star = p @ e  # minimiser of sum_i p_i F_i
+    x_fedavg_biased = (p * tau) @ e / (p * tau).sum()  # eq. (33): FedAvg's limit as lr -> 0
     bias = (x_fedavg_biased - x_star).norm()
     assert bias > 0.3
     # the paper's Fig. 2 schedule: 0.05, divided by 5 at rounds 600 and 900, then twice more
@@ -247,12 +260,21 @@ def quadratic_round(algorithm, objective, x, lr, taus, sizes, t, rho=0.0):
     """One FedNova round of real LocalSGD (tau_i full-gradient steps) and the server step."""
     local, model, deltas = LocalSGD(momentum=rho), SimpleNamespace(flat=torch.empty_like(x), grad=None), []
     for i, tau in enumerate(taus):
-        local.train(ClientRun(t, i, model, x, lr), OneSample(), torch.arange(1), tau, 1, torch.Generator().manual_seed(0),
-                    algorithm.corrections, objective)
+        local.train(
+            ClientRun(t, i, model, x, lr),
+            OneSample(),
+            torch.arange(1),
+            tau,
+            1,
+            torch.Generator().manual_seed(0),
+            algorithm.corrections,
+            objective,
+        )
         deltas.append(x - model.flat)
     m = len(taus)
-    updates = RoundUpdates(t, torch.arange(m), torch.stack(deltas), sizes, torch.tensor(taus, dtype=x.dtype),
-                           torch.zeros(m), lr)
+    updates = RoundUpdates(
+        t, torch.arange(m), torch.stack(deltas), sizes, torch.tensor(taus, dtype=x.dtype), torch.zeros(m), lr
+    )
     return algorithm.server_step(x, updates), updates
 
 
@@ -267,10 +289,10 @@ def test_vr_matches_the_hand_computed_two_round_trajectory(float64):
     p, tau = sizes / sizes.sum(), torch.tensor([1.0, 3.0, 5.0, 8.0])
     q, tau_eff = (1 - lr * h) ** tau, float(p @ tau)
     x0 = torch.randn(dim, generator=gen)
-    delta1 = (1 - q)[:, None] * (x0 - e)                      # round 1: no previous d, c = 0
+    delta1 = (1 - q)[:, None] * (x0 - e)  # round 1: no previous d, c = 0
     d1 = delta1 / (lr * tau[:, None])
     x1 = x0 - tau_eff * (p / tau) @ delta1
-    c = p @ d1 - d1                                           # round 2: c_i = sum_j p_j d_j - d_i
+    c = p @ d1 - d1  # round 2: c_i = sum_j p_j d_j - d_i
     delta2 = (1 - q)[:, None] * (x1 - e + c / h[:, None])
     d2 = delta2 / (lr * tau[:, None]) - c
     x2 = x1 - tau_eff * (p / tau) @ delta2
@@ -358,13 +380,27 @@ def test_vr_corrections_cancel_with_weights_p_in_every_round():
     for t in range(3):
         deltas, steps, start = [], [], 0
         for c, size in enumerate(sizes):
-            result = local.train(ClientRun(t, c, model, x, lr), data, torch.arange(start, start + size), 1, 16,
-                                 client_generator(1, t, c), algorithm.corrections)
+            result = local.train(
+                ClientRun(t, c, model, x, lr),
+                data,
+                torch.arange(start, start + size),
+                1,
+                16,
+                client_generator(1, t, c),
+                algorithm.corrections,
+            )
             start += size
             deltas.append(x - model.flat)
             steps.append(result.steps)
-        updates = RoundUpdates(t, torch.arange(m), torch.stack(deltas), torch.tensor(sizes, dtype=torch.float32),
-                               torch.tensor(steps, dtype=torch.float32), torch.zeros(m), lr)
+        updates = RoundUpdates(
+            t,
+            torch.arange(m),
+            torch.stack(deltas),
+            torch.tensor(sizes, dtype=torch.float32),
+            torch.tensor(steps, dtype=torch.float32),
+            torch.zeros(m),
+            lr,
+        )
         x = algorithm.server_step(x, updates)
         corrections = torch.stack([spy.seen[c] for c in range(m)])
         if t == 0:
@@ -377,17 +413,30 @@ def test_vr_corrections_cancel_with_weights_p_in_every_round():
 
 
 def test_vr_refuses_partial_participation_before_any_work():
-    raw = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "algorithm": "fednova",
-           "fednova": {"vr": True}, "partition": {"kind": "iid", "seed": 1}}
+    raw = {
+        "dataset": "fmnist",
+        "model": "mlp",
+        "num_clients": 4,
+        "participation": 0.5,
+        "algorithm": "fednova",
+        "fednova": {"vr": True},
+        "partition": {"kind": "iid", "seed": 1},
+    }
     with pytest.raises(schema.ConfigError, match=r"fednova\.vr.*participation = 0\.5"):
         settings.resolve(raw)
     assert settings.resolve({**raw, "participation": 1.0})["fednova"]["vr"] is True
     assert settings.resolve({**raw, "fednova": {"vr": False}})["fednova"]["vr"] is False
     both = {**raw, "participation": 1.0, "fednova": {"vr": True, "mu": 0.001}, "client": {"momentum": 0.9}}
-    with pytest.raises(schema.ConfigError, match=r"fednova\.vr = True, fednova\.mu = 0\.001, client\.momentum = 0\.9\).*set fednova\.mu or client\.momentum to 0"):
+    with pytest.raises(
+        schema.ConfigError,
+        match=r"fednova\.vr = True, fednova\.mu = 0\.001, client\.momentum = 0\.9\)"
+        r".*set fednova\.mu or client\.momentum to 0",
+    ):
         settings.resolve(both)
     # and the part itself will not average over a partial cohort
     vr = CrossClientVR(4, 2)
-    updates = RoundUpdates(0, torch.tensor([0, 2]), torch.zeros(2, 2), torch.ones(2), torch.ones(2), torch.zeros(2), 0.1)
+    updates = RoundUpdates(
+        0, torch.tensor([0, 2]), torch.zeros(2, 2), torch.ones(2), torch.ones(2), torch.zeros(2), 0.1
+    )
     with pytest.raises(RuntimeError, match="participation"):
         vr.end_round(updates)

@@ -1,5 +1,6 @@
 """The papers' analysis figures (fedrepro.report.figures): the geometry and the closed forms they rest on,
 the snapshots a run keeps for them, and every kind drawn from tiny real runs."""
+
 from __future__ import annotations
 
 import json
@@ -11,50 +12,90 @@ import pytest
 import torch
 
 from conftest import make_partition
-from fedrepro import identity, cli
+from fedrepro import cli, identity
+from fedrepro.configure import expansion, paramsfile, schema, settings
+from fedrepro.errors import FedreproError
 from fedrepro.partitions import records as partition_records
+from fedrepro.report import figures
+from fedrepro.report.figures import fedlaw as fedlaw_figures, fednova as quad, ima
 from fedrepro.run import checkpoint
 from fedrepro.run.cohorts import sample_cohort
-from fedrepro.errors import FedreproError
-from fedrepro.report import figures
-from fedrepro.report.figures import fednova as quad
-from fedrepro.report.figures import fedlaw as fedlaw_figures
-from fedrepro.report.figures import ima
-from fedrepro.spec import config, paramsfile, schema, settings
 
-BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 3,
-        "batch_size": 64, "device": "cpu", "client": {"lr": 0.05},
-        "partition": {"kind": "iid", "seed": 1}, "evaluation": {"proxy_holdout": 20}}
+BASE = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 3,
+    "batch_size": 64,
+    "device": "cpu",
+    "client": {"lr": 0.05},
+    "partition": {"kind": "iid", "seed": 1},
+    "evaluation": {"proxy_holdout": 20},
+}
 SNAP = {"rounds": [1, 2, -1], "clients": 2, "cosine_rounds": [2]}
 PARAMS = {
-    "title": "tiny figures", "quick": True,
+    "title": "tiny figures",
+    "quick": True,
     "experiments": {
         "tiny": {"base": BASE, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedlaw", "fedaware"]}},
         "tiny_snap": {"base": {**BASE, "snapshots": SNAP}, "grid": {"algorithm": ["fedavg"]}},
         "tiny_diverge": {"base": {**BASE, "client": {"lr": 1.0e6}}, "grid": {"algorithm": ["fedavg"]}},
         # FedAWARE Fig. 4's sweep, two alphas; the permutation warm-up sees every client by round 2, so the
         # momenta (and alpha) act from round 3 on
-        "tiny_alpha": {"base": {**BASE, "rounds": 4, "cohort": {"warmup": "permutation"}}, "grid": {"setting": [
-            {"algorithm": "fedaware", "fedaware": {"alpha": 0.3}}, {"algorithm": "fedaware", "fedaware": {"alpha": 0.7}},
-            {"algorithm": "fedaware", "fedaware": {"alpha": 0.3, "weights": "static"}},
-            {"algorithm": "fedaware", "fedaware": {"alpha": 0.7, "weights": "static"}},
-            {"algorithm": "fedavg", "participation": 1.0}]}},
+        "tiny_alpha": {
+            "base": {**BASE, "rounds": 4, "cohort": {"warmup": "permutation"}},
+            "grid": {
+                "setting": [
+                    {"algorithm": "fedaware", "fedaware": {"alpha": 0.3}},
+                    {"algorithm": "fedaware", "fedaware": {"alpha": 0.7}},
+                    {"algorithm": "fedaware", "fedaware": {"alpha": 0.3, "weights": "static"}},
+                    {"algorithm": "fedaware", "fedaware": {"alpha": 0.7, "weights": "static"}},
+                    {"algorithm": "fedavg", "participation": 1.0},
+                ]
+            },
+        },
         # FedLAW section 4: FedAvg against adaptive GWS at two local-epoch counts (Figs. 2, 3, 10, 11)
-        "tiny_gws": {"base": {**BASE, "fedlaw": {"variant": "adaptive_gws", "proxy_size": 20, "server_epochs": 2},
-                              "hessian": {"every": 3, "samples": 50, "k": 3, "steps": 6}},
-                     "grid": {"algorithm": ["fedavg", "fedlaw"], "local_epochs": [1, 2]}},
-        "tiny_law": {"base": {**BASE, "algorithm": "fedlaw", "log_cohort_classes": True,
-                              "fedlaw": {"variant": "attentive", "proxy_size": 20, "server_epochs": 2,
-                                         "log_client_weights": True}},
-                     "grid": {"seed": [1]}},
+        "tiny_gws": {
+            "base": {
+                **BASE,
+                "fedlaw": {"variant": "adaptive_gws", "proxy_size": 20, "server_epochs": 2},
+                "hessian": {"every": 3, "samples": 50, "k": 3, "steps": 6},
+            },
+            "grid": {"algorithm": ["fedavg", "fedlaw"], "local_epochs": [1, 2]},
+        },
+        "tiny_law": {
+            "base": {
+                **BASE,
+                "algorithm": "fedlaw",
+                "log_cohort_classes": True,
+                "fedlaw": {"variant": "attentive", "proxy_size": 20, "server_epochs": 2, "log_client_weights": True},
+            },
+            "grid": {"seed": [1]},
+        },
     },
 }
 TINY_OPTIONS = {"ima": {"window": 2, "start_round": 2}, "fedlaw": {"proxy_size": 20, "server_epochs": 2}}
 
 
 def _train(run_setting: dict, out: Path, partition_dir: Path, data_root: Path, *extra: str) -> None:
-    cli.main(["train", "--setting", json.dumps(run_setting), "--partition", str(partition_dir), "--data-root",
-              str(data_root), "--out", str(out), "--no-progress", "--threads", "1", *extra])
+    cli.main(
+        [
+            "train",
+            "--setting",
+            json.dumps(run_setting),
+            "--partition",
+            str(partition_dir),
+            "--data-root",
+            str(data_root),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--threads",
+            "1",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +106,25 @@ def tiny(tiny_data_root, tmp_path_factory):
     (work / "data" / "fmnist").symlink_to(tiny_data_root)  # <data root>/<dataset>, as the workflow lays it out
     params = json.loads(json.dumps(PARAMS))
     params["experiments"]["tiny"]["base"].update(TINY_OPTIONS)
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     partition_dir = make_partition(tiny_data_root, work / "partition", num_clients=4)
-    for run in config.unique_runs(runs).values():
+    for run in expansion.unique_runs(runs).values():
         _train(run.setting, work / "runs" / run.id, partition_dir, tiny_data_root)
-    manifest = config.manifest(params, runs, "tiny")
-    return {"work": work, "manifest": manifest, "runs": runs, "partition": partition_dir,
-            "context": figures.Context(work / "data", "cpu", True)}
+    manifest = expansion.manifest(params, runs, "tiny")
+    return {
+        "work": work,
+        "manifest": manifest,
+        "runs": runs,
+        "partition": partition_dir,
+        "context": figures.Context(work / "data", "cpu", True),
+    }
 
 
 def _draw(tiny, name: str, spec: dict) -> dict:
     spec = figures.check({name: spec}, tiny["manifest"]["experiments"])[name]
-    return figures.draw(name, spec, tiny["manifest"], tiny["work"] / "runs", tiny["work"] / "fig" / f"{name}.png",
-                        tiny["context"])
+    return figures.draw(
+        name, spec, tiny["manifest"], tiny["work"] / "runs", tiny["work"] / "fig" / f"{name}.png", tiny["context"]
+    )
 
 
 def _snap_run(tiny):
@@ -148,12 +195,16 @@ def test_linear_cka_equals_the_kernel_hsic_form_and_ignores_rotation_scale_and_s
     """Oracle: CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)) with linear kernels and the centring
     matrix H (Kornblith et al. 2019, Eq. 2), computed here the slow way on n x n Gram matrices."""
     gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(60, 7, generator=gen, dtype=torch.float64), torch.randn(60, 5, generator=gen, dtype=torch.float64)
+    a, b = (
+        torch.randn(60, 7, generator=gen, dtype=torch.float64),
+        torch.randn(60, 5, generator=gen, dtype=torch.float64),
+    )
     b = b + 0.5 * a[:, :5]
     h = torch.eye(60, dtype=torch.float64) - 1.0 / 60
 
     def hsic(x, y):
         return float(torch.trace((x @ x.T) @ h @ (y @ y.T) @ h))
+
     want = hsic(a, b) / (hsic(a, a) * hsic(b, b)) ** 0.5
     assert ima.linear_cka(a, b) == pytest.approx(want, rel=1e-12)
     assert 0.05 < want < 0.95
@@ -198,6 +249,7 @@ def test_fedprox_alpha_terms_by_hand():
     = 7/4, tau_eff = 11/8, w = (4/11, 7/11), chi^2 = (3/22)^2 (11/4 + 11/7) = 0.080357, slowdown 2 / (11/8) = 16/11,
     A = 2 (11/8) [(4/11)^2 + (7/11)^2 (21/16) / (49/16)] = 0.840909; alpha = 0 is FedAvg (w = tau_i / sum tau)."""
     from fedrepro.report.figures import fednova
+
     terms = fednova.fedprox_terms(0.5, [1, 3], [0.5, 0.5])
     assert terms["tau_eff"] == pytest.approx(11 / 8) and terms["w"] == pytest.approx([4 / 11, 7 / 11])
     assert terms["weight_bias"] == pytest.approx(0.0803571, rel=1e-6)
@@ -212,6 +264,7 @@ def test_fedprox_alpha_claim_holds_on_the_curves_and_fails_on_a_changed_value():
     """Fig. 4's claim in the paper's words: the weight bias falls with alpha, the slowdown rises, and alpha = 1
     gives objective consistency with tau_eff = 1. Each check is seen to fail on a changed curve."""
     from fedrepro.report.figures import KINDS, fednova
+
     curves = fednova.fedprox_alpha_curves(KINDS["fedprox_alpha"]["options"])
     checks = fednova.fedprox_alpha_checks(curves)
     assert [c["holds"] for c in checks] == [True, True, True]
@@ -240,17 +293,25 @@ def test_quadratic_fedprox_local_model_is_the_exact_gd_iterate():
 
 
 def test_snapshots_do_not_change_the_run_and_survive_a_resume(tiny, tmp_path):
-    plain = next(r for r in tiny["runs"] if r.experiment == "tiny" and r.setting["algorithm"] == "fedavg"
-                 and not r.setting["plugins"])
+    plain = next(
+        r
+        for r in tiny["runs"]
+        if r.experiment == "tiny" and r.setting["algorithm"] == "fedavg" and not r.setting["plugins"]
+    )
     snap = next(r for r in tiny["runs"] if r.experiment == "tiny_snap")
-    assert "snapshots" not in identity.identity_setting(plain.setting), \
+    assert "snapshots" not in identity.identity_setting(plain.setting), (
         "an unused snapshots section must not change run identities"
+    )
     runs = tiny["work"] / "runs"
     a, b = (pd.read_csv(runs / r.id / "metrics.csv").drop(columns=["seconds", "wall_time"]) for r in (plain, snap))
     pd.testing.assert_frame_equal(a, b, check_exact=True)
-    assert torch.equal(checkpoint.load(runs / plain.id / "model.pt")["x"], checkpoint.load(runs / snap.id / "model.pt")["x"])
+    assert torch.equal(
+        checkpoint.load(runs / plain.id / "model.pt")["x"], checkpoint.load(runs / snap.id / "model.pt")["x"]
+    )
     stored = np.load(runs / snap.id / "snapshots.npz")
-    assert {f"round_{r}_{k}" for r in (1, 2, 3) for k in ("global", "client_0", "client_1", "next", "sizes")} == set(stored.files)
+    assert {f"round_{r}_{k}" for r in (1, 2, 3) for k in ("global", "client_0", "client_1", "next", "sizes")} == set(
+        stored.files
+    )
     np.testing.assert_array_equal(stored["round_3_next"], checkpoint.load(runs / snap.id / "model.pt")["x"].numpy())
     np.testing.assert_array_equal(stored["round_2_global"], stored["round_1_next"])
     assert "round_2" in np.load(runs / snap.id / "cosines.npz").files
@@ -273,10 +334,19 @@ def test_snapshot_rounds_outside_the_run_are_refused_before_work():
 
 SPECS = {
     "landscape": {"experiment": "tiny_snap", "rounds": [1, -1], "globals": [1, 2, 3], "resolution": 3},
-    "landscape_rows": {"experiment": "tiny_snap", "rows": [{"label": "A", "select": {}}], "rounds": [-1],
-                       "globals": [1, 2, 3], "plane": "global_and_two_clients", "resolution": 3},
-    "interpolation": {"experiment": "tiny", "points": 5,
-                      "between": [{"algorithm": "fedavg", "plugins": []}, {"algorithm": "fedavg", "plugins": ["ima"]}]},
+    "landscape_rows": {
+        "experiment": "tiny_snap",
+        "rows": [{"label": "A", "select": {}}],
+        "rounds": [-1],
+        "globals": [1, 2, 3],
+        "plane": "global_and_two_clients",
+        "resolution": 3,
+    },
+    "interpolation": {
+        "experiment": "tiny",
+        "points": 5,
+        "between": [{"algorithm": "fedavg", "plugins": []}, {"algorithm": "fedavg", "plugins": ["ima"]}],
+    },
     "locality": {"experiment": "tiny"},
     "client_averages": {"experiment": "tiny_snap", "rounds": [2, -1], "cka_samples": 50},
     "coherence": {"experiment": "tiny"},
@@ -315,6 +385,7 @@ def _plotted(fig) -> list[np.ndarray]:
 def test_every_declared_kind_is_drawn_by_the_function_of_its_name():
     """A kind is its family's ``<family>.yaml`` entry plus the function of its name in ``<family>.py``."""
     import importlib
+
     assert {"landscape", "coherence", "elud", "quadratic"} <= set(figures.KINDS)
     for kind, declaration in figures.KINDS.items():
         module = importlib.import_module(f"fedrepro.report.figures.{declaration['family']}")
@@ -326,9 +397,17 @@ def test_every_declared_kind_is_drawn_by_the_function_of_its_name():
 
 def test_a_kind_is_found_from_its_declaration_and_a_second_or_malformed_one_is_refused(tmp_path):
     (tmp_path / "one.yaml").write_text("spiral:\n  shows: a spiral\n  options: {turns: 3}\n  reads_runs: false\n")
-    assert figures.declared(tmp_path) == {"spiral": {"family": "one", "shows": "a spiral", "options": {"turns": 3},
-                                                     "choices": {}, "reads_runs": False, "evaluates": False,
-                                                     "shapes": {}}}
+    assert figures.declared(tmp_path) == {
+        "spiral": {
+            "family": "one",
+            "shows": "a spiral",
+            "options": {"turns": 3},
+            "choices": {},
+            "reads_runs": False,
+            "evaluates": False,
+            "shapes": {},
+        }
+    }
     (tmp_path / "two.yaml").write_text("spiral:\n  shows: another spiral\n")
     with pytest.raises(FedreproError, match="two.yaml: figure kind spiral is declared in one.yaml too"):
         figures.declared(tmp_path)
@@ -343,6 +422,7 @@ def test_every_kind_draws_its_image_from_tiny_runs(tiny, kind, monkeypatch):
     vary, and the PNG is a real picture (its size, many non-white pixels, several colours)."""
     from matplotlib.figure import Figure
     from matplotlib.image import imread
+
     saved = []
     savefig = Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
@@ -364,6 +444,7 @@ def test_the_elud_figure_draws_each_runs_e_lud(tiny, monkeypatch):
     """The data behind a curve: every run's e-LUD series from its metrics.csv is a line of the figure
     (one seed per method, so the line is the run's own series)."""
     from matplotlib.figure import Figure
+
     saved = []
     savefig = Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
@@ -378,8 +459,12 @@ def test_the_elud_figure_draws_each_runs_e_lud(tiny, monkeypatch):
 
 def test_loss_curves_draw_the_logged_rounds_of_the_global_loss_or_the_local_one(tiny):
     from fedrepro.report.figures import fednova
-    runs = figures.finished(figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
-                                                {"experiment": "tiny", "select": {"algorithm": "fedavg"}}))
+
+    runs = figures.finished(
+        figures.select_runs(
+            tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny", "select": {"algorithm": "fedavg"}}
+        )
+    )
     logged = runs[0].metrics.dropna(subset=["global_train_loss"])["round"].tolist()
     assert logged == [1, 3]  # every 20 rounds by default, plus the first and the last of the 3
     for column in ("global_train_loss", "train_loss"):
@@ -419,14 +504,20 @@ def test_the_logged_hessian_eigenvalues_are_those_of_the_rounds_global_model(tin
     import torch.nn.functional as F
 
     from fedrepro import data, models
-    from fedrepro.run import hessian
     from fedrepro.functional import FunctionalModel
-    run = figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
-                              {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}})[0]
+    from fedrepro.run import hessian
+
+    run = figures.select_runs(
+        tiny["manifest"],
+        tiny["work"] / "runs",
+        {"experiment": "tiny_gws", "select": {"algorithm": "fedlaw", "local_epochs": 2}},
+    )[0]
     m = run.metrics
     assert m["hessian_top1"].notna().tolist() == [True, False, True]
     assert (m["hessian_top1"].dropna() >= m["hessian_topk"].dropna()).all()
-    assert m["hessian_ratio"].dropna().to_numpy() == pytest.approx((m["hessian_top1"] / m["hessian_topk"]).dropna().to_numpy())
+    assert m["hessian_ratio"].dropna().to_numpy() == pytest.approx(
+        (m["hessian_top1"] / m["hessian_topk"]).dropna().to_numpy()
+    )
     train = data.load("fmnist", tiny_data_root, train=True)
     index = torch.randperm(len(train), generator=torch.Generator().manual_seed(run.setting["seed"]))[:50]
     x, y = train.batch(index)
@@ -458,8 +549,10 @@ def test_the_cohorts_class_distribution_is_the_lambda_weighted_mean_of_its_clien
 def test_gws_figures_pair_fedavg_with_adaptive_gws_by_setting(tiny):
     record = _draw(tiny, "sweep", {"kind": "gws_sweep", "experiment": "tiny_gws", "axis": "local_epochs"})
     assert record["drawn"] and "gain of adaptive GWS over FedAvg" in record["caption"]
-    pairs = fedlaw_figures._gws_pairs(figures.select_runs(tiny["manifest"], tiny["work"] / "runs",
-                                                          {"experiment": "tiny_gws", "select": {}}), "local_epochs")
+    pairs = fedlaw_figures._gws_pairs(
+        figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_gws", "select": {}}),
+        "local_epochs",
+    )
     assert sorted(pairs["x"]) == [1, 1, 2, 2] and set(pairs["method"]) == {"fedavg", "gws"}
     # one value of the axis is no line: the figure says so instead of drawing points
     record = _draw(tiny, "one", {"kind": "gws_sweep", "experiment": "tiny_gws", "axis": "alpha"})
@@ -478,8 +571,9 @@ def test_middle_rounds_are_90_to_110_or_the_middle_tenth_of_a_short_run():
 
 
 def test_a_run_without_snapshots_gets_a_clear_message_not_a_crash(tiny):
-    record = _draw(tiny, "nosnap", {"kind": "landscape", "experiment": "tiny", "select": {"algorithm": "fedavg"},
-                                    "rounds": [1]})
+    record = _draw(
+        tiny, "nosnap", {"kind": "landscape", "experiment": "tiny", "select": {"algorithm": "fedavg"}, "rounds": [1]}
+    )
     assert not record["drawn"]
     assert "kept no model snapshots" in record["reason"] and "snapshots.rounds" in record["reason"]
     assert (tiny["work"] / "fig" / "nosnap.png").exists()
@@ -490,7 +584,9 @@ def test_a_run_without_snapshots_gets_a_clear_message_not_a_crash(tiny):
 
 
 def test_a_figure_of_a_diverged_run_says_so(tiny):
-    diverged = figures.select_runs(tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_diverge", "select": {}})
+    diverged = figures.select_runs(
+        tiny["manifest"], tiny["work"] / "runs", {"experiment": "tiny_diverge", "select": {}}
+    )
     assert diverged[0].summary["status"] == "diverged"
     for kind in ("elud", "landscape"):
         record = _draw(tiny, f"div_{kind}", {"kind": kind, "experiment": "tiny_diverge"})
@@ -503,7 +599,9 @@ def test_bad_figure_specs_are_refused_with_the_key_and_what_is_allowed():
         figures.check({"f": {"kind": "heatmap"}}, {"tiny": {}})
     with pytest.raises(schema.ConfigError, match=r"figures.f.experiment = 'nope'"):
         figures.check({"f": {"kind": "elud", "experiment": "nope"}}, {"tiny": {}})
-    with pytest.raises(schema.ConfigError, match=r"figures.f.column = 'loss': allowed are global_train_loss, train_loss"):
+    with pytest.raises(
+        schema.ConfigError, match=r"figures.f.column = 'loss': allowed are global_train_loss, train_loss"
+    ):
         figures.check({"f": {"kind": "loss_curves", "experiment": "tiny", "column": "loss"}}, {"tiny": {}})
     with pytest.raises(schema.ConfigError, match=r"unknown keys \['grid'\]"):
         figures.check({"f": {"kind": "elud", "experiment": "tiny", "grid": 3}}, {"tiny": {}})
@@ -513,12 +611,32 @@ def test_the_cli_draws_a_figure_and_the_report_embeds_it(tiny, tmp_path):
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps(tiny["manifest"]))
     folder = tmp_path / "figures"
-    cli.main(["figures", "--name", "elud", "--spec", json.dumps({"kind": "elud", "experiment": "tiny"}),
-              "--manifest", str(manifest), "--runs-dir", str(tiny["work"] / "runs"), "--out", str(folder / "elud.png")])
+    cli.main(
+        [
+            "figures",
+            "--name",
+            "elud",
+            "--spec",
+            json.dumps({"kind": "elud", "experiment": "tiny"}),
+            "--manifest",
+            str(manifest),
+            "--runs-dir",
+            str(tiny["work"] / "runs"),
+            "--out",
+            str(folder / "elud.png"),
+        ]
+    )
     assert json.loads((folder / "elud.json").read_text())["drawn"]
     from fedrepro.report import page
-    out = page.build(manifest, tiny["work"] / "runs", tmp_path / "partitions", tmp_path / "tiny.html",
-                     tmp_path / "page_figures", folder)
+
+    out = page.build(
+        manifest,
+        tiny["work"] / "runs",
+        tmp_path / "partitions",
+        tmp_path / "tiny.html",
+        tmp_path / "page_figures",
+        folder,
+    )
     html = out.read_text()
     assert "The papers' analysis figures" in html and "e-LUD" in html
     assert (tmp_path / "page_figures" / "paper.elud.png").exists()
@@ -531,9 +649,13 @@ def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_t
     (work / "data").mkdir()
     (work / "data" / "fmnist").symlink_to(tiny_data_root)
     hybrid = {"kind": "hybrid", "alpha_balanced": 10.0, "alpha": 0.1, "min_size": 1, "balance": False, "seed": 1}
-    params = {"title": "hybrid", "experiments": {"hyb": {
-        "base": {**BASE, "participation": 1.0, "partition": hybrid}, "grid": {"algorithm": ["fedavg"]}}}}
-    runs = config.expand(params)
+    params = {
+        "title": "hybrid",
+        "experiments": {
+            "hyb": {"base": {**BASE, "participation": 1.0, "partition": hybrid}, "grid": {"algorithm": ["fedavg"]}}
+        },
+    }
+    runs = expansion.expand(params)
     parts = make_partition(tiny_data_root, work / "partition", num_clients=4, **hybrid)
     run = runs[0]
     _train(run.setting, work / "runs" / run.id, parts, tiny_data_root)
@@ -542,12 +664,16 @@ def test_the_hybrid_partitions_groups_log_their_coherence_and_the_figure_draws_t
     assert metrics.loc[0, "coherence_balanced"] == pytest.approx(cosine[0, 1], abs=1e-5)
     assert metrics.loc[0, "coherence_imbalanced"] == pytest.approx(cosine[2, 3], abs=1e-5)
     assert metrics.loc[0, "coherence_balanced"] != pytest.approx(metrics.loc[0, "coherence"], abs=1e-4)
-    manifest = config.manifest(params, runs, "hybrid")
+    manifest = expansion.manifest(params, runs, "hybrid")
     spec = figures.check({"c": {"kind": "coherence", "experiment": "hyb"}}, manifest["experiments"])["c"]
-    record = figures.draw("c", spec, manifest, work / "runs", work / "fig" / "c.png", figures.Context(work / "data", "cpu"))
+    record = figures.draw(
+        "c", spec, manifest, work / "runs", work / "fig" / "c.png", figures.Context(work / "data", "cpu")
+    )
     assert record["drawn"] and "dashed balanced, dotted imbalanced" in record["caption"]
     spec = figures.check({"m": {"kind": "cosines", "experiment": "hyb", "rounds": [1]}}, manifest["experiments"])["m"]
-    record = figures.draw("m", spec, manifest, work / "runs", work / "fig" / "m.png", figures.Context(work / "data", "cpu"))
+    record = figures.draw(
+        "m", spec, manifest, work / "runs", work / "fig" / "m.png", figures.Context(work / "data", "cpu")
+    )
     assert record["drawn"] and "part the balanced clients 0-1 from the imbalanced ones" in record["caption"]
 
 
@@ -555,22 +681,31 @@ def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates
     """Fig. 5 middle and right: lambda_client_<id> is the round's lambda by client id; with learn_rounds 2
     rounds 1-2 learn lambda and round 3 uses the data sizes n_i / sum_j n_j of its cohort, gamma 1."""
     from fedrepro.partitions import records as partition_records
+
     work = tmp_path
     (work / "data").mkdir()
     (work / "data" / "fmnist").symlink_to(tiny_data_root)
     hybrid = {"kind": "hybrid", "alpha_balanced": 10.0, "alpha": 0.1, "min_size": 1, "balance": False, "seed": 1}
     law = {"variant": "attentive", "proxy_size": 20, "server_epochs": 3, "server_lr": 0.5, "log_client_weights": True}
-    params = {"title": "early", "experiments": {"e": {
-        "base": {**BASE, "participation": 1.0, "partition": hybrid, "algorithm": "fedlaw", "fedlaw": law},
-        "grid": {"fedlaw.learn_rounds": [0, 2]}}}}
-    runs = config.expand(params)
+    params = {
+        "title": "early",
+        "experiments": {
+            "e": {
+                "base": {**BASE, "participation": 1.0, "partition": hybrid, "algorithm": "fedlaw", "fedlaw": law},
+                "grid": {"fedlaw.learn_rounds": [0, 2]},
+            }
+        },
+    }
+    runs = expansion.expand(params)
     parts = make_partition(tiny_data_root, work / "partition", num_clients=4, **hybrid)
     sizes = np.array([len(p) for p in partition_records.load(parts)], dtype=float)
     for run in runs:
         _train(run.setting, work / "runs" / run.id, parts, tiny_data_root)
-    manifest = config.manifest(params, runs, "early")
-    done = {r.setting["fedlaw"]["learn_rounds"]: r for r in
-            figures.select_runs(manifest, work / "runs", {"experiment": "e", "select": {}})}
+    manifest = expansion.manifest(params, runs, "early")
+    done = {
+        r.setting["fedlaw"]["learn_rounds"]: r
+        for r in figures.select_runs(manifest, work / "runs", {"experiment": "e", "select": {}})
+    }
     columns = [f"lambda_client_{i}" for i in range(4)]
     for run in done.values():
         m = run.metrics
@@ -583,12 +718,14 @@ def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates
     # the first two rounds are the same run until the stop
     assert stopped.loc[:1, columns].to_numpy() == pytest.approx(always.loc[:1, columns].to_numpy(), abs=1e-6)
     from fedrepro.report.figures.curves import method
+
     assert method(done[2]) == "fedlaw (attentive, learned until round 2)" and method(done[0]) == "fedlaw (attentive)"
     captions = {}
     for name, kind in (("w", "client_weights"), ("a", "accuracy")):
         spec = figures.check({name: {"kind": kind, "experiment": "e"}}, manifest["experiments"])[name]
-        record = figures.draw(name, spec, manifest, work / "runs", work / "fig" / f"{name}.png",
-                              figures.Context(work / "data", "cpu"))
+        record = figures.draw(
+            name, spec, manifest, work / "runs", work / "fig" / f"{name}.png", figures.Context(work / "data", "cpu")
+        )
         assert record["drawn"], record["reason"]
         captions[kind] = record["caption"]
     assert "parts the balanced clients (above) from the imbalanced ones" in captions["client_weights"]
@@ -598,8 +735,9 @@ def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates
 
 
 def test_the_quick_default_draws_figures_of_every_paper(tmp_path):
-    from conftest import ROOT, job_counts
     from test_workflow import _snakemake
+
+    from conftest import ROOT, job_counts
 
     params = paramsfile.load_params(ROOT / "params" / "default.yaml")
     specs = figures.check(params["figures"], params["experiments"])
@@ -610,22 +748,33 @@ def test_the_quick_default_draws_figures_of_every_paper(tmp_path):
 
 
 WORKFLOW = {
-    "title": "tiny figures workflow", "quick": True,
+    "title": "tiny figures workflow",
+    "quick": True,
     "data": {"root": "data", "mirrors": {"fmnist": ["/usr/share/datasets/fashion-mnist/"]}},
     "tracking": {"enabled": False},
-    "experiments": {"tiny": {"base": {**BASE, "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10},
-                                      "snapshots": {"rounds": [1, 3]}},
-                             "grid": {"algorithm": ["fedavg"]}}},
-    "figures": {"land": {"kind": "landscape", "experiment": "tiny", "rounds": [1, 3], "resolution": 3},
-                "coh": {"kind": "coherence", "experiment": "tiny"},
-                "quad": {"kind": "quadratic", "rounds": 30, "decay_rounds": [10]}},
+    "experiments": {
+        "tiny": {
+            "base": {
+                **BASE,
+                "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10},
+                "snapshots": {"rounds": [1, 3]},
+            },
+            "grid": {"algorithm": ["fedavg"]},
+        }
+    },
+    "figures": {
+        "land": {"kind": "landscape", "experiment": "tiny", "rounds": [1, 3], "resolution": 3},
+        "coh": {"kind": "coherence", "experiment": "tiny"},
+        "quad": {"kind": "quadratic", "rounds": 30, "decay_rounds": [10]},
+    },
 }
 
 
 @pytest.mark.slow
 def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path, fmnist_data):
-    from conftest import subprocess_env, write_yaml
     from test_workflow import _snakemake
+
+    from conftest import subprocess_env, write_yaml
 
     params = write_yaml(tmp_path / "tiny.yaml", fmnist_data.params(WORKFLOW))
     proc = _snakemake(tmp_path, "--configfile", str(params), "--cores", "2", env=subprocess_env(fmnist=fmnist_data))
@@ -639,74 +788,141 @@ def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path, 
 
 
 def test_interpolation_for_each_method_draws_a_line_per_method_and_names_the_missing(tiny):
-    record = _draw(tiny, "interp_each", {"kind": "interpolation", "experiment": "tiny", "points": 3,
-                                         "between": [{"plugins": []}, {"plugins": ["ima"]}],
-                                         "for_each": {"algorithm": ["fedavg", "fedaware"]}})
+    record = _draw(
+        tiny,
+        "interp_each",
+        {
+            "kind": "interpolation",
+            "experiment": "tiny",
+            "points": 3,
+            "between": [{"plugins": []}, {"plugins": ["ima"]}],
+            "for_each": {"algorithm": ["fedavg", "fedaware"]},
+        },
+    )
     assert record["drawn"], record["reason"]
     assert "no finished run: {'plugins': ['ima'], 'algorithm': 'fedaware'}" in record["caption"]
-    record = _draw(tiny, "interp_none", {"kind": "interpolation", "experiment": "tiny", "points": 3,
-                                         "between": [{"plugins": []}, {"plugins": ["ima"]}],
-                                         "for_each": {"algorithm": ["fedaware"]}})
+    record = _draw(
+        tiny,
+        "interp_none",
+        {
+            "kind": "interpolation",
+            "experiment": "tiny",
+            "points": 3,
+            "between": [{"plugins": []}, {"plugins": ["ima"]}],
+            "for_each": {"algorithm": ["fedaware"]},
+        },
+    )
     assert not record["drawn"] and "no finished run matches" in record["reason"]
     with pytest.raises(schema.ConfigError, match=r"for_each = .*one key and its list of values"):
-        figures.check({"f": {"kind": "interpolation", "experiment": "tiny", "for_each": {"a": [1], "b": [2]}}},
-                      {"tiny": {}})
+        figures.check(
+            {"f": {"kind": "interpolation", "experiment": "tiny", "for_each": {"a": [1], "b": [2]}}}, {"tiny": {}}
+        )
 
 
 def test_the_landscape_plane_through_three_client_models(tiny_data_root, tmp_path, monkeypatch):
     """IMA Fig. 1's plane: three client models of one round (full participation keeps three of four)."""
     planes = []
     surface = ima.surface
-    monkeypatch.setattr(ima, "surface", lambda evaluator, models, *a: planes.append(models) or surface(evaluator, models, *a))
+    monkeypatch.setattr(
+        ima, "surface", lambda evaluator, models, *a: planes.append(models) or surface(evaluator, models, *a)
+    )
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "fmnist").symlink_to(tiny_data_root)
-    params = {"title": "three", "quick": True, "experiments": {"three": {
-        "base": {**BASE, "participation": 1.0, "rounds": 2, "snapshots": {"rounds": [2], "clients": 3}},
-        "grid": {"algorithm": ["fedavg"]}}}}
-    runs = config.expand(params)
+    params = {
+        "title": "three",
+        "quick": True,
+        "experiments": {
+            "three": {
+                "base": {**BASE, "participation": 1.0, "rounds": 2, "snapshots": {"rounds": [2], "clients": 3}},
+                "grid": {"algorithm": ["fedavg"]},
+            }
+        },
+    }
+    runs = expansion.expand(params)
     partition_dir = make_partition(tiny_data_root, tmp_path / "partition", num_clients=4)
     _train(runs[0].setting, tmp_path / "runs" / runs[0].id, partition_dir, tiny_data_root)
-    manifest = config.manifest(params, runs, "three")
-    spec = figures.check({"p": {"kind": "landscape", "experiment": "three", "rounds": [2], "plane": "three_clients",
-                                "resolution": 3}}, manifest["experiments"])["p"]
-    record = figures.draw("p", spec, manifest, tmp_path / "runs", tmp_path / "fig" / "p.png",
-                          figures.Context(tmp_path / "data", "cpu", True))
+    manifest = expansion.manifest(params, runs, "three")
+    spec = figures.check(
+        {"p": {"kind": "landscape", "experiment": "three", "rounds": [2], "plane": "three_clients", "resolution": 3}},
+        manifest["experiments"],
+    )["p"]
+    record = figures.draw(
+        "p",
+        spec,
+        manifest,
+        tmp_path / "runs",
+        tmp_path / "fig" / "p.png",
+        figures.Context(tmp_path / "data", "cpu", True),
+    )
     assert record["drawn"], record["reason"]
     assert "three client models of a round" in record["caption"]
     stored = np.load(tmp_path / "runs" / runs[0].id / "snapshots.npz")
-    assert len(planes) == 1 and all(np.array_equal(np.asarray(m), stored[f"round_2_client_{i}"])
-                                    for i, m in enumerate(planes[0]))
+    assert len(planes) == 1 and all(
+        np.array_equal(np.asarray(m), stored[f"round_2_client_{i}"]) for i, m in enumerate(planes[0])
+    )
     with pytest.raises(schema.ConfigError, match=r"plane = 'four': allowed are global_and_two_clients, three_clients"):
         figures.check({"f": {"kind": "landscape", "experiment": "three", "plane": "four"}}, manifest["experiments"])
 
 
-def test_fig10_rows_draw_each_setups_own_planes_and_a_missing_setup_says_so_in_its_row(tiny_data_root, tmp_path,
-                                                                                        monkeypatch):
+def test_fig10_rows_draw_each_setups_own_planes_and_a_missing_setup_says_so_in_its_row(
+    tiny_data_root, tmp_path, monkeypatch
+):
     """IMA Fig. 10: one row per setup (here the MLP and the CNN on FMNIST), each plane through its own run's
     three client models (or the last three global models), and the cross at the three models' mean."""
     planes = []
     surface = ima.surface
-    monkeypatch.setattr(ima, "surface", lambda evaluator, models, *a: planes.append(models) or surface(evaluator, models, *a))
+    monkeypatch.setattr(
+        ima, "surface", lambda evaluator, models, *a: planes.append(models) or surface(evaluator, models, *a)
+    )
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "fmnist").symlink_to(tiny_data_root)
-    params = {"title": "rows", "quick": True, "experiments": {"rows": {
-        "base": {**BASE, "participation": 1.0, "rounds": 3, "snapshots": {"rounds": [1, 2, 3], "clients": 3}},
-        "grid": {"model": ["mlp", "cnn"]}}}}
-    runs = config.expand(params)
+    params = {
+        "title": "rows",
+        "quick": True,
+        "experiments": {
+            "rows": {
+                "base": {**BASE, "participation": 1.0, "rounds": 3, "snapshots": {"rounds": [1, 2, 3], "clients": 3}},
+                "grid": {"model": ["mlp", "cnn"]},
+            }
+        },
+    }
+    runs = expansion.expand(params)
     partition_dir = make_partition(tiny_data_root, tmp_path / "partition", num_clients=4)
     for run in runs:
         _train(run.setting, tmp_path / "runs" / run.id, partition_dir, tiny_data_root)
-    manifest = config.manifest(params, runs, "rows")
-    rows = [{"label": "MLP, FMNIST", "select": {"model": "mlp"}}, {"label": "CNN, FMNIST", "select": {"model": "cnn"}},
-            {"label": "ResNet-18", "select": {"model": "resnet18_gn2"}}]
+    manifest = expansion.manifest(params, runs, "rows")
+    rows = [
+        {"label": "MLP, FMNIST", "select": {"model": "mlp"}},
+        {"label": "CNN, FMNIST", "select": {"model": "cnn"}},
+        {"label": "ResNet-18", "select": {"model": "resnet18_gn2"}},
+    ]
 
     def draw(name, **options):
-        spec = figures.check({name: {"kind": "landscape_rows", "experiment": "rows", "rows": rows, "rounds": [1, -1],
-                                     "globals": [1, 2, 3], "resolution": 3, **options}}, manifest["experiments"])[name]
-        return figures.draw(name, spec, manifest, tmp_path / "runs", tmp_path / "fig" / f"{name}.png",
-                            figures.Context(tmp_path / "data", "cpu", True))
+        spec = figures.check(
+            {
+                name: {
+                    "kind": "landscape_rows",
+                    "experiment": "rows",
+                    "rows": rows,
+                    "rounds": [1, -1],
+                    "globals": [1, 2, 3],
+                    "resolution": 3,
+                    **options,
+                }
+            },
+            manifest["experiments"],
+        )[name]
+        return figures.draw(
+            name,
+            spec,
+            manifest,
+            tmp_path / "runs",
+            tmp_path / "fig" / f"{name}.png",
+            figures.Context(tmp_path / "data", "cpu", True),
+        )
 
     from matplotlib.figure import Figure
+
     saved = []
     savefig = Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
@@ -734,5 +950,7 @@ def test_fig10_rows_draw_each_setups_own_planes_and_a_missing_setup_says_so_in_i
         with pytest.raises(schema.ConfigError, match=r"figures.f.rows = .*a non-empty list of \{label, select\}"):
             figures.check({"f": {"kind": "landscape_rows", "experiment": "rows", "rows": bad}}, manifest["experiments"])
     with pytest.raises(schema.ConfigError, match=r"quantity = 'accuracy': allowed are loss, error"):
-        figures.check({"f": {"kind": "landscape_rows", "experiment": "rows", "rows": rows, "quantity": "accuracy"}},
-                      manifest["experiments"])
+        figures.check(
+            {"f": {"kind": "landscape_rows", "experiment": "rows", "rows": rows, "quantity": "accuracy"}},
+            manifest["experiments"],
+        )

@@ -2,6 +2,7 @@
 
 A cleanup (a comment, a docstring, a moved function) must rename nothing; a change that does rename runs
 is one deliberate commit that rewrites the file (``python tests/golden/ids.py --write``)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,8 +30,9 @@ def test_every_shipped_run_and_partition_keeps_its_id():
             gone = sorted(set(pinned[name][kind]) - set(now[name][kind]))
             new = sorted(set(now[name][kind]) - set(pinned[name][kind]))
             if gone or new:
-                changed.append(f"{name} {kind}: {len(gone)} renamed or gone (e.g. {gone[:1]}), {len(new)} new "
-                               f"(e.g. {new[:1]})")
+                changed.append(
+                    f"{name} {kind}: {len(gone)} renamed or gone (e.g. {gone[:1]}), {len(new)} new (e.g. {new[:1]})"
+                )
     assert not changed, "run ids changed (a deliberate rename rewrites tests/golden/ids.json):\n" + "\n".join(changed)
 
 

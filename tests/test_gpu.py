@@ -6,6 +6,7 @@ The unmarked tests run everywhere. The ``gpu`` tests need CUDA and skip with the
 package (no snakemake, mlflow), so a GPU node with only a site PyTorch runs them from a checkout
 with ``PYTHONPATH=src``.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,24 @@ import torch
 
 from conftest import make_partition
 from fedrepro import cli, identity
-from fedrepro.run.process import pick_device
+from fedrepro.configure import settings
 from fedrepro.ops import slots
-from fedrepro.spec import settings
+from fedrepro.run.process import pick_device
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
-        "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
-        "partition": {"kind": "iid", "seed": 1}, "algorithm": "fedavg"}
+BASE = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 4,
+    "batch_size": 50,
+    "device": "cpu",
+    "eval_every": 1,
+    "client": {"lr": 0.05},
+    "partition": {"kind": "iid", "seed": 1},
+    "algorithm": "fedavg",
+}
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 
@@ -38,16 +49,36 @@ def partition_dir(tiny_data_root, tmp_path_factory):
 
 
 def _train_args(setting, out, partition_dir, data_root, *extra) -> list[str]:
-    return ["train", "--setting", json.dumps(setting), "--partition", str(partition_dir), "--data-root",
-            str(data_root), "--out", str(out), "--no-progress", "--threads", "1", *extra]
+    return [
+        "train",
+        "--setting",
+        json.dumps(setting),
+        "--partition",
+        str(partition_dir),
+        "--data-root",
+        str(data_root),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
 # --------------------------------------------------------------------------- device choice (CPU)
 
 
 @no_cuda
-@pytest.mark.parametrize("grant", [{"CUDA_VISIBLE_DEVICES": "0"}, {"SLURM_JOB_GPUS": "3"},
-                                   {"SLURM_STEP_GPUS": "0,1"}, {"CUDA_VISIBLE_DEVICES": "GPU-5ad1"}])
+@pytest.mark.parametrize(
+    "grant",
+    [
+        {"CUDA_VISIBLE_DEVICES": "0"},
+        {"SLURM_JOB_GPUS": "3"},
+        {"SLURM_STEP_GPUS": "0,1"},
+        {"CUDA_VISIBLE_DEVICES": "GPU-5ad1"},
+    ],
+)
 def test_job_given_a_gpu_without_cuda_fails_clearly(grant):
     with pytest.raises(RuntimeError) as err:
         pick_device("auto", environ=grant)
@@ -58,8 +89,9 @@ def test_job_given_a_gpu_without_cuda_fails_clearly(grant):
 
 
 @no_cuda
-@pytest.mark.parametrize("environ", [{}, {"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "-1"},
-                                     {"SLURM_JOB_ID": "7"}])
+@pytest.mark.parametrize(
+    "environ", [{}, {"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "-1"}, {"SLURM_JOB_ID": "7"}]
+)
 def test_auto_without_a_gpu_grant_trains_on_cpu(environ):
     assert pick_device("auto", environ=environ) == torch.device("cpu")
 
@@ -78,21 +110,24 @@ def test_train_log_starts_with_device_versions_and_resume(tmp_path, partition_di
     out = tmp_path / "run"
     cli.main(_train_args(BASE, out, partition_dir, tiny_data_root, "--stop-after", "2"))
     first = capfd.readouterr().err.splitlines()[0]
-    assert first == (f"fedrepro train: device cpu; torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}; "
-                     "fresh start")
+    assert first == (
+        f"fedrepro train: device cpu; torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}; fresh start"
+    )
     cli.main(_train_args(BASE, out, partition_dir, tiny_data_root))
     assert capfd.readouterr().err.splitlines()[0].endswith("; resumed at round 2")
 
 
 @pytest.mark.parametrize("precision,tf32", [("float32", False), ("tf32", True)])
-def test_precision_sets_the_process_arithmetic_and_names_the_run(precision, tf32, tmp_path, partition_dir,
-                                                                 tiny_data_root):
+def test_precision_sets_the_process_arithmetic_and_names_the_run(
+    precision, tf32, tmp_path, partition_dir, tiny_data_root
+):
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         # start from the opposite: float32 must switch off cuDNN's TF32, which torch leaves on by default
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not tf32
-        cli.main(_train_args({**BASE, "rounds": 1, "precision": precision}, tmp_path / "run", partition_dir,
-                             tiny_data_root))
+        cli.main(
+            _train_args({**BASE, "rounds": 1, "precision": precision}, tmp_path / "run", partition_dir, tiny_data_root)
+        )
         assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
@@ -113,15 +148,18 @@ HOLD = textwrap.dedent("""
 
 def test_concurrent_jobs_hold_distinct_slots_and_free_them(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    holders = [subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "30"], stdout=subprocess.PIPE,
-                                text=True, env=env) for _ in range(3)]
+    holders = [
+        subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "30"], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(3)
+    ]
     try:
         taken = sorted(int(p.stdout.readline()) for p in holders)
         assert taken == [0, 1, 2]
         holders[1].kill()  # whichever slot it held is free again once the process is gone
         holders[1].wait()
-        again = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path), "0"], capture_output=True, text=True,
-                               env=env, timeout=60)
+        again = subprocess.run(
+            [sys.executable, "-c", HOLD, str(tmp_path), "0"], capture_output=True, text=True, env=env, timeout=60
+        )
         assert int(again.stdout) in taken and int(again.stdout) < 3
     finally:
         for p in holders:
@@ -149,8 +187,10 @@ def test_slot_folder_is_per_slurm_allocation():
 
 from fedrepro.ops import gpucheck  # noqa: E402
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                          reason=f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})")
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason=f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})",
+)
 
 
 @pytest.mark.gpu
@@ -243,14 +283,17 @@ BLOCK = textwrap.dedent("""
 def test_gpu_check_imports_neither_snakemake_nor_mlflow(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT / 'src'}"}
-    probe = ("import sys\nfrom fedrepro import cli; from fedrepro.ops import gpucheck, bench, slots\nfrom fedrepro.run import jobs\n"
-             "gpucheck.check_cohort_matches_sequential('cpu')\n"
-             "assert not any(m.split('.')[0] in ('snakemake', 'mlflow') for m in sys.modules)\n"
-             "import snakemake\n")
+    probe = (
+        "import sys\nfrom fedrepro import cli; from fedrepro.ops import gpucheck, bench, slots\n"
+        "from fedrepro.run import jobs\n"
+        "gpucheck.check_cohort_matches_sequential('cpu')\n"
+        "assert not any(m.split('.')[0] in ('snakemake', 'mlflow') for m in sys.modules)\n"
+        "import snakemake\n"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     # the block is active (the last import fails) and nothing before it needed those packages
     assert "snakemake is not installed on this GPU node" in proc.stderr, proc.stderr[-2000:]
-    assert proc.stderr.count("Traceback") == 1 and 'line 6' in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("Traceback") == 1 and "line 6" in proc.stderr, proc.stderr[-2000:]
 
 
 @no_cuda
@@ -262,10 +305,22 @@ def test_check_gpu_without_cuda_says_so(capsys):
 def test_step_costs_of_the_papers_in_plans_format(tmp_path, monkeypatch):
     """What check-gpu measures for `fedrepro plan` (here on the CPU, for a one-setting params file)."""
     import yaml
+
     from fedrepro.ops import pricing
+
     params = tmp_path / "p.yaml"
-    params.write_text(yaml.safe_dump({"experiments": {"e": {"base": {
-        "dataset": "fmnist", "model": "mlp", "num_clients": 10, "batch_size": 32}, "grid": {"seed": [1, 2]}}}}))
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "experiments": {
+                    "e": {
+                        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "batch_size": 32},
+                        "grid": {"seed": [1, 2]},
+                    }
+                }
+            }
+        )
+    )
     monkeypatch.setattr(gpucheck, "PAPER_PARAMS", [str(params), str(tmp_path / "absent.yaml")])
     out = tmp_path / "step_costs.json"
     table = gpucheck.measure_step_costs("cpu", out, log=lambda line: None)
@@ -289,13 +344,15 @@ def test_a_state_loaded_onto_a_gpu_restores(tmp_path):
     arrive there too, and restoring them must copy them to the host (on an H200 every resume and every
     +IMA child failed here before). The tensors below refuse numpy() as CUDA tensors do."""
     from fedrepro.ops.gpucheck import _trainer, tiny_fmnist
+
     datasets = tiny_fmnist()
     trainer = _trainer(BASE, tmp_path / "a", "cpu", datasets)
     trainer.run(progress=False, stop_after=2)
     state = trainer.state(2)
     assert state["cosines"], "the run kept no cosine matrices, so nothing is checked"
-    on_device = {key: {k: v.as_subclass(_DeviceTensor) for k, v in state[key].items()}
-                 for key in ("cosines", "snapshots")}
+    on_device = {
+        key: {k: v.as_subclass(_DeviceTensor) for k, v in state[key].items()} for key in ("cosines", "snapshots")
+    }
     with pytest.raises(TypeError):
         next(iter(on_device["cosines"].values())).numpy()
     resumed = _trainer(BASE, tmp_path / "b", "cpu", datasets)

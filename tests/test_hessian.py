@@ -1,4 +1,5 @@
 """Lanczos on Hessian-vector products (fedrepro.run.hessian) against the explicit Hessian of a tiny model."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ from fedrepro.run import hessian
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
-U64 = 2.0 ** -53  # float64's unit roundoff: the model and the Lanczos run are in float64
+U64 = 2.0**-53  # float64's unit roundoff: the model and the Lanczos run are in float64
 
 
 def _tiny():

@@ -4,6 +4,7 @@ are named; every fault recovers in one rerun.
 
 tests/hostile_params/*.yaml each start with ``# expect: TEXT``: the error must contain TEXT (the key).
 """
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,8 @@ def expected(path: Path, by: str = "expect") -> str:
     assert lines[0].startswith("# expect: "), path
     for line in lines:
         if line.startswith(f"# {by}: "):
-            return line[len(f"# {by}: "):]
-    return lines[0][len("# expect: "):]
+            return line[len(f"# {by}: ") :]
+    return lines[0][len("# expect: ") :]
 
 
 def expand_error(capsys, *files) -> str:
@@ -40,8 +41,9 @@ def expand_error(capsys, *files) -> str:
 
 
 def dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(snakemake_cmd(workdir, "-n", "-p", *args), capture_output=True, text=True,
-                          env=subprocess_env(), timeout=300)
+    return subprocess.run(
+        snakemake_cmd(workdir, "-n", "-p", *args), capture_output=True, text=True, env=subprocess_env(), timeout=300
+    )
 
 
 def test_there_are_many_bad_files():
@@ -65,10 +67,13 @@ def test_a_typo_is_reported_once_not_once_per_grid_point(capsys):
 
 
 def test_merge_keys_are_not_duplicates(tmp_path):
-    from fedrepro.spec import paramsfile
+    from fedrepro.configure import paramsfile
+
     path = tmp_path / "p.yaml"
-    path.write_text("base: &b {num_clients: 4, rounds: 2}\nexperiments:\n  a:\n    base:\n      <<: *b\n"
-                    "      rounds: 3\n    grid: {seed: [1]}\n")
+    path.write_text(
+        "base: &b {num_clients: 4, rounds: 2}\nexperiments:\n  a:\n    base:\n      <<: *b\n"
+        "      rounds: 3\n    grid: {seed: [1]}\n"
+    )
     assert paramsfile.read_yaml(path)["experiments"]["a"]["base"] == {"num_clients": 4, "rounds": 3}
 
 
@@ -101,6 +106,7 @@ def dry_runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProc
     def one(path: Path):
         workdir = tmp_path_factory.mktemp(path.stem)
         return path.stem, (workdir, dry_run(workdir, "--configfile", str(path)))
+
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
         return dict(pool.map(one, SNAKEMAKE_REST))
 
@@ -149,18 +155,33 @@ def test_a_hostile_params_file_name_is_refused(name, tmp_path):
 def test_every_value_reaching_a_shell_is_quoted():
     """Every placeholder of a shell command in the rules is quoted (``:q``), except numbers."""
     import re
+
     # TRACK_LIVE is an argument list that train.smk builds with shlex.join (quoted where it is made)
     # FEDREPRO is this Python's path and `-m fedrepro`, the path quoted with shlex.quote in common.smk
-    # params.forks: shlex.join of WorkflowForks.train_args; wildcards.round is constrained to digits, params.history an int
+    # params.forks: shlex.join of WorkflowForks.train_args; wildcards.round is constrained to digits, params.history
+    # an int
     # params.experiments: a manifest slice's experiment names, shlex.join-ed in report.smk; params.source: a
     # tracking job's --record or --manifest, its value shlex.quote-d in common.smk's track_source
-    unquoted_ok = {"threads", "params.rounds", "params.repeats", "params.enabled", "TRACK_LIVE", "FEDREPRO",
-                   "params.forks", "params.history", "wildcards.round", "params.experiments", "params.source"}
+    unquoted_ok = {
+        "threads",
+        "params.rounds",
+        "params.repeats",
+        "params.enabled",
+        "TRACK_LIVE",
+        "FEDREPRO",
+        "params.forks",
+        "params.history",
+        "wildcards.round",
+        "params.experiments",
+        "params.source",
+    }
     assert "--record {shlex.quote(" in (ROOT / "workflow" / "rules" / "common.smk").read_text()
     assert "--manifest {shlex.quote(" in (ROOT / "workflow" / "rules" / "common.smk").read_text()
     assert "experiments=lambda w: shlex.join(" in (ROOT / "workflow" / "rules" / "report.smk").read_text()
     assert "shlex.join(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
-    assert "forks=lambda w, input: shlex.join(FORKS.train_args(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
+    assert (
+        "forks=lambda w, input: shlex.join(FORKS.train_args(" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
+    )
     assert 'FEDREPRO = shlex.quote(sys.executable) + " -m fedrepro"' in (ROOT / "workflow/rules/common.smk").read_text()
     for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
         text = smk.read_text()
@@ -178,11 +199,21 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from conftest import make_partition  # noqa: E402
-from fedrepro.run import checkpoint
+from fedrepro.run import checkpoint  # noqa: E402
 
-RUN = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4, "local_epochs": 1,
-       "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
-       "partition": {"kind": "iid", "seed": 1}}
+RUN = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 4,
+    "local_epochs": 1,
+    "batch_size": 50,
+    "device": "cpu",
+    "eval_every": 1,
+    "client": {"lr": 0.05},
+    "partition": {"kind": "iid", "seed": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +222,23 @@ def partition_dir(tiny_data_root, tmp_path_factory):
 
 
 def _train(setting, out, partition_dir, data_root, *extra):
-    cli.main(["train", "--setting", json.dumps(setting), "--partition", str(partition_dir), "--data-root",
-              str(data_root), "--out", str(out), "--no-progress", "--threads", "1", *extra])
+    cli.main(
+        [
+            "train",
+            "--setting",
+            json.dumps(setting),
+            "--partition",
+            str(partition_dir),
+            "--data-root",
+            str(data_root),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--threads",
+            "1",
+            *extra,
+        ]
+    )
     return json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
 
 
@@ -207,8 +253,9 @@ def _flip_a_bit_in_a_tensor(path: Path) -> None:
     path.write_bytes(bytes(raw))
 
 
-def test_a_checkpoint_with_a_flipped_bit_is_refused_named_and_set_aside(tmp_path, partition_dir, tiny_data_root,
-                                                                        capsys):
+def test_a_checkpoint_with_a_flipped_bit_is_refused_named_and_set_aside(
+    tmp_path, partition_dir, tiny_data_root, capsys
+):
     out = tmp_path / "run"
     ref = _train(RUN, tmp_path / "ref", partition_dir, tiny_data_root)
     _train(RUN, out, partition_dir, tiny_data_root, "--stop-after", "2")
@@ -279,6 +326,7 @@ def test_partial_checkpoint_writes_are_removed_on_the_next_start(tmp_path, parti
 
 def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partition_dir, tiny_data_root, capsys):
     from fedrepro.partitions.base import PartitionError
+
     other = make_partition(tiny_data_root, tmp_path / "other", num_clients=4, kind="iid", seed=2)
     with pytest.raises(SystemExit) as exit_:  # the command's one line, status 2
         _train(RUN, tmp_path / "run", other, tiny_data_root)
@@ -298,6 +346,7 @@ def test_a_run_refuses_a_partition_that_is_not_the_one_it_names(tmp_path, partit
 def test_a_corrupt_partition_file_is_named(tmp_path, tiny_data_root):
     from fedrepro.partitions import records as partition_records
     from fedrepro.partitions.base import PartitionError
+
     folder = make_partition(tiny_data_root, tmp_path / "p", num_clients=4)
     raw = (folder / "clients.npz").read_bytes()
     (folder / "clients.npz").write_bytes(raw[: len(raw) // 2])
@@ -318,8 +367,15 @@ def test_a_blow_up_in_the_last_round_is_diverged_not_finished(tmp_path, partitio
 
 def test_the_divergence_rule_reads_every_quantity():
     from fedrepro.run.rows import diverged
-    fine = {"train_loss": 1.0, "step_norm": 1.0, "global_norm": 1.0, "test_acc": float("nan"),
-            "test_loss": float("nan"), "pseudo_grad_norm": float("nan")}
+
+    fine = {
+        "train_loss": 1.0,
+        "step_norm": 1.0,
+        "global_norm": 1.0,
+        "test_acc": float("nan"),
+        "test_loss": float("nan"),
+        "pseudo_grad_norm": float("nan"),
+    }
     x = torch.ones(3)
     assert not diverged(fine, x), "NaN test metrics of a round without evaluation are not divergence"
     assert diverged({**fine, "step_norm": float("inf")}, x)
@@ -349,6 +405,7 @@ def test_a_download_stops_at_the_expected_size(tmp_path, serve, fmnist_mirror):
             real_fetch(mirror, filename, dest, timeout, max_bytes)
         finally:
             written.append(dest.stat().st_size if dest.exists() else 0)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(base, "_fetch", spy)
         with pytest.raises(data.DownloadError, match="stopped there"):
@@ -376,19 +433,23 @@ from test_report import fabricate  # noqa: E402
 
 
 def _two_params_files(tmp_path):
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
+
     files, runs = [], {}
     for name, seed in (("one", 1), ("two", 2)):
         path = tmp_path / "params" / f"{name}.yaml"
         path.parent.mkdir(exist_ok=True)
-        path.write_text(f"experiments:\n  e_{name}: {{base: {{num_clients: 4, rounds: 12}}, grid: {{seed: [{seed}]}}}}\n")
+        path.write_text(
+            f"experiments:\n  e_{name}: {{base: {{num_clients: 4, rounds: 12}}, grid: {{seed: [{seed}]}}}}\n"
+        )
         files.append(path)
-        runs[name] = config.expand(paramsfile.load_params(path))[0]
+        runs[name] = expansion.expand(paramsfile.load_params(path))[0]
     return files, runs
 
 
 def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
     from fedrepro.report import index
+
     files, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     for run in runs.values():
@@ -404,21 +465,23 @@ def test_a_truncated_summary_is_named_and_stops_no_other_params_file(tmp_path):
 
 def test_a_truncated_summary_is_named_by_the_report(tmp_path):
     from fedrepro import records
+    from fedrepro.configure import expansion, paramsfile
     from fedrepro.report import frames
-    from fedrepro.spec import config, paramsfile
+
     files, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     fabricate(runs["one"], runs_dir, 0.7)
     bad = runs_dir / runs["one"].id / "summary.json"
-    bad.write_text("{\"run\": ")
+    bad.write_text('{"run": ')
     params = paramsfile.load_params(files[0])
-    manifest = config.manifest(params, config.expand(params), "one")
+    manifest = expansion.manifest(params, expansion.expand(params), "one")
     with pytest.raises(records.CorruptFileError, match=str(bad)):
         frames.load_runs(manifest, runs_dir)
 
 
 def test_paper_numbers_skip_a_truncated_summary(tmp_path, capsys):
     from fedrepro.report import paper
+
     _, runs = _two_params_files(tmp_path)
     runs_dir = tmp_path / "runs"
     for run in runs.values():
@@ -466,8 +529,13 @@ def _stale_lock(project: Path) -> Path:
 
 def _make_run(project: Path) -> subprocess.CompletedProcess:
     env = subprocess_env(PYTHONPATH=str(project / "src"))
-    return subprocess.run(["make", "-C", str(project), "--no-print-directory", "recover-run", "CONFIG=p.yaml",
-                           "SNAKEMAKE_ARGS=-n"], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        ["make", "-C", str(project), "--no-print-directory", "recover-run", "CONFIG=p.yaml", "SNAKEMAKE_ARGS=-n"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -498,13 +566,15 @@ def test_training_stops_with_a_checkpoint_when_its_parent_is_killed(tmp_path, pa
     out = tmp_path / "run"
     setting = {**RUN, "rounds": 100000, "eval_every": 1000}
     child_log = tmp_path / "child.log"
-    script = (f"import subprocess, sys\n"
-              f"log = open({str(child_log)!r}, 'w')\n"
-              f"p = subprocess.Popen(['fedrepro', 'train', '--setting', {json.dumps(setting)!r}, '--partition', "
-              f"{str(partition_dir)!r}, '--data-root', {str(tiny_data_root)!r}, '--out', {str(out)!r}, "
-              f"'--no-progress', '--threads', '1', '--checkpoint-every', '5'], stdout=log, stderr=log)\n"
-              f"print(p.pid, flush=True)\n"
-              f"p.wait()\n")
+    script = (
+        f"import subprocess, sys\n"
+        f"log = open({str(child_log)!r}, 'w')\n"
+        f"p = subprocess.Popen(['fedrepro', 'train', '--setting', {json.dumps(setting)!r}, '--partition', "
+        f"{str(partition_dir)!r}, '--data-root', {str(tiny_data_root)!r}, '--out', {str(out)!r}, "
+        f"'--no-progress', '--threads', '1', '--checkpoint-every', '5'], stdout=log, stderr=log)\n"
+        f"print(p.pid, flush=True)\n"
+        f"p.wait()\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=subprocess_env())
     child = int(parent.stdout.readline())
     try:
@@ -564,10 +634,16 @@ def _processes(wanted) -> list[str]:
 
 def _trainers_in(project: Path) -> list[str]:
     """Live `fedrepro train` processes working in ``project``."""
+
     def trainer(proc: Path) -> bool:
         words = (proc / "cmdline").read_bytes().split(b"\0")
-        return (b"train" in words and any(w.endswith(b"fedrepro") for w in words)
-                and Path(os.readlink(proc / "cwd")) == project and _alive(int(proc.name)))
+        return (
+            b"train" in words
+            and any(w.endswith(b"fedrepro") for w in words)
+            and Path(os.readlink(proc / "cwd")) == project
+            and _alive(int(proc.name))
+        )
+
     return _processes(trainer)
 
 
@@ -578,6 +654,7 @@ def _holders(project: Path) -> list[str]:
     def holds(proc: Path) -> bool:
         named[proc.name] = (proc / "cmdline").read_bytes()[:200]
         return any(os.readlink(fd) == flock for fd in (proc / "fd").iterdir())
+
     return [f"{pid} {named[pid]!r}" for pid in _processes(holds)]
 
 
@@ -589,8 +666,9 @@ def test_one_make_run_after_a_kill_9_of_the_whole_run_finishes_the_grid(tmp_path
     (project / "k.yaml").write_text(fmnist_data.params_text(KILLED_GRID))
     env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", fmnist=fmnist_data, PYTHONPATH=str(project / "src"))
     make = ["make", "-C", str(project), "--no-print-directory", "recover-run", "CONFIG=k.yaml"]
-    first = subprocess.Popen(make, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                             start_new_session=True)
+    first = subprocess.Popen(
+        make, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 300
         while not list((project / "results" / "runs").glob("*/checkpoint.pt")):
@@ -617,7 +695,6 @@ def test_one_make_run_after_a_kill_9_of_the_whole_run_finishes_the_grid(tmp_path
     assert not (locks.exists() and list(locks.iterdir())), "the finished run released Snakemake's lock"
 
 
-
 ENDLESS_RUN = """title: endless run
 data:
   root: data
@@ -640,6 +717,7 @@ def test_killing_snakemake_alone_makes_its_training_job_checkpoint_and_stop(shel
     the job's shell, which outlives Snakemake, and the job trains on: the second case shows the first
     depends on that word."""
     from conftest import BIN
+
     project = _project_copy(tmp_path)
     (project / "k.yaml").write_text(fmnist_data.params_text(ENDLESS_RUN))
     rule = project / "workflow" / "rules" / "train.smk"
@@ -648,11 +726,22 @@ def test_killing_snakemake_alone_makes_its_training_job_checkpoint_and_stop(shel
         assert '"exec {FEDREPRO} train' in text
         rule.write_text(text.replace('"exec {FEDREPRO} train', '"{FEDREPRO} train'))
     env = subprocess_env(f"sqlite:///{project / 'mlflow.db'}", fmnist=fmnist_data, PYTHONPATH=str(project / "src"))
-    cmd = [str(BIN / "snakemake"), "--snakefile", str(project / "Snakefile"), "--directory", str(project),
-           "--configfile", str(project / "k.yaml"), "--workflow-profile", str(project / "workflow/profiles/ci"),
-           "--cores", "1"]
-    snakemake = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                 start_new_session=True)
+    cmd = [
+        str(BIN / "snakemake"),
+        "--snakefile",
+        str(project / "Snakefile"),
+        "--directory",
+        str(project),
+        "--configfile",
+        str(project / "k.yaml"),
+        "--workflow-profile",
+        str(project / "workflow/profiles/ci"),
+        "--cores",
+        "1",
+    ]
+    snakemake = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
+    )
     logs = project / "logs" / "train"
     try:
         deadline = time.monotonic() + 300
@@ -693,6 +782,7 @@ def test_every_rule_calls_the_environments_fedrepro():
     """A rule's command starts with {FEDREPRO} (this Python's ``-m fedrepro``), never a bare ``fedrepro`` that
     PATH may not hold (`.venv/bin/snakemake` without an activated environment, a Slurm job's shell)."""
     import re
+
     bare = re.compile(r"(?:^|[;&|(]\s*|\bthen\s+|\bexec\s+)fedrepro\b")
     for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")) + [ROOT / "Snakefile"]:
         for block in re.findall(r"shell:\n((?:\s+\".*\"\n?)+)", smk.read_text()):

@@ -1,11 +1,12 @@
 """IMA: the window average against hand-computed means, its lr schemes, its checks and its state."""
+
 import pytest
 import torch
 
-from fedrepro.run import checkpoint
-from fedrepro.spec import schema, settings
 from fedrepro.algorithms import ima
+from fedrepro.configure import schema, settings
 from fedrepro.parts import Algorithm, RoundUpdates
+from fedrepro.run import checkpoint
 from fedrepro.server import ServerSGD, WeightedMean
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
@@ -35,8 +36,8 @@ def test_window_is_the_mean_of_the_last_k_aggregates(window, start):
         out = hook(w, at_round(t))
         if t < start:
             assert torch.equal(out, w)
-        else:   # the window includes aggregates from before t_s and never IMA's own outputs
-            expected = sum(seen[t - window + 1:t + 1]) / window
+        else:  # the window includes aggregates from before t_s and never IMA's own outputs
+            expected = sum(seen[t - window + 1 : t + 1]) / window
             assert torch.allclose(out, expected, rtol=0, atol=1e-14)
 
 
@@ -53,8 +54,15 @@ def test_window_survives_a_checkpoint(tmp_path):
 
 
 def setting(**ima_keys):
-    return settings.resolve({"algorithm": "fedavg+ima", "rounds": 100, "local_epochs": 5,
-                           "client": {"lr": 0.01, "lr_decay": 0.99}, "ima": ima_keys})
+    return settings.resolve(
+        {
+            "algorithm": "fedavg+ima",
+            "rounds": 100,
+            "local_epochs": 5,
+            "client": {"lr": 0.01, "lr_decay": 0.99},
+            "ima": ima_keys,
+        }
+    )
 
 
 def applied(s):
@@ -66,9 +74,9 @@ def applied(s):
 def test_exponential_decay_is_the_reference_codes():
     alg = applied(setting(start_round=60))
     for t in (0, 30, 59):
-        assert alg.client_plan.lr_schedule(t) == pytest.approx(0.01 * 0.99 ** t)
+        assert alg.client_plan.lr_schedule(t) == pytest.approx(0.01 * 0.99**t)
     for t in (60, 61, 99):
-        assert alg.client_plan.lr_schedule(t) == pytest.approx(0.01 * 0.99 ** 60 * 0.97 ** (t - 60))
+        assert alg.client_plan.lr_schedule(t) == pytest.approx(0.01 * 0.99**60 * 0.97 ** (t - 60))
 
 
 def test_default_start_is_three_quarters_of_the_rounds():
@@ -79,9 +87,12 @@ def test_default_start_is_three_quarters_of_the_rounds():
 
 
 def test_other_decay_schemes():
-    start, lr_start = 60, 0.01 * 0.99 ** 60
+    start, lr_start = 60, 0.01 * 0.99**60
     const = applied(setting(start_round=start, decay="constant"))
-    assert const.client_plan.lr_schedule(59) == pytest.approx(0.01 * 0.99 ** 59) and const.client_plan.lr_schedule(70) == 5e-5
+    assert (
+        const.client_plan.lr_schedule(59) == pytest.approx(0.01 * 0.99**59)
+        and const.client_plan.lr_schedule(70) == 5e-5
+    )
     # SWA: (1 - f) lr_max + f lr_min with f = (k + 1) / c at position k of the cycle; lr_max is the paper's
     # 1e-2 by default, the lr at t_s (the code's) with cyclic_lr_max: null
     for top, cyclic_lr_max in ((0.01, 0.01), (lr_start, None)):
@@ -90,19 +101,22 @@ def test_other_decay_schemes():
         assert resolved["ima"]["cyclic_lr_max"] == top
         cyclic = applied(resolved)
         assert [cyclic.client_plan.lr_schedule(t) for t in range(60, 65)] == pytest.approx(
-            [0.75 * top + 0.25 * 5e-5, 0.5 * top + 0.5 * 5e-5, 0.25 * top + 0.75 * 5e-5, 5e-5,
-             0.75 * top + 0.25 * 5e-5])
+            [0.75 * top + 0.25 * 5e-5, 0.5 * top + 0.5 * 5e-5, 0.25 * top + 0.75 * 5e-5, 5e-5, 0.75 * top + 0.25 * 5e-5]
+        )
     none = applied(setting(start_round=start, decay="none"))
-    assert none.client_plan.lr_schedule(90) == pytest.approx(0.01 * 0.99 ** 90)
+    assert none.client_plan.lr_schedule(90) == pytest.approx(0.01 * 0.99**90)
     epoch = applied(setting(start_round=start, decay="epoch", cycle_rounds=20))
-    assert epoch.client_plan.lr_schedule(90) == pytest.approx(0.01 * 0.99 ** 90)
+    assert epoch.client_plan.lr_schedule(90) == pytest.approx(0.01 * 0.99**90)
     assert [epoch.client_plan.local_epochs(t, 0) for t in (59, 60, 79, 80, 100, 140)] == [5, 5, 5, 4, 3, 1]
 
 
-@pytest.mark.parametrize("keys,message", [
-    ({"start_round": 100}, r"rounds = 100, ima.start_round = 100\).*IMA would never start"),
-    ({"start_round": 3, "window": 5}, r"ima.window = 5, ima.start_round = 3.*the window would not be full"),
-])
+@pytest.mark.parametrize(
+    "keys,message",
+    [
+        ({"start_round": 100}, r"rounds = 100, ima.start_round = 100\).*IMA would never start"),
+        ({"start_round": 3, "window": 5}, r"ima.window = 5, ima.start_round = 3.*the window would not be full"),
+    ],
+)
 def test_inconsistent_keys_are_refused_by_name(keys, message):
     with pytest.raises(schema.ConfigError, match=message):
         setting(**keys)
@@ -110,10 +124,17 @@ def test_inconsistent_keys_are_refused_by_name(keys, message):
 
 def test_before_the_start_round_ima_keeps_the_hosts_whole_lr_schedule_milestones_included():
     from fedrepro import algorithms
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
     from fedrepro.parts import lr_schedule
-    setting = settings.resolve({"algorithm": "fedavg+ima", "rounds": 100, "ima": {"start_round": 80, "window": 5},
-                              "client": {"lr": 0.1, "lr_decay": 1.0, "lr_milestones": [0.5]}})
+
+    setting = settings.resolve(
+        {
+            "algorithm": "fedavg+ima",
+            "rounds": 100,
+            "ima": {"start_round": 80, "window": 5},
+            "client": {"lr": 0.1, "lr_decay": 1.0, "lr_milestones": [0.5]},
+        }
+    )
     algo = algorithms.build(setting, 4, 3, torch.device("cpu"), torch.ones(4))
     assert algo.client_plan.lr_schedule(49) == lr_schedule(setting)(49) == 0.1
     assert algo.client_plan.lr_schedule(50) == lr_schedule(setting)(50) == pytest.approx(0.01)

@@ -1,5 +1,6 @@
 """IMA's three extra baselines: FedASAM's two-pass step, FedGMA's sign mask and FedFA's anchors and
 calibration against hand-computed values; two real rounds each on the FMNIST CNN, resumed exactly."""
+
 from __future__ import annotations
 
 import math
@@ -9,15 +10,15 @@ import torch
 from torch import nn
 
 from conftest import make_partition
-from fedrepro.run import checkpoint
-from fedrepro.spec import schema, settings
 from fedrepro.algorithms.fedasam import AdaptiveSharpness
 from fedrepro.algorithms.fedfa import FeatureAnchors
 from fedrepro.algorithms.fedgma import MaskedAveraging
-from fedrepro.run.client import LocalSGD
+from fedrepro.configure import schema, settings
 from fedrepro.data import TensorDataset
 from fedrepro.flat import FlatModel
 from fedrepro.parts import ClientRun, RoundUpdates
+from fedrepro.run import checkpoint
+from fedrepro.run.client import LocalSGD
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -48,8 +49,8 @@ def test_asam_step_by_hand():
     rho, eta, lr, wd = 0.7, 0.2, 0.1, 0.01
     model = zero_linear(1, 2)
     data = TensorDataset(torch.full((1, 1), 255, dtype=torch.uint8), torch.tensor([0]), 0.0, 1.0)
-    norm = math.sqrt((eta ** 2 + 1) / 2)
-    a = rho * (eta ** 2 + 1) / (2 * norm)
+    norm = math.sqrt((eta**2 + 1) / 2)
+    a = rho * (eta**2 + 1) / (2 * norm)
     s = 1 / (1 + math.exp(2 * a))
     g_perturbed = torch.tensor([s - 1, 1 - s])
 
@@ -57,16 +58,22 @@ def test_asam_step_by_hand():
     run = ClientRun(0, 0, model, model.flat.clone(), lr)
     objective.begin(run)
     loss = objective(run, *data.batch(torch.tensor([0])))
-    assert float(loss) == pytest.approx(math.log(2))                   # the loss at w, not at w + eps
-    torch.testing.assert_close(model.flat, torch.zeros(4))               # w restored
+    assert float(loss) == pytest.approx(math.log(2))  # the loss at w, not at w + eps
+    torch.testing.assert_close(model.flat, torch.zeros(4))  # w restored
     # flat order: W (2x1), then b (2)
     torch.testing.assert_close(model.grad, torch.cat([g_perturbed, g_perturbed]))
 
     # the same through LocalSGD: the descent step uses g' (+ weight decay on w = 0)
     model.flat.zero_()
     result = LocalSGD(momentum=0.9, weight_decay=wd).train(
-        ClientRun(0, 0, model, torch.zeros(4), lr), data, torch.tensor([0]), 1, 1, torch.Generator().manual_seed(0),
-        objective=AdaptiveSharpness(rho, eta))
+        ClientRun(0, 0, model, torch.zeros(4), lr),
+        data,
+        torch.tensor([0]),
+        1,
+        1,
+        torch.Generator().manual_seed(0),
+        objective=AdaptiveSharpness(rho, eta),
+    )
     assert result.steps == 1
     torch.testing.assert_close(model.flat, -lr * torch.cat([g_perturbed, g_perturbed]))
 
@@ -107,11 +114,9 @@ def test_asam_defaults_follow_table5():
 
 # --------------------------------------------------------------------------- FedGMA
 
-DELTAS = torch.tensor([[1.0, 2.0, -1.0, 0.5],
-                       [2.0, -1.0, -3.0, 0.5],
-                       [1.0, 1.0, -1.0, -0.5]])
+DELTAS = torch.tensor([[1.0, 2.0, -1.0, 0.5], [2.0, -1.0, -3.0, 0.5], [1.0, 1.0, -1.0, -0.5]])
 SIZES = torch.tensor([1.0, 1.0, 2.0])
-MEAN = torch.tensor([1.25, 0.75, -1.5, 0.0])   # weights (1/4, 1/4, 1/2)
+MEAN = torch.tensor([1.25, 0.75, -1.5, 0.0])  # weights (1/4, 1/4, 1/2)
 
 
 def test_gma_masks_coordinates_without_agreement():
@@ -177,8 +182,11 @@ def test_anchor_momentum_update_over_an_epoch():
     other.begin(other_run)
     other.end(other_run)
     objective.client_anchors[3] = other.local  # client 3 kept the global anchors
-    objective.end_round(RoundUpdates(1, torch.tensor([7, 3]), torch.zeros(2, 12), torch.tensor([3.0, 1.0]),
-                                     torch.ones(2), torch.zeros(2), 0.1))
+    objective.end_round(
+        RoundUpdates(
+            1, torch.tensor([7, 3]), torch.zeros(2, 12), torch.tensor([3.0, 1.0]), torch.ones(2), torch.zeros(2), 0.1
+        )
+    )
     torch.testing.assert_close(objective.anchors, 0.75 * expected + 0.25 * torch.eye(3))
 
 
@@ -218,9 +226,20 @@ def test_cnn_runs_and_resumes_exactly(method, tiny_data_root, tiny_partition, tm
     from fedrepro.run.trainer import Trainer
 
     extra = {"ima": {"window": 1, "start_round": 1}} if "ima" in method else {}
-    s = settings.resolve({"algorithm": method, "model": "cnn", "num_clients": 4, "participation": 0.5,
-                        "rounds": 3, "batch_size": 50, "device": "cpu", "partition": {"kind": "iid"},
-                        "client": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}, **extra})
+    s = settings.resolve(
+        {
+            "algorithm": method,
+            "model": "cnn",
+            "num_clients": 4,
+            "participation": 0.5,
+            "rounds": 3,
+            "batch_size": 50,
+            "device": "cpu",
+            "partition": {"kind": "iid"},
+            "client": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3},
+            **extra,
+        }
+    )
     straight = Trainer(s, tmp_path / "a", tiny_partition, tiny_data_root)
     summary = straight.run(progress=False)
     assert summary["status"] == "finished"

@@ -16,6 +16,7 @@ of the update's size here, while each method's extra terms move the update by mo
 in each test). In float32 a rounding difference can flip a ReLU whose input lies within it of zero, which moves a
 weight by a sample's gradient and has no bound from rounding alone (tests/test_batchnorm.py met one on AVX-512).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,9 +26,9 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from fedrepro import data, models
+from fedrepro.configure import settings
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import settings
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.floats
 # weight decay large enough that applying it outside the momentum buffer (decoupled) shows
 LR, MOMENTUM, WEIGHT_DECAY, BATCH, EPOCHS = 0.05, 0.9, 0.05, 10, 2
 SIZES = [20, 30, 40]  # unequal clients: 4, 6 and 8 local steps
-U64 = 2.0 ** -53  # float64's unit roundoff
+U64 = 2.0**-53  # float64's unit roundoff
 PIXELS = 28 * 28  # the MLP's widest reduction: its first layer's inputs
 
 
@@ -55,12 +56,23 @@ def _trainer(tmp_path, algorithm: str, section: dict, dataset=data.TensorDataset
     labels = torch.arange(n) % 10
     images = (torch.randint(0, 60, (n, 1, 28, 28), generator=gen) + 19 * labels.view(-1, 1, 1, 1)).to(torch.uint8)
     train = dataset(images, labels, 0.0, 1.0)
-    parts = [np.arange(sum(SIZES[:i]), sum(SIZES[:i + 1])) for i in range(len(SIZES))]
-    setting = settings.resolve({"algorithm": algorithm, "model": "mlp", "dataset": "fmnist", "num_clients": len(SIZES),
-                              "participation": 1.0, "local_epochs": EPOCHS, "batch_size": BATCH, "device": "cpu",
-                              "rounds": 3, "seed": 5, **({algorithm: section} if section else {}),
-                              "client": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY,
-                                         "shuffle": "none"}})  # batches in the partition's order, every epoch
+    parts = [np.arange(sum(SIZES[:i]), sum(SIZES[: i + 1])) for i in range(len(SIZES))]
+    setting = settings.resolve(
+        {
+            "algorithm": algorithm,
+            "model": "mlp",
+            "dataset": "fmnist",
+            "num_clients": len(SIZES),
+            "participation": 1.0,
+            "local_epochs": EPOCHS,
+            "batch_size": BATCH,
+            "device": "cpu",
+            "rounds": 3,
+            "seed": 5,
+            **({algorithm: section} if section else {}),
+            "client": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "shuffle": "none"},
+        }
+    )  # batches in the partition's order, every epoch
     return Trainer(setting, tmp_path / algorithm, None, None, datasets=(train, train), parts=parts)
 
 
@@ -76,7 +88,7 @@ def plain_local_round(trainer, client: int, w_global: torch.Tensor, extra_loss) 
     steps, grad = 0, 0.0
     for _ in range(EPOCHS):
         for start in range(0, len(index), BATCH):
-            images, labels = trainer.inputs.train.batch(index[start:start + BATCH])
+            images, labels = trainer.inputs.train.batch(index[start : start + BATCH])
             opt.zero_grad()
             loss = F.cross_entropy(module(images), labels) + extra_loss(parameters_to_vector(module.parameters()))
             loss.backward()
@@ -132,8 +144,12 @@ def test_scaffold_is_sgd_on_the_control_variate_objective(tmp_path, float64_engi
     for i, (final, steps, gap) in finals.items():  # option II's new c_i from the plain round
         # the update's gap divided by steps * lr, and 4 roundings of the three terms' sum
         terms = float((c_clients[i].abs() + c.abs() + (w_global - final).abs() / (steps * LR)).max())
-        _close(part.c_clients[i], c_clients[i] - c + (w_global - final) / (steps * LR),
-               gap / (steps * LR) + 4 * U64 * terms, f"c_{i}")
+        _close(
+            part.c_clients[i],
+            c_clients[i] - c + (w_global - final) / (steps * LR),
+            gap / (steps * LR) + 4 * U64 * terms,
+            f"c_{i}",
+        )
     assert torch.equal(part.c, c), "c moves only when the round ends"
 
 
@@ -144,8 +160,9 @@ def test_feddyn_is_sgd_on_the_dynamic_regulariser(tmp_path, alpha, float64_engin
     part = trainer.algorithm.corrections[0]
     state = part.grad_state.clone()
     assert bool((state.norm(dim=1) > 0).all()), "round 0 set every l_i"
-    terms = {int(i): (lambda w, i=int(i): -torch.dot(state[i], w) + alpha / 2 * (w - w_global).pow(2).sum())
-             for i in cohort}
+    terms = {
+        int(i): (lambda w, i=int(i): -torch.dot(state[i], w) + alpha / 2 * (w - w_global).pow(2).sum()) for i in cohort
+    }
     finals = _compare(trainer, cohort, w_global, terms)
     for i, (final, _, gap) in finals.items():
         # alpha times the update's gap, and 3 roundings of the two terms' sum

@@ -13,6 +13,7 @@ tol * max_i ||v_i||^2, and the gap bounds f(l) - f*. For the min-norm point x = 
 ||x - x*||^2 <= f(l) - f* (x* is the projection of 0 onto the hull). A float32 Gram matrix is the float64 one
 up to about 1e-6 of its scale (float32 rounding, summed over 500 coordinates), which the float32 cases add.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,8 +54,12 @@ def momenta(kind: str, shift: float, seed: int) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-CASES = [(kind, shift, seed) for kind in ("rank5", "rank20", "rank50", "full50", "full200", "full1000")
-         for shift in (0.0, 0.3, 1.0) for seed in (0, 1)]
+CASES = [
+    (kind, shift, seed)
+    for kind in ("rank5", "rank20", "rank50", "full50", "full200", "full1000")
+    for shift in (0.0, 0.3, 1.0)
+    for seed in (0, 1)
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -86,7 +91,7 @@ def test_the_solver_reaches_the_exact_optimum_at_fedawares_size(kind, shift, see
 def test_unnormalised_momenta_of_unequal_lengths(seed):
     """``fedaware.normalize: false`` (the paper's text): momenta whose norms span three orders of magnitude."""
     v = momenta("rank20", 0.3, seed) * np.logspace(-1.5, 1.5, N)[:, None]
-    scale = float((v ** 2).sum(1).max())
+    scale = float((v**2).sum(1).max())
     result = min_norm_weights(torch.from_numpy(v @ v.T), MAX_ITER, TOL)
     assert result.iterations < MAX_ITER
     best, _ = exact_min_norm(v)
@@ -104,8 +109,9 @@ def test_the_affine_minimum_of_a_corral_with_a_repeated_vertex_falls_back_to_lea
     v = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
     m = v @ v.T
     with pytest.raises(np.linalg.LinAlgError):
-        np.linalg.solve(np.block([[m[:2, :2], np.ones((2, 1))], [np.ones((1, 2)), np.zeros((1, 1))]]),
-                        np.array([0.0, 0.0, 1.0]))
+        np.linalg.solve(
+            np.block([[m[:2, :2], np.ones((2, 1))], [np.ones((1, 2)), np.zeros((1, 1))]]), np.array([0.0, 0.0, 1.0])
+        )
     pair = _affine_minimum(m, [0, 1])
     assert pair.sum() == pytest.approx(1.0, abs=1e-12)
     np.testing.assert_allclose(pair @ v[:2], [1.0, 0.0], rtol=0, atol=1e-12)
@@ -125,8 +131,11 @@ def test_the_start_is_the_best_point_on_any_edge_of_the_simplex(seed):
     v = rng.standard_normal((7, 3)) * rng.uniform(0.5, 2.0, (7, 1)) + 0.8  # unequal lengths, a common shift
     m = v @ v.T
     grid = np.linspace(0.0, 1.0, 20001)
-    brute = min(float(np.min(np.sum((grid[:, None] * v[i] + (1 - grid[:, None]) * v[j]) ** 2, axis=1)))
-                for i in range(7) for j in range(i + 1, 7))
+    brute = min(
+        float(np.min(np.sum((grid[:, None] * v[i] + (1 - grid[:, None]) * v[j]) ** 2, axis=1)))
+        for i in range(7)
+        for j in range(i + 1, 7)
+    )
     lam = best_pair(m)
     assert (lam >= 0).all() and np.count_nonzero(lam) <= 2 and lam.sum() == pytest.approx(1.0, abs=1e-15)
     value = float(lam @ m @ lam)

@@ -1,6 +1,7 @@
 """Every model: forward/backward on a batch of its dataset's shape, each sample scored on its own in eval
 mode, parameter counts from the specs, and learnt buffers only where catalog.MODELS says it has BatchNorm
 (the flat engine averages them)."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ from fedrepro.models.resnet import ResNet18GN
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
-U64 = 2.0 ** -53  # float64's unit roundoff
+U64 = 2.0**-53  # float64's unit roundoff
 
 
 def summed_inputs(model, x) -> int:
@@ -24,8 +25,11 @@ def summed_inputs(model, x) -> int:
     its terms' scale; the count exceeds the real reduction lengths by orders of magnitude, which leaves room for
     what the layers amplify (their Lipschitz constants, not computed here)."""
     total = [0]
-    hooks = [m.register_forward_hook(lambda m, i, o: total.__setitem__(0, total[0] + i[0].numel() + 1))
-             for m in model.modules() if not list(m.children())]
+    hooks = [
+        m.register_forward_hook(lambda m, i, o: total.__setitem__(0, total[0] + i[0].numel() + 1))
+        for m in model.modules()
+        if not list(m.children())
+    ]
     try:
         with torch.no_grad():
             model(x)
@@ -34,12 +38,22 @@ def summed_inputs(model, x) -> int:
             h.remove()
     return total[0]
 
+
 # Pretrained models (Pythia) need their weights; tests/test_agnews.py covers them with a tiny local config.
 BUILT_HERE = {name: spec for name, spec in catalog.MODELS.items() if not spec.get("pretrained")}
 CASES = [(name, dataset) for name, spec in BUILT_HERE.items() for dataset in spec["datasets"]]
 # Heavy models on 2 shared cores: one dataset each is enough for forward/backward.
-SKIP_SECOND = {"resnet18_gn32", "resnet18_gn32_code", "resnet18_gn2", "vgg11", "vgg11_gn2", "resnet56", "resnet110", "wrn56_4",
-               "densenet121"}
+SKIP_SECOND = {
+    "resnet18_gn32",
+    "resnet18_gn32_code",
+    "resnet18_gn2",
+    "vgg11",
+    "vgg11_gn2",
+    "resnet56",
+    "resnet110",
+    "wrn56_4",
+    "densenet121",
+}
 CASES = [c for i, c in enumerate(CASES) if not (c[0] in SKIP_SECOND and c[1] == "cifar100")]
 
 
@@ -67,14 +81,16 @@ def test_forward_backward_on_a_batch_of_the_right_shape(name, dataset):
     x = x.double()
     with torch.no_grad():
         together = model(x)
-        alone = torch.cat([model(x[i:i + 1]) for i in range(len(x))])
+        alone = torch.cat([model(x[i : i + 1]) for i in range(len(x))])
     bound = summed_inputs(model, x[:1]) * U64 * float(alone.abs().max())
     assert float((alone[1:] - alone[:-1]).abs().max()) > 1e6 * bound, "the bound would hide mixed samples"
     torch.testing.assert_close(together, alone, rtol=0, atol=bound)
 
 
-@pytest.mark.parametrize("name,dataset,count", [
-    (name, dataset, count) for name, spec in BUILT_HERE.items() for dataset, count in spec.get("params", {}).items()])
+@pytest.mark.parametrize(
+    "name,dataset,count",
+    [(name, dataset, count) for name, spec in BUILT_HERE.items() for dataset, count in spec.get("params", {}).items()],
+)
 def test_parameter_counts_given_by_the_specs(name, dataset, count):
     assert models.num_parameters(models.build(name, dataset)) == count
 
@@ -114,6 +130,7 @@ def test_resnet20_runs_on_the_flat_engine(float64_engine):
     autograd on the same batch (train mode on both, so BatchNorm uses the batch's statistics). Both in float64
     (the float64_engine fixture), so that two orders of the same sums differ by float64 rounding only."""
     import copy
+
     module = models.build("resnet20", "cifar10")
     plain = copy.deepcopy(module).train()
     flat = FlatModel(module, torch.device("cpu"))
@@ -137,8 +154,15 @@ def _conv(c_in, c_out, k, bias=True):
 
 def test_fedlaw_alexnet_and_resnet8_parameter_counts_by_hand():
     # AlexNet (CIFAR-10): five biased convs and one Linear(256, 10).
-    alexnet = (_conv(3, 64, 11) + _conv(64, 192, 5) + _conv(192, 384, 3) + _conv(384, 256, 3)
-               + _conv(256, 256, 3) + 256 * 10 + 10)
+    alexnet = (
+        _conv(3, 64, 11)
+        + _conv(64, 192, 5)
+        + _conv(192, 384, 3)
+        + _conv(384, 256, 3)
+        + _conv(256, 256, 3)
+        + 256 * 10
+        + 10
+    )
     assert alexnet == 2472266 == catalog.MODELS["alexnet"]["params"]["cifar10"]
     # ResNet-8: bias-free convs, BatchNorm affine (2 per channel), one block per stage, 1x1 shortcuts
     # where the width changes, Linear(64, 10).
@@ -156,11 +180,13 @@ def test_fedlaw_alexnet_and_resnet8_parameter_counts_by_hand():
 def test_fedlaw_alexnet_maps_a_cifar_image_to_256_features_and_resnet8_has_one_block_per_stage():
     alexnet = models.build("alexnet", "cifar100")
     assert alexnet.features(torch.zeros(1, 3, 32, 32)).shape == (1, 256, 1, 1)
-    assert not any(isinstance(m, (torch.nn.BatchNorm2d, torch.nn.GroupNorm, torch.nn.Dropout)) for m in alexnet.modules())
+    assert not any(
+        isinstance(m, (torch.nn.BatchNorm2d, torch.nn.GroupNorm, torch.nn.Dropout)) for m in alexnet.modules()
+    )
     resnet8 = models.build("resnet8", "cifar10")
     assert len(resnet8.layers) == 3
     convs = [m for m in resnet8.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)]
-    assert len(convs) + 1 == 8   # 7 weighted 3x3 convs + the classifier: depth 8
+    assert len(convs) + 1 == 8  # 7 weighted 3x3 convs + the classifier: depth 8
 
 
 def _cifar_resnet(depth: int, width: int = 1, classes: int = 10) -> int:
@@ -184,7 +210,12 @@ def _densenet_bc(blocks=(6, 12, 24, 16), growth: int = 32, classes: int = 10) ->
     total = _conv(3, channels, 3, False)
     for i, layers in enumerate(blocks):
         for _ in range(layers):
-            total += 2 * channels + _conv(channels, 4 * growth, 1, False) + 2 * 4 * growth + _conv(4 * growth, growth, 3, False)
+            total += (
+                2 * channels
+                + _conv(channels, 4 * growth, 1, False)
+                + 2 * 4 * growth
+                + _conv(4 * growth, growth, 3, False)
+            )
             channels += growth
         if i < len(blocks) - 1:
             total += 2 * channels + _conv(channels, channels // 2, 1, False)
@@ -196,8 +227,12 @@ def test_fedlaw_table5_models_parameter_counts_by_hand():
     # He et al. 2016 (Table 6) give 0.27M (ResNet-20), 0.85M (56), 1.7M (110) for their option-A shortcuts;
     # the 1x1 conv shortcuts of Li et al. add a few thousand parameters
     assert _cifar_resnet(8) == catalog.MODELS["resnet8"]["params"]["cifar10"]  # the formula agrees with ResNet-8's
-    for name, depth, width, paper in (("resnet20", 20, 1, 0.27e6), ("resnet56", 56, 1, 0.85e6),
-                                      ("resnet110", 110, 1, 1.7e6), ("wrn56_4", 56, 4, None)):
+    for name, depth, width, paper in (
+        ("resnet20", 20, 1, 0.27e6),
+        ("resnet56", 56, 1, 0.85e6),
+        ("resnet110", 110, 1, 1.7e6),
+        ("wrn56_4", 56, 4, None),
+    ):
         count = _cifar_resnet(depth, width)
         assert models.num_parameters(models.build(name, "cifar10")) == count, name
         assert paper is None or abs(count - paper) / paper < 0.03, name
@@ -225,15 +260,42 @@ def test_ima_feature_skew_models_parameter_counts_by_hand():
     # IMA's Digit-Five CNN (code: mixed_digit_gn): three biased 5x5 convs 3-64-64-128 each with GroupNorm
     # (weight and bias a channel), 28 -> 14 -> 7 -> 3 after three pools, FC 1152-384-128 and the classifier.
     gn = lambda c: 2 * c  # noqa: E731
-    digit = (_conv(3, 64, 5) + gn(64) + _conv(64, 64, 5) + gn(64) + _conv(64, 128, 5) + gn(128)
-             + 1152 * 384 + 384 + 384 * 128 + 128 + 128 * 10 + 10)
+    digit = (
+        _conv(3, 64, 5)
+        + gn(64)
+        + _conv(64, 64, 5)
+        + gn(64)
+        + _conv(64, 128, 5)
+        + gn(128)
+        + 1152 * 384
+        + 384
+        + 384 * 128
+        + 128
+        + 128 * 10
+        + 10
+    )
     assert 128 * 3 * 3 == 1152
     assert digit == 806090 == catalog.MODELS["digit_cnn_gn2"]["params"]["digit5"]
     # IMA's PACS AlexNet (code: alexnet_gn): torchvision's five convs, GroupNorm after each, 224 -> 55 -> 27
     # -> 13 -> 6 (three 3x3 stride-2 pools), adaptive pool 6x6, FC 9216-1024-128 and the classifier (7 classes).
-    alexnet = (_conv(3, 64, 11) + gn(64) + _conv(64, 192, 5) + gn(192) + _conv(192, 384, 3) + gn(384)
-               + _conv(384, 256, 3) + gn(256) + _conv(256, 256, 3) + gn(256)
-               + 256 * 6 * 6 * 1024 + 1024 + 1024 * 128 + 128 + 128 * 7 + 7)
+    alexnet = (
+        _conv(3, 64, 11)
+        + gn(64)
+        + _conv(64, 192, 5)
+        + gn(192)
+        + _conv(192, 384, 3)
+        + gn(384)
+        + _conv(384, 256, 3)
+        + gn(256)
+        + _conv(256, 256, 3)
+        + gn(256)
+        + 256 * 6 * 6 * 1024
+        + 1024
+        + 1024 * 128
+        + 128
+        + 128 * 7
+        + 7
+    )
     assert alexnet == 12042311 == catalog.MODELS["alexnet_gn32"]["params"]["pacs"]
     for name, dataset in (("digit_cnn_gn2", "digit5"), ("alexnet_gn32", "pacs")):
         model = models.build(name, dataset)
@@ -244,4 +306,6 @@ def test_ima_feature_skew_models_parameter_counts_by_hand():
         assert groups == ({2} if name == "digit_cnn_gn2" else {32})
     # the Digit CNN's feature is fc2's output without ReLU (the code's forward), AlexNet's after a ReLU
     digit = models.build("digit_cnn_gn2", "digit5")
-    assert not isinstance(digit.fc[-1], torch.nn.ReLU) and isinstance(models.build("alexnet_gn32", "pacs").fc[-1], torch.nn.ReLU)
+    assert not isinstance(digit.fc[-1], torch.nn.ReLU) and isinstance(
+        models.build("alexnet_gn32", "pacs").fc[-1], torch.nn.ReLU
+    )

@@ -1,12 +1,13 @@
 """params/subsets/<paper>_official_protocol.yaml: each turns the official code's protocol on for its paper's
 grid, for every method of a comparison alike, and changes nothing else."""
+
 from __future__ import annotations
 
 import pytest
 
 from fedrepro import identity
-from fedrepro.spec import config, paramsfile, settings
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure import expansion, paramsfile, settings
+from fedrepro.configure.paramsfile import ROOT
 
 # expanding IMA's 1,296 runs twice takes ~20 s
 PAPERS = ["fedaware", "fedlaw", pytest.param("ima", marks=pytest.mark.slow), "fednova"]
@@ -16,7 +17,7 @@ def _runs(paper: str, official: bool) -> list[settings.Run]:
     files = [ROOT / "params" / f"{paper}.yaml"]
     if official:
         files.append(ROOT / "params" / "subsets" / f"{paper}_official_protocol.yaml")
-    return config.expand(paramsfile.load_params_files(files))
+    return expansion.expand(paramsfile.load_params_files(files))
 
 
 # FedAWARE's code: these scripts use the FeedbackSampler and pair uploads with its unsorted draw; FedProx,
@@ -31,13 +32,14 @@ def _switched(paper: str, setting: dict | None = None) -> dict:
         if setting is None:
             return {"cohort": {"warmup": None, "assignment": None}}
         code = setting["algorithm"] in FEEDBACK_SAMPLER
-        return {"cohort": {"warmup": "permutation" if code else "none",
-                           "assignment": "code" if code else "per_client"}}
+        return {"cohort": {"warmup": "permutation" if code else "none", "assignment": "code" if code else "per_client"}}
     # IMA: args.py's anchor momentum 0.5, but the code's Digit/PACS arguments keep the paper's 0.9
     momentum = 0.9 if setting is not None and setting["dataset"] in ("digit5", "pacs") else 0.5
-    return {"ima": {"fedfa": {"momentum": momentum}, "ima": {"cyclic_lr_max": None}},
-            "fedlaw": {"evaluation": {"proxy_holdout": 200}, "client": {"keep_momentum": True, "holdout": 0.3}},
-            "fednova": {}}[paper]
+    return {
+        "ima": {"fedfa": {"momentum": momentum}, "ima": {"cyclic_lr_max": None}},
+        "fedlaw": {"evaluation": {"proxy_holdout": 200}, "client": {"keep_momentum": True, "holdout": 0.3}},
+        "fednova": {},
+    }[paper]
 
 
 def _left_out(paper: str, run: settings.Run) -> str | None:
@@ -71,8 +73,15 @@ def _without(setting: dict, switched: dict) -> dict:
         out["fedprox"] = {k: v for k, v in out["fedprox"].items() if k != "mean"}
     for section in ("fedlaw", "feddf", "fedbe", "serverft"):  # FedLAW's proxy size, server epochs and optimiser
         if section in out:
-            for key in ("proxy_size", "server_epochs", "optimizer", "lr", "weight_decay", "swa_order",
-                        "teacher_statistics"):
+            for key in (
+                "proxy_size",
+                "server_epochs",
+                "optimizer",
+                "lr",
+                "weight_decay",
+                "swa_order",
+                "teacher_statistics",
+            ):
                 out[section].pop(key, None)
     if out.get("algorithm") == "fedprox":  # FedLAW's code: FedProx without momentum and weight decay
         out["client"].pop("momentum", None)
@@ -97,8 +106,11 @@ def test_the_subset_switches_its_keys_on_every_run_and_changes_nothing_else(pape
                 c, t_s = run.setting["client"], run.setting["ima"]["start_round"]
                 expected["cyclic_lr_max"] = pytest.approx(c["lr"] * c["lr_decay"] ** t_s, rel=1e-12)
             assert {k: run.setting[section][k] for k in keys} == expected, run.id
-    kept = {(r.experiment, identity.stable_hash(_without(r.setting, switched))) for r in _runs(paper, False)
-            if _left_out(paper, r) is None}
+    kept = {
+        (r.experiment, identity.stable_hash(_without(r.setting, switched)))
+        for r in _runs(paper, False)
+        if _left_out(paper, r) is None
+    }
     official_keys = {(r.experiment, identity.stable_hash(_without(r.setting, switched))) for r in official}
     # exactly the paper's grid points, up to the switched keys: none goes missing, none is added, but for
     # the ones _left_out names with the reason
@@ -135,8 +147,9 @@ def test_fedaware_official_protocol_does_per_method_what_each_script_does():
     aware = [name for name in by if "aware" in name.split("+")[1:] and not name.startswith("fedcm")]
     assert len(aware) == 5 and all(set(by[n]["plugins"]) == {"aware", *AGNOSTIC} for n in aware)
     assert by["fedcm+aware"]["plugins"] == ["aware"]  # FedCM is not in the code: the paper's protocol
-    assert all(by[name]["random_epochs"] == {"low": 2, "high": 5} and by[name]["random_batch"] == {"low": 10}
-               for name in aware)
+    assert all(
+        by[name]["random_epochs"] == {"low": 2, "high": 5} and by[name]["random_batch"] == {"low": 10} for name in aware
+    )
     raw = [name for name in by if "+" not in name]
     assert all(not by[name]["plugins"] for name in raw)
     assert all(r.setting["cohort"]["assignment"] == "code" for r in runs if r.experiment.startswith("fedaware_fig"))
@@ -144,11 +157,13 @@ def test_fedaware_official_protocol_does_per_method_what_each_script_does():
 
 def test_ima_official_protocol_does_not_reseed_and_splits_cifar100_as_the_notebook():
     """IMA's code never reseeds per client (seed_torch reseeds only with test=True, which no call passes)."""
-    params = paramsfile.load_params_files([ROOT / "params" / "ima.yaml",
-                                       ROOT / "params" / "subsets" / "ima_official_protocol.yaml"])
-    params["experiments"] = {name: params["experiments"][name]
-                             for name in ("ima_table1_fmnist", "ima_table1_cifar100_vgg")}
-    runs = config.expand(params)
+    params = paramsfile.load_params_files(
+        [ROOT / "params" / "ima.yaml", ROOT / "params" / "subsets" / "ima_official_protocol.yaml"]
+    )
+    params["experiments"] = {
+        name: params["experiments"][name] for name in ("ima_table1_fmnist", "ima_table1_cifar100_vgg")
+    }
+    runs = expansion.expand(params)
     assert runs and all(r.setting["client"]["shuffle"] == "fresh" for r in runs)
     # and partitions CIFAR-100 as its notebook does: FedLab's balanced inner Dirichlet(0.5), partition seed 1
     c100 = [r for r in runs if r.setting["dataset"] == "cifar100"]

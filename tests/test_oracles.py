@@ -6,6 +6,7 @@ every hyperparameter away from its default and from the others' values (a swappe
 tau moves the result), several rounds of every stateful optimiser (state that is read back matters), and
 updates whose signs and sizes change from round to round (Yogi's sign, AMSGrad's max and floor act).
 """
+
 from __future__ import annotations
 
 import math
@@ -14,11 +15,11 @@ import pytest
 import torch
 
 from fedrepro.algorithms import fedadagrad, fedadam, fedams, fedavgm, fedyogi
+from fedrepro.configure import settings
 from fedrepro.parts import RoundUpdates
-from fedrepro.spec import settings
 
 F64 = torch.float64
-P = 3            # parameters
+P = 3  # parameters
 ROUNDS = 5
 SIZES = [3.0, 11.0, 6.0]  # unequal client sizes: the weighted mean is not the plain mean
 # per round and client the update Delta_i (rows), chosen so coordinates change sign and shrink below
@@ -44,8 +45,15 @@ def _run(algo, rounds=ROUNDS, logged: list | None = None) -> list[list[float]]:
     out = []
     for t in range(rounds):
         deltas = torch.tensor(DELTAS[t], dtype=F64)
-        updates = RoundUpdates(t, torch.arange(3), deltas, torch.tensor(SIZES, dtype=F64),
-                               torch.tensor([4.0, 9.0, 2.0], dtype=F64), torch.zeros(3), 0.05)
+        updates = RoundUpdates(
+            t,
+            torch.arange(3),
+            deltas,
+            torch.tensor(SIZES, dtype=F64),
+            torch.tensor([4.0, 9.0, 2.0], dtype=F64),
+            torch.zeros(3),
+            0.05,
+        )
         x = algo.server_step(x, updates)
         out.append(x.tolist())
         if logged is not None:
@@ -86,8 +94,7 @@ B1, B2, TAU, V0, LR = 0.7, 0.95, 0.03, 0.002, 0.4
 
 def test_fedadam_over_five_rounds_every_hyperparameter_acting():
     algo = fedadam.build(_resolved("fedadam", {"beta1": B1, "beta2": B2, "tau": TAU, "v0": V0}, LR), None)
-    want = _oracle(lambda v, d, _: (B2 * v + (1 - B2) * d * d, None),
-                   lambda v, _: math.sqrt(v) + TAU, B1, LR, V0)
+    want = _oracle(lambda v, d, _: (B2 * v + (1 - B2) * d * d, None), lambda v, _: math.sqrt(v) + TAU, B1, LR, V0)
     logged: list = []
     _assert_rounds(_run(algo, logged=logged), want)
     # the logged adaptive step is ||m / (sqrt(v) + tau)||, the model's move over eta_g (recovered from float64
@@ -151,12 +158,17 @@ def test_client_lr_decays_every_round_and_drops_at_each_milestone():
     divides by 10 at 50% and 75%); a non-default factor and two milestones, over every round of the run."""
     from fedrepro.parts import lr_schedule
 
-    s = settings.resolve({"algorithm": "fedavg", "rounds": 20, "client": {
-        "lr": 0.3, "lr_decay": 0.95, "lr_milestones": [0.3, 0.75], "lr_milestone_factor": 0.2}})
+    s = settings.resolve(
+        {
+            "algorithm": "fedavg",
+            "rounds": 20,
+            "client": {"lr": 0.3, "lr_decay": 0.95, "lr_milestones": [0.3, 0.75], "lr_milestone_factor": 0.2},
+        }
+    )
     schedule = lr_schedule(s)
     for t in range(20):
         passed = (t >= 6) + (t >= 15)
-        assert math.isclose(schedule(t), 0.3 * 0.95 ** t * 0.2 ** passed, rel_tol=1e-12), t
+        assert math.isclose(schedule(t), 0.3 * 0.95**t * 0.2**passed, rel_tol=1e-12), t
 
 
 # --------------------------------------------------------------------------- reported metrics
@@ -178,19 +190,27 @@ def test_mean_last_rounds_is_over_the_last_evaluated_rounds_whole_window():
     done = {"status": "finished"}
     # the last 10 rounds (30..39) are all evaluated: their mean, every one of them counted
     want = sum(0.5 + t / 1000 for t in range(30, 40)) / 10 * 100
-    assert math.isclose(paper.run_metric({"kind": "mean_last_rounds", "rounds": 10, "scale": 100}, done, frame),
-                        want, rel_tol=1e-12)
+    assert math.isclose(
+        paper.run_metric({"kind": "mean_last_rounds", "rounds": 10, "scale": 100}, done, frame), want, rel_tol=1e-12
+    )
     # a 15-round window reaches past them: the evaluated rounds before (28, 21, 14, 7 ...), not the NaN rows
     evaluated = [t for t in range(40) if t % 7 == 0 or 40 - t <= 10][-15:]
     want15 = sum(0.5 + t / 1000 for t in evaluated) / 15
-    assert math.isclose(paper.run_metric({"kind": "mean_last_rounds", "rounds": 15}, done, frame), want15,
-                        rel_tol=1e-12)
+    assert math.isclose(
+        paper.run_metric({"kind": "mean_last_rounds", "rounds": 15}, done, frame), want15, rel_tol=1e-12
+    )
     # the last 30% of the rounds (12 of 40: rounds 28..39), their evaluated ones (28 and 30..39)
     frac = [t for t in range(28, 40) if t % 7 == 0 or 40 - t <= 10]
-    assert math.isclose(paper.run_metric({"kind": "mean_last_fraction", "fraction": 0.3}, done, frame),
-                        sum(0.5 + t / 1000 for t in frac) / len(frac), rel_tol=1e-12)
-    assert math.isclose(paper.run_metric({"kind": "mean_last_logged", "column": "loss", "rounds": 4}, done, frame),
-                        (36 + 37 + 38 + 39) / 4, rel_tol=1e-12)
+    assert math.isclose(
+        paper.run_metric({"kind": "mean_last_fraction", "fraction": 0.3}, done, frame),
+        sum(0.5 + t / 1000 for t in frac) / len(frac),
+        rel_tol=1e-12,
+    )
+    assert math.isclose(
+        paper.run_metric({"kind": "mean_last_logged", "column": "loss", "rounds": 4}, done, frame),
+        (36 + 37 + 38 + 39) / 4,
+        rel_tol=1e-12,
+    )
 
 
 # --------------------------------------------------------------------------- fork points
@@ -206,12 +226,13 @@ def test_a_fork_from_a_parent_that_kept_more_models_takes_the_last_ones(window):
     gen = torch.Generator().manual_seed(4)
     host = [torch.randn(P, generator=gen, dtype=F64) for _ in range(12)]  # the host's model after each round
     start = 7
-    kept = host[start - 4:start]  # the parent's fork state at t_s: its last four models
+    kept = host[start - 4 : start]  # the parent's fork state at t_s: its last four models
     child = ima.WindowAverage(window, start)
     child.start_from_fork(kept)
     for t in range(start, 12):
-        updates = RoundUpdates(t, torch.tensor([0]), torch.zeros(1, P), torch.ones(1), torch.ones(1),
-                               torch.zeros(1), 0.1)
+        updates = RoundUpdates(
+            t, torch.tensor([0]), torch.zeros(1, P), torch.ones(1), torch.ones(1), torch.zeros(1), 0.1
+        )
         got = child(host[t], updates)
         want = [sum(float(host[i][j]) for i in range(t - window + 1, t + 1)) / window for j in range(P)]
         assert all(math.isclose(float(got[j]), want[j], rel_tol=1e-12, abs_tol=1e-15) for j in range(P)), t
@@ -235,7 +256,9 @@ def test_random_epochs_are_uniform_on_both_ends_and_each_clients_own():
 
     s = settings.resolve({"algorithm": "fedavg+random_epochs", "seed": 3, "random_epochs": {"low": 2, "high": 5}})
     from types import SimpleNamespace
+
     from fedrepro.parts import ClientPlan
+
     algo = SimpleNamespace(client_plan=ClientPlan())
     random_epochs.apply(algo, s, None)
     draws = {(t, c): algo.client_plan.local_epochs(t, c) for t in range(200) for c in range(20)}

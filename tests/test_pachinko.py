@@ -1,17 +1,17 @@
 """CIFAR-100's Pachinko allocation (IMA "+PA"): the fine->coarse map, sampling without
 replacement, sizes, determinism, the concentration alpha and beta control, and TFF's
 renormalisation when labels run out."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from fedrepro import identity, partitions
-from fedrepro.partitions.base import content_hash
-from fedrepro.spec import config, paramsfile, schema, settings
-from fedrepro.partitions.base import PartitionError
-from fedrepro.partitions.pachinko import CIFAR100_COARSE
+from fedrepro.configure import expansion, paramsfile, schema, settings
 from fedrepro.partitions import pachinko
+from fedrepro.partitions.base import PartitionError, content_hash
+from fedrepro.partitions.pachinko import CIFAR100_COARSE
 
 # The archive's fine_label_names (alphabetical, torchvision's label order) and the superclass table
 # of https://www.cs.toronto.edu/~kriz/cifar.html, superclasses in coarse_label_names' order.
@@ -54,14 +54,15 @@ def _cifar100_like(per_label: int) -> np.ndarray:
 def test_fine_to_coarse_map_is_the_cifar_pages_superclass_table():
     assert len(FINE_NAMES) == 100 and FINE_NAMES == sorted(FINE_NAMES)
     assert sorted(FINE_NAMES) == sorted(n for _, members in SUPERCLASSES for n in members.split())
-    expected = [next(c for c, (_, members) in enumerate(SUPERCLASSES) if name in members.split())
-                for name in FINE_NAMES]
+    expected = [
+        next(c for c, (_, members) in enumerate(SUPERCLASSES) if name in members.split()) for name in FINE_NAMES
+    ]
     assert CIFAR100_COARSE.tolist() == expected
     assert np.bincount(CIFAR100_COARSE).tolist() == [5] * 20
 
 
 def test_every_sample_at_most_once_and_sizes_as_asked():
-    labels = _cifar100_like(20)   # 2,000 samples
+    labels = _cifar100_like(20)  # 2,000 samples
     parts = pachinko.split(labels, CIFAR100_COARSE[labels], 12, np.random.default_rng(3), 0.1, 10, 150)
     assert [len(p) for p in parts] == [150] * 12
     used = np.concatenate(parts)
@@ -107,8 +108,8 @@ def test_beta_controls_how_many_fine_labels_under_a_coarse_label():
     coarse = CIFAR100_COARSE[labels]
     peaked = pachinko.split(labels, coarse, 10, np.random.default_rng(0), 0.001, 0.001, 50)
     spread = pachinko.split(labels, coarse, 10, np.random.default_rng(0), 0.001, 1000.0, 50)
-    assert max(_distinct_per_client(peaked, labels)) <= 2      # one coarse label, one fine label
-    assert min(_distinct_per_client(spread, labels)) >= 4      # one coarse label, its 5 fine labels
+    assert max(_distinct_per_client(peaked, labels)) <= 2  # one coarse label, one fine label
+    assert min(_distinct_per_client(spread, labels)) >= 4  # one coarse label, its 5 fine labels
 
 
 class FixedDirichlet:
@@ -162,8 +163,7 @@ def test_too_many_samples_and_ambiguous_coarse_labels_are_refused():
 
 
 def test_settings_resolve_name_and_check_pachinko():
-    base = {"dataset": "cifar100", "model": "cnn", "num_clients": 100,
-            "partition": {"kind": "pachinko", "alpha": 0.1}}
+    base = {"dataset": "cifar100", "model": "cnn", "num_clients": 100, "partition": {"kind": "pachinko", "alpha": 0.1}}
     s = settings.resolve(base)
     # null is resolved before the partition is named: the training set // num_clients, as IMA's 100 x 500
     assert s["partition"] == {"kind": "pachinko", "seed": 1, "alpha": 0.1, "beta": 10, "samples_per_client": 500}
@@ -178,15 +178,19 @@ def test_ima_cifar100_runs_are_pachinko_and_join_the_papers_pa_rows():
     from pathlib import Path
 
     from fedrepro.report import paper
+
     params = paramsfile.load_params(Path(__file__).resolve().parents[1] / "params" / "ima.yaml")
     params["only"] = "ima_table1_cifar100_*"
     from fedrepro.ops import plan
+
     tunings: dict = {}
-    runs = [r for r in config.expand(params, tunings) if not r.tuning]
+    runs = [r for r in expansion.expand(params, tunings) if not r.tuning]
     runs += plan.final_runs(tunings, "no-such-folder")[0]  # the tuned methods' runs (FedProx, FedFA)
     assert runs and {r.setting["dataset"] for r in runs} == {"cifar100"}
-    assert all(r.setting["partition"] == {"kind": "pachinko", "seed": 1, "alpha": 0.1, "beta": 10,
-                                          "samples_per_client": 500} for r in runs)
+    assert all(
+        r.setting["partition"] == {"kind": "pachinko", "seed": 1, "alpha": 0.1, "beta": 10, "samples_per_client": 500}
+        for r in runs
+    )
     pa_cells = [c for c in paper.cells(paper.load_results(), ["ima_table1"]) if "(+PA)" in c.row]
     assert len(pa_cells) == 32
     methods = {r.setting["algorithm"] for r in runs}

@@ -9,29 +9,41 @@ sequential agree within (``tests/test_batched.py::rounding_bound``); against the
 batched path, on CPU, a whole run agrees bit for bit (a vmapped CPU kernel computes a row as it does among fewer
 rows), which the CUDA check measures instead of assuming on a GPU.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from test_batched import rounding_bound  # noqa: E402 (tests/ is on the path)
 
 from fedrepro import partitions
+from fedrepro.configure.settings import resolve
 from fedrepro.ops import gpucheck
 from fedrepro.run.packed import PackedRuns
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec.settings import resolve
-
-from test_batched import rounding_bound  # noqa: E402 (tests/ is on the path)
 
 ROUNDS = 3
 
 
 def _run(method: str, seed: int, run_dir, datasets, **extra) -> Trainer:
     algorithm, *plugins = method.split("+")
-    setting = resolve({**gpucheck.BASE, "rounds": ROUNDS, "algorithm": algorithm, "plugins": plugins, "seed": seed,
-                       **gpucheck.METHOD_EXTRAS.get(method, {}), **extra, "device": "cpu"})
+    setting = resolve(
+        {
+            **gpucheck.BASE,
+            "rounds": ROUNDS,
+            "algorithm": algorithm,
+            "plugins": plugins,
+            "seed": seed,
+            **gpucheck.METHOD_EXTRAS.get(method, {}),
+            **extra,
+            "device": "cpu",
+        }
+    )
     # each run its own partition draw
-    parts = partitions.make(datasets[0].labels.numpy(), {"kind": "iid", "seed": seed,
-                                                         "num_clients": setting["num_clients"], "dataset": "fmnist"})
+    parts = partitions.make(
+        datasets[0].labels.numpy(),
+        {"kind": "iid", "seed": seed, "num_clients": setting["num_clients"], "dataset": "fmnist"},
+    )
     return Trainer(setting, run_dir, None, None, datasets=datasets, parts=parts)
 
 
@@ -84,9 +96,11 @@ def test_a_diverging_run_stops_alone(tmp_path):
     """A run whose client lr blows it up ends 'diverged' in its first round; its pack-mates train on, each equal to
     itself trained alone."""
     datasets = gpucheck.tiny_fmnist()
-    runs = [_run("fedavg", 1, tmp_path / "a", datasets), _run("fedavg", 2, tmp_path / "b", datasets,
-                                                                client={"lr": 1e30}),
-            _run("fedavgm", 3, tmp_path / "c", datasets)]
+    runs = [
+        _run("fedavg", 1, tmp_path / "a", datasets),
+        _run("fedavg", 2, tmp_path / "b", datasets, client={"lr": 1e30}),
+        _run("fedavgm", 3, tmp_path / "c", datasets),
+    ]
     outcomes = PackedRuns(runs).run(checkpoint_every=0)
     assert [o["status"] for o in outcomes] == ["finished", "diverged", "finished"]
     assert outcomes[1]["rounds_done"] == 1 and outcomes[0]["rounds_done"] == ROUNDS

@@ -1,6 +1,7 @@
 """Packed runs through Snakemake (workflow/rules/train.smk, config ``pack.packs``): the dry-run DAG with packing
 on and off, and one real tiny pack on CPU whose grid then grows: the pack trains only the new runs, and the
 finished runs' results stay untouched."""
+
 from __future__ import annotations
 
 import re
@@ -10,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, job_counts, snakemake_cmd, subprocess_env, write_yaml
-from fedrepro.spec import config, paramsfile
-from fedrepro.spec.packs import WorkflowPacks, pack_of
+from fedrepro.configure import expansion, paramsfile
+from fedrepro.configure.packs import WorkflowPacks, pack_of
 
 
 def _snakemake(work: Path, *args, env=None):
-    return subprocess.run(snakemake_cmd(work, *args), capture_output=True, text=True, env=env or subprocess_env(),
-                          timeout=900)
+    return subprocess.run(
+        snakemake_cmd(work, *args), capture_output=True, text=True, env=env or subprocess_env(), timeout=900
+    )
 
 
 def test_packing_is_off_by_default_and_on_it_hands_runs_to_packs(tmp_path):
@@ -47,24 +49,47 @@ def test_a_run_keeps_its_pack_however_the_grid_grows():
 
 @pytest.mark.slow
 def test_a_real_tiny_pack_trains_and_a_grown_grid_leaves_the_finished_runs_alone(tmp_path, fmnist_data):
-    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 1,
-            "batch_size": 500, "device": "cpu", "client": {"lr": 0.05},
-            "partition": {"kind": "iid", "seed": 1}}
-    params = {"title": "packed", "quick": True, "data": {"root": str(tmp_path / "data")}, "pack": {"packs": 1},
-              "tracking": {"enabled": False},
-              "experiments": {"packed": {"base": base, "grid": {"algorithm": ["fedavg", "fedprox"], "seed": [1]}}}}
+    base = {
+        "dataset": "fmnist",
+        "model": "mlp",
+        "num_clients": 4,
+        "participation": 0.5,
+        "rounds": 1,
+        "batch_size": 500,
+        "device": "cpu",
+        "client": {"lr": 0.05},
+        "partition": {"kind": "iid", "seed": 1},
+    }
+    params = {
+        "title": "packed",
+        "quick": True,
+        "data": {"root": str(tmp_path / "data")},
+        "pack": {"packs": 1},
+        "tracking": {"enabled": False},
+        "experiments": {"packed": {"base": base, "grid": {"algorithm": ["fedavg", "fedprox"], "seed": [1]}}},
+    }
     work, env = tmp_path / "work", subprocess_env(fmnist=fmnist_data)
     work.mkdir()
 
     def train(params_content):
         path = write_yaml(tmp_path / "packed.yaml", fmnist_data.params(params_content))
-        runs = sorted(config.unique_runs(config.expand(paramsfile.load_params(path))))
-        proc = _snakemake(work, "--configfile", str(path), "--cores", "1", "-p",
-                          *[f"results/runs/{run}/summary.json" for run in runs], env=env)
+        runs = sorted(expansion.unique_runs(expansion.expand(paramsfile.load_params(path))))
+        proc = _snakemake(
+            work,
+            "--configfile",
+            str(path),
+            "--cores",
+            "1",
+            "-p",
+            *[f"results/runs/{run}/summary.json" for run in runs],
+            env=env,
+        )
         assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
         out = proc.stdout + proc.stderr
-        ran = {rule: len(re.findall(rf"^(?:local)?rule {rule}\w*:$", out, flags=re.MULTILINE))
-               for rule in ("train", "train_pack", "take_packed")}
+        ran = {
+            rule: len(re.findall(rf"^(?:local)?rule {rule}\w*:$", out, flags=re.MULTILINE))
+            for rule in ("train", "train_pack", "take_packed")
+        }
         ran["train"] = len(re.findall(r"^(?:local)?rule train:$", out, flags=re.MULTILINE))
         assert all((work / "results/runs" / run / "summary.json").exists() for run in runs)
         return runs, ran

@@ -2,6 +2,7 @@
 every run's hashed code, and FedNova's legacy Dirichlet draw is the code's recipe. The checks that import an
 authors' checkout run only where its path is given: FEDREPRO_FEDNOVA_CHECKOUT (JYWa/FedNova),
 FEDREPRO_IMA_CHECKOUT (TailinZhou/FedIMA)."""
+
 from __future__ import annotations
 
 import os
@@ -25,11 +26,11 @@ def test_the_page_matrix_is_the_rendering_of_the_records():
 
 def test_every_pair_of_the_papers_tables_has_a_row_in_the_records():
     """The records hold a row for every (dataset, model) the params files run, each with a status."""
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
 
     recs = records.load(records.FOLDER)
     for paper in recs:
-        runs = config.expand(paramsfile.load_params_files([str(records.ROOT / "params" / f"{paper}.yaml")]))
+        runs = expansion.expand(paramsfile.load_params_files([str(records.ROOT / "params" / f"{paper}.yaml")]))
         pairs = {(r.setting["dataset"], r.setting["model"]) for r in runs}
         rows = {(r["dataset"], r["model"]): r["status"] for r in recs[paper]["checks"]["models"]}
         assert pairs <= set(rows), (paper, pairs - set(rows))
@@ -67,6 +68,7 @@ def test_dirichlet_legacy_draws_fednovas_client_sets():
     setting = {"seed": 2020, "alpha": 0.1, "min_size": 10, "balance": True, "num_clients": 16}
     if FEDNOVA:
         from fedrepro.parity.partitions import fednova_code_clients
+
         code = fednova_code_clients(FEDNOVA, labels, 16, 0.1)
     else:
         code = _legacy_recipe(labels, 16, 0.1, 2020)
@@ -78,6 +80,7 @@ def test_dirichlet_legacy_draws_fednovas_client_sets():
 
 def test_matching_pairs_layers_by_use_not_declaration():
     """Two programs declaring the same layers in another order (IMA's digit CNN: convs first, norms after)."""
+
     class Declared(torch.nn.Module):
         def __init__(self, order):
             super().__init__()
@@ -89,8 +92,14 @@ def test_matching_pairs_layers_by_use_not_declaration():
 
     a, b = Declared(["fc1", "fc2", "n1"]), Declared(["fc1", "n1", "fc2"])
     pairs = parity_models.match(a, b, torch.randn(2, 4))
-    assert pairs == [("fc1.weight", "fc1.weight"), ("fc1.bias", "fc1.bias"), ("n1.weight", "n1.weight"),
-                     ("n1.bias", "n1.bias"), ("fc2.weight", "fc2.weight"), ("fc2.bias", "fc2.bias")]
+    assert pairs == [
+        ("fc1.weight", "fc1.weight"),
+        ("fc1.bias", "fc1.bias"),
+        ("n1.weight", "n1.weight"),
+        ("n1.bias", "n1.bias"),
+        ("fc2.weight", "fc2.weight"),
+        ("fc2.bias", "fc2.bias"),
+    ]
 
 
 def test_the_shim_keeps_checkouts_apart_and_restores_cuda(tmp_path):
@@ -100,14 +109,16 @@ def test_the_shim_keeps_checkouts_apart_and_restores_cuda(tmp_path):
     cuda = torch.Tensor.cuda
     with shim.checkout_on_path(tmp_path / "one", stubs=("a_module_nobody_installs",)):
         import model
+
         assert model.VALUE == 1 and "a_module_nobody_installs" in sys.modules
     with shim.checkout_on_path(tmp_path / "two"):
         import model
+
         assert model.VALUE == 2
     assert torch.Tensor.cuda is cuda and "model" not in sys.modules and "a_module_nobody_installs" not in sys.modules
 
 
 @pytest.mark.skipif(not IMA, reason="FEDREPRO_IMA_CHECKOUT (a checkout of TailinZhou/FedIMA) is not set")
 def test_ima_resnet18_is_our_resnet18_gn2_with_the_codes_init():
-    row, = parity_models.compare("ima", IMA, inits=2, only=("resnet18_gn2",))[:1]
+    (row,) = parity_models.compare("ima", IMA, inits=2, only=("resnet18_gn2",))[:1]
     assert row["status"] == "equal", row

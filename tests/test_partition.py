@@ -1,4 +1,5 @@
 """Partition properties: IID, Dirichlet (NIID-Bench recipe), FedLAW's hybrid Dirichlet and label shards."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,7 @@ import pytest
 import torch
 
 from fedrepro import partitions
-from fedrepro.partitions import records as partition_records
-from fedrepro.partitions import dirichlet, hybrid, inner_dirichlet
+from fedrepro.partitions import dirichlet, hybrid, inner_dirichlet, records as partition_records
 from fedrepro.partitions.base import PartitionError, class_counts, content_hash, long_tail_counts
 
 
@@ -76,8 +76,7 @@ def test_dirichlet_small_alpha_is_more_skewed_than_large_alpha():
     labels = _labels()
 
     def mean_classes_held(alpha):
-        parts = _make(labels, {"kind": "dirichlet", "num_clients": 20, "alpha": alpha, "min_size": 10,
-                               "balance": True})
+        parts = _make(labels, {"kind": "dirichlet", "num_clients": 20, "alpha": alpha, "min_size": 10, "balance": True})
         counts = class_counts(labels, parts, 10)
         return float((counts / counts.sum(1, keepdims=True) > 0.05).sum(1).mean())
 
@@ -106,10 +105,15 @@ def test_hybrid_is_a_dirichlet_first_half_and_a_dirichlet_split_of_the_rest():
 
 
 def test_a_hybrid_partition_of_one_client_is_refused_before_any_work():
-    from fedrepro.spec import config, schema
-    params = {"experiments": {"h": {"base": {"num_clients": 1, "partition": {"kind": "hybrid"}}, "grid": {"seed": [1]}}}}
-    with pytest.raises(schema.ConfigError, match=r"partition.kind = hybrid: num_clients >= 2 does not hold \(num_clients = 1\)"):
-        config.expand(params)
+    from fedrepro.configure import expansion, schema
+
+    params = {
+        "experiments": {"h": {"base": {"num_clients": 1, "partition": {"kind": "hybrid"}}, "grid": {"seed": [1]}}}
+    }
+    with pytest.raises(
+        schema.ConfigError, match=r"partition.kind = hybrid: num_clients >= 2 does not hold \(num_clients = 1\)"
+    ):
+        expansion.expand(params)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
@@ -168,10 +172,18 @@ def test_an_unreachable_min_size_fails_within_seconds_naming_the_setting(monkeyp
     <= 60000 the config check applies, but each class goes to one client, so no draw reaches it; the job
     redrew for 30 s and more. A cap on the redraw's time ends it, naming partition.min_size."""
     import time
+
     monkeypatch.setattr(dirichlet, "DIRICHLET_SECONDS", 1.0)
     labels = np.repeat(np.arange(10), 6000)
-    setting = {"dataset": "fmnist", "kind": "dirichlet", "num_clients": 20, "alpha": 0.001, "min_size": 2999,
-               "balance": True, "seed": 1}
+    setting = {
+        "dataset": "fmnist",
+        "kind": "dirichlet",
+        "num_clients": 20,
+        "alpha": 0.001,
+        "min_size": 2999,
+        "balance": True,
+        "seed": 1,
+    }
     start = time.monotonic()
     with pytest.raises(PartitionError) as err:
         partitions.make(labels, setting)
@@ -191,7 +203,9 @@ def test_long_tail_counts_follow_the_exponential_profile():
     assert expected[0] == 100 and expected[-1] == 10 and expected[5] == 27
 
 
-@pytest.mark.parametrize("kind", [{"kind": "iid"}, {"kind": "dirichlet", "alpha": 1.0, "min_size": 5, "balance": False}])
+@pytest.mark.parametrize(
+    "kind", [{"kind": "iid"}, {"kind": "dirichlet", "alpha": 1.0, "min_size": 5, "balance": False}]
+)
 def test_long_tailed_clients_share_exactly_the_long_tailed_subset(kind):
     labels = _labels()
     setting = {**kind, "num_clients": 10, "seed": 3, "long_tail_rho": 5.0}
@@ -206,10 +220,13 @@ def test_long_tailed_clients_share_exactly_the_long_tailed_subset(kind):
 
 
 def test_long_tail_and_corruption_are_refused_where_they_cannot_apply_and_vanish_when_off():
-    from fedrepro.spec import schema, settings
+    from fedrepro.configure import schema, settings
+
     base = {"dataset": "cifar10", "model": "simplecnn", "num_clients": 20, "rounds": 2}
     hybrid = {"kind": "hybrid", "alpha": 0.1, "alpha_balanced": 10, "long_tail_rho": 5}
-    with pytest.raises(schema.ConfigError, match=r"partition.long_tail_rho = 5 applies to partition kinds dirichlet, iid, not hybrid"):
+    with pytest.raises(
+        schema.ConfigError, match=r"partition.long_tail_rho = 5 applies to partition kinds dirichlet, iid, not hybrid"
+    ):
         settings.resolve({**base, "partition": hybrid})
     with pytest.raises(schema.ConfigError, match=r"corruption.swap = \[3, 3\]: two different classes of cifar10, 0..9"):
         settings.resolve({**base, "corruption": {"fraction": 0.5, "swap": [3, 3]}})
@@ -228,6 +245,7 @@ def test_label_swap_exchanges_two_classes_in_the_first_clients_only():
 
     from fedrepro.data.base import TensorDataset
     from fedrepro.run.inputs import swap_labels
+
     labels = _labels(600)
     parts = partitions.make(labels, {"kind": "iid", "num_clients": 4, "seed": 1})
     train = TensorDataset(torch.zeros(600, 1, 2, 2, dtype=torch.uint8), torch.as_tensor(labels), 0.0, 1.0)
@@ -252,25 +270,55 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
 
     from conftest import make_partition
     from fedrepro import cli, identity
-    from fedrepro.spec import settings
-    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4, "rounds": 2, "batch_size": 32,
-                              "device": "cpu", "partition": {"kind": "iid", "seed": 1, "long_tail_rho": 4},
-                              "corruption": {"fraction": 0.5, "swap": [0, 1]}})
+    from fedrepro.configure import settings
+
+    setting = settings.resolve(
+        {
+            "dataset": "fmnist",
+            "model": "mlp",
+            "num_clients": 4,
+            "rounds": 2,
+            "batch_size": 32,
+            "device": "cpu",
+            "partition": {"kind": "iid", "seed": 1, "long_tail_rho": 4},
+            "corruption": {"fraction": 0.5, "swap": [0, 1]},
+        }
+    )
     part = identity.partition_setting(setting)
     assert "-lt4-" in identity.partition_id(setting)
-    parts_dir = make_partition(tiny_data_root, tmp_path / "part", num_clients=4,
-                               **{k: v for k, v in part.items() if k not in ("dataset", "num_clients")})
+    parts_dir = make_partition(
+        tiny_data_root,
+        tmp_path / "part",
+        num_clients=4,
+        **{k: v for k, v in part.items() if k not in ("dataset", "num_clients")},
+    )
     counts = pd.read_csv(parts_dir / "counts.csv", index_col=0).sum().to_numpy()
     from fedrepro import data
+
     full = np.bincount(data.train_labels("fmnist", tiny_data_root), minlength=10)
     assert list(counts) == list(long_tail_counts(full, 4.0))
-    cli.main(["train", "--setting", json.dumps(setting), "--partition", str(parts_dir), "--data-root", str(tiny_data_root),
-              "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"])
+    cli.main(
+        [
+            "train",
+            "--setting",
+            json.dumps(setting),
+            "--partition",
+            str(parts_dir),
+            "--data-root",
+            str(tiny_data_root),
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+            "--threads",
+            "1",
+        ]
+    )
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
     # the same run on a copy of the data whose files have the swap written into them by hand: round(0.5 x 4)
     # = 2 first clients' samples of class 0 labelled 1 and of class 1 labelled 0; training is then the same
     from conftest import fake_fmnist_arrays, write_fake_fmnist
     from fedrepro.run import checkpoint
+
     arrays = fake_fmnist_arrays(400, 100)
     images, labels = arrays["train"]
     swapped = labels.copy()
@@ -280,10 +328,25 @@ def test_a_run_trains_on_long_tailed_clients_with_swapped_labels(tiny_data_root,
     root = tmp_path / "swapped_data"
     write_fake_fmnist(root / "FashionMNIST" / "raw", raw=True, arrays={**arrays, "train": (images, swapped)})
     plain = {k: v for k, v in setting.items() if k != "corruption"}
-    cli.main(["train", "--setting", json.dumps(plain), "--partition", str(parts_dir), "--data-root", str(root),
-              "--out", str(tmp_path / "plain"), "--no-progress", "--threads", "1"])
-    assert torch.equal(checkpoint.load(tmp_path / "run" / "model.pt")["x"],
-                       checkpoint.load(tmp_path / "plain" / "model.pt")["x"])
+    cli.main(
+        [
+            "train",
+            "--setting",
+            json.dumps(plain),
+            "--partition",
+            str(parts_dir),
+            "--data-root",
+            str(root),
+            "--out",
+            str(tmp_path / "plain"),
+            "--no-progress",
+            "--threads",
+            "1",
+        ]
+    )
+    assert torch.equal(
+        checkpoint.load(tmp_path / "run" / "model.pt")["x"], checkpoint.load(tmp_path / "plain" / "model.pt")["x"]
+    )
 
 
 def test_inner_dirichlet_gives_equal_clients_their_own_class_priors():
@@ -299,6 +362,10 @@ def test_inner_dirichlet_gives_equal_clients_their_own_class_priors():
     top = lambda parts: np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])  # noqa: E731
     assert top(concentrated) > 0.45 and top(spread) < 0.3
     again = partitions.make(labels, {"kind": "inner_dirichlet", "seed": 3, "alpha": 0.5, "num_clients": 7})
-    assert all(np.array_equal(a, b) for a, b in zip(again, partitions.make(labels, {"kind": "inner_dirichlet", "seed": 3,
-                                                                            "alpha": 0.5, "num_clients": 7})))
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(
+            again, partitions.make(labels, {"kind": "inner_dirichlet", "seed": 3, "alpha": 0.5, "num_clients": 7})
+        )
+    )
     assert [len(p) for p in again] == [1000 // 7] * 7

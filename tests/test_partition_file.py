@@ -1,5 +1,6 @@
 """partition.kind: file, the client index lists another program produced (an .npz or a JSON), checked before
 any job and identified by the file's content, not its path."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,10 @@ import numpy as np
 import pytest
 
 from fedrepro import identity, partitions
+from fedrepro.configure import expansion, schema, settings
+from fedrepro.identity import partition_id, run_id
 from fedrepro.partitions import records as partition_records
 from fedrepro.partitions.base import PartitionError
-from fedrepro.spec import config, schema, settings
-from fedrepro.identity import partition_id, run_id
 
 N_TRAIN = 60000  # fmnist's training set
 
@@ -32,8 +33,9 @@ def _write(path, lists) -> str:
 
 
 def _setting(path, n: int = 4) -> dict:
-    return settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": n,
-                           "partition": {"kind": "file", "path": str(path)}})
+    return settings.resolve(
+        {"dataset": "fmnist", "model": "mlp", "num_clients": n, "partition": {"kind": "file", "path": str(path)}}
+    )
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".json"])
@@ -64,19 +66,28 @@ def test_a_pinned_checksum_refuses_another_file(tmp_path):
     pinned = _setting(path)["partition"]["sha256"]
     _write(tmp_path / "p.json", _lists(4)[::-1])
     with pytest.raises(schema.ConfigError, match=r"p\.json: its content changed"):
-        settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 4,
-                        "partition": {"kind": "file", "path": path, "sha256": pinned}})
+        settings.resolve(
+            {
+                "dataset": "fmnist",
+                "model": "mlp",
+                "num_clients": 4,
+                "partition": {"kind": "file", "path": path, "sha256": pinned},
+            }
+        )
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".json"])
-@pytest.mark.parametrize("edit,message", [
-    (lambda ls: [ls[0], ls[1], [*ls[2], N_TRAIN], ls[3]], f"client 2 holds index {N_TRAIN}, outside"),
-    (lambda ls: [ls[0], [*ls[1], -1], ls[2], ls[3]], "client 1 holds index -1, outside"),
-    (lambda ls: [ls[0], ls[1], [*ls[2], ls[0][5]], ls[3]], "client 2 holds index {} a second time"),
-    (lambda ls: [ls[0], [*ls[1], ls[1][0]], ls[2], ls[3]], "client 1 holds index {} a second time"),
-    (lambda ls: [ls[0], [], ls[2], ls[3]], "client 1 is empty"),
-    (lambda ls: ls[:3], "holds 3 clients, the setting asks for num_clients = 4"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda ls: [ls[0], ls[1], [*ls[2], N_TRAIN], ls[3]], f"client 2 holds index {N_TRAIN}, outside"),
+        (lambda ls: [ls[0], [*ls[1], -1], ls[2], ls[3]], "client 1 holds index -1, outside"),
+        (lambda ls: [ls[0], ls[1], [*ls[2], ls[0][5]], ls[3]], "client 2 holds index {} a second time"),
+        (lambda ls: [ls[0], [*ls[1], ls[1][0]], ls[2], ls[3]], "client 1 holds index {} a second time"),
+        (lambda ls: [ls[0], [], ls[2], ls[3]], "client 1 is empty"),
+        (lambda ls: ls[:3], "holds 3 clients, the setting asks for num_clients = 4"),
+    ],
+)
 def test_a_bad_file_is_refused_naming_the_file_and_the_first_bad_client(tmp_path, suffix, edit, message):
     lists = _lists()
     bad = edit([list(p) for p in lists])
@@ -94,27 +105,36 @@ def test_unreadable_or_misnamed_files_are_refused(tmp_path):
     (tmp_path / "p.txt").write_text("[]")
     np.savez(tmp_path / "p.npz", client_0=np.arange(5), clients_1=np.arange(5, 9))
     (tmp_path / "q.json").write_text(json.dumps({"clients": [[0.5, 1], [2]]}))
-    for name, message in [("p.json", "cannot be read"), ("p.txt", "must end in .npz or .json"),
-                          ("p.npz", "found clients_1"), ("q.json", "client 0 holds non-integer"),
-                          ("missing.npz", "no such file")]:
+    for name, message in [
+        ("p.json", "cannot be read"),
+        ("p.txt", "must end in .npz or .json"),
+        ("p.npz", "found clients_1"),
+        ("q.json", "client 0 holds non-integer"),
+        ("missing.npz", "no such file"),
+    ]:
         with pytest.raises(schema.ConfigError, match=message):
             _setting(tmp_path / name, n=2)
     with pytest.raises(schema.ConfigError, match="needs partition.path"):
         settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 2, "partition": {"kind": "file"}})
     with pytest.raises(schema.ConfigError) as err:  # a folder, not "no such file"
         _setting(tmp_path, n=2)
-    assert str(err.value).endswith(f"partition.path: {tmp_path} is a directory; name the .npz or .json file of "
-                                   f"client index lists in it") and "\n" not in str(err.value)
+    assert str(err.value).endswith(
+        f"partition.path: {tmp_path} is a directory; name the .npz or .json file of client index lists in it"
+    ) and "\n" not in str(err.value)
 
 
 def test_a_params_file_reads_a_relative_path_under_the_data_root(tmp_path):
     (tmp_path / "parts").mkdir()
     _write(tmp_path / "parts" / "p.npz", _lists())
     base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "partition": {"kind": "file", "path": "parts/p.npz"}}
-    runs = config.expand({"data": {"root": str(tmp_path)}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}})
+    runs = expansion.expand(
+        {"data": {"root": str(tmp_path)}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}}
+    )
     assert runs[0].setting["partition"]["path"] == str(tmp_path / "parts" / "p.npz")
     with pytest.raises(schema.ConfigError, match="no such file"):
-        config.expand({"data": {"root": str(tmp_path / "other")}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}})
+        expansion.expand(
+            {"data": {"root": str(tmp_path / "other")}, "experiments": {"e": {"base": base, "grid": {"seed": [1]}}}}
+        )
 
 
 def test_the_saved_partition_loads_for_the_same_file_at_another_path(tmp_path):

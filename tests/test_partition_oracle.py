@@ -16,6 +16,7 @@ the published recipes:
 Each oracle consumes a numpy Generator in the order the recipe draws: shuffles, then Dirichlet vectors, then
 uniforms, so the same seed must give the same client lists.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -61,8 +62,14 @@ def niid_bench_dirichlet(labels, clients, rng, alpha, min_size, balance):
 
 
 DIRICHLET_CASES = [  # (alpha, clients, min_size, balance): the cap binds at small alpha, redraws happen at 0.05
-    (0.05, 12, 5, True), (0.1, 20, 10, True), (0.5, 10, 10, True), (0.5, 10, 0, False),
-    (1.0, 7, 20, False), (10.0, 15, 10, True), (100.0, 5, 10, True)]
+    (0.05, 12, 5, True),
+    (0.1, 20, 10, True),
+    (0.5, 10, 10, True),
+    (0.5, 10, 0, False),
+    (1.0, 7, 20, False),
+    (10.0, 15, 10, True),
+    (100.0, 5, 10, True),
+]
 
 
 @pytest.mark.parametrize("alpha,clients,min_size,balance", DIRICHLET_CASES)
@@ -119,8 +126,10 @@ def test_dirichlet_label_shares_have_the_moments_of_dir_alpha(alpha):
     var = (1 / clients) * (1 - 1 / clients) / (clients * alpha + 1)
     s = ((shares - 1 / clients) ** 2).sum(1)
     z = (s.mean() - clients * var) / (s.std(ddof=1) / np.sqrt(m))
-    assert abs(z) < 4.5, f"alpha {alpha}: mean sum of squared deviations {s.mean():.5f}, Dir(alpha) gives " \
-                         f"{clients * var:.5f} (z = {z:.1f})"
+    assert abs(z) < 4.5, (
+        f"alpha {alpha}: mean sum of squared deviations {s.mean():.5f}, Dir(alpha) gives "
+        f"{clients * var:.5f} (z = {z:.1f})"
+    )
 
 
 def test_the_moment_test_tells_alpha_from_ten_alpha():
@@ -139,9 +148,9 @@ def fedavg_shards(labels, clients, rng, per_client):
     count = clients * per_client
     size = len(labels) // count
     by_label = sorted(range(len(labels)), key=lambda i: (labels[i], i))[: count * size]
-    shards = [by_label[s * size:(s + 1) * size] for s in range(count)]
+    shards = [by_label[s * size : (s + 1) * size] for s in range(count)]
     order = rng.permutation(count)
-    return [sorted(i for s in order[c * per_client:(c + 1) * per_client] for i in shards[s]) for c in range(clients)]
+    return [sorted(i for s in order[c * per_client : (c + 1) * per_client] for i in shards[s]) for c in range(clients)]
 
 
 @pytest.mark.parametrize("clients,per_client", [(20, 2), (10, 3), (7, 5)])
@@ -169,6 +178,7 @@ def tff_pachinko(labels, coarse, clients, rng, alpha, beta, per):
     pool = {}
     for f in fines:
         pool[f] = list(rng.permutation(np.flatnonzero(labels == f)))
+
     def pick(weights, alive):
         w = np.array([wi if ok else 0.0 for wi, ok in zip(weights, alive)])
         total = w.sum()
@@ -180,6 +190,7 @@ def tff_pachinko(labels, coarse, clients, rng, alpha, beta, per):
             if u < acc:
                 return i
         return max(i for i, wi in enumerate(w) if wi > 0)
+
     out = []
     for _ in range(clients):
         theta = rng.dirichlet([alpha] * len(tops))

@@ -1,5 +1,6 @@
 """partitions/records.py: the heterogeneity a partition's record and heatmap caption carry (mean total-variation
 distance of the clients' label distributions from the global one), outside every partition id."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,14 @@ LABELS = np.repeat(np.arange(10), 600)  # 6,000 samples, 10 balanced classes
 
 
 def dirichlet_tv(alpha: float, seed: int = 1, clients: int = 20) -> float:
-    setting = {"kind": "dirichlet", "num_clients": clients, "seed": seed, "alpha": alpha, "min_size": 10,
-               "balance": False}
+    setting = {
+        "kind": "dirichlet",
+        "num_clients": clients,
+        "seed": seed,
+        "alpha": alpha,
+        "min_size": 10,
+        "balance": False,
+    }
     parts = partitions.make(LABELS, setting)
     return partition_records.heterogeneity(class_counts(LABELS, parts, 10))["mean_tv"]
 
@@ -45,8 +52,15 @@ def test_a_small_alpha_is_clearly_more_heterogeneous_than_a_large_one():
 
 def test_fedrepro_partition_writes_it_in_the_record_and_the_heatmap(tiny_data_root, tmp_path, capsys):
     out = tmp_path / "part"
-    setting = {"dataset": "fmnist", "num_clients": 4, "kind": "dirichlet", "alpha": 0.1, "seed": 1, "min_size": 10,
-               "balance": False}
+    setting = {
+        "dataset": "fmnist",
+        "num_clients": 4,
+        "kind": "dirichlet",
+        "alpha": 0.1,
+        "seed": 1,
+        "min_size": 10,
+        "balance": False,
+    }
     cli.main(["partition", "--setting", json.dumps(setting), "--data-root", str(tiny_data_root), "--out", str(out)])
     info = json.loads((out / "partition.json").read_text())
     counts = pd.read_csv(out / "counts.csv", index_col="client").to_numpy()
@@ -72,5 +86,6 @@ def test_a_record_written_before_the_statistic_gets_it_from_its_counts(tiny_data
 def test_the_record_module_is_no_part_of_a_partitions_id():
     for kind in ("iid", "dirichlet", "hybrid", "shards", "pachinko", "natural", "file"):
         assert "partitions/records.py" not in identity.partition_code("cifar100", kind)
-    assert "partitions/records.py" not in identity.run_code({"algorithm": "fedavg", "plugins": [], "dataset": "fmnist",
-                                                             "model": "mlp"})
+    assert "partitions/records.py" not in identity.run_code(
+        {"algorithm": "fedavg", "plugins": [], "dataset": "fmnist", "model": "mlp"}
+    )

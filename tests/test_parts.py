@@ -1,4 +1,5 @@
 """Parts declare their state; one save and load serves them all."""
+
 import torch
 
 from fedrepro.parts import Part
@@ -16,7 +17,7 @@ class Outer(Part):
     subparts = ("inner",)
 
     def __init__(self):
-        self.velocity = None          # created on first use
+        self.velocity = None  # created on first use
         self.window: list = []
         self.opt: dict = {}
         self.inner = Inner()

@@ -1,4 +1,5 @@
 """fedrepro plan: runs per experiment, shared and finished runs, local steps and their cost."""
+
 from __future__ import annotations
 
 import json
@@ -9,38 +10,77 @@ import pytest
 import torch
 
 from fedrepro import cli
+from fedrepro.configure import expansion, paramsfile, schema, settings
 from fedrepro.ops import plan, pricing
-from fedrepro.spec import config, paramsfile, schema, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _params(**base):
-    return {"experiments": {
-        "a": {"base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 4,
-                       "local_epochs": 2, "batch_size": 100, **base},
-              "grid": {"seed": [1, 2]}},
-        "b": {"base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 4,
-                       "local_epochs": 2, "batch_size": 100, **base},
-              "grid": {"seed": [2, 3]}}}}
+    return {
+        "experiments": {
+            "a": {
+                "base": {
+                    "dataset": "fmnist",
+                    "model": "mlp",
+                    "num_clients": 10,
+                    "participation": 0.5,
+                    "rounds": 4,
+                    "local_epochs": 2,
+                    "batch_size": 100,
+                    **base,
+                },
+                "grid": {"seed": [1, 2]},
+            },
+            "b": {
+                "base": {
+                    "dataset": "fmnist",
+                    "model": "mlp",
+                    "num_clients": 10,
+                    "participation": 0.5,
+                    "rounds": 4,
+                    "local_epochs": 2,
+                    "batch_size": 100,
+                    **base,
+                },
+                "grid": {"seed": [2, 3]},
+            },
+        }
+    }
 
 
 def test_local_steps_formula():
-    setting = settings.resolve({"dataset": "fmnist", "num_clients": 10, "participation": 0.5, "rounds": 4,
-                              "local_epochs": 2, "batch_size": 100})
+    setting = settings.resolve(
+        {
+            "dataset": "fmnist",
+            "num_clients": 10,
+            "participation": 0.5,
+            "rounds": 4,
+            "local_epochs": 2,
+            "batch_size": 100,
+        }
+    )
     # 4 rounds x 5 clients x 2 epochs x ceil(6000 / 100)
     assert pricing.local_steps(setting) == 4 * 5 * 2 * 60
 
 
 def test_random_epochs_count_their_mean():
-    setting = {"dataset": "fmnist", "num_clients": 10, "participation": 0.5, "rounds": 1, "local_epochs": 9,
-               "batch_size": 6000, "plugins": ["random_epochs"], "random_epochs": {"low": 2, "high": 5}}
+    setting = {
+        "dataset": "fmnist",
+        "num_clients": 10,
+        "participation": 0.5,
+        "rounds": 1,
+        "local_epochs": 9,
+        "batch_size": 6000,
+        "plugins": ["random_epochs"],
+        "random_epochs": {"low": 2, "high": 5},
+    }
     assert pricing.local_steps(setting) == 5 * 3.5
 
 
 def test_plan_counts_shared_and_finished_runs_once(tmp_path):
     params = schema.validate(_params(), "params.schema.yaml", "test")
-    runs = config.expand(params)
+    runs = expansion.expand(params)
     done = next(r for r in runs if r.experiment == "a" and r.setting["seed"] == 1)
     (tmp_path / done.id).mkdir()
     (tmp_path / done.id / "summary.json").write_text("{}")
@@ -59,21 +99,37 @@ def test_plan_counts_shared_and_finished_runs_once(tmp_path):
 def test_plan_counts_the_rounds_a_forked_run_trains_itself_and_both_ways(tmp_path):
     """FedAvg, FedAvg+IMA from 0.75 R (= 15 of 20) and from round 8, FedProx+IMA with no FedProx run: the IMA
     runs with a host sibling train 5 and 12 rounds; without sharing every run trains 20."""
-    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 20,
-            "local_epochs": 1, "batch_size": 100}
-    points = [{"algorithm": "fedavg"}, {"algorithm": "fedavg+ima"},
-              {"algorithm": "fedavg+ima", "ima": {"start_round": 8}}, {"algorithm": "fedprox+ima"}]
-    params = schema.validate({"experiments": {"e": {"base": base, "grid": {"setting": points}}}},
-                             "params.schema.yaml", "test")
+    base = {
+        "dataset": "fmnist",
+        "model": "mlp",
+        "num_clients": 10,
+        "participation": 0.5,
+        "rounds": 20,
+        "local_epochs": 1,
+        "batch_size": 100,
+    }
+    points = [
+        {"algorithm": "fedavg"},
+        {"algorithm": "fedavg+ima"},
+        {"algorithm": "fedavg+ima", "ima": {"start_round": 8}},
+        {"algorithm": "fedprox+ima"},
+    ]
+    params = schema.validate(
+        {"experiments": {"e": {"base": base, "grid": {"setting": points}}}}, "params.schema.yaml", "test"
+    )
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"step_seconds": {"mlp": 0.5}}))
     result = plan.plan(params, bench, tmp_path)
     total, per_round = result["total"], 5 * 1 * 60 * 0.5  # cohort x epochs x steps per epoch x seconds
     assert (total["rounds"], total["rounds_unshared"]) == (20 + 5 + 12 + 20, 4 * 20)
-    assert total["seconds"] == pytest.approx(57 * per_round) and total["seconds_unshared"] == pytest.approx(80 * per_round)
+    assert total["seconds"] == pytest.approx(57 * per_round) and total["seconds_unshared"] == pytest.approx(
+        80 * per_round
+    )
     assert result["forked_runs"] == 2
-    assert "rounds: 57 (80 without shared prefixes, 29% saved; 2 runs start from another run's state)" \
+    assert (
+        "rounds: 57 (80 without shared prefixes, 29% saved; 2 runs start from another run's state)"
         in plan.format_plan(result)
+    )
     assert "tuning stage:" not in plan.format_plan(result), "no tuning stage, no line about it"
     off = plan.plan({**params, "share_prefixes": "false"}, bench, tmp_path)
     assert off["total"]["rounds"] == off["total"]["rounds_unshared"] == 80 and off["forked_runs"] == 0
@@ -84,12 +140,36 @@ def test_plan_gives_the_rounds_saved_outside_the_tuning_stage(tmp_path):
     """FedAvg, FedProx and both +IMA from round 8 of 20, FedProx's mu tuned on two candidates (tuning runs of
     the bare method, sharing no prefix). Counted by hand: the IMA runs train 12 rounds each, everything else
     20; the tuning stage's 2 x 20 rounds dilute what sharing saves on the reported runs (20%) to 13%."""
-    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 20,
-            "local_epochs": 1, "batch_size": 100, "ima": {"start_round": 8}}
-    params = schema.validate({"experiments": {"e": {
-        "base": base, "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedprox", "fedprox+ima"]},
-        "tune": [{"when": {"algorithm": "fedprox"}, "without": ["ima"], "grid": {"fedprox.mu": [0.1, 0.01]},
-                  "seeds": [7]}]}}}, "params.schema.yaml", "test")
+    base = {
+        "dataset": "fmnist",
+        "model": "mlp",
+        "num_clients": 10,
+        "participation": 0.5,
+        "rounds": 20,
+        "local_epochs": 1,
+        "batch_size": 100,
+        "ima": {"start_round": 8},
+    }
+    params = schema.validate(
+        {
+            "experiments": {
+                "e": {
+                    "base": base,
+                    "grid": {"algorithm": ["fedavg", "fedavg+ima", "fedprox", "fedprox+ima"]},
+                    "tune": [
+                        {
+                            "when": {"algorithm": "fedprox"},
+                            "without": ["ima"],
+                            "grid": {"fedprox.mu": [0.1, 0.01]},
+                            "seeds": [7],
+                        }
+                    ],
+                }
+            }
+        },
+        "params.schema.yaml",
+        "test",
+    )
     result = plan.plan(params, runs_dir=tmp_path / "runs")
     total = result["total"]
     assert (total["rounds"], total["rounds_unshared"]) == (20 + 12 + 20 + 12 + 2 * 20, 6 * 20)
@@ -121,7 +201,7 @@ def test_measured_keys_win_and_the_nearest_measured_batch_is_scaled():
     costs = {"fmnist/cnn:50": 0.02, "fmnist/cnn:200": 0.05, "cnn": {"seconds": 9.0, "batch_size": 64}}
     assert pricing.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 50}) == 0.02
     assert pricing.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 100}) == 0.04  # 50 is nearer
-    assert pricing.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 25}) == 0.02   # not below
+    assert pricing.step_seconds(costs, {"model": "cnn", "dataset": "fmnist", "batch_size": 25}) == 0.02  # not below
 
 
 def test_the_benchmarks_table_of_the_planned_device_is_read(tmp_path):
@@ -160,6 +240,7 @@ def test_pythia_is_timed_from_its_published_architecture_without_the_hub():
 def test_cli_plan_with_only(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     import yaml
+
     path.write_text(yaml.safe_dump(_params()))
     cli.main(["plan", "--configfile", str(path), "--only", "b", "--json", "--runs-dir", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
@@ -169,13 +250,14 @@ def test_cli_plan_with_only(tmp_path, capsys):
     # scaled from its batch to 100
     steps = 2 * 4 * 5 * 2 * 60
     assert out["total"]["steps"] == steps
-    run = next(r for r in config.expand(_params()) if r.experiment == "b")
+    run = next(r for r in expansion.expand(_params()) if r.experiment == "b")
     price, _ = pricing.step_costs("cuda").price(run.setting)
     assert out["total"]["seconds"] == pytest.approx(steps * price, rel=1e-12)
 
 
 def test_cli_plan_merges_a_subset_file_as_snakemake_does(tmp_path, capsys):
     import yaml
+
     base, subset = tmp_path / "p.yaml", tmp_path / "only_b_seed3.yaml"
     base.write_text(yaml.safe_dump(_params()))
     subset.write_text(yaml.safe_dump({"only": "b", "experiments": {"b": {"grid": {"seed": [3]}}}}))
@@ -189,8 +271,17 @@ def test_cli_plan_merges_a_subset_file_as_snakemake_does(tmp_path, capsys):
 
 
 def test_run_minutes_is_steps_times_cost_times_margin():
-    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
-                              "rounds": 100, "local_epochs": 2, "batch_size": 100})
+    setting = settings.resolve(
+        {
+            "dataset": "fmnist",
+            "model": "mlp",
+            "num_clients": 10,
+            "participation": 0.5,
+            "rounds": 100,
+            "local_epochs": 2,
+            "batch_size": 100,
+        }
+    )
     costs = {"fmnist/mlp:100": 0.01}
     # 100 x 5 x 2 x 60 = 60,000 steps x 0.01 s = 600 s = 10 min, x3 margin = 30 min
     assert plan.run_minutes(setting, costs) == 30
@@ -201,8 +292,17 @@ def test_run_minutes_is_steps_times_cost_times_margin():
 def test_run_minutes_counts_the_rounds_the_job_trains():
     """A run started from another run's state at round t (a fork) trains rounds t..R-1; the fork step that
     trains a parent's prefix again, rounds 0..t-1: each asks for what a run of that many rounds asks for."""
-    setting = settings.resolve({"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5,
-                              "rounds": 100, "local_epochs": 2, "batch_size": 100})
+    setting = settings.resolve(
+        {
+            "dataset": "fmnist",
+            "model": "mlp",
+            "num_clients": 10,
+            "participation": 0.5,
+            "rounds": 100,
+            "local_epochs": 2,
+            "batch_size": 100,
+        }
+    )
     costs = {"fmnist/mlp:100": 0.1}  # 60,000 steps x 0.1 s x 3 = 300 min for the 100 rounds, above the floor
     assert plan.run_minutes(setting, costs, start=75) == plan.run_minutes({**setting, "rounds": 25}, costs) == 75
     assert plan.run_minutes(setting, costs, stop=60) == plan.run_minutes({**setting, "rounds": 60}, costs) == 180
@@ -210,11 +310,28 @@ def test_run_minutes_counts_the_rounds_the_job_trains():
 
 
 def test_cluster_requests_count_a_childs_rounds_from_its_fork(tmp_path):
-    params = schema.validate({"experiments": {"e": {
-        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 10, "participation": 0.5, "rounds": 100,
-                 "local_epochs": 2, "batch_size": 100, "ima": {"start_round": 75}},
-        "grid": {"algorithm": ["fedavg", "fedavg+ima"]}}}}, "params.schema.yaml", "test")
-    runs = config.unique_runs(config.expand(params))
+    params = schema.validate(
+        {
+            "experiments": {
+                "e": {
+                    "base": {
+                        "dataset": "fmnist",
+                        "model": "mlp",
+                        "num_clients": 10,
+                        "participation": 0.5,
+                        "rounds": 100,
+                        "local_epochs": 2,
+                        "batch_size": 100,
+                        "ima": {"start_round": 75},
+                    },
+                    "grid": {"algorithm": ["fedavg", "fedavg+ima"]},
+                }
+            }
+        },
+        "params.schema.yaml",
+        "test",
+    )
+    runs = expansion.unique_runs(expansion.expand(params))
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:100": 0.1}}))
     by = {"child" if run.setting["plugins"] else "parent": run.id for run in runs.values()}
@@ -224,13 +341,16 @@ def test_cluster_requests_count_a_childs_rounds_from_its_fork(tmp_path):
         assert asked == {by["parent"]: 300, by["child"]: child}
 
 
-@pytest.mark.parametrize("minutes,walltime,per_gpu,size", [
-    ([30, 20, 30], 240, 4, 32),   # 8 layers of 30 min, 4 runs each
-    ([30], 240, 1, 8),
-    ([100], 240, 4, 8),           # 2 layers fit, the third would not
-    ([240], 240, 2, 2),
-    ([70, 50], 240, 3, 9),        # 3 layers of 70 min = 210 <= 240 < 280
-])
+@pytest.mark.parametrize(
+    "minutes,walltime,per_gpu,size",
+    [
+        ([30, 20, 30], 240, 4, 32),  # 8 layers of 30 min, 4 runs each
+        ([30], 240, 1, 8),
+        ([100], 240, 4, 8),  # 2 layers fit, the third would not
+        ([240], 240, 2, 2),
+        ([70, 50], 240, 3, 9),  # 3 layers of 70 min = 210 <= 240 < 280
+    ],
+)
 def test_group_size_keeps_the_submission_within_walltime(minutes, walltime, per_gpu, size):
     assert plan.group_size(minutes, walltime, per_gpu) == size
     # what Snakemake asks for a group of n: ceil(n / per_gpu) layers of the longest run. The group fits,
@@ -247,12 +367,26 @@ def test_group_size_names_a_run_longer_than_the_walltime():
 
 def test_plan_prints_group_size_for_a_walltime(tmp_path, capsys):
     import yaml
+
     params = tmp_path / "p.yaml"
     params.write_text(yaml.safe_dump(_params()))
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:100": 1.0}}))
-    cli.main(["plan", "--configfile", str(params), "--bench", str(costs), "--walltime", "240", "--runs-per-gpu", "2",
-              "--runs-dir", str(tmp_path / "none")])
+    cli.main(
+        [
+            "plan",
+            "--configfile",
+            str(params),
+            "--bench",
+            str(costs),
+            "--walltime",
+            "240",
+            "--runs-per-gpu",
+            "2",
+            "--runs-dir",
+            str(tmp_path / "none"),
+        ]
+    )
     out = capsys.readouterr().out
     # each run: 4 x 5 x 2 x 60 = 2,400 steps x 1 s x 3 = 120 min; 2 layers of 2 runs fit in 240 min
     assert "runs ask for 120-120 min" in out and "--group-components trainbatch=4" in out
@@ -273,14 +407,29 @@ def _sbatch_lines(tmp_path, runs: int, *extra) -> list[str]:
     import time
 
     import yaml
+
     from conftest import snakemake_cmd, subprocess_env
 
-    params = {"title": "t", "data": {"root": "data"}, "experiments": {"tiny": {
-        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
-                 "batch_size": 256, "partition": {"kind": "iid", "seed": 1}},
-        "grid": {"seed": list(range(1, runs + 1))}}}}
+    params = {
+        "title": "t",
+        "data": {"root": "data"},
+        "experiments": {
+            "tiny": {
+                "base": {
+                    "dataset": "fmnist",
+                    "model": "mlp",
+                    "num_clients": 4,
+                    "participation": 0.5,
+                    "rounds": 2,
+                    "batch_size": 256,
+                    "partition": {"kind": "iid", "seed": 1},
+                },
+                "grid": {"seed": list(range(1, runs + 1))},
+            }
+        },
+    }
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(params))
-    expanded = config.unique_runs(config.expand(params))
+    expanded = expansion.unique_runs(expansion.expand(params))
     for run in expanded.values():  # the train jobs' inputs exist: only train is submitted
         part = tmp_path / "results/partitions" / run.partition / "clients.npz"
         part.parent.mkdir(parents=True, exist_ok=True)
@@ -299,11 +448,25 @@ def _sbatch_lines(tmp_path, runs: int, *extra) -> list[str]:
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     targets = [f"results/runs/{run_id}/summary.json" for run_id in expanded]
     from conftest import ROOT
-    cmd = snakemake_cmd(tmp_path, *targets, "--configfile", str(tmp_path / "tiny.yaml"), "--workflow-profile",
-                        str(ROOT / "workflow/profiles/slurm"), "--default-resources", "slurm_partition=debug",
-                        "slurm_account=acc", "mem_mb=500", "--retries", "0", *extra)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+
+    cmd = snakemake_cmd(
+        tmp_path,
+        *targets,
+        "--configfile",
+        str(tmp_path / "tiny.yaml"),
+        "--workflow-profile",
+        str(ROOT / "workflow/profiles/slurm"),
+        "--default-resources",
+        "slurm_partition=debug",
+        "slurm_account=acc",
+        "mem_mb=500",
+        "--retries",
+        "0",
+        *extra,
+    )
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         for _ in range(600):  # the call is recorded at submission; the executor then waits on its status
             if record.exists() or proc.poll() is not None:
@@ -337,10 +500,19 @@ def test_sbatch_gres_recipe_of_the_docs(tmp_path):
 def test_runs_per_gpu_comes_from_a_gpu_throughput_measurement(tmp_path):
     check = tmp_path / "gpu_check.json"
     assert plan.measured_runs_per_gpu([check]) == (plan.RUNS_PER_GPU, "default (no GPU throughput measurement)")
-    check.write_text(json.dumps({"bench": {"throughput": [
-        {"device": "cuda", "setting": "fmnist_cnn", "runs_per_device": 8},
-        {"device": "cuda", "setting": "fmnist_mlp", "runs_per_device": 6},
-        {"device": "cpu", "setting": "fmnist_mlp", "runs_per_device": 1}]}}))
+    check.write_text(
+        json.dumps(
+            {
+                "bench": {
+                    "throughput": [
+                        {"device": "cuda", "setting": "fmnist_cnn", "runs_per_device": 8},
+                        {"device": "cuda", "setting": "fmnist_mlp", "runs_per_device": 6},
+                        {"device": "cpu", "setting": "fmnist_mlp", "runs_per_device": 1},
+                    ]
+                }
+            }
+        )
+    )
     assert plan.measured_runs_per_gpu([check]) == (6, f"measured ({check})")
 
 
@@ -385,14 +557,18 @@ def test_the_kept_cpu_table_prices_every_model_of_the_cpu_reachable_experiments(
     regression and the default file's MLP: each (dataset, model, batch) has a CPU measurement, none a guess."""
     costs = json.loads((ROOT / pricing.CPU_STEP_COSTS_FILE).read_text())
     assert costs["device"] == "cpu" and costs["machine"]["torch_threads"] == 1
-    files = {"params/fedlaw.yaml": "fedlaw_table3_fmnist", "params/ima.yaml": "ima_table1_fmnist",
-             "params/fednova.yaml": "fednova_fig5_synthetic", "params/default.yaml": None}
+    files = {
+        "params/fedlaw.yaml": "fedlaw_table3_fmnist",
+        "params/ima.yaml": "ima_table1_fmnist",
+        "params/fednova.yaml": "fednova_fig5_synthetic",
+        "params/default.yaml": None,
+    }
     keys = set()
     for path, only in files.items():
         params = paramsfile.load_params_files([str(ROOT / path)])
         if only:
             params["only"] = only
-        keys |= {pricing.step_key(r.setting) for r in config.expand(params)}
+        keys |= {pricing.step_key(r.setting) for r in expansion.expand(params)}
     assert {"fmnist/lenet5:128", "fmnist/mlp:128", "fmnist/cnn:50", "synthetic_1_1/logreg:20"} <= keys
     assert keys <= set(costs["step_seconds"]), sorted(keys - set(costs["step_seconds"]))
     assert all(v > 0 for v in costs["step_seconds"].values())
@@ -410,7 +586,8 @@ def test_a_cpu_step_is_timed_in_cpu_seconds_not_wall_seconds(monkeypatch):
 def test_the_h200_table_prices_every_setting_of_the_papers():
     costs = json.loads((ROOT / pricing.H200_STEP_COSTS_FILE).read_text())["step_seconds"]
     from fedrepro.ops.gpucheck import PAPER_PARAMS  # the files the table was measured from
-    runs = config.expand(paramsfile.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
+
+    runs = expansion.expand(paramsfile.load_params_files([str(ROOT / p) for p in PAPER_PARAMS]))
     unpriced = sorted({pricing.step_key(r.setting) for r in runs if pricing.step_seconds(costs, r.setting) is None})
     assert not unpriced, f"no H200 step cost (gpucheck.measure_step_costs) for {unpriced}"
 
@@ -441,11 +618,19 @@ def _cli_plan(capsys, tmp_path, configfile, *extra) -> dict:
 def _two_settings(tmp_path) -> Path:
     """One experiment of FMNIST CNN, batch 50 (what a benchmark measures), one of a CIFAR-10 ResNet-20 (not)."""
     import yaml
+
     common = {"num_clients": 10, "participation": 0.5, "rounds": 4, "local_epochs": 1}
     path = tmp_path / "two.yaml"
-    path.write_text(yaml.safe_dump({"experiments": {
-        "covered": {"base": {**common, "dataset": "fmnist", "model": "cnn", "batch_size": 50}},
-        "other": {"base": {**common, "dataset": "cifar10", "model": "resnet20", "batch_size": 128}}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "experiments": {
+                    "covered": {"base": {**common, "dataset": "fmnist", "model": "cnn", "batch_size": 50}},
+                    "other": {"base": {**common, "dataset": "cifar10", "model": "resnet20", "batch_size": 128}},
+                }
+            }
+        )
+    )
     return path
 
 
@@ -467,8 +652,9 @@ def test_a_bench_covering_one_setting_leaves_the_others_to_the_table(tmp_path, m
 
 
 @pytest.mark.parametrize("paper", PAPERS)
-def test_a_cpu_benchmark_prices_no_experiment_at_zero_and_leaves_the_gpu_plan_as_it_was(tmp_path, monkeypatch,
-                                                                                           capsys, paper):
+def test_a_cpu_benchmark_prices_no_experiment_at_zero_and_leaves_the_gpu_plan_as_it_was(
+    tmp_path, monkeypatch, capsys, paper
+):
     monkeypatch.chdir(tmp_path)
     _copy_evidence(tmp_path)
     before = _cli_plan(capsys, tmp_path, ROOT / paper)
@@ -495,8 +681,18 @@ def test_runtime_requests_after_a_cpu_benchmark_are_those_of_the_gpu_table(tmp_p
     after = _cli_plan(capsys, tmp_path, params, "--walltime", "600")["cluster"]["run_minutes"]
     assert after == before
     costs = pricing.step_costs_by_device()
-    setting = settings.resolve({"dataset": "fmnist", "model": "cnn", "num_clients": 10, "participation": 0.5,
-                              "rounds": 400, "local_epochs": 1, "batch_size": 50, "device": "cpu"})
+    setting = settings.resolve(
+        {
+            "dataset": "fmnist",
+            "model": "cnn",
+            "num_clients": 10,
+            "participation": 0.5,
+            "rounds": 400,
+            "local_epochs": 1,
+            "batch_size": 50,
+            "device": "cpu",
+        }
+    )
     # 400 x 5 x 120 = 240,000 steps x 5.7 ms = 1,368 s, x 3 = 68.4 min: a device: cpu run asks for the CPU's cost
     assert plan.run_minutes(setting, costs[pricing.run_device(setting)]) == 69
 

@@ -1,4 +1,5 @@
 """Methods are assembled from their settings fragments; their conditions are safe expressions."""
+
 import os
 import shutil
 import subprocess
@@ -7,8 +8,7 @@ import textwrap
 
 import pytest
 
-from fedrepro import registry
-from fedrepro.spec import conditions, schema, settings
+from fedrepro.configure import conditions, registry, schema, settings
 
 
 def test_every_method_module_has_its_fragment_and_every_fragment_its_module():
@@ -18,10 +18,11 @@ def test_every_method_module_has_its_fragment_and_every_fragment_its_module():
 
 def test_shared_keys_are_included_and_listed_keys_win():
     schema = registry.setting_schema()["properties"]
-    assert schema["aware"]["properties"] == schema["fedaware"]["properties"] | {} or \
-        set(schema["aware"]["properties"]) == set(schema["fedaware"]["properties"]) - {"weights"}
-    assert schema["serverft"]["properties"]["server_epochs"]["default"] == 2      # its own value
-    assert schema["feddf"]["properties"]["server_epochs"]["default"] == 100       # the shared one
+    assert schema["aware"]["properties"] == schema["fedaware"]["properties"] | {} or set(
+        schema["aware"]["properties"]
+    ) == set(schema["fedaware"]["properties"]) - {"weights"}
+    assert schema["serverft"]["properties"]["server_epochs"]["default"] == 2  # its own value
+    assert schema["feddf"]["properties"]["server_epochs"]["default"] == 100  # the shared one
     assert set(schema["fedbe"]["properties"]) == set(schema["feddf"]["properties"]) | {"swag_scale"}
 
 
@@ -32,9 +33,19 @@ def test_a_condition_names_its_keys_and_their_values():
     assert "fedprox.mu = 10" in message and "client.lr = 0.5" in message and "overshoot" in message
 
 
-@pytest.mark.parametrize("expression", [
-    "__import__('os').system('true')", "open('x')", "(lambda: 1)()", "client['lr']", "[x for x in rounds]",
-    "client.lr.__class__.__mro__", "min.__call__(1, 2)", "int(x=1)"])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os').system('true')",
+        "open('x')",
+        "(lambda: 1)()",
+        "client['lr']",
+        "[x for x in rounds]",
+        "client.lr.__class__.__mro__",
+        "min.__call__(1, 2)",
+        "int(x=1)",
+    ],
+)
 def test_nothing_but_the_small_language_parses(expression):
     if expression == "client.lr.__class__.__mro__":
         # attributes are setting keys, never Python attributes: an unknown key reads as None
@@ -56,7 +67,8 @@ def test_a_new_method_needs_only_its_module_and_its_fragment(tmp_path):
     """Copy the package, add two files, and the method is validated, defaulted and built."""
     src = tmp_path / "src"
     shutil.copytree(registry.FRAGMENTS.parent, src / "fedrepro", ignore=shutil.ignore_patterns("__pycache__"))
-    (src / "fedrepro" / "algorithms" / "fedtoy.py").write_text(textwrap.dedent('''
+    (src / "fedrepro" / "algorithms" / "fedtoy.py").write_text(
+        textwrap.dedent('''
         """A toy method: FedAvg with a server lr scaled by fedtoy.scale."""
         from fedrepro.parts import Algorithm
         from fedrepro.server import ServerSGD, WeightedMean
@@ -64,8 +76,10 @@ def test_a_new_method_needs_only_its_module_and_its_fragment(tmp_path):
 
         def build(setting, ctx):
             return Algorithm("fedtoy", WeightedMean(), ServerSGD(setting["server"]["lr"] * setting["fedtoy"]["scale"]))
-        '''))
-    (src / "fedrepro" / "algorithms" / "fedtoy.yaml").write_text(textwrap.dedent('''
+        ''')
+    )
+    (src / "fedrepro" / "algorithms" / "fedtoy.yaml").write_text(
+        textwrap.dedent("""
         kind: algorithm
         schema:
           fedtoy:
@@ -77,14 +91,16 @@ def test_a_new_method_needs_only_its_module_and_its_fragment(tmp_path):
         requires:
           - check: "fedtoy.scale * server.lr <= 1"
             because: "a toy must not overshoot"
-        '''))
-    script = textwrap.dedent('''
+        """)
+    )
+    script = textwrap.dedent("""
         import torch
         from fedrepro import algorithms, identity
-        from fedrepro.spec import schema, settings
+        from fedrepro.configure import schema, settings
         s = settings.resolve({"algorithm": "fedtoy"})
         assert s["fedtoy"] == {"scale": 0.5}, s
-        assert "algorithms/fedtoy.py" in identity.code_closure((identity.RUN_ENTRY,) + identity.method_modules("fedtoy", []))
+        entries = (identity.RUN_ENTRY,) + identity.method_modules("fedtoy", [])
+        assert "algorithms/fedtoy.py" in identity.code_closure(entries)
         a = algorithms.build(s, 2, 3, torch.device("cpu"), torch.ones(2))
         assert a.optimizer.lr == 0.5
         try:
@@ -94,9 +110,14 @@ def test_a_new_method_needs_only_its_module_and_its_fragment(tmp_path):
         else:
             raise AssertionError("the condition was not checked")
         print("ok")
-        ''')
-    out = subprocess.run([sys.executable, "-c", script], env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, timeout=300)
+        """)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
@@ -115,6 +136,7 @@ def test_a_broken_fragment_is_named(tmp_path, monkeypatch):
 
 def test_a_fragment_without_a_fact_that_is_read_is_named_before_any_job(monkeypatch):
     from fedrepro import catalog
+
     registry.check_fragments()  # the shipped fragments give every fact
     monkeypatch.setitem(catalog.DATASETS, "blobs", {"family": "fmnist", "train_size": 10, "test_size": 5, "shape": [2]})
     with pytest.raises(catalog.FragmentError, match=r"data/fmnist.yaml: dataset 'blobs': missing num_classes"):
@@ -133,6 +155,7 @@ def test_a_fragment_without_a_fact_that_is_read_is_named_before_any_job(monkeypa
 
 def test_a_partition_kind_may_read_a_setting_another_kind_declares_whatever_their_order(monkeypatch):
     from fedrepro import catalog
+
     for kind in ("aaa", "zzz"):  # before and after pachinko, which declares beta
         monkeypatch.setitem(catalog.PARTITION_KINDS, kind, {"doc": "x", "keys": ["seed", "beta"], "name": kind})
         monkeypatch.setitem(catalog.PARTITION_KEYS, kind, ["kind", "seed", "beta"])
@@ -145,6 +168,7 @@ def test_a_partition_kind_may_read_a_setting_another_kind_declares_whatever_thei
 def test_the_catalog_refuses_an_entry_that_names_its_own_family(tmp_path):
     """An entry's family is the fragment it sits in; a family key of its own would override it in silence."""
     from fedrepro import catalog
+
     (tmp_path / "toy.py").write_text("")
     (tmp_path / "toy.yaml").write_text("models:\n  toynet: {datasets: [fmnist]}\n")
     assert catalog._members(str(tmp_path), "models") == {"toynet": {"family": "toy", "datasets": ["fmnist"]}}

@@ -2,6 +2,7 @@
 (resnet18_gn2), and FedAWARE's code's CIFAR-100 network has BatchNorm blocks evaluated with the initial running
 statistics its server never updates (resnet18_gn32_code). The parity harness (parity/, docs/parity.md) compares
 both with the authors' own modules; these tests need no checkout."""
+
 from __future__ import annotations
 
 import math

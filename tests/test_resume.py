@@ -1,5 +1,6 @@
 """No lost work: a run stopped (--stop-after, SIGTERM, SIGKILL) and rerun equals the uninterrupted run
 exactly on CPU; a run whose loss becomes NaN/inf is recorded as diverged."""
+
 from __future__ import annotations
 
 import json
@@ -14,12 +15,22 @@ import pytest
 import torch
 
 from conftest import file_size_limit, make_partition, subprocess_env
-from fedrepro import cli, registry
+from fedrepro import cli
+from fedrepro.configure import registry
 from fedrepro.run import checkpoint
 
-BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 6,
-        "batch_size": 50, "device": "cpu", "eval_every": 1, "client": {"lr": 0.05},
-        "partition": {"kind": "iid", "seed": 1}}
+BASE = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 6,
+    "batch_size": 50,
+    "device": "cpu",
+    "eval_every": 1,
+    "client": {"lr": 0.05},
+    "partition": {"kind": "iid", "seed": 1},
+}
 
 # Methods with server or client state that a checkpoint must carry; the extra settings make
 # their state matter within 6 rounds. A method not (yet) in the registry is skipped.
@@ -57,8 +68,21 @@ VARIANTS = {
 }
 # The cases whose method keeps state across rounds in its checkpointed parts: resumed with that state
 # dropped, the run must come out different, or the exact-resume test above could not see it missing.
-STATEFUL = ["fedaware", "fedavg+ima", "scaffold", "feddyn", "fedadam", "fedyogi", "fedavgm", "fedavg+aware",
-            "fedfa", "feddf", "fedbe", "serverft", "fednova_vr"]
+STATEFUL = [
+    "fedaware",
+    "fedavg+ima",
+    "scaffold",
+    "feddyn",
+    "fedadam",
+    "fedyogi",
+    "fedavgm",
+    "fedavg+aware",
+    "fedfa",
+    "feddf",
+    "fedbe",
+    "serverft",
+    "fednova_vr",
+]
 CASES = [("fedavg", 1), ("fedavg", 4)] + [(m, 3) for m in METHODS if m != "fedavg"] + [(m, 3) for m in VARIANTS]
 
 
@@ -80,8 +104,21 @@ def _setting(method: str, **override) -> dict:
 
 
 def _train_args(setting, out, partition_dir, data_root, *extra) -> list[str]:
-    return ["train", "--setting", json.dumps(setting), "--partition", str(partition_dir), "--data-root",
-            str(data_root), "--out", str(out), "--no-progress", "--threads", "1", *extra]
+    return [
+        "train",
+        "--setting",
+        json.dumps(setting),
+        "--partition",
+        str(partition_dir),
+        "--data-root",
+        str(data_root),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
 def _metrics(run_dir: Path) -> pd.DataFrame:
@@ -108,8 +145,7 @@ def _uninterrupted(method, tmp_path_factory, partition_dir, data_root) -> Path:
 
 
 @pytest.mark.parametrize("method,stop", CASES, ids=[f"{m}-stop{k}" for m, k in CASES])
-def test_stop_and_resume_equals_uninterrupted(method, stop, tmp_path, tmp_path_factory, partition_dir,
-                                              tiny_data_root):
+def test_stop_and_resume_equals_uninterrupted(method, stop, tmp_path, tmp_path_factory, partition_dir, tiny_data_root):
     assert _known(method), f"{method} is not in registry.ALGORITHMS / PLUGINS"
     ref = _uninterrupted(method, tmp_path_factory, partition_dir, tiny_data_root)
     out = tmp_path / "run"
@@ -126,17 +162,20 @@ def test_stop_and_resume_equals_uninterrupted(method, stop, tmp_path, tmp_path_f
 
 
 @pytest.mark.parametrize("method", STATEFUL)
-def test_a_resume_without_the_methods_state_differs(method, tmp_path, tmp_path_factory, partition_dir,
-                                                    tiny_data_root, monkeypatch):
+def test_a_resume_without_the_methods_state_differs(
+    method, tmp_path, tmp_path_factory, partition_dir, tiny_data_root, monkeypatch
+):
     """The exact-resume test above can fail: the same stop and resume with the method's state left out of
     the restore (its parts start afresh at round 3) gives another model."""
     from fedrepro import parts
+
     ref = _uninterrupted(method, tmp_path_factory, partition_dir, tiny_data_root)
     out = tmp_path / "run"
     args = _train_args(_setting(method), out, partition_dir, tiny_data_root, "--checkpoint-every", "2")
     cli.main(args + ["--stop-after", "3"])
-    assert any(_has_values(v) for v in checkpoint.load(out / "checkpoint.pt")["algorithm"].values()), \
+    assert any(_has_values(v) for v in checkpoint.load(out / "checkpoint.pt")["algorithm"].values()), (
         "the checkpoint holds no state of the method"
+    )
     monkeypatch.setattr(parts.Algorithm, "load_state_dict", lambda self, state: None)
     cli.main(args)
     assert json.loads((out / "summary.json").read_text())["resumed"] is True
@@ -183,8 +222,9 @@ def test_killed_run_resumes_to_the_same_result(sig, tmp_path, partition_dir, tin
     cli.main(_train_args(setting, ref, partition_dir, tiny_data_root, "--checkpoint-every", "0"))
     out = tmp_path / "run"
     args = _train_args(setting, out, partition_dir, tiny_data_root, "--checkpoint-every", "50")
-    proc = subprocess.Popen(["fedrepro", *args], env=subprocess_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["fedrepro", *args], env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_for(out / "checkpoint.pt", proc)  # round 50 is done: the loop is running
         proc.send_signal(sig)
@@ -221,13 +261,15 @@ def test_nan_loss_is_recorded_as_diverged(tmp_path, partition_dir, tiny_data_roo
     assert not (out / "checkpoint.pt").exists()
 
 
-def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state(tmp_path, partition_dir,
-                                                                                   tiny_data_root):
+def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state(
+    tmp_path, partition_dir, tiny_data_root
+):
     """Every observer declares the state it keeps; a checkpoint holds that and the trainer's own, nothing more,
     so a resume restores exactly what the observers say they need."""
+    from fedrepro.configure.settings import resolve
     from fedrepro.run.observers import Observer
     from fedrepro.run.trainer import Trainer
-    from fedrepro.spec.settings import resolve
+
     setting = resolve({**BASE, "algorithm": "fedavg", "rounds": 4, "snapshots": {"rounds": [1]}})
     trainer = Trainer(setting, tmp_path / "run", partition_dir, tiny_data_root)
     trainer.run(progress=False, stop_after=2)
@@ -236,9 +278,13 @@ def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state
     assert declared == {"rows", "snapshots", "cosines", "history", "forked_from"}
     core = {"next_round", "x", "buffers", "algorithm", "elapsed", "setting_hash", "client_momentum", "torch_rng"}
     assert set(saved) == core | declared
-    assert len(saved["rows"]) == 2 and set(saved["snapshots"]) == {"round_1_global", "round_1_client_0",
-                                                                   "round_1_client_1", "round_1_sizes", "round_1_next"}
-
+    assert len(saved["rows"]) == 2 and set(saved["snapshots"]) == {
+        "round_1_global",
+        "round_1_client_0",
+        "round_1_client_1",
+        "round_1_sizes",
+        "round_1_next",
+    }
 
     class Undeclared(Observer):
         def state(self):
@@ -249,8 +295,9 @@ def test_a_checkpoint_holds_the_trainers_state_and_each_observers_declared_state
         trainer.state(2)
 
 
-def test_a_full_disk_ends_in_one_line_naming_the_run_and_the_last_checkpoint_stands(tmp_path, partition_dir,
-                                                                                      tiny_data_root):
+def test_a_full_disk_ends_in_one_line_naming_the_run_and_the_last_checkpoint_stands(
+    tmp_path, partition_dir, tiny_data_root
+):
     setting = _setting("fedavg")
     ref = tmp_path / "ref"
     cli.main(_train_args(setting, ref, partition_dir, tiny_data_root))
@@ -259,8 +306,14 @@ def test_a_full_disk_ends_in_one_line_naming_the_run_and_the_last_checkpoint_sta
     cli.main(args + ["--stop-after", "2"])
     kept = (out / "checkpoint.pt").read_bytes()
     # round 3's checkpoint (the model and three rounds of rows) cannot be written; metrics.csv still can
-    full = subprocess.run(["fedrepro", *args], env=subprocess_env(), capture_output=True, text=True, timeout=300,
-                          preexec_fn=file_size_limit(len(kept) // 2))
+    full = subprocess.run(
+        ["fedrepro", *args],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=file_size_limit(len(kept) // 2),
+    )
     assert full.returncode == 2, full.stderr[-2000:]
     assert "Traceback" not in full.stderr, full.stderr[-2000:]
     last = full.stderr.strip().splitlines()[-1]

@@ -5,6 +5,7 @@ restarted job does) equals the uninterrupted run bit for bit on CPU.
 The models are the shipped VGG-11 class with narrow convolutions (its layer layout, dropout included, unchanged)
 and a small CNN, on 32x32 three-channel images generated here, so each run takes a fraction of a second.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,11 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrepro.run.trainer import Trainer
-from fedrepro.spec import settings
-from fedrepro.run.batchable import dropout_layers
+from fedrepro.configure import settings
 from fedrepro.data.cifar import ImageDataset
 from fedrepro.models import vgg
+from fedrepro.run.batchable import dropout_layers
+from fedrepro.run.trainer import Trainer
 
 # VGG-11's configuration "A" (8 convolutions, 5 poolings) with narrow layers; the last one keeps 512 channels,
 # which the classifier (Dropout-FC(512, 512)-ReLU-Dropout-FC(512, 512)-ReLU-FC) expects
@@ -39,8 +40,13 @@ def _tiny_vgg11(monkeypatch) -> torch.nn.Module:
 
 def _small_cnn() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2),
-                               torch.nn.Flatten(), torch.nn.Linear(16, 10))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, stride=2),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16, 10),
+    )
 
 
 def _trainer(run_dir, model: str, module: torch.nn.Module, augment: bool) -> Trainer:
@@ -50,9 +56,21 @@ def _trainer(run_dir, model: str, module: torch.nn.Module, augment: bool) -> Tra
     train = ImageDataset(images, labels, mean, std, augment=augment)
     test = ImageDataset(test_images, test_labels, mean, std)
     parts = [np.arange(i * 40, (i + 1) * 40) for i in range(4)]  # equal clients: no size decides the path
-    setting = settings.resolve({"dataset": "cifar10", "model": model, "num_clients": 4, "participation": 0.5,
-                              "rounds": ROUNDS, "batch_size": 20, "local_epochs": 1, "device": "cpu", "eval_every": 1,
-                              "seed": 3, "client": {"lr": 0.05}})
+    setting = settings.resolve(
+        {
+            "dataset": "cifar10",
+            "model": model,
+            "num_clients": 4,
+            "participation": 0.5,
+            "rounds": ROUNDS,
+            "batch_size": 20,
+            "local_epochs": 1,
+            "device": "cpu",
+            "eval_every": 1,
+            "seed": 3,
+            "client": {"lr": 0.05},
+        }
+    )
     return Trainer(setting, run_dir, None, None, datasets=(train, test), parts=parts, module=module)
 
 
@@ -92,8 +110,9 @@ def test_the_randomness_is_what_the_resume_must_restore(case, tmp_path, monkeypa
     model, build, augment = CASES[case]
     reference = _trainer(tmp_path / "ref", model, build(monkeypatch), augment)
     reference.run(checkpoint_every=0, progress=False)
-    _trainer(tmp_path / "run", model, build(monkeypatch), augment).run(checkpoint_every=0, progress=False,
-                                                                      stop_after=STOP)
+    _trainer(tmp_path / "run", model, build(monkeypatch), augment).run(
+        checkpoint_every=0, progress=False, stop_after=STOP
+    )
     resumed = _trainer(tmp_path / "run", model, build(monkeypatch), augment)
     restore = Trainer.restore
 

@@ -1,4 +1,5 @@
 """The run folder: its state in each case, corrupt files named, whole-or-nothing writes."""
+
 import ast
 import json
 import os
@@ -7,9 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedrepro import rundir
+from fedrepro import identity
 from fedrepro.records import CorruptFileError
 from fedrepro.report import paper
+from fedrepro.run import rundir
 
 SETTING = {"algorithm": "fedavg", "dataset": "fmnist"}
 
@@ -63,6 +65,7 @@ def test_a_write_cut_short_leaves_the_old_summary_and_no_scraps(tmp_path, monkey
 
     def killed(*args):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         run.write_summary({"status": "finished", "setting": SETTING, "final_acc": 0.9})
@@ -78,8 +81,12 @@ def test_the_papers_table_skips_a_run_with_corrupt_metrics_and_keeps_the_others(
 
 
 def test_the_planner_does_not_import_the_benchmark():
-    source = (Path(rundir.__file__).parent / "ops" / "plan.py").read_text()
+    source = (identity.PACKAGE / "ops" / "plan.py").read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
-    imported |= {f"{node.module}.{a.name}" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
-                 for a in node.names}
+    imported |= {
+        f"{node.module}.{a.name}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+        for a in node.names
+    }
     assert "fedrepro.ops.bench" not in imported

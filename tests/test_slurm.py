@@ -6,6 +6,7 @@ installs the packages when it may (root and apt-get; offline it skips, saying wh
 daemons, records their PIDs, runs the tiny workflow with the project's slurm profile, stops exactly
 those PIDs, purges exactly the packages it installed and leaves /etc/slurm as it found it.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, DEBIAN_FMNIST, snakemake_cmd, subprocess_env, write_yaml
+from conftest import DEBIAN_FMNIST, ROOT, snakemake_cmd, subprocess_env, write_yaml
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -89,7 +90,11 @@ STATE=$(cat "$PIDFILE.state" 2>/dev/null || true)
 # the configuration files: those found before the test come back, those the test wrote go
 if [ -e "$PIDFILE.etc" ]; then
   for f in slurm.conf gres.conf; do
-    if [ -n "$STATE" ] && [ -e "$STATE/etc/$f" ]; then cp -p "$STATE/etc/$f" "/etc/slurm/$f"; else rm -f "/etc/slurm/$f"; fi
+    if [ -n "$STATE" ] && [ -e "$STATE/etc/$f" ]; then
+      cp -p "$STATE/etc/$f" "/etc/slurm/$f"
+    else
+      rm -f "/etc/slurm/$f"
+    fi
   done
 fi
 [ -n "$STATE" ] && rm -rf "$STATE"
@@ -132,6 +137,7 @@ def slurm(tmp_path_factory):
     if _pid_alive("/run/slurmctld.pid"):
         pytest.skip("a Slurm controller already runs on this machine; not reconfiguring it")
     import snakemake_executor_plugin_slurm  # noqa: F401  (a pinned dependency: its absence is a failure)
+
     pidfile = tmp_path_factory.mktemp("slurm") / "pids"
     fresh = [d for d in SLURM_DIRS if not Path(d).exists()]
     env = {**os.environ, "PIDFILE": str(pidfile), "FRESH_DIRS": " ".join(fresh)}
@@ -150,8 +156,17 @@ def slurm(tmp_path_factory):
 
 
 # folders Slurm's and munge's packages, daemons and this test create
-SLURM_DIRS = ("/etc/slurm", "/var/log/slurm", "/var/lib/slurm", "/var/spool/slurmd", "/run/slurm",
-              "/etc/munge", "/var/log/munge", "/var/lib/munge", "/run/munge")
+SLURM_DIRS = (
+    "/etc/slurm",
+    "/var/log/slurm",
+    "/var/lib/slurm",
+    "/var/spool/slurmd",
+    "/run/slurm",
+    "/etc/munge",
+    "/var/log/munge",
+    "/var/lib/munge",
+    "/run/munge",
+)
 
 
 def _listing(folder: Path) -> dict[str, bytes] | None:
@@ -162,8 +177,9 @@ def _listing(folder: Path) -> dict[str, bytes] | None:
 
 
 def _packages() -> set[str]:
-    out = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Status} ${Package}\n"], capture_output=True,
-                         text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${db:Status-Status} ${Package}\n"], capture_output=True, text=True, timeout=60
+    ).stdout
     return {line.split()[1] for line in out.splitlines() if line.startswith("installed ")}
 
 
@@ -174,39 +190,85 @@ def _install(pidfile: Path) -> None:
     try:
         proc = subprocess.run(["bash", "-c", INSTALL], capture_output=True, text=True, timeout=900)
     finally:
-        pidfile.with_name(pidfile.name + ".installed").write_text("".join(f"{p}\n" for p in
-                                                                          sorted(_packages() - before)))
+        pidfile.with_name(pidfile.name + ".installed").write_text(
+            "".join(f"{p}\n" for p in sorted(_packages() - before))
+        )
     if proc.returncode != 0:
         reason = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        pytest.skip(f"Slurm is not installed and apt-get could not install slurm-wlm and munge "
-                    f"(offline, or no Debian mirror?): {reason}")
+        pytest.skip(
+            f"Slurm is not installed and apt-get could not install slurm-wlm and munge "
+            f"(offline, or no Debian mirror?): {reason}"
+        )
 
 
 TINY = {
     "title": "Tiny Slurm check",
     "data": {"root": "data", "mirrors": {"fmnist": [str(DEBIAN_FMNIST) + "/"]}},
-    "experiments": {"slurm_tiny": {
-        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
-                 "batch_size": 256, "device": "cpu", "partition": {"kind": "iid", "seed": 1}},
-        "grid": {"seed": [1, 2]}}},
+    "experiments": {
+        "slurm_tiny": {
+            "base": {
+                "dataset": "fmnist",
+                "model": "mlp",
+                "num_clients": 4,
+                "participation": 0.5,
+                "rounds": 2,
+                "batch_size": 256,
+                "device": "cpu",
+                "partition": {"kind": "iid", "seed": 1},
+            },
+            "grid": {"seed": [1, 2]},
+        }
+    },
 }
 
 
 def test_tiny_workflow_runs_through_sbatch(slurm, tmp_path, fmnist_data):
     params = write_yaml(tmp_path / "tiny.yaml", fmnist_data.params(TINY))
-    cmd = ["timeout", "-s", "KILL", "540", *snakemake_cmd(
-        tmp_path, "--configfile", str(params), "--workflow-profile", str(ROOT / "workflow/profiles/slurm"),
-        # the site settings of this one-node test cluster replace the profile's placeholders
-        "--default-resources", "slurm_partition=debug", "mem_mb=500", "runtime=10",
-        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
-        "--seconds-between-status-checks", "1", "--latency-wait", "5", "--jobs", "4",
-        "--slurm-keep-successful-logs", "--verbose")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(f"sqlite:///{tmp_path / 'm.db'}", fmnist=fmnist_data),
-                          timeout=600)
+    cmd = [
+        "timeout",
+        "-s",
+        "KILL",
+        "540",
+        *snakemake_cmd(
+            tmp_path,
+            "--configfile",
+            str(params),
+            "--workflow-profile",
+            str(ROOT / "workflow/profiles/slurm"),
+            # the site settings of this one-node test cluster replace the profile's placeholders
+            "--default-resources",
+            "slurm_partition=debug",
+            "mem_mb=500",
+            "runtime=10",
+            "--slurm-status-command",
+            "squeue",
+            "--slurm-init-seconds-before-status-checks",
+            "1",
+            "--seconds-between-status-checks",
+            "1",
+            "--latency-wait",
+            "5",
+            "--jobs",
+            "4",
+            "--slurm-keep-successful-logs",
+            "--verbose",
+        ),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(f"sqlite:///{tmp_path / 'm.db'}", fmnist=fmnist_data),
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:  # what the queue says of the jobs: a job pending for a reason the node cannot meet
-        queue = subprocess.run(["bash", "-c", "sinfo -N -l; squeue -o '%i %T %r'; scontrol show job | grep -E "
-                                "'JobId|JobState|TRES'"], capture_output=True, text=True, timeout=60)
+        queue = subprocess.run(
+            ["bash", "-c", "sinfo -N -l; squeue -o '%i %T %r'; scontrol show job | grep -E 'JobId|JobState|TRES'"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         out += "\n--- queue ---\n" + queue.stdout + queue.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "sbatch call" in out, "jobs were submitted with sbatch"
@@ -220,8 +282,9 @@ def test_tiny_workflow_runs_through_sbatch(slurm, tmp_path, fmnist_data):
     assert "--gpus" not in train_lines[0]
     logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
     assert logs, "the slurm executor's job logs exist"
-    jobs = subprocess.run(["squeue", "--states=all", "-h", "-o", "%i %T"], capture_output=True, text=True,
-                          timeout=60).stdout.split("\n")
+    jobs = subprocess.run(
+        ["squeue", "--states=all", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=60
+    ).stdout.split("\n")
     states = [line.split()[1] for line in jobs if line.strip()]
     assert states and all(s == "COMPLETED" for s in states), jobs
     assert len(list((tmp_path / "results" / "runs").glob("*/summary.json"))) == 2

@@ -2,6 +2,7 @@
 after a failed run, a dead server and a killed registration; a killed schema creation leaves a usable
 store; concurrent registering processes lose no run and no metric, into one sqlite store and into an
 ``mlflow server`` the test starts on 127.0.0.1. A tracking failure never raises."""
+
 from __future__ import annotations
 
 import json
@@ -54,16 +55,32 @@ def _fake_run(runs_dir: Path, name: str, status: str = "finished") -> dict:
     frame.loc[3, "test_acc"] = float("nan")  # not evaluated that round: not logged
     frame.to_csv(folder / "metrics.csv", index=False)
     setting = {"algorithm": "fedavg", "plugins": [], "num_clients": 10, "client": {"lr": 0.1}}
-    summary = {"run": name, "status": status, "setting": setting, "setting_hash": "h" + name,
-               "partition": "p", "partition_hash": "ph", "git_commit": "abc", "device": "cpu",
-               "final_acc": 0.5, "best_acc": 0.6, "final_loss": 1.0, "e_ludd": 0.1, "runtime_s": 1.0}
+    summary = {
+        "run": name,
+        "status": status,
+        "setting": setting,
+        "setting_hash": "h" + name,
+        "partition": "p",
+        "partition_hash": "ph",
+        "git_commit": "abc",
+        "device": "cpu",
+        "final_acc": 0.5,
+        "best_acc": 0.6,
+        "final_loss": 1.0,
+        "e_ludd": 0.1,
+        "runtime_s": 1.0,
+    }
     (folder / "summary.json").write_text(json.dumps(summary))
     return {"id": name, "variant": {}, "label": name, "seed": 1, "partition": "p", "setting": setting}
 
 
 def _manifest(runs: list[dict]) -> dict:
-    return {"name": "load", "title": "load", "tracking": {"experiment_prefix": "fedrepro"},
-            "experiments": {"load": {"title": "load", "description": "", "grid": {}, "runs": runs}}}
+    return {
+        "name": "load",
+        "title": "load",
+        "tracking": {"experiment_prefix": "fedrepro"},
+        "experiments": {"load": {"title": "load", "description": "", "grid": {}, "runs": runs}},
+    }
 
 
 WORKER = textwrap.dedent("""
@@ -89,8 +106,17 @@ def _register_concurrently(tmp_path: Path, uri: str, shared: bool) -> list[dict]
         manifest = tmp_path / f"manifest-{i}.json"
         manifest.write_text(json.dumps(_manifest(runs)))
         out = tmp_path / f"result-{i}.json"
-        procs.append((subprocess.Popen([sys.executable, "-c", WORKER, str(manifest), str(runs_dir), uri, str(out)],
-                                       env=subprocess_env(), stderr=subprocess.PIPE, text=True), out))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, "-c", WORKER, str(manifest), str(runs_dir), uri, str(out)],
+                    env=subprocess_env(),
+                    stderr=subprocess.PIPE,
+                    text=True,
+                ),
+                out,
+            )
+        )
     results = []
     for proc, out in procs:
         _, err = proc.communicate(timeout=600)
@@ -101,6 +127,7 @@ def _register_concurrently(tmp_path: Path, uri: str, shared: bool) -> list[dict]
 
 def _check_store(uri: str, runs_dir: Path, expected_runs: set[str]) -> None:
     from mlflow import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("fedrepro/load")
     assert exp is not None
@@ -132,10 +159,26 @@ def test_concurrent_registration_into_one_sqlite_store(tmp_path):
 
 
 def _start_mlflow_server(tmp_path: Path, port: int, log) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                             "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
-                            env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        env=subprocess_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -204,9 +247,11 @@ def test_register_is_idempotent_and_keeps_diverged_runs(tmp_path, sqlite_uri):
     second = reconcile.track(_manifest(runs), tmp_path / "runs", uri)
     assert (first["registered"], second["registered"], second["already"]) == (2, 0, 2)
     from mlflow import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
-    found = client.search_runs([client.get_experiment_by_name("fedrepro/load").experiment_id],
-                               "tags.`fedrepro.run` != ''")
+    found = client.search_runs(
+        [client.get_experiment_by_name("fedrepro/load").experiment_id], "tags.`fedrepro.run` != ''"
+    )
     assert sorted(r.data.tags["fedrepro.status"] for r in found) == ["diverged", "finished"]
     assert sorted(r.info.status for r in found) == ["FAILED", "FINISHED"]
 
@@ -224,8 +269,18 @@ def test_tracking_failure_never_raises(tmp_path, sqlite_uri, monkeypatch):
 
 # --------------------------------------------------------------------------- live logging, real runs
 
-TINY = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 6, "batch_size": 50,
-        "device": "cpu", "eval_every": 1, "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1}}
+TINY = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 6,
+    "batch_size": 50,
+    "device": "cpu",
+    "eval_every": 1,
+    "client": {"lr": 0.05},
+    "partition": {"kind": "iid", "seed": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -235,18 +290,39 @@ def partition_dir(tiny_data_root, tmp_path_factory):
 
 def _tiny_manifest(tmp_path: Path, run_ids: list[str], name: str = "tinyfile") -> Path:
     runs = [{"id": r, "variant": {}, "label": r, "seed": 1, "partition": "p", "setting": TINY} for r in run_ids]
-    manifest = {"name": name, "title": name, "tracking": {"experiment_prefix": "fedrepro"},
-                "experiments": {"table1": {"title": "Table 1", "description": "", "grid": {}, "runs": runs}}}
+    manifest = {
+        "name": name,
+        "title": name,
+        "tracking": {"experiment_prefix": "fedrepro"},
+        "experiments": {"table1": {"title": "Table 1", "description": "", "grid": {}, "runs": runs}},
+    }
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(manifest))
     return path
 
 
-def _train(out: Path, partition: Path, data_root: Path, uri: str, manifest: Path | None, *extra: str,
-           setting: dict = TINY) -> None:
-    args = ["train", "--setting", json.dumps(setting), "--partition", str(partition), "--data-root", str(data_root),
-            "--out", str(out), "--no-progress", "--threads", "1", "--mlflow-experiment", "fedrepro/tinyfile",
-            "--tracking-uri", uri, *extra]
+def _train(
+    out: Path, partition: Path, data_root: Path, uri: str, manifest: Path | None, *extra: str, setting: dict = TINY
+) -> None:
+    args = [
+        "train",
+        "--setting",
+        json.dumps(setting),
+        "--partition",
+        str(partition),
+        "--data-root",
+        str(data_root),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--threads",
+        "1",
+        "--mlflow-experiment",
+        "fedrepro/tinyfile",
+        "--tracking-uri",
+        uri,
+        *extra,
+    ]
     cli.main(args + (["--mlflow-manifest", str(manifest)] if manifest else []))
 
 
@@ -255,9 +331,11 @@ def _records(client, name: str) -> list:
     return client.search_runs(ids, f"tags.`fedrepro.run` = '{name}'")
 
 
-def test_a_training_job_logs_its_run_live_and_a_resume_continues_it(tmp_path, sqlite_uri, partition_dir,
-                                                                      tiny_data_root):
+def test_a_training_job_logs_its_run_live_and_a_resume_continues_it(
+    tmp_path, sqlite_uri, partition_dir, tiny_data_root
+):
     from mlflow import MlflowClient
+
     uri = sqlite_uri
     out = tmp_path / "runs" / "tiny-run"
     manifest = _tiny_manifest(tmp_path, ["tiny-run"])
@@ -278,8 +356,9 @@ def test_a_training_job_logs_its_run_live_and_a_resume_continues_it(tmp_path, sq
     for key in ("test_acc", "train_loss", "e_lud"):
         history = client.get_metric_history(run.info.run_id, key)
         assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(frame["round"]), key
-        assert [m.timestamp for m in sorted(history, key=lambda m: m.step)] == \
-            [int(t * 1000) for t in frame["wall_time"]], "each round's real wall-clock time"
+        assert [m.timestamp for m in sorted(history, key=lambda m: m.step)] == [
+            int(t * 1000) for t in frame["wall_time"]
+        ], "each round's real wall-clock time"
     assert run.info.start_time < run.info.end_time == int(frame["wall_time"].iloc[-1] * 1000)
     tags = run.data.tags
     assert tags["mlflow.source.git.commit"] and tags["mlflow.source.name"] == "fedrepro train"
@@ -290,8 +369,12 @@ def test_a_training_job_logs_its_run_live_and_a_resume_continues_it(tmp_path, sq
     assert "None" not in run.data.params.values(), "unset settings are not logged"
     assert "ima.start_round" not in run.data.params
     assert run.data.params["client.lr"] == "0.05" and run.data.metrics["summary.final_acc"] >= 0
-    assert {"model.pt", "summary.json", "metrics.csv", "figures"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"figures/curves.png", "figures/heatmap.png"} <= {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
+    assert {"model.pt", "summary.json", "metrics.csv", "figures"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id)
+    }
+    assert {"figures/curves.png", "figures/heatmap.png"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id, "figures")
+    }
     marker = json.loads((out / record.MARKER).read_text())
     assert marker["complete"] and marker["run_id"] == run.info.run_id and marker["members"] == ["tinyfile/table1"]
 
@@ -311,29 +394,46 @@ def test_only_a_sqlite_stores_own_files_count_as_an_unwritable_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for name in ("mlflow.db.lock", ".mlflow.db.x1.tmp", "mlartifacts/1/abc/artifacts/summary.json"):
         err = PermissionError(13, "Permission denied", str(tmp_path / name))
-        assert store.unwritable(uri, err).startswith(f"the MLflow store {tmp_path / name} cannot be written "
-                                                     f"(Permission denied): free space there"), name
+        assert store.unwritable(uri, err).startswith(
+            f"the MLflow store {tmp_path / name} cannot be written (Permission denied): free space there"
+        ), name
     full = RuntimeError("(sqlite3.OperationalError) database or disk is full")
     assert f"{tmp_path / 'mlflow.db'} cannot be written (database or disk is full)" in store.unwritable(uri, full)
     # a run's own files, another failure, a server: not the store's disk
-    assert store.unwritable(uri, PermissionError(13, "Permission denied", str(tmp_path / "runs" / "x" / "mlflow.json"))) is None
+    assert (
+        store.unwritable(uri, PermissionError(13, "Permission denied", str(tmp_path / "runs" / "x" / "mlflow.json")))
+        is None
+    )
     assert store.unwritable(uri, RuntimeError("no such table: runs")) is None
     assert store.unwritable("http://127.0.0.1:9", OSError(28, "No space left on device", "/x/mlflow.db")) is None
 
 
 def test_track_into_a_full_store_ends_in_one_line_naming_it(tmp_path, sqlite_uri):
-    db = Path(sqlite_uri[len("sqlite:///"):])
+    db = Path(sqlite_uri[len("sqlite:///") :])
     runs = [_fake_run(tmp_path / "runs", "ok")]
     (tmp_path / "m.json").write_text(json.dumps(_manifest(runs)))
     out = tmp_path / "tracked.json"
-    args = ["fedrepro", "track", "--manifest", str(tmp_path / "m.json"), "--runs-dir", str(tmp_path / "runs"),
-            "--tracking-uri", sqlite_uri, "--out", str(out)]
-    full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=300,
-                          preexec_fn=_full_store(db))
+    args = [
+        "fedrepro",
+        "track",
+        "--manifest",
+        str(tmp_path / "m.json"),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--tracking-uri",
+        sqlite_uri,
+        "--out",
+        str(out),
+    ]
+    full = subprocess.run(
+        args, env=subprocess_env(), capture_output=True, text=True, timeout=300, preexec_fn=_full_store(db)
+    )
     assert full.returncode == 2, full.stderr[-2000:]
     assert "Traceback" not in full.stderr, full.stderr[-3000:]
     (line,) = full.stderr.strip().splitlines()
-    assert line.startswith(f"fedrepro track: the MLflow store {db} cannot be written (disk I/O error): free space"), line
+    assert line.startswith(f"fedrepro track: the MLflow store {db} cannot be written (disk I/O error): free space"), (
+        line
+    )
     assert not out.exists(), "not done: Snakemake runs it again"
     assert json.loads((tmp_path / "runs" / "ok" / "summary.json").read_text())["run"] == "ok", "the run's folder stands"
     done = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=300)
@@ -342,22 +442,42 @@ def test_track_into_a_full_store_ends_in_one_line_naming_it(tmp_path, sqlite_uri
     assert (result["registered"] + result["repaired"], result["failed"]) == (1, 0), result
 
 
-def test_a_training_run_into_a_full_store_says_so_in_one_line_and_finishes(tmp_path, sqlite_uri, partition_dir,
-                                                                          tiny_data_root):
-    db = Path(sqlite_uri[len("sqlite:///"):])
+def test_a_training_run_into_a_full_store_says_so_in_one_line_and_finishes(
+    tmp_path, sqlite_uri, partition_dir, tiny_data_root
+):
+    db = Path(sqlite_uri[len("sqlite:///") :])
     out = tmp_path / "runs" / "full-store-run"
-    args = ["fedrepro", "train", "--setting", json.dumps(TINY), "--partition", str(partition_dir), "--data-root",
-            str(tiny_data_root), "--out", str(out), "--no-progress", "--threads", "1", "--mlflow-experiment",
-            "fedrepro/tinyfile", "--tracking-uri", sqlite_uri]
+    args = [
+        "fedrepro",
+        "train",
+        "--setting",
+        json.dumps(TINY),
+        "--partition",
+        str(partition_dir),
+        "--data-root",
+        str(tiny_data_root),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--threads",
+        "1",
+        "--mlflow-experiment",
+        "fedrepro/tinyfile",
+        "--tracking-uri",
+        sqlite_uri,
+    ]
     # the run's own files (the model is the largest) stay below the store's size, so only the store is full
-    full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=300,
-                          preexec_fn=_full_store(db))
+    full = subprocess.run(
+        args, env=subprocess_env(), capture_output=True, text=True, timeout=300, preexec_fn=_full_store(db)
+    )
     assert full.returncode == 0, full.stderr[-2000:]
     assert "Traceback" not in full.stderr + full.stdout, (full.stdout + full.stderr)[-3000:]
     said = [line for line in full.stdout.splitlines() if "MLflow store" in line]
-    assert said == [f"tracking off for this run: the MLflow store {db} cannot be written (disk I/O error): free "
-                    f"space there or make it writable (or name another store with --tracking-uri), then `fedrepro "
-                    f"track` brings it in line with the runs' folders, which are untouched"], full.stdout[-3000:]
+    assert said == [
+        f"tracking off for this run: the MLflow store {db} cannot be written (disk I/O error): free "
+        f"space there or make it writable (or name another store with --tracking-uri), then `fedrepro "
+        f"track` brings it in line with the runs' folders, which are untouched"
+    ], full.stdout[-3000:]
     assert json.loads((out / "summary.json").read_text())["status"] == "finished", "training went on"
     assert json.loads((out / record.MARKER).read_text())["complete"] is False, "left for the track step"
 
@@ -368,6 +488,7 @@ class Blackhole:
     def __init__(self):
         import socket
         import threading
+
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -406,8 +527,9 @@ def test_a_dead_server_costs_one_failed_call_and_the_run_goes_on(tmp_path, parti
         server.close()
 
 
-def test_track_reconciles_after_a_failed_run_and_a_dead_server(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
-                                                                monkeypatch, down_server):
+def test_track_reconciles_after_a_failed_run_and_a_dead_server(
+    tmp_path, sqlite_uri, partition_dir, tiny_data_root, monkeypatch, down_server
+):
     """Issue #15: a track step that met a dead server wrote its output and was never retried."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
     runs_dir = tmp_path / "runs"
@@ -418,8 +540,19 @@ def test_track_reconciles_after_a_failed_run_and_a_dead_server(tmp_path, sqlite_
 
     def track(uri) -> int:
         try:
-            cli.main(["track", "--manifest", str(manifest), "--runs-dir", str(runs_dir), "--tracking-uri", uri,
-                      "--out", str(out)])
+            cli.main(
+                [
+                    "track",
+                    "--manifest",
+                    str(manifest),
+                    "--runs-dir",
+                    str(runs_dir),
+                    "--tracking-uri",
+                    uri,
+                    "--out",
+                    str(out),
+                ]
+            )
         except SystemExit as exit_:
             return exit_.code
         return 0
@@ -430,6 +563,7 @@ def test_track_reconciles_after_a_failed_run_and_a_dead_server(tmp_path, sqlite_
     result = json.loads(out.read_text())
     assert (result["registered"], result["missing"], result["failed"]) == (1, 1, 0), "the failed run blocks nothing"
     from mlflow import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     (run,) = _records(client, "ok-run")
     frame = pd.read_csv(runs_dir / "ok-run" / "metrics.csv")
@@ -443,6 +577,7 @@ def test_a_killed_registration_is_repaired_not_duplicated(tmp_path, sqlite_uri):
     """Issue #15: a registration killed midway left one RUNNING orphan, and the next call added a second
     record. Here the store holds what such kills leave (a bare RUNNING record, a FAILED half-logged one)."""
     from mlflow import MlflowClient
+
     uri = sqlite_uri
     runs = [_fake_run(tmp_path / "runs", "half")]
     client = store.open_store(uri)
@@ -491,15 +626,21 @@ def _kill_during_schema_creation(how: str, db: Path, pattern: str) -> bool:
     that leaves alembic's ``_alembic_tmp_`` table in a file matching ``pattern`` (a glob): a kill at a
     fixed point of the migration, where polling from outside raced a table that lives milliseconds.
     True if the process died so; False if the migration finished without ever reaching that point."""
-    proc = subprocess.run([sys.executable, "-c", KILL_CREATION, how, f"sqlite:///{db}", pattern],
-                          env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_CREATION, how, f"sqlite:///{db}", pattern],
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-2000:]
     return proc.returncode == -signal.SIGKILL
 
 
 def _alembic_leftover(db: Path) -> bool:
     import sqlite3
+
     if not db.exists():
         return False
     try:
@@ -532,6 +673,7 @@ def test_a_killed_schema_creation_leaves_a_usable_store(tmp_path):
 
 # --------------------------------------------------------------------------- what the runs table shows
 
+
 def _inputs(run) -> dict:
     """context -> (name, digest, profile) of a run's dataset inputs."""
     out = {}
@@ -542,14 +684,16 @@ def _inputs(run) -> dict:
     return out
 
 
-def test_a_run_shows_its_partition_and_dataset_as_inputs_and_its_params_file_as_source(tmp_path, sqlite_uri,
-                                                                                        partition_dir, tiny_data_root):
+def test_a_run_shows_its_partition_and_dataset_as_inputs_and_its_params_file_as_source(
+    tmp_path, sqlite_uri, partition_dir, tiny_data_root
+):
     """The runs table's Dataset column: the dataset and the partition (content hash, client counts), by which
     runs are filtered; the Source column: the `fedrepro train` entry point and the params file. Through a
     real sqlite store, live (the training job, cut off and resumed) and by the track step."""
     from mlflow import MlflowClient
 
     from fedrepro.identity import partition_id
+
     uri = sqlite_uri
     manifest_path = _tiny_manifest(tmp_path, ["tiny-run"])
     manifest = json.loads(manifest_path.read_text())
@@ -563,8 +707,10 @@ def test_a_run_shows_its_partition_and_dataset_as_inputs_and_its_params_file_as_
     info = json.loads((partition_dir / "partition.json").read_text())
     counts = pd.read_csv(partition_dir / "counts.csv", index_col="client").sum(axis=1).tolist()
     inputs = _inputs(run)
-    assert inputs["partition"][:2] == (partition_id(json.loads((out / "summary.json").read_text())["setting"]),
-                                       info["content_hash"])
+    assert inputs["partition"][:2] == (
+        partition_id(json.loads((out / "summary.json").read_text())["setting"]),
+        info["content_hash"],
+    )
     assert inputs["partition"][2]["client_sizes"] == counts and inputs["partition"][2]["num_clients"] == 4
     assert inputs["training"][0] == "fmnist" and inputs["training"][2]["train_size"] == 60000
     assert run.data.tags["mlflow.source.name"] == "fedrepro train · params/tinyfile.yaml"
@@ -615,10 +761,13 @@ def test_live_metrics_are_sent_in_batches_at_most_every_10_seconds(monkeypatch):
     assert sent == [[1], [2, 3, 4], [5]], "what is pending goes out when the run ends"
 
 
-def test_an_exception_mid_training_marks_the_run_failed(tmp_path, sqlite_uri, partition_dir, tiny_data_root,
-                                                        monkeypatch):
+def test_an_exception_mid_training_marks_the_run_failed(
+    tmp_path, sqlite_uri, partition_dir, tiny_data_root, monkeypatch
+):
     from mlflow import MlflowClient
+
     from fedrepro.run.trainer import Trainer
+
     round_ = Trainer.round
 
     def breaks_in_round_3(self, t):
@@ -636,12 +785,14 @@ def test_an_exception_mid_training_marks_the_run_failed(tmp_path, sqlite_uri, pa
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "test_acc")) == [1, 2]
 
 
-def test_a_locked_store_switches_tracking_off_and_the_run_goes_on(tmp_path, sqlite_uri, partition_dir,
-                                                                  tiny_data_root, capsys):
+def test_a_locked_store_switches_tracking_off_and_the_run_goes_on(
+    tmp_path, sqlite_uri, partition_dir, tiny_data_root, capsys
+):
     """Another process holds the sqlite store's write lock for the whole run: the first call that needs
     it fails, tracking is off for this run (said once, written to the marker), and training finishes."""
     import sqlite3
-    db = sqlite_uri[len("sqlite:///"):]
+
+    db = sqlite_uri[len("sqlite:///") :]
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
@@ -659,11 +810,15 @@ def test_a_locked_store_switches_tracking_off_and_the_run_goes_on(tmp_path, sqli
 
 def test_a_run_in_two_params_files_lists_both_in_fedrepro_experiments(tmp_path, sqlite_uri):
     from mlflow import MlflowClient
+
     runs_dir = tmp_path / "runs"
     shared = _fake_run(runs_dir, "shared")
     first = {**_manifest([shared]), "name": "paper"}
-    second = {**_manifest([shared]), "name": "ablation",
-              "experiments": {"fig2": {"title": "fig2", "description": "", "grid": {}, "runs": [shared]}}}
+    second = {
+        **_manifest([shared]),
+        "name": "ablation",
+        "experiments": {"fig2": {"title": "fig2", "description": "", "grid": {}, "runs": [shared]}},
+    }
     assert reconcile.track(first, runs_dir, sqlite_uri)["registered"] == 1
     assert reconcile.track(second, runs_dir, sqlite_uri)["registered"] == 0, "one record, not two"
     (run,) = _records(MlflowClient(tracking_uri=sqlite_uri), "shared")
@@ -676,11 +831,19 @@ def test_tracking_live_false_leaves_the_training_jobs_untracked(live, tmp_path):
     """`tracking: {live: false}`: the train rule's command carries no MLflow options (the track step
     registers the runs afterwards); the default logs live."""
     from conftest import snakemake_cmd
+
     params = tmp_path / "p.yaml"
-    params.write_text("tracking: {live: %s}\nexperiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n"
-                      % str(live).lower())
-    proc = subprocess.run(snakemake_cmd(tmp_path, "-n", "-p", "--configfile", str(params)), capture_output=True,
-                          text=True, env=subprocess_env(), timeout=300)
+    params.write_text(
+        "tracking: {live: %s}\nexperiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n"
+        % str(live).lower()
+    )
+    proc = subprocess.run(
+        snakemake_cmd(tmp_path, "-n", "-p", "--configfile", str(params)),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     train = [line for line in proc.stdout.splitlines() if "fedrepro train" in line]
     assert len(train) == 1, proc.stdout[-3000:]

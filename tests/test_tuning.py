@@ -1,5 +1,6 @@
-"""The tuning stage (fedrepro.spec.tuning): choosing, tune blocks and their errors, the validation split, the
+"""The tuning stage (fedrepro.configure.tuning): choosing, tune blocks and their errors, the validation split, the
 expansion into tuning runs and final runs, the plan's count, and the stage end to end through Snakemake."""
+
 from __future__ import annotations
 
 import copy
@@ -12,13 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEBIAN_FMNIST, ROOT, job_counts, make_partition, snakemake_cmd, \
-    subprocess_env, write_yaml
-from fedrepro.spec import config, paramsfile, schema, settings, tuning
+from conftest import DEBIAN_FMNIST, ROOT, job_counts, make_partition, snakemake_cmd, subprocess_env, write_yaml
+from fedrepro.configure import expansion, paramsfile, schema, settings, tuning
 from fedrepro.evaluation import validation_split
 
-BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2, "device": "cpu",
-        "client": {"lr": 0.02}, "partition": {"kind": "iid", "seed": 1}, "ima": {"window": 1, "start_round": 1}}
+BASE = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 2,
+    "device": "cpu",
+    "client": {"lr": 0.02},
+    "partition": {"kind": "iid", "seed": 1},
+    "ima": {"window": 1, "start_round": 1},
+}
 PROX = {"when": {"algorithm": "fedprox"}, "grid": {"fedprox.mu": [0.1, 0.01]}, "seeds": [7]}
 
 
@@ -31,7 +40,7 @@ def params(tune=PROX, grid=None, base=BASE) -> dict:
 
 def expand(p: dict):
     tunings: dict = {}
-    return config.expand(p, tunings), tunings
+    return expansion.expand(p, tunings), tunings
 
 
 # --------------------------------------------------------------------------- choosing
@@ -39,14 +48,22 @@ def expand(p: dict):
 
 def summaries(**runs) -> dict:
     """run id -> a summary with final_acc (None: diverged, NaN) scored on the validation split."""
-    return {rid: {"status": "finished" if acc is not None else "diverged",
-                  "final_acc": float("nan") if acc is None else acc, "final_loss": 1 - (acc or 0),
-                  "scored_on": "validation"} for rid, acc in runs.items()}
+    return {
+        rid: {
+            "status": "finished" if acc is not None else "diverged",
+            "final_acc": float("nan") if acc is None else acc,
+            "final_loss": 1 - (acc or 0),
+            "scored_on": "validation",
+        }
+        for rid, acc in runs.items()
+    }
 
 
 def selection(*candidates, criterion="mean_final_val_acc") -> dict:
-    return {"criterion": criterion, "candidates": [
-        {"point": {"x": i}, "label": f"x={i}", "runs": runs} for i, runs in enumerate(candidates)]}
+    return {
+        "criterion": criterion,
+        "candidates": [{"point": {"x": i}, "label": f"x={i}", "runs": runs} for i, runs in enumerate(candidates)],
+    }
 
 
 def test_the_best_mean_over_the_tuning_seeds_wins_not_the_best_single_run():
@@ -99,25 +116,40 @@ def one_error(p: dict) -> str:
     return text
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda t: t.update(seed=[1]), r"unknown setting 'experiments.e.tune.0.seed'; did you mean seeds\?"),
-    (lambda t: t.pop("seeds"), r"'seeds' is a required property"),
-    (lambda t: t.update(criterion="best_test_acc"), r"tune\[0\]: criterion 'best_test_acc' is unknown; known: "
-                                                     r"mean_final_val_acc"),
-    (lambda t: t.update(when={"algoritm": "fedprox"}), r"tune\[0\]: when: 'algoritm' is no setting; did you mean "
-                                                       r"algorithm\?"),
-    (lambda t: t.update(without=["imma"]), r"tune\[0\]: without: imma is no plug-in"),
-    (lambda t: t.update(when={"algorithm": "fedyogi"}), r"tune\[0\]: when = .* matches no grid point"),
-    (lambda t: t.update(grid={"fedavgm.momentum": [0.5, 0.9]}), r"tune\[0\]: grid: candidates .* give the same run"),
-    (lambda t: t.update(grid={"seed": [1, 2]}), r"tune\[0\]: grid: 'seed' is no value to tune"),
-    (lambda t: t.update(validation=1.5), r"validation' = 1.5 is not allowed: must be < 1"),
-    (lambda t: t.update(grid={"fedprox.mu": [0.1, 200.0]}), r"fedprox.mu \* client.lr < 1"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda t: t.update(seed=[1]), r"unknown setting 'experiments.e.tune.0.seed'; did you mean seeds\?"),
+        (lambda t: t.pop("seeds"), r"'seeds' is a required property"),
+        (
+            lambda t: t.update(criterion="best_test_acc"),
+            r"tune\[0\]: criterion 'best_test_acc' is unknown; known: "
+            r"mean_final_val_acc",
+        ),
+        (
+            lambda t: t.update(when={"algoritm": "fedprox"}),
+            r"tune\[0\]: when: 'algoritm' is no setting; did you mean "
+            r"algorithm\?",
+        ),
+        (lambda t: t.update(without=["imma"]), r"tune\[0\]: without: imma is no plug-in"),
+        (lambda t: t.update(when={"algorithm": "fedyogi"}), r"tune\[0\]: when = .* matches no grid point"),
+        (
+            lambda t: t.update(grid={"fedavgm.momentum": [0.5, 0.9]}),
+            r"tune\[0\]: grid: candidates .* give the same run",
+        ),
+        (lambda t: t.update(grid={"seed": [1, 2]}), r"tune\[0\]: grid: 'seed' is no value to tune"),
+        (lambda t: t.update(validation=1.5), r"validation' = 1.5 is not allowed: must be < 1"),
+        (lambda t: t.update(grid={"fedprox.mu": [0.1, 200.0]}), r"fedprox.mu \* client.lr < 1"),
+    ],
+)
 def test_a_bad_tune_block_is_one_line_naming_the_key(change, says):
     block = copy.deepcopy(PROX)
     change(block)
-    p = {"experiments": {"e": {"base": copy.deepcopy(BASE), "grid": {"algorithm": ["fedavg", "fedprox"]},
-                               "tune": [block]}}}
+    p = {
+        "experiments": {
+            "e": {"base": copy.deepcopy(BASE), "grid": {"algorithm": ["fedavg", "fedprox"]}, "tune": [block]}
+        }
+    }
     assert re.search(says, one_error(p)), one_error(p)
 
 
@@ -162,14 +194,14 @@ def test_a_tuning_run_scores_the_validation_samples_and_trains_on_the_rest(tiny_
 
 def test_a_tuned_grid_point_gives_its_tuning_runs_and_waits_for_the_choice():
     runs, tunings = expand(params())
-    (tid, entry), = tunings.items()
+    ((tid, entry),) = tunings.items()
     tuning_runs = [r for r in runs if r.tuning]
     assert {r.setting["fedprox"]["mu"] for r in tuning_runs} == {0.1, 0.01}
     assert all(r.setting["seed"] == 7 and r.setting["evaluation"]["validation"] == 0.1 for r in tuning_runs)
     own = [r for r in runs if not r.tuning]
     assert [r.setting["algorithm"] for r in own] == ["fedavg", "fedavg"]  # the fedprox runs wait
     assert [p["variant"] for p in entry["pending"]] == [{"algorithm": "fedprox"}] * 2
-    manifest = config.manifest(params(), runs, "t", tunings)
+    manifest = expansion.manifest(params(), runs, "t", tunings)
     assert {r["id"] for r in manifest["experiments"]["e"]["runs"]} == {r.id for r in own}
     assert manifest["tunings"][tid]["selection"]["candidates"][0]["runs"] == [tuning_runs[0].id]
 
@@ -177,7 +209,7 @@ def test_a_tuned_grid_point_gives_its_tuning_runs_and_waits_for_the_choice():
 def test_the_chosen_value_is_in_the_final_runs_setting_and_identity():
     p = params()
     runs, tunings = expand(p)
-    (tid, entry), = tunings.items()
+    ((tid, entry),) = tunings.items()
     finals = {mu: tuning.final_runs(tunings, {tid: {"chosen": {"fedprox": {"mu": mu}}}}) for mu in (0.1, 0.01)}
     for mu, pairs in finals.items():
         assert [r.setting["fedprox"]["mu"] for r, _ in pairs] == [mu, mu]
@@ -185,13 +217,14 @@ def test_the_chosen_value_is_in_the_final_runs_setting_and_identity():
         assert all(r.setting["evaluation"]["validation"] == 0 for r, _ in pairs)  # scored on the test set
     assert {r.id for r, _ in finals[0.1]}.isdisjoint(r.id for r, _ in finals[0.01])
     # the untuned runs and a plain file's manifest are those of the file without the tune block
-    plain = config.expand(params(tune=None))
-    assert [r.id for r in runs if not r.tuning and r.setting["algorithm"] == "fedavg"] == \
-        [r.id for r in plain if r.setting["algorithm"] == "fedavg"]
-    assert "tunings" not in config.manifest(params(tune=None), plain, "t", {})
+    plain = expansion.expand(params(tune=None))
+    assert [r.id for r in runs if not r.tuning and r.setting["algorithm"] == "fedavg"] == [
+        r.id for r in plain if r.setting["algorithm"] == "fedavg"
+    ]
+    assert "tunings" not in expansion.manifest(params(tune=None), plain, "t", {})
     # the tuned manifest lists them with the choice
     choice = {"chosen": {"fedprox": {"mu": 0.01}}, "chosen_label": "fedprox.mu=0.01"}
-    tuned = tuning.tuned_manifest(config.manifest(p, runs, "t", tunings), {tid: choice})
+    tuned = tuning.tuned_manifest(expansion.manifest(p, runs, "t", tunings), {tid: choice})
     assert [r["tuned"]["label"] for r in tuned["experiments"]["e"]["runs"] if "tuned" in r] == ["fedprox.mu=0.01"] * 2
     assert tuned["tunings"][tid]["choice"] == choice
 
@@ -209,13 +242,17 @@ def test_a_changed_tune_grid_keeps_the_runs_of_the_values_it_keeps():
 def test_bare_and_plugin_points_share_one_tuning_without_the_plugin():
     block = {**PROX, "without": ["ima"]}
     runs, tunings = expand(params(tune=block, grid={"algorithm": ["fedprox", "fedprox+ima"], "seed": [1]}))
-    (tid, entry), = tunings.items()
+    ((tid, entry),) = tunings.items()
     assert len([r for r in runs if r.tuning]) == 2 and all(r.setting["plugins"] == [] for r in runs if r.tuning)
     finals = tuning.final_runs(tunings, {tid: {"chosen": {"fedprox": {"mu": 0.1}}}})
     assert sorted(tuple(r.setting["plugins"]) for r, _ in finals) == [(), ("ima",)]
     # `plugins: []` tunes the bare method only
-    runs, tunings = expand(params(tune={**PROX, "when": {"algorithm": "fedprox", "plugins": []}},
-                                  grid={"algorithm": ["fedprox", "fedprox+ima"], "seed": [1]}))
+    runs, tunings = expand(
+        params(
+            tune={**PROX, "when": {"algorithm": "fedprox", "plugins": []}},
+            grid={"algorithm": ["fedprox", "fedprox+ima"], "seed": [1]},
+        )
+    )
     assert [r.setting["plugins"] for r in runs if not r.tuning] == [["ima"]]
 
 
@@ -229,9 +266,17 @@ def test_the_plan_counts_the_tuning_runs_and_the_final_runs(tmp_path):
 
 
 def test_the_papers_files_tune_where_the_papers_did():
-    for name, grids in (("ima", {("fedprox.mu",): [0.1, 0.01, 0.001], ("fedfa.lam",): [0.1, 0.01, 0.001]}),
-                        ("fedaware", {("fedprox.mu",): [0.01, 0.1, 1, 10], ("feddyn.alpha",): [0.1, 0.01, 0.001],
-                                      ("fedavgm.momentum",): [0.7, 0.9, 0.97, 0.997]})):
+    for name, grids in (
+        ("ima", {("fedprox.mu",): [0.1, 0.01, 0.001], ("fedfa.lam",): [0.1, 0.01, 0.001]}),
+        (
+            "fedaware",
+            {
+                ("fedprox.mu",): [0.01, 0.1, 1, 10],
+                ("feddyn.alpha",): [0.1, 0.01, 0.001],
+                ("fedavgm.momentum",): [0.7, 0.9, 0.97, 0.997],
+            },
+        ),
+    ):
         p = paramsfile.load_params(ROOT / "params" / f"{name}.yaml")
         blocks = [b for exp in p["experiments"].values() for b in (exp.get("tune") or [])]
         found = {tuple(b["grid"]): list(b["grid"].values())[0] for b in blocks}
@@ -244,28 +289,49 @@ def test_the_papers_files_tune_where_the_papers_did():
 
 
 def _snakemake(work: Path, params_file: Path, *args: str, fmnist=None) -> subprocess.CompletedProcess:
-    return subprocess.run(snakemake_cmd(work, "--configfile", str(params_file), "--cores", "2", *args),
-                          capture_output=True, text=True, env=subprocess_env(fmnist=fmnist), timeout=600)
+    return subprocess.run(
+        snakemake_cmd(work, "--configfile", str(params_file), "--cores", "2", *args),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(fmnist=fmnist),
+        timeout=600,
+    )
 
 
 TINY_TUNE = {
-    "title": "Tiny tuning check", "quick": True, "tracking": {"enabled": False},
+    "title": "Tiny tuning check",
+    "quick": True,
+    "tracking": {"enabled": False},
     "data": {"root": "data", "mirrors": {"fmnist": [str(DEBIAN_FMNIST) + "/"]}},
-    "experiments": {"tiny_tune": {
-        "title": "FedAvg with a tuned client lr",
-        "base": {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
-                 "batch_size": 128, "device": "cpu", "client": {"lr": 0.02},
-                 "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10}},
-        "grid": {"algorithm": ["fedavg"], "seed": [1]},
-        # 1e6 diverges (as .test/config/tiny.yaml's tiny_diverge): the choice is 0.05 on any machine
-        "tune": [{"when": {"algorithm": "fedavg"}, "grid": {"client.lr": [1.0e+6, 0.05]}, "seeds": [7]}]}},
+    "experiments": {
+        "tiny_tune": {
+            "title": "FedAvg with a tuned client lr",
+            "base": {
+                "dataset": "fmnist",
+                "model": "mlp",
+                "num_clients": 4,
+                "participation": 0.5,
+                "rounds": 2,
+                "batch_size": 128,
+                "device": "cpu",
+                "client": {"lr": 0.02},
+                "partition": {"kind": "dirichlet", "alpha": 0.5, "seed": 1, "min_size": 10},
+            },
+            "grid": {"algorithm": ["fedavg"], "seed": [1]},
+            # 1e6 diverges (as .test/config/tiny.yaml's tiny_diverge): the choice is 0.05 on any machine
+            "tune": [{"when": {"algorithm": "fedavg"}, "grid": {"client.lr": [1.0e6, 0.05]}, "seeds": [7]}],
+        }
+    },
     # a figure of a tuned experiment draws its final runs (it waits for the checkpoint), never the tuning runs
-    "figures": {"tiny_tune_accuracy": {"kind": "accuracy", "experiment": "tiny_tune"}}}
+    "figures": {"tiny_tune_accuracy": {"kind": "accuracy", "experiment": "tiny_tune"}},
+}
 
 
 def _summaries(work: Path) -> dict[str, tuple[dict, int]]:
-    return {p.parent.name: (json.loads(p.read_text()), p.stat().st_mtime_ns)
-            for p in (work / "results" / "runs").glob("*/summary.json")}
+    return {
+        p.parent.name: (json.loads(p.read_text()), p.stat().st_mtime_ns)
+        for p in (work / "results" / "runs").glob("*/summary.json")
+    }
 
 
 @pytest.mark.slow
@@ -285,8 +351,8 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
     first = _summaries(work)
     assert len(first) == 3
     tuning_runs = {rid: s for rid, (s, _) in first.items() if s["scored_on"] == "validation"}
-    (final_id, (final, _)), = [(rid, v) for rid, v in first.items() if v[0]["scored_on"] == "test"]
-    assert sorted(s["setting"]["client"]["lr"] for s in tuning_runs.values()) == [0.05, 1.0e+6]
+    ((final_id, (final, _)),) = [(rid, v) for rid, v in first.items() if v[0]["scored_on"] == "test"]
+    assert sorted(s["setting"]["client"]["lr"] for s in tuning_runs.values()) == [0.05, 1.0e6]
     assert sorted(s["status"] for s in tuning_runs.values()) == ["diverged", "finished"]
     assert final["setting"]["client"]["lr"] == 0.05 and final["setting"]["seed"] == 1  # the choice reached it
     (choice_file,) = (work / "results" / "tuning").glob("tune-*.json")
@@ -299,18 +365,22 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
 
     # a wider tuning grid: one new tuning run (it diverges too), a new choice; nothing else trains
     wider = copy.deepcopy(TINY_TUNE)
-    wider["experiments"]["tiny_tune"]["tune"][0]["grid"]["client.lr"].append(2.0e+6)
+    wider["experiments"]["tiny_tune"]["tune"][0]["grid"]["client.lr"].append(2.0e6)
     write_yaml(params_file, fmnist_data.params(wider))
     proc = _snakemake(work, params_file, target, fmnist=fmnist_data)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     assert len(re.findall(r"^localrule train:|^rule train:", proc.stdout + proc.stderr, flags=re.MULTILINE)) == 1
     second = _summaries(work)
     added = set(second) - set(first)
-    assert len(added) == 1 and second[added.pop()][0]["setting"]["client"]["lr"] == 2.0e+6
+    assert len(added) == 1 and second[added.pop()][0]["setting"]["client"]["lr"] == 2.0e6
     assert all(second[rid][1] == mtime for rid, (_, mtime) in first.items())  # left alone, the final run too
     assert len(list((work / "results" / "tuning").glob("tune-*.json"))) == 2
-    assert math.isclose(json.loads(max((work / "results" / "tuning").glob("tune-*.json"),
-                                       key=lambda p: p.stat().st_mtime).read_text())["chosen"]["client"]["lr"], 0.05)
+    assert math.isclose(
+        json.loads(max((work / "results" / "tuning").glob("tune-*.json"), key=lambda p: p.stat().st_mtime).read_text())[
+            "chosen"
+        ]["client"]["lr"],
+        0.05,
+    )
     assert "client.lr=2000000.0" in (work / target).read_text()  # the report followed in the same invocation
     proc = _snakemake(work, params_file, "-n", target)
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
@@ -319,7 +389,7 @@ def test_e2e_the_tuning_stage_chooses_and_a_wider_grid_reruns_only_what_it_adds(
 @pytest.mark.slow
 def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path, fmnist_data):
     """The final runs a tuning gives are known only after its checkpoint; a tuned fedavg+ima run still starts
-    from its tuned FedAvg sibling's state at t_s (fedrepro.spec.forks.WorkflowForks.current)."""
+    from its tuned FedAvg sibling's state at t_s (fedrepro.configure.forks.WorkflowForks.current)."""
     work = tmp_path / "work"
     (work / "params").mkdir(parents=True)
     spec = copy.deepcopy(TINY_TUNE)
@@ -331,9 +401,12 @@ def test_e2e_a_tuned_ima_run_forks_from_its_tuned_host(tmp_path, fmnist_data):
     proc = _snakemake(work, params_file, "reports/tiny_tune.html", fmnist=fmnist_data)
     (work / "snakemake.err").write_text(proc.stderr)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
-    finals = {s["setting"]["plugins"] and "ima" or "host": (rid, s) for rid, (s, _) in _summaries(work).items()
-              if s["scored_on"] == "test"}
-    (host_id, host), (child_id, child) = finals["host"], finals["ima"]
+    finals = {
+        s["setting"]["plugins"] and "ima" or "host": (rid, s)
+        for rid, (s, _) in _summaries(work).items()
+        if s["scored_on"] == "test"
+    }
+    (host_id, host), (_, child) = finals["host"], finals["ima"]
     assert host["setting"]["client"]["lr"] == child["setting"]["client"]["lr"] == 0.05  # both tuned
     assert child["forked_from"] == {"run": host_id, "round": 2}, child.get("forked_from")
     assert host.get("forked_from") is None

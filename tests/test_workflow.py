@@ -3,6 +3,7 @@
 Snakemake runs from a temporary working directory (``--directory``) on the project's Snakefile,
 so the tests also check that the workflow does not depend on being started in the repository.
 """
+
 from __future__ import annotations
 
 import collections
@@ -20,21 +21,31 @@ import torch
 
 from conftest import BIN, ROOT, job_counts, snakemake_cmd, subprocess_env, write_yaml
 from fedrepro import identity
-from fedrepro.spec import config, paramsfile
+from fedrepro.configure import expansion, paramsfile
 
 
 def _snakemake(workdir: Path, *args: str, env=None, timeout=900) -> subprocess.CompletedProcess:
-    proc = subprocess.run(snakemake_cmd(workdir, *args), capture_output=True, text=True,
-                          env=env or subprocess_env(), timeout=timeout)
+    proc = subprocess.run(
+        snakemake_cmd(workdir, *args), capture_output=True, text=True, env=env or subprocess_env(), timeout=timeout
+    )
     return proc
 
 
 def _expected_counts(params_file: Path) -> dict[str, int]:
-    runs = config.unique_runs(config.expand(paramsfile.load_params(params_file)))
+    runs = expansion.unique_runs(expansion.expand(paramsfile.load_params(params_file)))
     partitions = {run.partition for run in runs.values()}
     datasets = {run.setting["dataset"] for run in runs.values()}
-    return {"download": len(datasets), "partition": len(partitions), "train": len(runs),
-            "manifest": 1, "track_run": len(runs), "track": 1, "report": 1, "index": 1, "all": 1}
+    return {
+        "download": len(datasets),
+        "partition": len(partitions),
+        "train": len(runs),
+        "manifest": 1,
+        "track_run": len(runs),
+        "track": 1,
+        "report": 1,
+        "index": 1,
+        "all": 1,
+    }
 
 
 def test_default_dag_dry_run_job_counts(tmp_path):
@@ -85,14 +96,26 @@ def test_the_workflow_and_fedrepro_manifest_agree_on_the_manifest(tmp_path):
     path = re.search(r"results/manifests/default-\w+\.json", proc.stdout).group(0)
     out = tmp_path / path
     # as the manifest rule calls it: the params file as the Snakefile names it, relative to the workflow
-    cli = [str(BIN / "fedrepro"), "manifest", "--configfile", "params/default.yaml", "--base", str(ROOT),
-           "--overrides", json.dumps({"only": only}), "--command", "snakemake --configfile params/default.yaml",
-           "--out", str(out), "--check-name"]
+    cli = [
+        str(BIN / "fedrepro"),
+        "manifest",
+        "--configfile",
+        "params/default.yaml",
+        "--base",
+        str(ROOT),
+        "--overrides",
+        json.dumps({"only": only}),
+        "--command",
+        "snakemake --configfile params/default.yaml",
+        "--out",
+        str(out),
+        "--check-name",
+    ]
     done = subprocess.run(cli, capture_output=True, text=True, env=subprocess_env())
     assert done.returncode == 0, done.stderr
     manifest = json.loads(out.read_text())
     assert list(manifest["experiments"]) == [only]
-    assert config.manifest_path(manifest).endswith(path.split("/")[-1])
+    assert expansion.manifest_path(manifest).endswith(path.split("/")[-1])
     cli[cli.index("--overrides") + 1] = "{}"  # the whole file: another content, so another name
     done = subprocess.run(cli, capture_output=True, text=True, env=subprocess_env())
     assert done.returncode != 0 and "hashes to" in done.stderr, done.stderr
@@ -110,10 +133,18 @@ def tiny_run(tmp_path_factory, fmnist_data):
     params = fmnist_data.params_file(TEST_CONFIG, tmp_path_factory.mktemp("params"))
     uri = f"sqlite:///{work / 'mlflow.db'}"
     env = subprocess_env(uri, fmnist=fmnist_data)
-    proc = _snakemake(work, "--configfile", str(params), "--workflow-profile", str(ROOT / "workflow/profiles/ci"),
-                      "--cores", "2", env=env)
+    proc = _snakemake(
+        work,
+        "--configfile",
+        str(params),
+        "--workflow-profile",
+        str(ROOT / "workflow/profiles/ci"),
+        "--cores",
+        "2",
+        env=env,
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
-    runs = config.unique_runs(config.expand(paramsfile.load_params(params)))
+    runs = expansion.unique_runs(expansion.expand(paramsfile.load_params(params)))
     return {"work": work, "params": params, "uri": uri, "env": env, "runs": runs, "fmnist": fmnist_data}
 
 
@@ -165,6 +196,7 @@ def test_e2e_diverged_run_is_recorded_and_the_grid_continues(tiny_run):
 @pytest.mark.slow
 def test_e2e_mlflow_holds_every_run_and_metric(tiny_run):
     from mlflow import MlflowClient
+
     client = MlflowClient(tracking_uri=tiny_run["uri"])
     exp = client.get_experiment_by_name("fedrepro/tiny")  # one MLflow experiment per params file
     assert exp is not None
@@ -176,7 +208,12 @@ def test_e2e_mlflow_holds_every_run_and_metric(tiny_run):
         assert sorted(r.data.tags["fedrepro.run"] for r in found) == sorted(expected)
         for mlrun in found:
             tags = mlrun.data.tags
-            for tag in ("fedrepro.setting_hash", "fedrepro.partition_hash", "mlflow.source.git.commit", "fedrepro.experiments"):
+            for tag in (
+                "fedrepro.setting_hash",
+                "fedrepro.partition_hash",
+                "mlflow.source.git.commit",
+                "fedrepro.experiments",
+            ):
                 assert tags.get(tag), tag
             run_dir = tiny_run["work"] / "results" / "runs" / tags["fedrepro.run"]
             metrics = pd.read_csv(run_dir / "metrics.csv")
@@ -194,18 +231,35 @@ def test_e2e_mlflow_holds_every_run_and_metric(tiny_run):
 @pytest.mark.slow
 def test_e2e_tracking_twice_does_not_duplicate(tiny_run):
     from mlflow import MlflowClient
+
     work = tiny_run["work"]
     (manifest,) = (work / "results" / "manifests").glob("tiny-*.json")
-    proc = subprocess.run(["fedrepro", "track", "--manifest", str(manifest), "--runs-dir", str(work / "results/runs"),
-                           "--out", str(work / "track-again.json")], capture_output=True, text=True,
-                          env=tiny_run["env"], timeout=300)
+    proc = subprocess.run(
+        [
+            "fedrepro",
+            "track",
+            "--manifest",
+            str(manifest),
+            "--runs-dir",
+            str(work / "results/runs"),
+            "--out",
+            str(work / "track-again.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=tiny_run["env"],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((work / "track-again.json").read_text())
     assert result["registered"] == 0 and result["failed"] == 0
     assert result["already"] == len(tiny_run["runs"])
     client = MlflowClient(tracking_uri=tiny_run["uri"])
-    total = sum(len(client.search_runs([e.experiment_id], "tags.`fedrepro.run` != ''", max_results=100))
-                for e in client.search_experiments() if e.name.startswith("fedrepro/"))
+    total = sum(
+        len(client.search_runs([e.experiment_id], "tags.`fedrepro.run` != ''", max_results=100))
+        for e in client.search_experiments()
+        if e.name.startswith("fedrepro/")
+    )
     assert total == len(tiny_run["runs"])
 
 
@@ -215,18 +269,28 @@ def test_e2e_report_shows_the_experiment(tiny_run):
     html = page.read_text()
     assert "Tiny FedAvg check" in html
     assert "data:image/png;base64," in html, "figures are embedded"
-    assert "<script src=\"http" not in html
+    assert '<script src="http' not in html
     index = (tiny_run["work"] / "reports" / "index.html").read_text()
-    assert re.search(r'<a href="#tiny">tiny</a>.*?<td>3</td><td>2</td><td>1</td><td>0</td><td>0</td>', index, re.S), \
+    assert re.search(r'<a href="#tiny">tiny</a>.*?<td>3</td><td>2</td><td>1</td><td>0</td><td>0</td>', index, re.S), (
         "the index lists this params file's 3 runs: 2 done, 1 diverged"
+    )
 
 
 @pytest.mark.slow
 def test_e2e_every_step_leaves_its_log_and_benchmark(tiny_run):
     work = tiny_run["work"]
     benchmarks = {p.relative_to(work / "benchmarks").parts[0] for p in (work / "benchmarks").rglob("*.tsv")}
-    assert benchmarks == {"download", "partition", "train", "manifest", "track_run", "track", "report", "index",
-                          "collect"}, benchmarks
+    assert benchmarks == {
+        "download",
+        "partition",
+        "train",
+        "manifest",
+        "track_run",
+        "track",
+        "report",
+        "index",
+        "collect",
+    }, benchmarks
     assert (work / "results" / "index" / "tiny.done").exists(), "the marker DVC keeps with the results"
     assert (work / "logs" / "index" / "tiny.log").exists()
     assert "ready in" in (work / "logs" / "download" / "fmnist.log").read_text()
@@ -238,10 +302,12 @@ def test_e2e_snakemake_report_packs_the_figures_with_their_captions(tiny_run):
     figures = sorted(p.name for p in (tiny_run["work"] / "reports" / "tiny_figures").iterdir())
     assert "tiny_e2e.curves.png" in figures and any(f.startswith("tiny_e2e.partition-") for f in figures)
     out = tiny_run["work"] / "packed.zip"
-    proc = _snakemake(tiny_run["work"], "--report", str(out), "--configfile", str(tiny_run["params"]),
-                      env=tiny_run["env"])
+    proc = _snakemake(
+        tiny_run["work"], "--report", str(out), "--configfile", str(tiny_run["params"]), env=tiny_run["env"]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     import zipfile
+
     with zipfile.ZipFile(out) as packed:
         names = packed.namelist()
         assert any(n.endswith("tiny_e2e.curves.png") for n in names), names
@@ -276,14 +342,29 @@ def test_e2e_changed_grid_and_mirrors_schedule_exactly_the_new_work(tiny_run, tm
     changed["experiments"]["tiny_e2e"]["grid"]["seed"] = [1, 2, 3]
     (tiny_run["work"] / "changed").mkdir()
     params = write_yaml(tiny_run["work"] / "changed" / "tiny.yaml", changed)  # same name: same report
-    proc = _snakemake(tiny_run["work"], "-n", "--configfile", str(params), "--workflow-profile",
-                      str(ROOT / "workflow/profiles/ci"), env=tiny_run["env"])
+    proc = _snakemake(
+        tiny_run["work"],
+        "-n",
+        "--configfile",
+        str(params),
+        "--workflow-profile",
+        str(ROOT / "workflow/profiles/ci"),
+        env=tiny_run["env"],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     scheduled = re.findall(r"^(?:local)?rule (\w+):$", proc.stdout + proc.stderr, flags=re.MULTILINE)
     counts = dict(collections.Counter(scheduled))
     # a tracking job reads its own run's record: the new run is tracked, the finished runs' records are unchanged
-    assert counts == {"train": 1, "manifest": 1, "track_run": 1, "report": 1, "track": 1,
-                      "collect": 1, "index": 1, "all": 1}, proc.stdout[-3000:]
+    assert counts == {
+        "train": 1,
+        "manifest": 1,
+        "track_run": 1,
+        "report": 1,
+        "track": 1,
+        "collect": 1,
+        "index": 1,
+        "all": 1,
+    }, proc.stdout[-3000:]
 
 
 @pytest.mark.slow
@@ -299,8 +380,14 @@ def test_both_spellings_of_the_default_params_file_see_the_same_state(tmp_path):
     assert not (Path("/usr/bin/fedrepro").exists() or Path("/bin/fedrepro").exists())
 
     def snakemake(*args):
-        proc = subprocess.run(snakemake_cmd(tmp_path, "--cores", "1", *args), capture_output=True, text=True,
-                              env=env, cwd=tmp_path, timeout=300)
+        proc = subprocess.run(
+            snakemake_cmd(tmp_path, "--cores", "1", *args),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+        )
         return proc, proc.stdout + proc.stderr
 
     for first, second in ((["--configfile", "params/default.yaml"], []), ([], ["--configfile", "params/default.yaml"])):
@@ -309,8 +396,9 @@ def test_both_spellings_of_the_default_params_file_see_the_same_state(tmp_path):
         proc, out = snakemake("manifest", *first)
         assert proc.returncode == 0, out[-3000:]
         (manifest,) = (tmp_path / "results" / "manifests").glob("default-*.json")
-        assert json.loads(manifest.read_text())["experiments"].keys() == TINY["experiments"].keys(), \
+        assert json.loads(manifest.read_text())["experiments"].keys() == TINY["experiments"].keys(), (
             "the directive's file is the working directory's params/default.yaml, as Snakemake reads it"
+        )
         proc, out = snakemake("-n", "manifest", *second)
         assert proc.returncode == 0 and "Nothing to be done" in out, (first, out[-3000:])
 
@@ -324,8 +412,10 @@ JOB = re.compile(r"^(?:local)?rule (\w+):\n((?:    .*\n)+)", flags=re.MULTILINE)
 
 def _jobs(output: str) -> list[tuple[str, dict[str, str]]]:
     """(rule, {input, output, ...}) of each job a dry run prints."""
-    return [(rule, dict(line.strip().split(": ", 1) for line in body.splitlines() if ": " in line))
-            for rule, body in JOB.findall(output + "\n")]
+    return [
+        (rule, dict(line.strip().split(": ", 1) for line in body.splitlines() if ": " in line))
+        for rule, body in JOB.findall(output + "\n")
+    ]
 
 
 def _train_targets(runs) -> list[str]:
@@ -339,10 +429,11 @@ def _without_timings(path: Path) -> str:
 @pytest.fixture(scope="module")
 def forked_grid(tmp_path_factory, fmnist_data):
     """.test/config/forks.yaml trained twice through Snakemake: sharing prefixes, and with share_prefixes=false."""
-    from fedrepro.spec import forks
+    from fedrepro.configure import forks
+
     params = fmnist_data.params_file(FORKS_CONFIG, tmp_path_factory.mktemp("params"))
     env = subprocess_env(fmnist=fmnist_data)
-    runs = config.unique_runs(config.expand(paramsfile.load_params(params)))
+    runs = expansion.unique_runs(expansion.expand(paramsfile.load_params(params)))
     shared = forks.assign(list(runs.values()))
     grids = {}
     for name, extra in (("shared", ()), ("unshared", ("--config", "share_prefixes=false"))):
@@ -362,19 +453,20 @@ def test_forks_each_job_asks_for_the_runtime_of_the_rounds_it_trains(tmp_path):
     fork step trains at most the parent's first t rounds; a parent, and every run with sharing off, asks for R.
     Step costs large enough that no request is the floor, so the counts show; measured on the CPU, the device
     these runs train on (a measurement of another device would not price them)."""
+    from fedrepro.configure import forks
     from fedrepro.ops import plan
-    from fedrepro.spec import forks
+
     costs = {"fmnist/mlp:256": 5.0}
     (tmp_path / "results" / "bench").mkdir(parents=True)
-    (tmp_path / "results" / "bench" / "step_costs.json").write_text(json.dumps({"device": "cpu",
-                                                                                "step_seconds": costs}))
-    runs = config.unique_runs(config.expand(paramsfile.load_params(FORKS_CONFIG)))
+    (tmp_path / "results" / "bench" / "step_costs.json").write_text(
+        json.dumps({"device": "cpu", "step_seconds": costs})
+    )
+    runs = expansion.unique_runs(expansion.expand(paramsfile.load_params(FORKS_CONFIG)))
     shared = forks.assign(list(runs.values()))
     minutes = lambda run_id, rounds: plan.run_minutes({**runs[run_id].setting, "rounds": rounds}, costs)  # noqa: E731
     rounds = {run_id: run.setting["rounds"] for run_id, run in runs.items()}
     for extra in ((), ("--config", "share_prefixes=false")):
-        proc = _snakemake(tmp_path, "-n", "--configfile", str(FORKS_CONFIG), *CI_PROFILE, *_train_targets(runs),
-                          *extra)
+        proc = _snakemake(tmp_path, "-n", "--configfile", str(FORKS_CONFIG), *CI_PROFILE, *_train_targets(runs), *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         asked = {}
         for rule, job in _jobs(proc.stdout + proc.stderr):
@@ -436,16 +528,19 @@ def test_forks_reruns_follow_the_tree(forked_grid):
         proc = _snakemake(work, "-n", *args, *toggle)
         assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
     params = paramsfile.read_yaml(FORKS_CONFIG)
-    for edit, expected in ((lambda p: p["experiments"]["tiny_forks"]["grid"]["setting"][2]["ima"].update(lr_decay=0.7),
-                            {"train": 1, "fork": 1}),
-                           (lambda p: p["experiments"]["tiny_forks"]["base"]["client"].update(lr=0.04),
-                            {"train": 4, "fork": 2})):
+    for edit, expected in (
+        (
+            lambda p: p["experiments"]["tiny_forks"]["grid"]["setting"][2]["ima"].update(lr_decay=0.7),
+            {"train": 1, "fork": 1},
+        ),
+        (lambda p: p["experiments"]["tiny_forks"]["base"]["client"].update(lr=0.04), {"train": 4, "fork": 2}),
+    ):
         changed = json.loads(json.dumps(params))
         edit(changed)
         folder = work / f"changed{expected['train']}"
         folder.mkdir()
         path = write_yaml(folder / "forks.yaml", changed)
-        targets = _train_targets(config.unique_runs(config.expand(paramsfile.load_params(path))))
+        targets = _train_targets(expansion.unique_runs(expansion.expand(paramsfile.load_params(path))))
         proc = _snakemake(work, "-n", "--configfile", str(path), *CI_PROFILE, *targets)
         assert proc.returncode == 0, proc.stderr[-3000:]
         counts = dict(collections.Counter(rule for rule, _ in _jobs(proc.stdout + proc.stderr)))
@@ -456,28 +551,48 @@ def test_forks_reruns_follow_the_tree(forked_grid):
 def test_a_figure_waits_for_every_run_of_its_experiment_also_one_another_experiment_shares(tmp_path):
     """Two experiments listing the same setting share one run (trained once, kept under one experiment by
     unique_runs); each experiment's figure must still take that run as input, or it could be drawn before it."""
-    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 2,
-            "partition": {"kind": "iid", "seed": 1}}
-    params = write_yaml(tmp_path / "shared.yaml", {
-        "title": "shared", "experiments": {
-            "first": {"base": base, "grid": {"algorithm": ["fedavg"]}},
-            "second": {"base": base, "grid": {"algorithm": ["fedavg", "fedprox"]}}},
-        "figures": {"fig_first": {"kind": "locality", "experiment": "first"},
-                    "fig_second": {"kind": "locality", "experiment": "second"}}})
-    runs = config.expand(paramsfile.load_params(params))
+    base = {
+        "dataset": "fmnist",
+        "model": "mlp",
+        "num_clients": 4,
+        "participation": 0.5,
+        "rounds": 2,
+        "partition": {"kind": "iid", "seed": 1},
+    }
+    params = write_yaml(
+        tmp_path / "shared.yaml",
+        {
+            "title": "shared",
+            "experiments": {
+                "first": {"base": base, "grid": {"algorithm": ["fedavg"]}},
+                "second": {"base": base, "grid": {"algorithm": ["fedavg", "fedprox"]}},
+            },
+            "figures": {
+                "fig_first": {"kind": "locality", "experiment": "first"},
+                "fig_second": {"kind": "locality", "experiment": "second"},
+            },
+        },
+    )
+    runs = expansion.expand(paramsfile.load_params(params))
     shared = next(r.id for r in runs if r.experiment == "first")
-    assert config.unique_runs(runs)[shared].experiment == "second"  # the run is listed under one experiment only
-    assert config.runs_by_experiment(runs)["first"] == [shared]
-    proc = _snakemake(tmp_path, "-n", "results/figures/shared/fig_first.png", "results/figures/shared/fig_second.png",
-                      "--configfile", str(params))
+    assert expansion.unique_runs(runs)[shared].experiment == "second"  # the run is listed under one experiment only
+    assert expansion.runs_by_experiment(runs)["first"] == [shared]
+    proc = _snakemake(
+        tmp_path,
+        "-n",
+        "results/figures/shared/fig_first.png",
+        "results/figures/shared/fig_second.png",
+        "--configfile",
+        str(params),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = re.findall(r"^rule figure:\n((?:[ \t]+.*\n)+)", proc.stdout + proc.stderr, flags=re.MULTILINE)
-    inputs = {re.search(r"output: \S+/(\w+)\.png", job).group(1): re.search(r"input: (.*)", job).group(1)
-              for job in jobs}
+    inputs = {
+        re.search(r"output: \S+/(\w+)\.png", job).group(1): re.search(r"input: (.*)", job).group(1) for job in jobs
+    }
     assert set(inputs) == {"fig_first", "fig_second"}, proc.stdout[-3000:]
     for figure, line in inputs.items():
         assert f"results/runs/{shared}/summary.json" in line, (figure, line)
-
 
 
 DRY_JOB = re.compile(r"^(?:local)?rule (\w+):\n((?:    .*\n)+)Shell command: (.*)$", flags=re.MULTILINE)
@@ -506,16 +621,25 @@ def test_a_method_added_to_one_experiment_reruns_its_runs_and_their_readers_only
     (tmp_path / "params").mkdir()
     params = write_yaml(tmp_path / "params" / "default.yaml", default)
     before = _job_inputs(tmp_path / "work", params)
-    runs = set(config.unique_runs(config.expand(paramsfile.load_params(params))))
+    runs = set(expansion.unique_runs(expansion.expand(paramsfile.load_params(params))))
     default["experiments"]["fmnist_quick"]["grid"]["algorithm"].append("fedprox")
     write_yaml(params, default)
     after = _job_inputs(tmp_path / "work", params)
-    new = set(config.unique_runs(config.expand(paramsfile.load_params(params)))) - runs
+    new = set(expansion.unique_runs(expansion.expand(paramsfile.load_params(params)))) - runs
     rerun = {out: job for out, job in after.items() if before.get(out) != job and job[0] != "all"}
     counts = dict(collections.Counter(rule for rule, _, _ in rerun.values()))
     quick_figures = [name for name, spec in default["figures"].items() if spec.get("experiment") == "fmnist_quick"]
     assert len(new) == 6 and quick_figures and len(quick_figures) < len(default["figures"])
-    assert counts == {"train": 6, "track_run": 6, "manifest": 1, "manifest_slice": 1, "figure": len(quick_figures),
-                      "report": 1, "track": 1, "collect": 1, "index": 1}, counts
+    assert counts == {
+        "train": 6,
+        "track_run": 6,
+        "manifest": 1,
+        "manifest_slice": 1,
+        "figure": len(quick_figures),
+        "report": 1,
+        "track": 1,
+        "collect": 1,
+        "index": 1,
+    }, counts
     assert {out.split("/")[2] for out, job in rerun.items() if job[0] == "train"} == new
     assert {Path(out.split(", ")[0]).stem for out, job in rerun.items() if job[0] == "figure"} == set(quick_figures)

@@ -17,15 +17,49 @@ setting's unless the method declares it. The trainer reads these fields and noth
 ``API_VERSION`` changes when a name here changes meaning or goes; adding a name keeps it. A method module
 whose ``API_VERSION`` differs is refused before any job, with a line naming the two versions.
 """
+
 from __future__ import annotations
 
 from fedrepro.algorithms import BuildContext
 from fedrepro.external import API_VERSION
-from fedrepro.parts import (THE_SETTINGS, Aggregator, Algorithm, ClientHook, ClientObjective, ClientPlan, ClientRun,
-                            GradientCorrection, Part, PostStep, RoundUpdates, ServerOptimizer, lr_schedule)
+from fedrepro.parts import (
+    THE_SETTINGS,
+    Aggregator,
+    Algorithm,
+    ClientHook,
+    ClientObjective,
+    ClientPlan,
+    ClientRun,
+    GradientCorrection,
+    Part,
+    PostStep,
+    RoundUpdates,
+    ServerOptimizer,
+    lr_schedule,
+)
 from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 from fedrepro.server_optim import ServerAdam, ServerAMS, ServerYogi
 
-__all__ = ["API_VERSION", "THE_SETTINGS", "Aggregator", "Algorithm", "BuildContext", "ClientHook", "ClientObjective",
-           "ClientPlan", "ClientRun", "GradientCorrection", "Part", "PostStep", "RoundUpdates", "ServerAMS",
-           "ServerAdam", "ServerOptimizer", "ServerSGD", "ServerYogi", "UniformMean", "WeightedMean", "lr_schedule"]
+__all__ = [
+    "API_VERSION",
+    "THE_SETTINGS",
+    "Aggregator",
+    "Algorithm",
+    "BuildContext",
+    "ClientHook",
+    "ClientObjective",
+    "ClientPlan",
+    "ClientRun",
+    "GradientCorrection",
+    "Part",
+    "PostStep",
+    "RoundUpdates",
+    "ServerAMS",
+    "ServerAdam",
+    "ServerOptimizer",
+    "ServerSGD",
+    "ServerYogi",
+    "UniformMean",
+    "WeightedMean",
+    "lr_schedule",
+]

@@ -1,8 +1,9 @@
 """What every run of a comparison is scored on, and how: the test set minus the comparison's proxy
-hold-out, with the model in eval mode; or, for the tuning stage (fedrepro.spec.tuning), a validation split
+hold-out, with the model in eval mode; or, for the tuning stage (fedrepro.configure.tuning), a validation split
 carved from the clients' training data, so that choosing a hyperparameter never looks at the test set.
 Below the engine and the methods, which both use it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,7 @@ def proxy_class_counts(size: int, classes: int, rho: float = 1.0) -> np.ndarray:
     share = size * rho ** (-np.arange(classes) / max(classes - 1, 1))
     share = share / share.sum() * size
     counts = np.floor(share).astype(int)
-    counts[np.argsort(-(share - counts), kind="stable")[:size - counts.sum()]] += 1
+    counts[np.argsort(-(share - counts), kind="stable")[: size - counts.sum()]] += 1
     return counts
 
 
@@ -87,8 +88,9 @@ def eval_mode(module: torch.nn.Module):
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, test, batch_size: int = 4096,
-             index: torch.Tensor | None = None) -> tuple[float, float]:
+def evaluate(
+    model: torch.nn.Module, test, batch_size: int = 4096, index: torch.Tensor | None = None
+) -> tuple[float, float]:
     """Accuracy and mean loss with the model in eval mode (dropout off), its mode restored after;
     over the samples at ``index`` (repeats count as often as they occur) or the whole split."""
     device = test.labels.device
@@ -97,7 +99,7 @@ def evaluate(model: torch.nn.Module, test, batch_size: int = 4096,
     loss = torch.zeros((), device=device)
     with eval_mode(model):
         for start in range(0, len(index), batch_size):
-            x, y = test.batch(index[start:start + batch_size])
+            x, y = test.batch(index[start : start + batch_size])
             logits = model(x)
             loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()

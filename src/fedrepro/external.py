@@ -12,6 +12,7 @@ is checked against the method API (``check``) and hashed into its runs' ids (fed
 joins the registry's, and its package's name and version go into its runs' summaries. Light by design (the
 standard library and YAML), as identity and the registry that use it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -29,8 +30,10 @@ from fedrepro.errors import FedreproError
 API_VERSION = 1  # the method API's version (docs/methods.md): a method module declares the one it was written for
 GROUP = "fedrepro.methods"  # the entry-point group methods are found by
 FRAGMENT_KEYS = {"kind", "schema", "requires", "refuses", "fork", "tune", "doc"}
-ENTRY = {"algorithm": ("build", 2, "build(setting, ctx) returning a fedrepro.api.Algorithm"),
-         "plugin": ("apply", 3, "apply(algorithm, setting, ctx) changing the host's Algorithm")}
+ENTRY = {
+    "algorithm": ("build", 2, "build(setting, ctx) returning a fedrepro.api.Algorithm"),
+    "plugin": ("apply", 3, "apply(algorithm, setting, ctx) changing the host's Algorithm"),
+}
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
@@ -40,11 +43,11 @@ class MethodError(FedreproError, ValueError):
 
 @dataclass(frozen=True)
 class Method:
-    name: str             # as a setting names it: the entry point's name or the module path
-    module: str           # the module's dotted path
-    file: Path            # its source
-    fragment: dict        # its settings fragment
-    package: str | None   # the distribution that installs it (None: a module on the path, installed by none)
+    name: str  # as a setting names it: the entry point's name or the module path
+    module: str  # the module's dotted path
+    file: Path  # its source
+    fragment: dict  # its settings fragment
+    package: str | None  # the distribution that installs it (None: a module on the path, installed by none)
     version: str | None
 
     @property
@@ -74,8 +77,10 @@ def find(name: str) -> Method | None:
     points = entry_points()
     if name in points:
         if points[name].attr:
-            raise MethodError(f"entry point '{name}' = '{points[name].value}' in group {GROUP}: name a module "
-                              f"(mypkg.mymethod), not an object in it")
+            raise MethodError(
+                f"entry point '{name}' = '{points[name].value}' in group {GROUP}: name a module "
+                f"(mypkg.mymethod), not an object in it"
+            )
         return _found(name, points[name].module, points[name].dist)
     if _MODULE.fullmatch(name):
         return _found(name, name, None)
@@ -86,10 +91,14 @@ def _found(name: str, module: str, dist) -> Method:
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as err:
-        raise MethodError(f"method '{name}': module {module} cannot be found ({err}); is its package installed?") from None
+        raise MethodError(
+            f"method '{name}': module {module} cannot be found ({err}); is its package installed?"
+        ) from None
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        raise MethodError(f"method '{name}': no module {module} with Python source (is its package installed, or "
-                          f"its folder on PYTHONPATH?)")
+        raise MethodError(
+            f"method '{name}': no module {module} with Python source (is its package installed, or "
+            f"its folder on PYTHONPATH?)"
+        )
     file = Path(spec.origin).resolve()
     package, version = (dist.name, dist.version) if dist is not None else _distribution(module)
     beside = file.with_suffix(".yaml")
@@ -113,8 +122,9 @@ def _checked(name: str, module: str, file: str, stamps: tuple, package, version)
     method = Method(name, module, Path(file), fragment, package, version)
     problems = check(tree, fragment)
     if problems:
-        raise MethodError(f"{method.where} does not meet the method API {API_VERSION}: {'; '.join(problems)} "
-                          f"(docs/methods.md)")
+        raise MethodError(
+            f"{method.where} does not meet the method API {API_VERSION}: {'; '.join(problems)} (docs/methods.md)"
+        )
     return method
 
 
@@ -126,8 +136,10 @@ def _fragment(method: Method, tree: ast.Module) -> dict:
     else:
         literal = _assigned(tree).get("FRAGMENT")
         if literal is None:
-            raise MethodError(f"{method.where}: no settings fragment: put {beside.name} beside {method.file.name} "
-                              f"(package data) or a FRAGMENT = {{...}} dict in it")
+            raise MethodError(
+                f"{method.where}: no settings fragment: put {beside.name} beside {method.file.name} "
+                f"(package data) or a FRAGMENT = {{...}} dict in it"
+            )
         try:
             fragment = ast.literal_eval(literal)
         except ValueError:
@@ -139,8 +151,13 @@ def _fragment(method: Method, tree: ast.Module) -> dict:
 
 def _assigned(tree: ast.Module) -> dict[str, ast.expr]:
     """The module's top-level ``NAME = value`` statements."""
-    return {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
-            for target in node.targets if isinstance(target, ast.Name)}
+    return {
+        target.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
 
 
 def check(tree: ast.Module, fragment: dict) -> list[str]:
@@ -155,14 +172,19 @@ def check(tree: ast.Module, fragment: dict) -> list[str]:
     version = _assigned(tree).get("API_VERSION")
     if not (isinstance(version, ast.Constant) and version.value == API_VERSION):
         found = ast.literal_eval(version) if isinstance(version, ast.Constant) else None
-        problems.append(f"API_VERSION = {API_VERSION} missing" if found is None else
-                        f"API_VERSION = {found!r}, this fedrepro serves {API_VERSION}")
+        problems.append(
+            f"API_VERSION = {API_VERSION} missing"
+            if found is None
+            else f"API_VERSION = {found!r}, this fedrepro serves {API_VERSION}"
+        )
     function, arity, what = ENTRY[kind]
     defined = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     if function not in defined:
         problems.append(f"no {what}")
     elif len(defined[function].args.args) != arity:
-        problems.append(f"{function} takes {len(defined[function].args.args)} argument(s), the API passes {arity}: {what}")
+        problems.append(
+            f"{function} takes {len(defined[function].args.args)} argument(s), the API passes {arity}: {what}"
+        )
     for section, sub in (fragment.get("schema") or {}).items():
         if not isinstance(sub, dict) or sub.get("type") != "object" or "default" not in sub:
             problems.append(f"schema section '{section}' must be {{type: object, default: {{}}, properties: ...}}")
@@ -178,8 +200,11 @@ def imported_modules(method: Method) -> list[str]:
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) \
-                if node.level else node.module or ""
+            base = (
+                ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                if node.level
+                else node.module or ""
+            )
             names.extend([base, *(f"{base}.{alias.name}" for alias in node.names)])
     return names
 
@@ -187,6 +212,9 @@ def imported_modules(method: Method) -> list[str]:
 def provenance(names: list[str]) -> dict:
     """What a summary records of the outside methods a run executes: module, package and version; {} for none."""
     found = {name: find(name) for name in names}
-    packages = {name: {"module": m.module, "package": m.package, "version": m.version}
-                for name, m in found.items() if m is not None}
+    packages = {
+        name: {"module": m.module, "package": m.package, "version": m.version}
+        for name, m in found.items()
+        if m is not None
+    }
     return {"method_packages": packages} if packages else {}

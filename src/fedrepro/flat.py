@@ -1,4 +1,5 @@
 """One flat parameter vector per model: client updates, norms and aggregation are vector ops."""
+
 from __future__ import annotations
 
 import torch
@@ -41,9 +42,9 @@ class FlatModel:
         offset = 0
         for p in params:
             n = p.numel()
-            self.flat[offset:offset + n].copy_(p.data.reshape(-1))
-            p.data = self.flat[offset:offset + n].view_as(p)
-            p.grad = self.grad[offset:offset + n].view_as(p)
+            self.flat[offset : offset + n].copy_(p.data.reshape(-1))
+            p.data = self.flat[offset : offset + n].view_as(p)
+            p.grad = self.grad[offset : offset + n].view_as(p)
             offset += n
         self._params = params
         self.buffers = self._bind_buffers(device)
@@ -56,15 +57,17 @@ class FlatModel:
             slots.append((owners[owner], leaf))
         dtypes = {sub._buffers[leaf].dtype for sub, leaf in slots}
         if len(dtypes) > 1 or (dtypes and dtypes != {self.flat.dtype}):
-            raise ValueError(f"{type(self.module).__name__}'s learnt buffers have dtypes {sorted(map(str, dtypes))}; "
-                             f"the flat engine holds them in one {self.flat.dtype} vector")
+            raise ValueError(
+                f"{type(self.module).__name__}'s learnt buffers have dtypes {sorted(map(str, dtypes))}; "
+                f"the flat engine holds them in one {self.flat.dtype} vector"
+            )
         buffers = torch.empty(sum(sub._buffers[leaf].numel() for sub, leaf in slots), device=device)
         offset = 0
         for sub, leaf in slots:
             b = sub._buffers[leaf]
             n = b.numel()
-            buffers[offset:offset + n].copy_(b.reshape(-1))
-            sub._buffers[leaf] = buffers[offset:offset + n].view_as(b)
+            buffers[offset : offset + n].copy_(b.reshape(-1))
+            sub._buffers[leaf] = buffers[offset : offset + n].view_as(b)
             offset += n
         return buffers
 

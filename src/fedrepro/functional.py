@@ -1,5 +1,6 @@
 """A model as a function of one flat parameter vector: what the server-side optimisers (FedLAW's weights,
 proxy training) and the Hessian logging differentiate through."""
+
 from __future__ import annotations
 
 import torch
@@ -38,13 +39,19 @@ class FunctionalModel:
     def _buffers(self, flat: torch.Tensor) -> dict:
         out, offset = {}, 0
         for name, shape, n in self.buffer_layout:
-            out[name] = flat[offset:offset + n].view(shape)
+            out[name] = flat[offset : offset + n].view(shape)
             offset += n
         return out
 
     @torch.no_grad()
-    def logits(self, w: torch.Tensor, inputs: torch.Tensor, batch_size: int, buffers: torch.Tensor | None = None,
-               batch_statistics: bool = False) -> torch.Tensor:
+    def logits(
+        self,
+        w: torch.Tensor,
+        inputs: torch.Tensor,
+        batch_size: int,
+        buffers: torch.Tensor | None = None,
+        batch_statistics: bool = False,
+    ) -> torch.Tensor:
         """Outputs on all inputs, in fixed chunks of batch_size (teachers' logits, computed once a round).
         ``buffers``: BatchNorm running statistics to score with (a client's own) instead of the module's.
         ``batch_statistics``: score in train mode, each chunk normalised by its own statistics (FedLAW's
@@ -56,12 +63,20 @@ class FunctionalModel:
             was = self.module.training
             self.module.train()
             try:
-                return torch.cat([functional_call(self.module, params, (inputs[start:start + batch_size],))
-                                  for start in range(0, len(inputs), batch_size)])
+                return torch.cat(
+                    [
+                        functional_call(self.module, params, (inputs[start : start + batch_size],))
+                        for start in range(0, len(inputs), batch_size)
+                    ]
+                )
             finally:
                 self.module.train(was)
         if buffers is not None:
             params.update(self._buffers(buffers))
         with eval_mode(self.module):
-            return torch.cat([functional_call(self.module, params, (inputs[start:start + batch_size],))
-                              for start in range(0, len(inputs), batch_size)])
+            return torch.cat(
+                [
+                    functional_call(self.module, params, (inputs[start : start + batch_size],))
+                    for start in range(0, len(inputs), batch_size)
+                ]
+            )

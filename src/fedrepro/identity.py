@@ -23,6 +23,7 @@ and formatting do not rename runs; a changed expression does. Modules that name,
 (``OUTSIDE_RUNS``) are left out: they say where a run came from and where its files lie, never what it
 computes (a test holds them to importing nothing that computes).
 """
+
 from __future__ import annotations
 
 import ast
@@ -44,8 +45,9 @@ FAMILY_PACKAGES = ("data", "models", "algorithms", "partitions")
 # every run. A run's partition code enters through its partition id, which hashes the kind's own closure.
 # The catalog reads the fragments into dicts: what training reads of them, its own dataset's and model's
 # facts, a run hashes as facts (catalog.training_facts), so the reader is no part of it.
-OUTSIDE_RUNS = frozenset({"identity.py", "provenance.py", "records.py", "rundir.py", "partitions/records.py",
-                          "catalog.py"})
+OUTSIDE_RUNS = frozenset(
+    {"identity.py", "run/provenance.py", "records.py", "run/rundir.py", "partitions/records.py", "catalog.py"}
+)
 RUN_ENTRY = "run/jobs.py"  # what a training job executes: training a run and keeping a parent's fork state
 # Modules of the run wing that a run executes only when its setting asks for them: the batched path (a round's
 # clients as one computation, taken on CUDA, so never by a run of device: cpu) and the Hessian estimate
@@ -97,8 +99,11 @@ def _named(name: str, mtime_ns: int, size: int) -> frozenset[str]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(here[:len(here) - node.level + 1]) + ("." + node.module if node.module else "") \
-                if node.level else (node.module or "")
+            base = (
+                ".".join(here[: len(here) - node.level + 1]) + ("." + node.module if node.module else "")
+                if node.level
+                else (node.module or "")
+            )
             # `from pkg import x`: the module pkg.x when there is one, else the name x of pkg
             targets = [f"{base}.{alias.name}" if _module_file(f"{base}.{alias.name}") else base for alias in node.names]
         else:
@@ -129,8 +134,12 @@ def _stamp(name: str) -> tuple[int, int]:
 def _dispatched(importer: str, imported: str) -> bool:
     """A family package's ``__init__`` importing one of its members: a dispatch table, not code every run runs."""
     package = Path(importer).parent
-    return (str(package) in FAMILY_PACKAGES and Path(importer).name == "__init__.py"
-            and Path(imported).parent == package and Path(imported).name != "__init__.py")
+    return (
+        str(package) in FAMILY_PACKAGES
+        and Path(importer).name == "__init__.py"
+        and Path(imported).parent == package
+        and Path(imported).name != "__init__.py"
+    )
 
 
 def code_closure(entries: tuple[str, ...], outside: frozenset[str] = frozenset()) -> list[str]:
@@ -168,8 +177,11 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 node.body = node.body[1:] or [ast.Pass()]
     return tree
 
@@ -233,21 +245,28 @@ def run_code(setting: dict) -> list[str]:
     the run wing from its entry, the method's and plug-ins' modules, the dataset's and model's families, an
     outside method's imports of fedrepro, and what they import, the optional modules (``OPTIONAL_RUN_CODE``)
     only where the setting asks for them."""
-    return code_closure(_entries(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"]),
-                        OUTSIDE_RUNS | unused_run_code(setting))
+    return code_closure(
+        _entries(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"]),
+        OUTSIDE_RUNS | unused_run_code(setting),
+    )
 
 
 def _entries(algorithm: str, plugins: list[str], dataset: str, model: str) -> tuple:
-    return (RUN_ENTRY,) + method_modules(algorithm, plugins) + family_modules(dataset, model) \
+    return (
+        (RUN_ENTRY,)
+        + method_modules(algorithm, plugins)
+        + family_modules(dataset, model)
         + tuple(outside_code([algorithm, *plugins])[1])
+    )
 
 
 def unused_run_code(setting: dict) -> frozenset[str]:
     return frozenset(f for files, used in OPTIONAL_RUN_CODE.values() if not used(setting) for f in files)
 
 
-def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str,
-              unused: frozenset[str] = frozenset()) -> str:
+def code_hash(
+    algorithm: str, plugins: list[str], dataset: str, model: str, unused: frozenset[str] = frozenset()
+) -> str:
     """Hash of every package file a run of this method (with these plug-ins, data and model) executes, and of an
     outside method's own code; ``unused``: the optional modules it does not execute (unused_run_code)."""
     ours = files_hash(code_closure(_entries(algorithm, plugins, dataset, model), OUTSIDE_RUNS | unused))
@@ -257,8 +276,9 @@ def code_hash(algorithm: str, plugins: list[str], dataset: str, model: str,
 
 def run_code_hash(setting: dict) -> str:
     """The hash of the code a run of this setting executes (run_code)."""
-    return code_hash(setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"],
-                     unused_run_code(setting))
+    return code_hash(
+        setting["algorithm"], setting["plugins"], setting["dataset"], setting["model"], unused_run_code(setting)
+    )
 
 
 def partition_code(dataset: str, kind: str) -> list[str]:
@@ -307,7 +327,7 @@ def partition_identity(part: dict) -> dict:
 def identity_setting(setting: dict) -> dict:
     """The resolved run setting as its name hashes it: the values that cannot change what the run computes
     left out, so that adding an option (off by default) renames no run; a file partition's path left out (its
-    content hash stays). The run trains with the whole setting (fedrepro.spec.settings.resolve)."""
+    content hash stays). The run trains with the whole setting (fedrepro.configure.settings.resolve)."""
     out = {**setting, "partition": partition_identity(setting["partition"])}
     neutral = {
         "hessian": not out.get("hessian", {}).get("every"),  # off
@@ -329,9 +349,11 @@ def identity_setting(setting: dict) -> dict:
 
 def partition_id(setting: dict) -> str:
     part = setting["partition"]
-    key = {**partition_identity(partition_setting(setting)),
-           "code": partition_code_hash(setting["dataset"], part["kind"]),
-           "data": training_facts(DATASETS[setting["dataset"]])}
+    key = {
+        **partition_identity(partition_setting(setting)),
+        "code": partition_code_hash(setting["dataset"], part["kind"]),
+        "data": training_facts(DATASETS[setting["dataset"]]),
+    }
     desc = PARTITION_KINDS[part["kind"]]["name"].format_map(part)  # the kind's readable name (its fragment)
     if part.get("long_tail_rho", 1) != 1:
         desc += f"-lt{_fmt(part['long_tail_rho'])}"
@@ -349,8 +371,13 @@ def run_id(setting: dict) -> str:
     partition = partition_id(setting)
     desc = partition.rsplit("-", 2)[0]
     # the partition's id holds its code's hash: a changed split renames the runs that train on it
-    identity = {"setting": identity_setting(setting), "partition": partition,
-                "code": run_code_hash(setting),
-                "facts": {"data": training_facts(DATASETS[setting["dataset"]]),
-                          "model": training_facts(MODELS[setting["model"]])}}
+    identity = {
+        "setting": identity_setting(setting),
+        "partition": partition,
+        "code": run_code_hash(setting),
+        "facts": {
+            "data": training_facts(DATASETS[setting["dataset"]]),
+            "model": training_facts(MODELS[setting["model"]]),
+        },
+    }
     return f"{algo}-{desc}-{setting['model']}-s{setting['seed']}-{stable_hash(identity)}"

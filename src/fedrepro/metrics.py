@@ -1,4 +1,5 @@
 """Per-round diagnostics of the client updates (FedAWARE section 5 and section 7; FedLAW coherence)."""
+
 from __future__ import annotations
 
 import torch

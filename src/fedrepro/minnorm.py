@@ -15,6 +15,7 @@ cycle, the counterpart of away steps) while that point leaves the simplex. It en
 N = 100 it takes about as many major iterations as the optimum has vertices. It stops on the Frank-Wolfe
 duality gap, which bounds the suboptimality: f(lambda) - f* <= gap.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,10 +26,10 @@ import torch
 
 @dataclass
 class MinNormResult:
-    weights: torch.Tensor   # lambda on the simplex, (N,)
-    value: float            # || sum_i lambda_i v_i ||^2
+    weights: torch.Tensor  # lambda on the simplex, (N,)
+    value: float  # || sum_i lambda_i v_i ||^2
     iterations: int
-    gap: float              # Frank-Wolfe duality gap at the returned point
+    gap: float  # Frank-Wolfe duality gap at the returned point
 
 
 def best_pair(gram: np.ndarray) -> np.ndarray:
@@ -60,7 +61,7 @@ def min_norm_weights(gram: torch.Tensor, max_iter: int = 1000, tol: float = 1e-6
     m = _nearest_psd(m)
     lam = best_pair(m)
     corral = [int(i) for i in np.flatnonzero(lam > 0)]
-    u = m @ lam                           # M lambda; the gradient is 2u
+    u = m @ lam  # M lambda; the gradient is 2u
     it = 0
     for it in range(1, max_iter + 1):
         value = float(lam @ u)
@@ -75,7 +76,7 @@ def min_norm_weights(gram: torch.Tensor, max_iter: int = 1000, tol: float = 1e-6
             slope, curv = u[s] - value, m[s, s] - 2 * u[s] + value
             g = 1.0 if curv <= 0 else min(max(-slope / curv, 0.0), 1.0)
             if g == 0.0:
-                break                       # no progress possible in floating point
+                break  # no progress possible in floating point
             lam = (1 - g) * lam
             lam[s] += g
             corral = [int(i) for i in np.flatnonzero(lam > 0)]
@@ -129,7 +130,7 @@ def _minor_cycle(m: np.ndarray, lam: np.ndarray, corral: list[int]) -> tuple[np.
         first = int(np.argmin(ratio))
         theta = ratio[first]
         moved = here + theta * (alpha - here)
-        moved[first] = 0.0                  # the blocking vertex leaves exactly
+        moved[first] = 0.0  # the blocking vertex leaves exactly
         moved = np.clip(moved, 0.0, None)
         lam[corral] = moved / moved.sum()
         corral = [i for i, w in zip(corral, moved) if w > 0]

@@ -10,6 +10,7 @@ of small transformations with explicit state (as in optax):
 
 Sign convention: a client's update is Delta_i = x - x_i; the server step is x <- x - eta_g * d.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,6 +26,7 @@ class Part:
     """Anything with state that must survive a checkpoint. A part declares it: ``state`` names the
     attributes that hold it (a tensor, a list or dict of tensors, or None until first used) and
     ``subparts`` the attributes that are parts themselves; saving and loading are the same for all."""
+
     state: tuple[str, ...] = ()
     subparts: tuple[str, ...] = ()
     # a client hook's or post-step's name in checkpoints; "" keys it by its position in its method's list
@@ -59,21 +61,25 @@ def _restored(current, saved):
     if isinstance(saved, dict):
         return {k: _restored(None, v) for k, v in saved.items()}
     if isinstance(saved, (list, tuple)):
-        return type(current)(_restored(None, v) for v in saved) if current is not None else [
-            _restored(None, v) for v in saved]
+        return (
+            type(current)(_restored(None, v) for v in saved)
+            if current is not None
+            else [_restored(None, v) for v in saved]
+        )
     return saved
 
 
 @dataclass
 class RoundUpdates:
     """What the sampled clients sent back in one round."""
+
     round: int
-    clients: torch.Tensor   # (K,) client ids
-    deltas: torch.Tensor    # (K, P) Delta_i = x - x_i
-    sizes: torch.Tensor     # (K,) local sample counts n_i
-    steps: torch.Tensor     # (K,) local SGD steps tau_i
-    losses: torch.Tensor    # (K,) mean local minibatch loss
-    lr: float               # client learning rate of the round
+    clients: torch.Tensor  # (K,) client ids
+    deltas: torch.Tensor  # (K, P) Delta_i = x - x_i
+    sizes: torch.Tensor  # (K,) local sample counts n_i
+    steps: torch.Tensor  # (K,) local SGD steps tau_i
+    losses: torch.Tensor  # (K,) mean local minibatch loss
+    lr: float  # client learning rate of the round
     info: dict = field(default_factory=dict)  # what parts report for the round's log
     # (K, B) each client's learnt buffers (BatchNorm running statistics) after its training; None without any
     buffers: torch.Tensor | None = None
@@ -105,12 +111,13 @@ class PostStep(Part):
 @dataclass
 class ClientRun:
     """One client's local training in one round, as every client hook sees it."""
+
     round: int
     client: int
-    model: object              # the FlatModel; its flat vector is the client's moving parameters x
-    x_global: torch.Tensor     # the model the client started from
+    model: object  # the FlatModel; its flat vector is the client's moving parameters x
+    x_global: torch.Tensor  # the model the client started from
     lr: float
-    steps: int = 0             # local steps taken so far (all of them at ``end``)
+    steps: int = 0  # local steps taken so far (all of them at ``end``)
 
 
 class ClientHook(Part):
@@ -121,6 +128,7 @@ class ClientHook(Part):
     ``batched_forms`` declares which of its calls have a form for clients training together
     (``fedrepro.run.batched``): "step" (``batched``), "begin", "end", "after_step", "end_epoch"
     (``batched_<name>``). A hook that declares none trains one client after another."""
+
     batched_forms: frozenset[str] = frozenset()
 
     def begin(self, run: ClientRun) -> None:
@@ -161,6 +169,7 @@ class FeatureTerm:
     """A loss on a model's features added to cross-entropy, for the batched path (FedFA's anchor loss):
     ``tap`` is the module whose input the features are; ``__call__(features, labels)`` is one client's
     term (vmapped over the clients training together), or None where it adds nothing."""
+
     tap: object  # an nn.Module
 
     def __call__(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
@@ -176,6 +185,7 @@ class ClientPlan:
     """What a method decides of each round's client work, declared: the client lr of round t, a client's local
     epochs and its batch size (t, client, its sample count). Each entry is ``THE_SETTINGS`` unless the method or
     a plug-in replaces it (+ima's lr schemes, +random_epochs, +random_batch); the trainer reads nothing else."""
+
     lr_schedule: Callable[[int], float] | None = THE_SETTINGS
     local_epochs: Callable[[int, int], int] | None = THE_SETTINGS
     batch_size: Callable[[int, int, int], int] | None = THE_SETTINGS
@@ -204,6 +214,7 @@ class Algorithm:
     Every part's state is declared (``Part.state``, ``Part.subparts``) and checkpointed under its part's name:
     the aggregator, the optimizer, the objective, and each correction and post-step under ``name`` when it
     declares one (``correction<i>`` / ``post_step<i>`` by position when it does not)."""
+
     name: str
     aggregator: Aggregator
     optimizer: ServerOptimizer
@@ -220,8 +231,9 @@ class Algorithm:
             for i, part in enumerate(hooks):
                 key = part.name or f"{kind}{i}"
                 if key in named:
-                    raise ValueError(f"method '{self.name}': two parts are named '{key}'; each part's state is kept "
-                                     f"under its name")
+                    raise ValueError(
+                        f"method '{self.name}': two parts are named '{key}'; each part's state is kept under its name"
+                    )
                 named[key] = part
         return named
 

@@ -1,6 +1,7 @@
 """Reading the project's own JSON records (summaries, partition and download records), naming the file
 when one is corrupt. Standard library only: training code, partitions and reports all read records.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,5 +21,7 @@ def read_json(path: str | Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptFileError(f"{path}: cannot be read as JSON ({type(err).__name__}: {err}); check the path, "
-                               f"or delete the file and rerun the step that writes it") from None
+        raise CorruptFileError(
+            f"{path}: cannot be read as JSON ({type(err).__name__}: {err}); check the path, "
+            f"or delete the file and rerun the step that writes it"
+        ) from None

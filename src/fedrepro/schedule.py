@@ -2,6 +2,7 @@
 clients a round samples and the client lr of round t without plug-ins. Torch-free, so the settings floor
 resolves defaults that depend on them (``ima.cyclic_lr_max: null``) before a run is named, with the very
 formula the run trains with."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Server parts shared by several methods: the data-size weighted mean and SGD with eta_g."""
+
 from __future__ import annotations
 
 import torch
@@ -24,6 +25,7 @@ class UniformMean(Aggregator):
 
 class ServerSGD(ServerOptimizer):
     """x <- x - eta_g * v with v = beta * v + d (FedAvgM when beta > 0; no dampening)."""
+
     state = ("velocity",)
 
     def __init__(self, lr: float = 1.0, momentum: float = 0.0):
@@ -35,5 +37,3 @@ class ServerSGD(ServerOptimizer):
             self.velocity = d.clone() if self.velocity is None else self.velocity.mul_(self.momentum).add_(d)
             d = self.velocity
         return x - self.lr * d
-
-

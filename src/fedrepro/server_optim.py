@@ -10,6 +10,7 @@
 No bias correction, m_0 = 0, v_0 = `v0` (0 in the reference code of FedAWARE and FedLAW; Reddi
 et al. ask v_0 >= tau^2), as in the papers' algorithm boxes and both reference codes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -80,5 +81,3 @@ class ServerAMS(AdaptiveServer):
 
     def denominator(self):
         return self.v_hat.sqrt()
-
-

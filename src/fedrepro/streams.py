@@ -6,21 +6,22 @@ draws the same cohorts, batches and proxy samples; a resumed run draws what the 
 and no stream moves when another draws more. The salts are those the streams always had, so runs keep
 their numbers.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 SALTS = {
-    "cohort": None,       # the clients of a round: (seed, round)
-    "warmup": 0xC0407,    # FedAWARE's exploration permutation of all clients: (seed)
-    "batches": 0xC11E,    # a client's shuffling in a round: (seed, round, client)
-    "holdout": 0x401D,    # a client's trained / held-out split (client.holdout): (seed, client)
+    "cohort": None,  # the clients of a round: (seed, round)
+    "warmup": 0xC0407,  # FedAWARE's exploration permutation of all clients: (seed)
+    "batches": 0xC11E,  # a client's shuffling in a round: (seed, round, client)
+    "holdout": 0x401D,  # a client's trained / held-out split (client.holdout): (seed, client)
     "validation": 0x7A11D,  # a client's validation samples (evaluation.validation): (seed, client)
-    "proxy": 0xFED1A,     # the proxy hold-out of the test set (seed) and the server's proxy batches (seed, round)
-    "epochs": 0xE90C,     # +random_epochs' local epochs: (seed, round, client)
+    "proxy": 0xFED1A,  # the proxy hold-out of the test set (seed) and the server's proxy batches (seed, round)
+    "epochs": 0xE90C,  # +random_epochs' local epochs: (seed, round, client)
     "batch_size": 0xBA7C5,  # +random_batch's local batch size: (seed, round, client)
-    "swag": 0xFEDBE,      # FedBE's SWAG-Gaussian sample: (seed, round)
+    "swag": 0xFEDBE,  # FedBE's SWAG-Gaussian sample: (seed, round)
 }
 
 

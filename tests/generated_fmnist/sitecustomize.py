@@ -7,6 +7,7 @@ checks the published ones, against fedrepro.data.fmnist.FMNIST_CONTENT_SHA256, w
 the generated files' checksums once that module is imported. Nothing else changes; a process that
 never imports it (Snakemake itself) imports no more than before.
 """
+
 import importlib.abc
 import importlib.machinery
 import json

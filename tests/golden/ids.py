@@ -3,6 +3,7 @@
 A run id names a run's folder, its MLflow run and its kept evidence; a change that renames runs is one
 deliberate commit that rewrites the file with ``python tests/golden/ids.py --write`` and says why.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedrepro.spec import config, paramsfile  # noqa: E402
+from fedrepro.configure import expansion, paramsfile  # noqa: E402
 from fedrepro.errors import FedreproError  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("ids.json")
@@ -50,7 +51,7 @@ def ids_of(files: list[Path]) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             params = _with_partition_files(paramsfile.load_params_files(files), Path(tmp))
-            runs = config.expand(params, {})
+            runs = expansion.expand(params, {})
         except FedreproError:
             return None
     return {"runs": sorted({r.id for r in runs}), "partitions": sorted({r.partition for r in runs})}

@@ -48,10 +48,10 @@ def figure_data(wildcards):
     return sorted({f"{DATA_ROOT}/{RUNS[i].setting['dataset']}/download.json" for i in figure_runs(wildcards)})
 
 
-# report.smk's track_run: a run of the params file's own is tracked from its record (fedrepro.spec.config.
+# report.smk's track_run: a run of the params file's own is tracked from its record (fedrepro.configure.expansion.
 # run_records), a params value, so the job reruns when the record changes and not when another run's does; a
 # tuning's final run from the checkpoint's manifest (tune.smk).
-RUN_RECORDS = fconfig.run_records(MANIFEST)
+RUN_RECORDS = fexpansion.run_records(MANIFEST)
 
 
 def track_source(wildcards, input):

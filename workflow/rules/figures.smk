@@ -16,7 +16,7 @@ FIGURES_DIR = f"results/figures/{CONFIG_NAME}"
 FIGURE_SLICES, SLICE_EXPERIMENTS = {}, {}
 for _name, _spec in FIGURES.items():
     _experiments = [] if _spec["kind"] in ffigures.NO_RUNS else [_spec["experiment"]]
-    FIGURE_SLICES[_name] = fconfig.slice_path(fconfig.experiment_slice(MANIFEST, _experiments))
+    FIGURE_SLICES[_name] = fexpansion.slice_path(fexpansion.experiment_slice(MANIFEST, _experiments))
     SLICE_EXPERIMENTS[Path(FIGURE_SLICES[_name]).stem] = _experiments
 
 

@@ -17,7 +17,7 @@ TRACK_LIVE = (
 # Runtime requests: each run's estimated steps x seconds per step on the device it trains on x a margin
 # (fedrepro plan). Per device, so that a CPU benchmark never shortens a GPU job's request or the reverse.
 from fedrepro.ops import plan as fplan, pricing as fpricing
-from fedrepro.spec import forks as fforks
+from fedrepro.configure import forks as fforks
 
 STEP_COSTS = fpricing.step_costs_by_device()
 
@@ -26,7 +26,7 @@ def run_step_costs(setting):
     return STEP_COSTS[fpricing.run_device(setting)]
 
 
-# Grids as trees (fedrepro.spec.forks): a run whose first rounds another run of this invocation trains (an +ima
+# Grids as trees (fedrepro.configure.forks): a run whose first rounds another run of this invocation trains (an +ima
 # run, its host's run up to t_s) starts from that run's state there. The parent keeps it while it trains,
 # the fork rule makes it a temporary output, removed once every child is done.
 FORKS = fforks.WorkflowForks(config, RUNS)
@@ -127,14 +127,14 @@ rule fork:
         "--data-root {params.data_root:q} --out {output:q} --threads {threads} > {log:q} 2>&1"
 
 
-# Packed runs (config pack.packs > 0; fedrepro.spec.packs): the runs of one dataset, model and device are spread
+# Packed runs (config pack.packs > 0; fedrepro.configure.packs): the runs of one dataset, model and device are spread
 # over that many processes, each training its runs as one pack into staging folders; each run's own job then
 # takes its result into its run folder. A run's pack is fixed by its own id, so a changed run retrains in its
 # pack while its pack-mates' results (already in their run folders) stay; a killed pack resumes each run from
 # its own checkpoint. Runs that fork or keep fork states train alone (rule train). pack.packs 0: no run packs.
 import re
 
-from fedrepro.spec import packs as fpacks
+from fedrepro.configure import packs as fpacks
 
 PACKS = fpacks.WorkflowPacks(
     {run: r.setting for run, r in dict.items(RUNS)},

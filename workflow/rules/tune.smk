@@ -1,4 +1,4 @@
-# The tuning stage (fedrepro.spec.tuning; docs/configuration.md "Tuning"): a params file's tune blocks name values the papers
+# The tuning stage (fedrepro.configure.tuning; docs/configuration.md "Tuning"): a params file's tune blocks name values the papers
 # picked from a grid. Their tuning runs are ordinary runs (rule train) scored on a validation split; `tune`
 # ranks each tuning's candidates, and the checkpoint `tuned_manifest` writes the manifest with the final runs
 # the choices give. Those runs' ids hold the chosen values, so they are known only after the checkpoint:

@@ -5,6 +5,7 @@
 
 beta = trimmedmean.fraction (0: the plain mean over the cohort).
 """
+
 import torch
 
 from fedrepro import api
@@ -25,9 +26,10 @@ class TrimmedMean(api.Aggregator):
             return updates.deltas.mean(0)
         ordered = updates.deltas.sort(dim=0).values
         updates.info["trimmed_per_side"] = cut
-        return ordered[cut:k - cut].mean(0)
+        return ordered[cut : k - cut].mean(0)
 
 
 def build(setting, ctx: api.BuildContext) -> api.Algorithm:
-    return api.Algorithm("trimmedmean", TrimmedMean(setting["trimmedmean"]["fraction"]),
-                         api.ServerSGD(setting["server"]["lr"]))
+    return api.Algorithm(
+        "trimmedmean", TrimmedMean(setting["trimmedmean"]["fraction"]), api.ServerSGD(setting["server"]["lr"])
+    )

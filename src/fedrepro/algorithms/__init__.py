@@ -1,6 +1,7 @@
 """Methods as presets of parts. Each module ``<name>.py`` defines ``build(setting, ctx)``;
 each plug-in module defines ``apply(algorithm, setting, ctx)``. A method of the user's own package is found
 by fedrepro.external and built the same way; what any build returns is checked against the API (``built``)."""
+
 from __future__ import annotations
 
 import importlib
@@ -10,13 +11,21 @@ import torch
 
 from fedrepro import external
 from fedrepro.external import MethodError
-from fedrepro.parts import (Aggregator, Algorithm, ClientObjective, ClientPlan, GradientCorrection, PostStep,
-                            ServerOptimizer)
+from fedrepro.parts import (
+    Aggregator,
+    Algorithm,
+    ClientObjective,
+    ClientPlan,
+    GradientCorrection,
+    PostStep,
+    ServerOptimizer,
+)
 
 
 @dataclass
 class BuildContext:
     """What a method may need to know about the run when it is built; methods never see the engine."""
+
     num_clients: int
     dim: int
     device: torch.device
@@ -51,8 +60,11 @@ def built(algorithm, by: str) -> None:
         if not isinstance(getattr(algorithm, field), kind):
             problems.append(f"{field} is a {type(getattr(algorithm, field)).__name__}, not a {kind.__name__}")
     for field, kind in (("corrections", GradientCorrection), ("post_steps", PostStep)):
-        problems += [f"{field}[{i}] is a {type(p).__name__}, not a {kind.__name__}"
-                     for i, p in enumerate(getattr(algorithm, field)) if not isinstance(p, kind)]
+        problems += [
+            f"{field}[{i}] is a {type(p).__name__}, not a {kind.__name__}"
+            for i, p in enumerate(getattr(algorithm, field))
+            if not isinstance(p, kind)
+        ]
     if algorithm.objective is not None and not isinstance(algorithm.objective, ClientObjective):
         problems.append(f"objective is a {type(algorithm.objective).__name__}, not a ClientObjective")
     if problems:

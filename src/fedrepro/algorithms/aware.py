@@ -9,6 +9,7 @@ moments) with the un-projected d~ and projects only the final step. For plain SG
 placements coincide, since projecting is linear. Until the momenta are ready (every client seen
 once, with `aware.warmup`) the host's step is taken unchanged, as the reference code does.
 """
+
 from __future__ import annotations
 
 import torch

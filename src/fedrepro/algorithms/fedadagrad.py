@@ -7,6 +7,7 @@ FedOpt's third optimiser: the papers' codes offer it (FedAWARE's fedopt option a
 mode fedadagrad) though no table of the four papers runs it. Unlike Adam's, v only grows, so the step
 of a coordinate shrinks with every round it moved in.
 """
+
 from fedrepro.parts import Algorithm
 from fedrepro.server import WeightedMean
 from fedrepro.server_optim import AdaptiveServer
@@ -29,4 +30,6 @@ class ServerAdagrad(AdaptiveServer):
 
 def build(setting, ctx) -> Algorithm:
     c = setting["fedadagrad"]
-    return Algorithm("fedadagrad", WeightedMean(), ServerAdagrad(setting["server"]["lr"], c["beta1"], c["tau"], c["v0"]))
+    return Algorithm(
+        "fedadagrad", WeightedMean(), ServerAdagrad(setting["server"]["lr"], c["beta1"], c["tau"], c["v0"])
+    )

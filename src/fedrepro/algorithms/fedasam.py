@@ -12,11 +12,13 @@ and the client's SGD (weight decay, momentum) steps with g'. The server is FedAv
 the rule of the IMA code's ASAM class; weight decay enters only the descent step, as there (it is in
 the SGD optimizer, not in the ascent gradient).
 """
+
 import torch
 import torch.nn.functional as F
 
 from fedrepro.parts import Algorithm, ClientObjective, ClientRun
 from fedrepro.server import ServerSGD, WeightedMean
+
 
 class AdaptiveSharpness(ClientObjective):
     batched_forms = frozenset({"step"})  # run/batched.py
@@ -29,8 +31,10 @@ class AdaptiveSharpness(ClientObjective):
     def begin(self, run: ClientRun) -> None:
         model = run.model
         if self.weight_mask is None:
-            mask = [torch.full((p.numel(),), "weight" in name, dtype=torch.bool)
-                    for name, p in model.module.named_parameters()]
+            mask = [
+                torch.full((p.numel(),), "weight" in name, dtype=torch.bool)
+                for name, p in model.module.named_parameters()
+            ]
             self.weight_mask = torch.cat(mask).to(model.flat.device)
 
     def __call__(self, run: ClientRun, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -62,5 +66,6 @@ class AdaptiveSharpness(ClientObjective):
 def build(setting, ctx) -> Algorithm:
     c = setting["fedasam"]  # rho and eta resolved: null is IMA Table 5's value for the model (fedasam.yaml)
     rho, eta = c["rho"], c["eta"]
-    return Algorithm("fedasam", WeightedMean(), ServerSGD(setting["server"]["lr"]),
-                     objective=AdaptiveSharpness(rho, eta))
+    return Algorithm(
+        "fedasam", WeightedMean(), ServerSGD(setting["server"]["lr"]), objective=AdaptiveSharpness(rho, eta)
+    )

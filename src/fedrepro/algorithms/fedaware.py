@@ -14,6 +14,7 @@ paper does not state its weights; our reading is the static data-size weights of
 clients seen so far, on the raw momenta (`normalize` belongs to the min-norm solve):
     d = sum_i p_i m_i,   p_i = n_i / sum_j n_j   over seen clients.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,10 +26,22 @@ from fedrepro.server import ServerSGD
 
 class ClientMomenta(Part):
     """One moving average of the uploaded updates per client, kept on the device (N x P)."""
+
     state = ("momenta", "seen", "sizes")
 
-    def __init__(self, num_clients: int, dim: int, device, alpha: float, normalize: bool, warmup: bool,
-                 max_iter: int = 1000, tol: float = 1e-6, dtype=torch.float32, weights: str = "minnorm"):
+    def __init__(
+        self,
+        num_clients: int,
+        dim: int,
+        device,
+        alpha: float,
+        normalize: bool,
+        warmup: bool,
+        max_iter: int = 1000,
+        tol: float = 1e-6,
+        dtype=torch.float32,
+        weights: str = "minnorm",
+    ):
         if weights not in ("minnorm", "static"):
             raise ValueError(f"fedaware.weights must be minnorm or static, got '{weights}'")
         self.alpha, self.normalize, self.warmup, self.weights = alpha, normalize, warmup, weights
@@ -77,8 +90,17 @@ class ClientMomenta(Part):
 def momenta_from(section: dict, ctx, weights: str = "minnorm") -> ClientMomenta:
     """The clients' momenta of a section of the fedaware keys; ``weights``: how they are combined (FedAWARE's
     own section chooses, the +aware plug-in's projection is minnorm's)."""
-    return ClientMomenta(ctx.num_clients, ctx.dim, ctx.device, section["alpha"], section["normalize"],
-                         section["warmup"], section["fw_max_iter"], section["fw_tol"], weights=weights)
+    return ClientMomenta(
+        ctx.num_clients,
+        ctx.dim,
+        ctx.device,
+        section["alpha"],
+        section["normalize"],
+        section["warmup"],
+        section["fw_max_iter"],
+        section["fw_tol"],
+        weights=weights,
+    )
 
 
 class AwareAggregator(Aggregator):
@@ -99,5 +121,6 @@ class AwareAggregator(Aggregator):
 
 def build(setting, ctx) -> Algorithm:
     section = setting["fedaware"]
-    return Algorithm("fedaware", AwareAggregator(momenta_from(section, ctx, section["weights"])),
-                     ServerSGD(setting["server"]["lr"]))
+    return Algorithm(
+        "fedaware", AwareAggregator(momenta_from(section, ctx, section["weights"])), ServerSGD(setting["server"]["lr"])
+    )

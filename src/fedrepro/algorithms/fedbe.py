@@ -8,6 +8,7 @@ SWAG-Gaussian sample, per parameter tensor l (a layer's weight or bias), from g_
     w_swag[l] = x[l] + s * mean_i ||g_i[l]||
 Then distil as FedDF from the FedAvg model for fedbe.server_epochs (100) passes; d = x - w.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,7 @@ def swag_sample(x: torch.Tensor, models: torch.Tensor, slices, scale: float, eps
     """One Gaussian SWAG sample around x from the client models (K, P), per parameter slice."""
     sample = torch.empty_like(x)
     for _, s in slices:
-        g = models[:, s] - x[s]                                   # (K, n_l)
+        g = models[:, s] - x[s]  # (K, n_l)
         norms = g.norm(dim=1, keepdim=True)
         u = torch.where(norms > 0, g / norms.clamp_min(torch.finfo(g.dtype).tiny), torch.zeros_like(g))
         mean = u.mean(0)

@@ -10,6 +10,7 @@ previous round's average gradient:
 Dividing each Delta_i by its own lr * tau_i makes G a per-step gradient even when clients take
 different step counts; with equal tau it is the paper's Delta / (eta_l K).
 """
+
 import torch
 
 from fedrepro.parts import Algorithm, ClientRun, GradientCorrection, RoundUpdates
@@ -37,5 +38,9 @@ class ClientMomentum(GradientCorrection):
 
 
 def build(setting, ctx) -> Algorithm:
-    return Algorithm("fedcm", WeightedMean(), ServerSGD(setting["server"]["lr"]),
-                     corrections=[ClientMomentum(setting["fedcm"]["alpha"], ctx.dim, ctx.device)])
+    return Algorithm(
+        "fedcm",
+        WeightedMean(),
+        ServerSGD(setting["server"]["lr"]),
+        corrections=[ClientMomentum(setting["fedcm"]["alpha"], ctx.dim, ctx.device)],
+    )

@@ -15,6 +15,7 @@ eval mode on the cohort-averaged running statistics; ``code`` as FedLAW's code: 
 eval mode on its own running statistics (the client's model object), and FedBE's FedAvg and SWAG teachers,
 freshly built modules the code leaves in train mode, on each chunk's batch statistics.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,14 +42,16 @@ class EnsembleDistillation(ProxyTraining):
         own = self.codes_statistics and updates.buffers is not None
         return [(w, updates.buffers[i] if own else None, False) for i, w in enumerate(models)]
 
-    def teachers(self, x: torch.Tensor, x_avg: torch.Tensor, models: torch.Tensor,
-                 updates: RoundUpdates) -> list[tuple]:
+    def teachers(
+        self, x: torch.Tensor, x_avg: torch.Tensor, models: torch.Tensor, updates: RoundUpdates
+    ) -> list[tuple]:
         return self.client_teachers(models, updates)  # FedDF: the K client models
 
     def prepare(self, x, x_avg, models, updates) -> None:
         nets = self.teachers(x, x_avg, models, updates)
-        total = sum(self.net.logits(w, self.proxy_x, self.cfg["batch_size"], buffers, batch)
-                    for w, buffers, batch in nets)
+        total = sum(
+            self.net.logits(w, self.proxy_x, self.cfg["batch_size"], buffers, batch) for w, buffers, batch in nets
+        )
         self.teacher = total / len(nets)
 
     def loss(self, w: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

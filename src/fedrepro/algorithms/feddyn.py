@@ -14,6 +14,7 @@ alpha/2 ||x - x_global|| (the norm, whose gradient is alpha/2 times a unit vecto
 data-size weights p_i over the cohort instead of 1/|S| and 1/N:
     h <- h + alpha sum_{i in S} p_i Delta_i,      d = sum_{i in S} p_i Delta_i + h / alpha
 """
+
 import torch
 
 from fedrepro.parts import Aggregator, Algorithm, ClientRun, GradientCorrection, RoundUpdates
@@ -70,7 +71,9 @@ class DynamicAggregate(Aggregator):
 def build(setting, ctx) -> Algorithm:
     alpha = setting["feddyn"]["alpha"]
     fedlaw_code = setting["feddyn"]["form"] == "fedlaw_code"
-    return Algorithm("feddyn", DynamicAggregate(alpha, ctx.num_clients, ctx.dim, ctx.device, data_weighted=fedlaw_code),
-                     ServerSGD(setting["server"]["lr"]),
-                     corrections=[DynamicRegulariser(alpha, ctx.num_clients, ctx.dim, ctx.device,
-                                                     squared=not fedlaw_code)])
+    return Algorithm(
+        "feddyn",
+        DynamicAggregate(alpha, ctx.num_clients, ctx.dim, ctx.device, data_weighted=fedlaw_code),
+        ServerSGD(setting["server"]["lr"]),
+        corrections=[DynamicRegulariser(alpha, ctx.num_clients, ctx.dim, ctx.device, squared=not fedlaw_code)],
+    )

@@ -15,15 +15,16 @@ and the anchors, A <- sum_{i in S} p_i A_i. IMA, when added, averages models onl
 
 Only models whose last layer is a Linear classifier over a feature layer can run it (registry check).
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from torch.func import vmap
 
-from fedrepro.parts import Algorithm, ClientObjective, ClientRun, FeatureTerm, RoundUpdates
 from fedrepro.catalog import FEATURE_CLASSIFIER_MODELS
+from fedrepro.parts import Algorithm, ClientObjective, ClientRun, FeatureTerm, RoundUpdates
 from fedrepro.server import ServerSGD, WeightedMean
+
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which the code uses
 
 
@@ -43,8 +44,9 @@ class FeatureAnchors(ClientObjective):
     batched_forms = frozenset({"begin", "step", "after_step", "end_epoch", "end"})  # run/batched.py
     state = ("anchors",)
 
-    def __init__(self, anchors: torch.Tensor, lam: float, momentum: float, calibrate_after: float,
-                 calibration_lr: float):
+    def __init__(
+        self, anchors: torch.Tensor, lam: float, momentum: float, calibrate_after: float, calibration_lr: float
+    ):
         self.anchors = anchors  # the global A
         self.lam, self.momentum = lam, momentum
         self.calibrate_after, self.calibration_lr = calibrate_after, calibration_lr
@@ -106,8 +108,8 @@ class FeatureAnchors(ClientObjective):
         for p, g, m, v in zip((weight, bias), grads, self.adam_m, self.adam_v):
             m.mul_(b1).add_(g, alpha=1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v / (1 - b2 ** self.adam_step)).sqrt_().add_(ADAM_EPS)
-            p.addcdiv_(m, denom, value=-self.calibration_lr / (1 - b1 ** self.adam_step))
+            denom = (v / (1 - b2**self.adam_step)).sqrt_().add_(ADAM_EPS)
+            p.addcdiv_(m, denom, value=-self.calibration_lr / (1 - b1**self.adam_step))
 
     def end_epoch(self, run: ClientRun) -> None:
         # the code divides by all the epoch's batches, not by those holding class c (kept as is)
@@ -162,18 +164,19 @@ class FeatureAnchors(ClientObjective):
         for j in rows.tolist():
             self.adam_steps[j] += 1
         step = self.adam_steps[int(rows[0])]  # the rows of a step have all taken the same steps
-        params = [view.x[:, lo:lo + shape.numel()].view(len(view.x), *shape) for lo, shape in self.head]
+        params = [view.x[:, lo : lo + shape.numel()].view(len(view.x), *shape) for lo, shape in self.head]
         target = torch.arange(len(self.anchors), device=self.anchors.device)
         with torch.enable_grad():
-            grads = vmap(torch.func.grad(lambda w, b: F.cross_entropy(F.linear(self.anchors, w, b), target),
-                                         argnums=(0, 1)))(*params)
+            grads = vmap(
+                torch.func.grad(lambda w, b: F.cross_entropy(F.linear(self.anchors, w, b), target), argnums=(0, 1))
+            )(*params)
         b1, b2 = ADAM_BETAS
         for p, g, m_all, v_all in zip(params, grads, self.adam_m, self.adam_v):
             m, v = m_all[rows], v_all[rows]
             m.mul_(b1).add_(g, alpha=1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v / (1 - b2 ** step)).sqrt_().add_(ADAM_EPS)
-            p.addcdiv_(m, denom, value=-self.calibration_lr / (1 - b1 ** step))
+            denom = (v / (1 - b2**step)).sqrt_().add_(ADAM_EPS)
+            p.addcdiv_(m, denom, value=-self.calibration_lr / (1 - b1**step))
             m_all[rows], v_all[rows] = m, v
 
     def batched_end_epoch(self, view) -> None:
@@ -230,13 +233,24 @@ def _slices(module: nn.Module, wanted) -> list[tuple[int, torch.Size]]:
 
 def build(setting, ctx) -> Algorithm:
     from fedrepro import models
+
     c = setting["fedfa"]
     if setting["model"] not in FEATURE_CLASSIFIER_MODELS:  # the config check says so earlier, for grids
-        raise ValueError(f"fedfa needs a feature/classifier split; model '{setting['model']}' is not one of "
-                         f"{sorted(FEATURE_CLASSIFIER_MODELS)}")
-    head = classifier_of(ctx.module) if ctx.module is not None else \
-        classifier_of(models.build(setting["model"], setting["dataset"]))
+        raise ValueError(
+            f"fedfa needs a feature/classifier split; model '{setting['model']}' is not one of "
+            f"{sorted(FEATURE_CLASSIFIER_MODELS)}"
+        )
+    head = (
+        classifier_of(ctx.module)
+        if ctx.module is not None
+        else classifier_of(models.build(setting["model"], setting["dataset"]))
+    )
     anchors = initial_anchors(head.out_features, head.in_features, setting["seed"]).to(ctx.device)
-    return Algorithm("fedfa", WeightedMean(), ServerSGD(setting["server"]["lr"]),
-                     objective=FeatureAnchors(anchors, c["lam"], c["momentum"],
-                                              c["calibration_start"] * setting["rounds"], c["calibration_lr"]))
+    return Algorithm(
+        "fedfa",
+        WeightedMean(),
+        ServerSGD(setting["server"]["lr"]),
+        objective=FeatureAnchors(
+            anchors, c["lam"], c["momentum"], c["calibration_start"] * setting["rounds"], c["calibration_lr"]
+        ),
+    )

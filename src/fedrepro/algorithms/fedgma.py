@@ -11,6 +11,7 @@ back toward x on the coordinates every client agrees on; we keep that sign (see 
 With eta_gma = 1e-4 the correction is ~1e-5 of the update and FedGMA is FedAvg up to rounding, which
 is what IMA's Table 1 shows.
 """
+
 import torch
 
 from fedrepro.parts import Aggregator, Algorithm, RoundUpdates

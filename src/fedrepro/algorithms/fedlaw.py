@@ -21,6 +21,7 @@ The proxy set is class-balanced, drawn from the test set with a generator seeded
 it is the comparison's hold-out (``evaluation.proxy_holdout``), removed from every method's evaluation
 set by the engine, which hands it to FedLAW.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,19 +29,30 @@ import torch
 import torch.nn.functional as F
 
 from fedrepro import metrics
-from fedrepro.algorithms.proxy import epoch_batches, proxy_samples
+from fedrepro.algorithms.proxy import epoch_batches, proxy_samples, round_generator as _generator
 from fedrepro.functional import FunctionalModel
-from fedrepro.algorithms.proxy import round_generator as _generator
 from fedrepro.parts import Aggregator, Algorithm, RoundUpdates
 from fedrepro.server import ServerSGD
 
-LEARNS = {"fedlaw": (True, True), "adaptive_gws": (True, False), "attentive": (False, True),
-          "fixed_gamma": (False, False), "swa": (True, True)}  # (gamma, lambda)
+LEARNS = {
+    "fedlaw": (True, True),
+    "adaptive_gws": (True, False),
+    "attentive": (False, True),
+    "fixed_gamma": (False, False),
+    "swa": (True, True),
+}  # (gamma, lambda)
 
 
 class LearnedAggregation(Aggregator):
-    def __init__(self, module: torch.nn.Module, proxy_x: torch.Tensor | None, proxy_y: torch.Tensor | None,
-                 cfg: dict, server_lr: float = 1.0, seed: int = 0):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        proxy_x: torch.Tensor | None,
+        proxy_y: torch.Tensor | None,
+        cfg: dict,
+        server_lr: float = 1.0,
+        seed: int = 0,
+    ):
         self.module, self.proxy_x, self.proxy_y = module, proxy_x, proxy_y
         self.cfg, self.server_lr, self.seed = cfg, server_lr, seed
         self.learn_gamma, self.learn_lambda = LEARNS[cfg["variant"]]
@@ -53,9 +65,10 @@ class LearnedAggregation(Aggregator):
         return self.net(w, inputs)
 
     def __call__(self, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
-        models = x - self.server_lr * updates.deltas                 # (K, P)
-        theta = torch.tensor(0.0 if self.learn_gamma else float(np.log(self.cfg["gamma"])), device=x.device,
-                             dtype=x.dtype)
+        models = x - self.server_lr * updates.deltas  # (K, P)
+        theta = torch.tensor(
+            0.0 if self.learn_gamma else float(np.log(self.cfg["gamma"])), device=x.device, dtype=x.dtype
+        )
         z = torch.log(updates.weights)
         # early stopping (Fig. 5, middle): from round learn_rounds + 1 on, gamma = 1 and data-size lambda (FedAvg)
         stopped = 0 < self.cfg["learn_rounds"] <= updates.round
@@ -67,11 +80,15 @@ class LearnedAggregation(Aggregator):
             theta, z = self.fit(theta, z, models, updates)
         gamma, lam = float(theta.exp()), torch.softmax(z, 0)
         x_new = gamma * (lam @ models)
-        updates.info.update({
-            "gamma": gamma, "weights": lam,
-            "lambda_coherence": float(metrics.coherence(updates.deltas, lam)),
-            "gws_norm": float(abs(1 - gamma) * x.norm()),             # ||(1 - gamma) x||, a norm: gamma > 1 grows x
-            "global_grad_norm": float(gamma * self.server_lr * (lam @ updates.deltas).norm())})
+        updates.info.update(
+            {
+                "gamma": gamma,
+                "weights": lam,
+                "lambda_coherence": float(metrics.coherence(updates.deltas, lam)),
+                "gws_norm": float(abs(1 - gamma) * x.norm()),  # ||(1 - gamma) x||, a norm: gamma > 1 grows x
+                "global_grad_norm": float(gamma * self.server_lr * (lam @ updates.deltas).norm()),
+            }
+        )
         if self.cfg["log_client_weights"]:  # Fig. 5 (right): lambda of each client of the cohort, by client id
             updates.info["lambda_client"] = dict(zip(updates.clients.tolist(), lam.tolist()))
         return x - x_new
@@ -80,8 +97,9 @@ class LearnedAggregation(Aggregator):
         theta = theta.clone().requires_grad_(self.learn_gamma)
         z = z.clone().requires_grad_(self.learn_lambda)
         cfg = self.cfg
-        opt = torch.optim.Adam([v for v in (theta, z) if v.requires_grad], lr=cfg["server_lr"],
-                               betas=tuple(cfg["betas"]))
+        opt = torch.optim.Adam(
+            [v for v in (theta, z) if v.requires_grad], lr=cfg["server_lr"], betas=tuple(cfg["betas"])
+        )
         schedule = torch.optim.lr_scheduler.StepLR(opt, cfg["lr_step_epochs"], cfg["lr_step_factor"])
         generator = _generator(self.seed, updates.round)
         for epoch in range(cfg["server_epochs"]):
@@ -123,8 +141,9 @@ class LearnedAggregation(Aggregator):
                 schedule = torch.optim.lr_scheduler.StepLR(opt, cfg["lr_step_epochs"], cfg["lr_step_factor"])
             else:
                 schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg["swa_cosine_epochs"])
-                swa_schedule = torch.optim.swa_utils.SWALR(opt, swa_lr=cfg["swa_lr"],
-                                                           anneal_epochs=cfg["swa_anneal_epochs"])
+                swa_schedule = torch.optim.swa_utils.SWALR(
+                    opt, swa_lr=cfg["swa_lr"], anneal_epochs=cfg["swa_anneal_epochs"]
+                )
                 average, averaged = z0.clone(), 0  # the code's AveragedModel starts as a copy of z0
             for epoch in range(epochs):
                 th, zz = (learn, z) if stage == "gamma" else (theta, learn)

@@ -23,6 +23,7 @@ the momentum buffer and the proximal recursion, so it is weighted by a_i like th
     Delta_i / (lr ||a_i||_1) = d_i + c_i   =>   d_i = Delta_i / (lr ||a_i||_1) - c_i   (server side).
 Round 1 has no previous d: c_i = 0. Full participation only (the registry refuses participation < 1).
 """
+
 from __future__ import annotations
 
 import torch
@@ -53,8 +54,9 @@ class NormalisedAveraging(Aggregator):
 
     def __call__(self, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
         p = updates.weights
-        norms = torch.tensor([a_norm(s, updates.lr, self.rho, self.mu) for s in updates.steps.tolist()],
-                             dtype=p.dtype, device=p.device)
+        norms = torch.tensor(
+            [a_norm(s, updates.lr, self.rho, self.mu) for s in updates.steps.tolist()], dtype=p.dtype, device=p.device
+        )
         tau_eff = p @ (updates.steps if self.tau_eff == "steps" else norms)
         scale = tau_eff * p / norms
         updates.info.update(weights=p, tau_eff=float(tau_eff), a_norm=norms, nova_scale=scale)
@@ -64,6 +66,7 @@ class NormalisedAveraging(Aggregator):
 class LrScaledMomentum(ServerOptimizer):
     """The official FedNova code's server momentum: the buffer holds d / lr, so it is in gradient
     units and the current client lr scales the step (identical to SGD momentum when lr is constant)."""
+
     state = ("velocity",)
 
     def __init__(self, lr: float, momentum: float):
@@ -80,14 +83,15 @@ class CrossClientVR(GradientCorrection):
     """FedNova-VR's correction g <- g + sum_j p_j d_j^(t-1) - d_i^(t-1). Holds every client's last
     normalised gradient d_i (an N x P matrix, server-held state in this simulation) and their
     p-weighted mean; both start at zero, so round 1 trains uncorrected."""
+
     batched_forms = frozenset({"begin", "step", "end"})  # run/batched.py
     state = ("d_clients", "d_mean")
 
     def __init__(self, num_clients: int, dim: int, rho: float = 0.0, mu: float = 0.0, device=None):
         self.num_clients, self.rho, self.mu = num_clients, rho, mu
         self.d_clients = torch.zeros(num_clients, dim, device=device)  # d_i^(t-1)
-        self.d_mean = torch.zeros(dim, device=device)                   # sum_j p_j d_j^(t-1)
-        self.current = torch.zeros(dim, device=device)                  # c_i of the client now training
+        self.d_mean = torch.zeros(dim, device=device)  # sum_j p_j d_j^(t-1)
+        self.current = torch.zeros(dim, device=device)  # c_i of the client now training
 
     def begin(self, run: ClientRun) -> None:
         torch.sub(self.d_mean, self.d_clients[run.client], out=self.current)
@@ -116,15 +120,18 @@ class CrossClientVR(GradientCorrection):
 
     def end_round(self, updates: RoundUpdates) -> None:
         if len(updates.clients) != self.num_clients:
-            raise RuntimeError(f"fednova.vr needs every client in every round (participation = 1); round "
-                               f"{updates.round} had {len(updates.clients)} of {self.num_clients}")
+            raise RuntimeError(
+                f"fednova.vr needs every client in every round (participation = 1); round "
+                f"{updates.round} had {len(updates.clients)} of {self.num_clients}"
+            )
         p = torch.zeros(self.num_clients, dtype=self.d_mean.dtype, device=self.d_mean.device)
         p[updates.clients] = updates.weights.to(p.dtype)
         self.d_mean.copy_(p @ self.d_clients)
         # sum_i p_i ||c_i^(t+1)||: the size of next round's corrections (they sum to zero with weights p)
         # (client by client: no second N x P tensor)
-        updates.info["vr_correction_norm"] = float(sum(p[i] * (self.d_clients[i] - self.d_mean).norm()
-                                                       for i in range(self.num_clients)))
+        updates.info["vr_correction_norm"] = float(
+            sum(p[i] * (self.d_clients[i] - self.d_mean).norm() for i in range(self.num_clients))
+        )
 
 
 def build(setting, ctx) -> Algorithm:

@@ -1,8 +1,9 @@
 """FedProx (Li et al., 2020): each client minimises F_i(x) + mu/2 ||x - x_global||^2.
 
-    client gradient: g + mu (x - x_global);   server: FedAvg's weighted mean, x <- x - eta_g d
-    (``mean: uniform``: the plain mean over the cohort, as FedAWARE's code aggregates its FedProx)
+client gradient: g + mu (x - x_global);   server: FedAvg's weighted mean, x <- x - eta_g d
+(``mean: uniform``: the plain mean over the cohort, as FedAWARE's code aggregates its FedProx)
 """
+
 import torch
 
 from fedrepro.parts import Algorithm, ClientRun, GradientCorrection
@@ -11,6 +12,7 @@ from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 
 class ProximalTerm(GradientCorrection):
     batched_forms = frozenset({"step"})  # run/batched.py
+
     def __init__(self, mu: float):
         self.mu = mu
 
@@ -24,5 +26,6 @@ class ProximalTerm(GradientCorrection):
 
 def build(setting, ctx) -> Algorithm:
     mean = UniformMean() if setting["fedprox"]["mean"] == "uniform" else WeightedMean()
-    return Algorithm("fedprox", mean, ServerSGD(setting["server"]["lr"]),
-                     corrections=[ProximalTerm(setting["fedprox"]["mu"])])
+    return Algorithm(
+        "fedprox", mean, ServerSGD(setting["server"]["lr"]), corrections=[ProximalTerm(setting["fedprox"]["mu"])]
+    )

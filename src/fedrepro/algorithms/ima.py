@@ -14,6 +14,7 @@ IMA also decays the client lr faster from t_s on (`decay`, the schemes of the pa
   epoch        the lr keeps its schedule; local epochs drop by one every ima.cycle_rounds rounds, floor 1
   none         no extra decay
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,14 +27,14 @@ class WindowAverage(PostStep):
 
     def __init__(self, window: int, start: int):
         self.window, self.start = window, start
-        self.models: list[torch.Tensor] = []   # oldest first, at most `window`
+        self.models: list[torch.Tensor] = []  # oldest first, at most `window`
 
     def __call__(self, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
-        self.models = self.models[-(self.window - 1):] if self.window > 1 else []
+        self.models = self.models[-(self.window - 1) :] if self.window > 1 else []
         self.models.append(x.clone())
         if updates.round < self.start:
             # nothing logged either: before t_s a run is its host's, row for row (its FMA sibling's rounds
-            # serve as its own, fedrepro.spec.forks)
+            # serve as its own, fedrepro.configure.forks)
             return x
         averaged = torch.stack(self.models).mean(0)
         updates.info["ima_active"] = 1
@@ -44,9 +45,11 @@ class WindowAverage(PostStep):
         """Forked from the host run at t_s: the host's last P-1 models are those this window would hold."""
         needed = self.window - 1
         if len(history) < needed:
-            raise ValueError(f"+ima with window {self.window} needs the host's last {needed} models at the fork "
-                             f"round; the fork state holds {len(history)}")
-        self.models = [h.clone() for h in history[len(history) - needed:]] if needed else []
+            raise ValueError(
+                f"+ima with window {self.window} needs the host's last {needed} models at the fork "
+                f"round; the fork state holds {len(history)}"
+            )
+        self.models = [h.clone() for h in history[len(history) - needed :]] if needed else []
 
 
 def lr_schedule(base, ima: dict, start: int):
@@ -79,8 +82,7 @@ def apply(algorithm: Algorithm, setting, ctx) -> None:
         host_epochs = plan.epochs_of(setting)
 
         def local_epochs(t: int, client_id: int) -> int:
-            drop = 0 if t < start else (t - start) // ima["cycle_rounds"]   # first drop at t_s + cycle (code)
+            drop = 0 if t < start else (t - start) // ima["cycle_rounds"]  # first drop at t_s + cycle (code)
             return max(1, host_epochs(t, client_id) - drop)
 
         plan.local_epochs = local_epochs
-

@@ -10,6 +10,7 @@ baselines FedLAW compares with (FedDF, FedBE, Server-FT; Li et al., ICML 2023, s
     ProxyTraining  x_avg = x - eta_g sum_i p_i Delta_i (FedAvg), then ``server_epochs`` passes of the
                  server optimiser on loss(w; proxy batch) from w = x_avg; d = x - w (unit server step)
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,9 @@ def round_generator(seed: int, round_: int, stream: str = "proxy") -> torch.Gene
     return streams.generator(stream, seed, round_)
 
 
-def epoch_batches(n: int, batch_size: int, generator: torch.Generator, device,
-                  balance_labels: torch.Tensor | None = None) -> list[torch.Tensor]:
+def epoch_batches(
+    n: int, batch_size: int, generator: torch.Generator, device, balance_labels: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """One pass over the proxy set in shuffled batches (the last one may be smaller). With
     ``balance_labels`` (balanced sampling, FedLAW Table 6's "BS"): n draws with replacement, each sample
     with probability 1 / (C n_class), so every class is drawn equally often in expectation (a class-balanced
@@ -37,7 +39,7 @@ def epoch_batches(n: int, batch_size: int, generator: torch.Generator, device,
         weights = 1.0 / torch.bincount(labels)[labels].double()
         order = torch.multinomial(weights, n, replacement=True, generator=generator)
     order = order.to(device)
-    return [order[start:start + batch_size] for start in range(0, n, batch_size)]
+    return [order[start : start + batch_size] for start in range(0, n, batch_size)]
 
 
 def proxy_samples(ctx, section: str, size: int):
@@ -45,8 +47,10 @@ def proxy_samples(ctx, section: str, size: int):
     (``evaluation.proxy_holdout``); its size must be the method's ``<section>.proxy_size``."""
     if ctx.proxy is None or len(ctx.proxy[1]) != size:
         held = 0 if ctx.proxy is None else len(ctx.proxy[1])
-        raise ValueError(f"{section}.proxy_size = {size} but the run holds out {held} proxy samples "
-                         f"(evaluation.proxy_holdout); set evaluation.proxy_holdout: {size} in the experiment's base")
+        raise ValueError(
+            f"{section}.proxy_size = {size} but the run holds out {held} proxy samples "
+            f"(evaluation.proxy_holdout); set evaluation.proxy_holdout: {size} in the experiment's base"
+        )
     return ctx.proxy
 
 
@@ -63,10 +67,20 @@ class ProxyTraining(Aggregator):
 
     With ``keep_state`` the optimiser's state (SGD momentum buffer, Adam moments) carries over from
     round to round, as the code's central optimiser (built once) does; it is checkpointed."""
+
     state = ("opt_state",)
 
-    def __init__(self, net: FunctionalModel, proxy_x, proxy_y, cfg: dict, optim: dict, server_lr: float = 1.0,
-                 seed: int = 0, stream: str = "proxy"):
+    def __init__(
+        self,
+        net: FunctionalModel,
+        proxy_x,
+        proxy_y,
+        cfg: dict,
+        optim: dict,
+        server_lr: float = 1.0,
+        seed: int = 0,
+        stream: str = "proxy",
+    ):
         self.net, self.proxy_x, self.proxy_y = net, proxy_x, proxy_y
         self.cfg, self.optim, self.server_lr, self.seed, self.stream = cfg, optim, server_lr, seed, stream
         self.opt_state: dict = {}
@@ -78,8 +92,8 @@ class ProxyTraining(Aggregator):
         raise NotImplementedError
 
     def __call__(self, x: torch.Tensor, updates: RoundUpdates) -> torch.Tensor:
-        models = x - updates.deltas                                   # (K, P) the models the clients sent
-        x_avg = x - self.server_lr * updates.weighted_mean()          # the FedAvg model
+        models = x - updates.deltas  # (K, P) the models the clients sent
+        x_avg = x - self.server_lr * updates.weighted_mean()  # the FedAvg model
         updates.info["weights"] = updates.weights
         if self.cfg["server_epochs"] == 0:
             return x - x_avg
@@ -128,6 +142,14 @@ def build_proxy_algorithm(name: str, aggregator_cls, setting: dict, ctx, **extra
     if ctx.module is None:
         raise ValueError(f"{name} needs the run's model (server-side training on the proxy set)")
     px, py = proxy_samples(ctx, name, cfg["proxy_size"])
-    aggregator = aggregator_cls(FunctionalModel(ctx.module), px, py, cfg, optimizer_settings(cfg),
-                                setting["server"]["lr"], setting["seed"], **extra)
+    aggregator = aggregator_cls(
+        FunctionalModel(ctx.module),
+        px,
+        py,
+        cfg,
+        optimizer_settings(cfg),
+        setting["server"]["lr"],
+        setting["seed"],
+        **extra,
+    )
     return Algorithm(name, aggregator, ServerSGD(1.0))

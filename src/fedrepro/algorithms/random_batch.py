@@ -6,6 +6,7 @@ number of samples it trains on; a client with n_i <= low trains on all of them i
 method sees the same draws and a resumed run redraws them exactly. With +random_epochs it is the code's
 "agnostic" clients.
 """
+
 from __future__ import annotations
 
 from fedrepro import streams

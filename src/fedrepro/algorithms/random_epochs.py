@@ -4,6 +4,7 @@ Each sampled client draws its epoch count every round, uniformly from {low, ...,
 included, as the paper's "U(2,5)" and its 16 <= tau_i <= 1020 range read), from a generator seeded
 by (seed, round, client): every method sees the same draws and a resumed run redraws them exactly.
 """
+
 from __future__ import annotations
 
 from fedrepro import streams

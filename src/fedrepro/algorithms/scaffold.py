@@ -7,6 +7,7 @@
 
 c and every c_i start at zero; the N x P matrix of c_i is server-held state in this simulation.
 """
+
 import torch
 
 from fedrepro.parts import Algorithm, ClientRun, GradientCorrection, RoundUpdates
@@ -45,5 +46,9 @@ class ControlVariates(GradientCorrection):
 
 
 def build(setting, ctx) -> Algorithm:
-    return Algorithm("scaffold", UniformMean(), ServerSGD(setting["server"]["lr"]),
-                     corrections=[ControlVariates(ctx.num_clients, ctx.dim, ctx.device)])
+    return Algorithm(
+        "scaffold",
+        UniformMean(),
+        ServerSGD(setting["server"]["lr"]),
+        corrections=[ControlVariates(ctx.num_clients, ctx.dim, ctx.device)],
+    )

@@ -8,6 +8,7 @@ server's labelled proxy set with cross-entropy.
 Server optimiser (code): SGD with the client's lr (undecayed), momentum and weight decay, its momentum
 kept across rounds (proxy.py).
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """The ``fedrepro`` command: every step a Snakemake rule runs, each with --help."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,7 +7,15 @@ import errno
 
 from fedrepro.cli import data, evidence, grid, manifest, ops, reports, run
 from fedrepro.cli.common import (  # noqa: F401 (the names callers import from fedrepro.cli)
-    DEBUG_HELP, DEBUG_VARIABLE, EXAMPLES, Parser, _debugging, _existing, _json_arg, _number)
+    DEBUG_HELP,
+    DEBUG_VARIABLE,
+    EXAMPLES,
+    Parser,
+    _debugging,
+    _existing,
+    _json_arg,
+    _number,
+)
 from fedrepro.cli.run import RUN_FOLDER, _check_run_folder  # noqa: F401
 
 # One module per command group, each command's arguments beside its handler; in this order in --help.
@@ -15,6 +24,7 @@ GROUPS = (data, run, grid, manifest, reports, ops, evidence)
 
 def build_parser() -> argparse.ArgumentParser:
     from fedrepro import __version__
+
     parser = Parser(prog="fedrepro", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fedrepro {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
@@ -28,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     from fedrepro.errors import FedreproError
+
     try:
         args.func(args)
     except FedreproError as err:
@@ -42,9 +53,12 @@ def main(argv: list[str] | None = None) -> None:
             raise
         # a failed write() names no file: the command's output then stands for it (a run's folder)
         where = err.filename or getattr(args, "out", None) or "its output"
-        parser.exit(2, f"fedrepro {args.command}: cannot write {where}: {err.strerror}; free space there or make "
-                       f"it writable, then run the same command again (a training run resumes from its last "
-                       f"checkpoint)\n")
+        parser.exit(
+            2,
+            f"fedrepro {args.command}: cannot write {where}: {err.strerror}; free space there or make "
+            f"it writable, then run the same command again (a training run resumes from its last "
+            f"checkpoint)\n",
+        )
 
 
 # What a write meets when the disk or the folder stops taking files, as against a fault of fedrepro's

@@ -1,4 +1,5 @@
 """``python -m fedrepro.cli``: the same as ``fedrepro`` (scripts/gpu_check.sh calls it so)."""
+
 from fedrepro.cli import main
 
 main()

@@ -1,4 +1,5 @@
 """What the command groups share: argument types, each sub-command's example, the --debug switch."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,7 @@ def _json_arg(text: str):
 
 def _number(kind, minimum, strict: bool = False):
     """An argparse type: ``kind`` (int or float) at least ``minimum`` (above it when ``strict``)."""
+
     def parse(text: str):
         try:
             value = kind(text)
@@ -38,14 +40,21 @@ def _number(kind, minimum, strict: bool = False):
         if value < minimum or (strict and value == minimum):
             raise argparse.ArgumentTypeError(f"{value} must be {'>' if strict else '>='} {minimum}")
         return value
+
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
 
 
 def _file_type(mode: int) -> str:
     """What a path is, in the words of the refusals."""
-    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -54,6 +63,7 @@ def _file_type(mode: int) -> str:
 def _existing(kind: str):
     """An argparse type: a path that exists now, is a regular ``file`` (not a device, a pipe or a folder) or a
     ``folder``, and can be read."""
+
     def parse(text: str) -> str:
         try:
             mode = os.stat(text).st_mode
@@ -63,21 +73,25 @@ def _existing(kind: str):
             raise argparse.ArgumentTypeError(f"{text}: cannot be read ({err.strerror})") from None
         wanted = stat.S_ISREG(mode) if kind == "file" else stat.S_ISDIR(mode)
         if not wanted:
-            raise argparse.ArgumentTypeError(f"{text} is {_file_type(mode)}; a {'regular file' if kind == 'file' else kind} "
-                                             f"is expected")
+            raise argparse.ArgumentTypeError(
+                f"{text} is {_file_type(mode)}; a {'regular file' if kind == 'file' else kind} is expected"
+            )
         if not os.access(text, os.R_OK if kind == "file" else os.R_OK | os.X_OK):
             raise argparse.ArgumentTypeError(f"{text}: cannot be read (permission denied)")
         return text
+
     return parse
 
 
 def _absent_or(kind: str):
     """An argparse type: a ``file`` or ``folder`` that may not exist yet (it is then made, or treated as
     empty), but that is not something else."""
+
     def parse(text: str) -> str:
         if not text.strip():
             raise argparse.ArgumentTypeError(f"an empty path; a {kind} is expected")
         return _existing(kind)(text) if os.path.lexists(text) else text
+
     return parse
 
 
@@ -89,6 +103,7 @@ def _output(kind: str):
     """An argparse type: where a command writes a ``file`` or a ``folder``. Checked before any work, so a bad
     path costs no half-written result: not a folder where a file goes (or the reverse), not inside /proc or
     /sys, and its nearest existing folder takes a new file (one is created there and removed at once)."""
+
     def parse(text: str) -> str:
         if not text.strip():
             raise argparse.ArgumentTypeError(f"an empty path; the {kind} to write is expected")
@@ -100,8 +115,9 @@ def _output(kind: str):
         resolved = path.resolve()
         for root in PSEUDO_FILE_SYSTEMS:
             if resolved == root or root in resolved.parents:
-                raise argparse.ArgumentTypeError(f"{text} lies inside {root}, a pseudo file system; choose a path "
-                                                 f"on a disk")
+                raise argparse.ArgumentTypeError(
+                    f"{text} lies inside {root}, a pseudo file system; choose a path on a disk"
+                )
         folder = resolved if kind == "folder" and resolved.is_dir() else resolved.parent
         while not folder.exists():
             folder = folder.parent
@@ -113,19 +129,23 @@ def _output(kind: str):
         except OSError as err:
             raise argparse.ArgumentTypeError(f"{text}: cannot write in {folder} ({err.strerror})") from None
         return text
+
     return parse
 
 
 def _name(what: str):
     """An argparse type: a name that becomes a file or folder name, by the project's naming rule (letters,
     digits, ``_ . + -``, as experiments, params files and runs are named)."""
+
     def parse(text: str) -> str:
-        from fedrepro.spec.paramsfile import check_name
-        from fedrepro.spec.schema import ConfigError
+        from fedrepro.configure.paramsfile import check_name
+        from fedrepro.configure.schema import ConfigError
+
         try:
             return check_name(text, what)
         except ConfigError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
+
     return parse
 
 
@@ -139,36 +159,37 @@ class Parser(argparse.ArgumentParser):
 # One worked example per sub-command, shown at the end of its --help.
 EXAMPLES = {
     "download": "fedrepro download --dataset fmnist --root data/fmnist --mirror /usr/share/datasets/fashion-mnist/",
-    "partition": "fedrepro partition --setting '{\"dataset\": \"fmnist\", \"kind\": \"dirichlet\", \"alpha\": 0.1, "
-                 "\"num_clients\": 20, \"seed\": 1}' --data-root data/fmnist --out results/partitions/p1",
-    "train": "fedrepro train --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
-             "--partition results/partitions/p1 --data-root data/fmnist --out results/runs/r1",
-    "fork": "fedrepro fork --setting '{\"dataset\": \"fmnist\", \"model\": \"mlp\", \"rounds\": 5, \"num_clients\": 20}' "
-            "--run-dir results/runs/r1 --round 3 --history 2 --partition results/partitions/p1 --data-root data/fmnist "
-            "--out results/runs/r1/fork/3.pt",
+    "partition": 'fedrepro partition --setting \'{"dataset": "fmnist", "kind": "dirichlet", "alpha": 0.1, '
+    '"num_clients": 20, "seed": 1}\' --data-root data/fmnist --out results/partitions/p1',
+    "train": 'fedrepro train --setting \'{"dataset": "fmnist", "model": "mlp", "rounds": 5, "num_clients": 20}\' '
+    "--partition results/partitions/p1 --data-root data/fmnist --out results/runs/r1",
+    "fork": 'fedrepro fork --setting \'{"dataset": "fmnist", "model": "mlp", "rounds": 5, "num_clients": 20}\' '
+    "--run-dir results/runs/r1 --round 3 --history 2 --partition results/partitions/p1 --data-root data/fmnist "
+    "--out results/runs/r1/fork/3.pt",
     "expand": "fedrepro expand --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml",
     "plan": "fedrepro plan --configfile params/ima.yaml --only 'ima_table1_*'",
     "track": "fedrepro track --manifest results/manifests/default.json --out results/tracking/default.json",
     "manifest": "fedrepro manifest --configfile params/default.yaml",
     "tune": "fedrepro tune select --manifest results/manifests/ima-0123456789.json "
-            "--tuning tune-fedprox-fmnist-dir0.1-cnn-fedprox.mu-0123456789 --out results/tuning/choice.json",
+    "--tuning tune-fedprox-fmnist-dir0.1-cnn-fedprox.mu-0123456789 --out results/tuning/choice.json",
     "report": "fedrepro report --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_seed8.yaml "
-              "--out reports/fedlaw_subset.html",
+    "--out reports/fedlaw_subset.html",
     "index": "fedrepro index --out reports/index.html",
     "collect": "fedrepro collect --manifest results/manifests/default.json --metrics results/metrics/default "
-               "--curves results/curves/default",
+    "--curves results/curves/default",
     "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
     "check-gpu": "fedrepro check-gpu --out results/bench/gpu_check.json --throughput 2 4 8",
-    "tables": "fedrepro tables --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
-              "--format latex",
-    "figures": "fedrepro figures --name quadratic --spec '{\"kind\": \"quadratic\"}' --out reports/default_figures/quadratic.png",
-    "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml "
-                "--name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
-                "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html\n"
-                "  fedrepro evidence matrix --write-readme\n"
-                "  fedrepro evidence compare evidence/fednova_fig5_synthetic --configfile params/fednova.yaml "
-                "params/subsets/verify_fednova_fig5_synthetic.yaml\n"
-                "  fedrepro evidence collapses evidence/fedlaw_table3_fmnist_mlp --write",
+    "tables": "fedrepro tables --configfile params/fedlaw.yaml "
+    "params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml --format latex",
+    "figures": 'fedrepro figures --name quadratic --spec \'{"kind": "quadratic"}\' '
+    "--out reports/default_figures/quadratic.png",
+    "evidence": "fedrepro evidence keep --configfile params/fedlaw.yaml "
+    "params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml --name fedlaw_table3_fmnist_mlp_dir0.1_seed8\n"
+    "  fedrepro evidence report evidence/fedlaw_table3_fmnist_mlp_dir0.1_seed8 --out reports/fedlaw_evidence.html\n"
+    "  fedrepro evidence matrix --write-readme\n"
+    "  fedrepro evidence compare evidence/fednova_fig5_synthetic --configfile params/fednova.yaml "
+    "params/subsets/verify_fednova_fig5_synthetic.yaml\n"
+    "  fedrepro evidence collapses evidence/fedlaw_table3_fmnist_mlp --write",
 }
 
 
@@ -191,8 +212,12 @@ def finish(p: argparse.ArgumentParser, example: str) -> None:
 def _manifest_of(args, command: str) -> dict:
     """The manifest a command reads: --manifest as written, or the one of --configfile's params files."""
     from fedrepro import records
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
+
     if args.manifest:
         return records.read_json(args.manifest)
-    return config.run_manifest(paramsfile.load_params_files(args.configfile), args.configfile,
-                               f"fedrepro {command} --configfile " + " ".join(args.configfile))
+    return expansion.run_manifest(
+        paramsfile.load_params_files(args.configfile),
+        args.configfile,
+        f"fedrepro {command} --configfile " + " ".join(args.configfile),
+    )

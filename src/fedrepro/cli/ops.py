@@ -1,4 +1,5 @@
 """``fedrepro bench`` and ``fedrepro check-gpu``: timings and the GPU check."""
+
 from __future__ import annotations
 
 from fedrepro.cli.common import EXAMPLES, _absent_or, _number, _output, finish
@@ -13,33 +14,66 @@ def add_parsers(sub) -> None:
 def add_bench(sub) -> None:
     """Seconds per round."""
     from fedrepro.ops.bench_settings import SETTINGS as BENCH_SETTINGS
+
     p = sub.add_parser("bench", help="seconds per round: engine vs a reference-style loop vs the compute floor")
-    p.add_argument("--settings", nargs="+", choices=sorted(BENCH_SETTINGS), default=list(BENCH_SETTINGS),
-                   help="which paper settings to time (default: all)")
-    p.add_argument("--device", action="append", choices=["cpu", "cuda"],
-                   help="repeat for several; default: cpu, and cuda when present")
-    p.add_argument("--rounds", type=_number(int, 1), default=3, help="timed rounds per repeat (after one warm-up round)")
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        choices=sorted(BENCH_SETTINGS),
+        default=list(BENCH_SETTINGS),
+        help="which paper settings to time (default: all)",
+    )
+    p.add_argument(
+        "--device",
+        action="append",
+        choices=["cpu", "cuda"],
+        help="repeat for several; default: cpu, and cuda when present",
+    )
+    p.add_argument(
+        "--rounds", type=_number(int, 1), default=3, help="timed rounds per repeat (after one warm-up round)"
+    )
     p.add_argument("--repeats", type=_number(int, 1), default=1, help="passes over the timed rounds; medians over all")
     p.add_argument("--quick", action="store_true", help="CI size: a tenth of the clients, short local training")
-    p.add_argument("--data-root", default="data/fmnist", type=_absent_or("folder"), help="real Fashion-MNIST here if present, else generated")
+    p.add_argument(
+        "--data-root",
+        default="data/fmnist",
+        type=_absent_or("folder"),
+        help="real Fashion-MNIST here if present, else generated",
+    )
     p.add_argument("--threads", type=_number(int, 0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", type=_output("file"), help="write the measurements as JSON here")
     p.add_argument("--html", type=_output("file"), help="write a small HTML page with the table here")
-    p.add_argument("--throughput", type=_number(int, 1), nargs="+", metavar="R", help="also measure runs finished per "
-                   "device-hour with R runs side by side on one device (1 is always measured), and extrapolate "
-                   "IMA Table 1's FMNIST rows")
+    p.add_argument(
+        "--throughput",
+        type=_number(int, 1),
+        nargs="+",
+        metavar="R",
+        help="also measure runs finished per "
+        "device-hour with R runs side by side on one device (1 is always measured), and extrapolate "
+        "IMA Table 1's FMNIST rows",
+    )
     p.set_defaults(func=cmd_bench)
     finish(p, EXAMPLES["bench"])
 
 
 def cmd_bench(args) -> None:
     import torch
+
     from fedrepro.ops import bench
+
     devices = args.device or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if "cuda" in devices and not torch.cuda.is_available():
         raise SystemExit("fedrepro bench: --device cuda was asked for, but torch sees no CUDA device")
-    report = bench.run(args.settings, devices, args.rounds, args.repeats, args.quick, args.data_root, args.threads,
-                       concurrency=args.throughput)
+    report = bench.run(
+        args.settings,
+        devices,
+        args.rounds,
+        args.repeats,
+        args.quick,
+        args.data_root,
+        args.threads,
+        concurrency=args.throughput,
+    )
     print(bench.table(report))
     if args.out:
         bench.write(report, args.out)
@@ -49,13 +83,27 @@ def cmd_bench(args) -> None:
 
 def add_check_gpu(sub) -> None:
     """The GPU check."""
-    p = sub.add_parser("check-gpu", help="on a GPU node: the engine's CUDA checks, then the benchmark with several "
-                       "runs per GPU; all written to one JSON file (needs only torch, PYTHONPATH=src)")
+    p = sub.add_parser(
+        "check-gpu",
+        help="on a GPU node: the engine's CUDA checks, then the benchmark with several "
+        "runs per GPU; all written to one JSON file (needs only torch, PYTHONPATH=src)",
+    )
     p.add_argument("--out", default="results/bench/gpu_check.json", type=_output("file"))
-    p.add_argument("--data-root", default="data/fmnist", type=_absent_or("folder"), help="real Fashion-MNIST here if present, else generated")
+    p.add_argument(
+        "--data-root",
+        default="data/fmnist",
+        type=_absent_or("folder"),
+        help="real Fashion-MNIST here if present, else generated",
+    )
     p.add_argument("--rounds", type=_number(int, 1), default=5, help="timed rounds per benchmark measurement")
-    p.add_argument("--throughput", type=_number(int, 1), nargs="+", default=[2, 4, 8], metavar="R",
-                   help="runs side by side on the GPU to measure (1 is always measured)")
+    p.add_argument(
+        "--throughput",
+        type=_number(int, 1),
+        nargs="+",
+        default=[2, 4, 8],
+        metavar="R",
+        help="runs side by side on the GPU to measure (1 is always measured)",
+    )
     p.add_argument("--skip-bench", action="store_true", help="the correctness checks only")
     p.set_defaults(func=cmd_check_gpu)
     finish(p, EXAMPLES["check-gpu"])
@@ -63,4 +111,5 @@ def add_check_gpu(sub) -> None:
 
 def cmd_check_gpu(args) -> None:
     from fedrepro.ops import gpucheck
+
     raise SystemExit(gpucheck.main(args.out, args.data_root, args.rounds, tuple(args.throughput), args.skip_bench))

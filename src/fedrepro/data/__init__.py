@@ -4,10 +4,11 @@ domain of each training sample (multi-domain families only).
 
 A family is a module over ``base`` and its fragment: ``data/<family>.py`` and ``data/<family>.yaml``, which
 declares the datasets it serves and their facts (fedrepro.catalog). The module provides ``download(dataset,
-root, mirrors, timeout, log)`` and ``load(dataset, root, train, preprocess, pretrained)``, optionally ``train_labels(dataset, root)`` (labels without decoding the inputs)
-and ``train_domains(dataset, root)``. Nothing here names a dataset or a family; the families never import this
-module.
+root, mirrors, timeout, log)`` and ``load(dataset, root, train, preprocess, pretrained)``, optionally
+``train_labels(dataset, root)`` (labels without decoding the inputs) and ``train_domains(dataset, root)``.
+Nothing here names a dataset or a family; the families never import this module.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,8 +19,21 @@ from types import ModuleType
 from fedrepro.catalog import DATASETS
 from fedrepro.data.base import DataError, Dataset, DownloadError, TensorDataset, fetch_from_mirrors, gather
 
-__all__ = ["DataError", "Dataset", "DownloadError", "TensorDataset", "download", "families", "family",
-           "fetch_from_mirrors", "gather", "load", "prepare", "train_domains", "train_labels"]
+__all__ = [
+    "DataError",
+    "Dataset",
+    "DownloadError",
+    "TensorDataset",
+    "download",
+    "families",
+    "family",
+    "fetch_from_mirrors",
+    "gather",
+    "load",
+    "prepare",
+    "train_domains",
+    "train_labels",
+]
 
 
 def family(dataset: str) -> ModuleType:
@@ -34,15 +48,22 @@ def families() -> dict[str, ModuleType]:
     return {facts["family"]: family(name) for name, facts in DATASETS.items()}
 
 
-def download(dataset: str, root: str | Path, mirrors: list[str] | None = None,
-             timeout: float = 20.0, log=print) -> Path:
+def download(
+    dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 20.0, log=print
+) -> Path:
     """Fetch every file of ``dataset`` into ``root`` (or check the files a user put there); return its
     folder. Idempotent."""
     return family(dataset).download(dataset, root, mirrors, timeout=timeout, log=log)
 
 
-def prepare(dataset: str, root: str | Path, mirrors: list[str] | None, out: str | Path | None,
-            log_file: str | Path | None = None, timeout: float = 20.0) -> Path:
+def prepare(
+    dataset: str,
+    root: str | Path,
+    mirrors: list[str] | None,
+    out: str | Path | None,
+    log_file: str | Path | None = None,
+    timeout: float = 20.0,
+) -> Path:
     """Download (idempotent) and, with ``out``, write the list of files as the step's output."""
     logs = open(log_file, "a") if log_file else None
     log = (lambda msg: print(msg, file=logs, flush=True)) if logs else print
@@ -57,8 +78,9 @@ def prepare(dataset: str, root: str | Path, mirrors: list[str] | None, out: str 
     return Path(folder)
 
 
-def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
-         pretrained: dict | None = None) -> Dataset:
+def load(
+    dataset: str, root: str | Path, train: bool, preprocess: dict | None = None, pretrained: dict | None = None
+) -> Dataset:
     """Load a downloaded split (``preprocess``: CIFAR only; ``pretrained``: the tokenizer's path and
     token length, text datasets only)."""
     return family(dataset).load(dataset, root, train, preprocess=preprocess, pretrained=pretrained)

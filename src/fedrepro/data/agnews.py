@@ -24,6 +24,7 @@ Pythia's tokenizer has no padding token; as is usual for GPT-style models (and n
 classifier's head to find the last real token), the end-of-text token pads. ``pretrained.path`` is a
 hub id or a local folder (see ``fedrepro.models.pythia``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ FILES = {
     "csv": {"train": "train.csv", "test": "test.csv"},
 }
 DEFAULT_MIRRORS = [
-    "https://huggingface.co/datasets/fancyzhx/ag_news/resolve/main/data/",          # parquet
+    "https://huggingface.co/datasets/fancyzhx/ag_news/resolve/main/data/",  # parquet
     "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/",  # csv
 ]
 # The content checks that stand in for a checksum (module-level so tests can shrink them).
@@ -51,9 +52,11 @@ EXPECTED_ROWS = {"train": 120000, "test": 7600}
 NUM_CLASSES = 4
 CSV_COLUMNS = ["label", "title", "description"]
 
-HOW_TO_GET_OFFLINE = ("Without internet: copy AGNews' train/test files (parquet from the Hugging Face dataset "
-                      "fancyzhx/ag_news, or train.csv/test.csv of the original ag_news_csv) into a folder and list "
-                      "that folder first under data.mirrors.agnews in the params file.")
+HOW_TO_GET_OFFLINE = (
+    "Without internet: copy AGNews' train/test files (parquet from the Hugging Face dataset "
+    "fancyzhx/ag_news, or train.csv/test.csv of the original ag_news_csv) into a folder and list "
+    "that folder first under data.mirrors.agnews in the params file."
+)
 
 
 # --------------------------------------------------------------------------- files
@@ -78,20 +81,34 @@ def read_split(path: str | Path, fmt: str | None = None):
             raise DownloadError(f"{path.name}: no column(s) {sorted(missing)}; has {ds.column_names}")
         return ds.select_columns(["text", "label"])
     if fmt == "csv":
-        features = datasets.Features({"label": datasets.Value("int64"), "title": datasets.Value("string"),
-                                      "description": datasets.Value("string")})
-        ds = datasets.Dataset.from_csv(str(path), column_names=CSV_COLUMNS, features=features,
-                                       cache_dir=_cache_dir(path))
+        features = datasets.Features(
+            {
+                "label": datasets.Value("int64"),
+                "title": datasets.Value("string"),
+                "description": datasets.Value("string"),
+            }
+        )
+        ds = datasets.Dataset.from_csv(
+            str(path), column_names=CSV_COLUMNS, features=features, cache_dir=_cache_dir(path)
+        )
         # the original labels are 1..4; text = title + " " + description, as the Hugging Face copy has it
-        return ds.map(lambda rows: {"text": [f"{t or ''} {d or ''}" for t, d in zip(rows["title"], rows["description"])],
-                                    "label": [label - 1 for label in rows["label"]]},
-                      batched=True, batch_size=10000, remove_columns=["title", "description"], keep_in_memory=True)
+        return ds.map(
+            lambda rows: {
+                "text": [f"{t or ''} {d or ''}" for t, d in zip(rows["title"], rows["description"])],
+                "label": [label - 1 for label in rows["label"]],
+            },
+            batched=True,
+            batch_size=10000,
+            remove_columns=["title", "description"],
+            keep_in_memory=True,
+        )
     raise DownloadError(f"{path.name}: not an AGNews file (parquet or csv)")
 
 
 def _labels(ds):
     """The label column as an int64 numpy array (one Arrow conversion, not a Python list)."""
     import numpy as np
+
     return np.asarray(ds.with_format("numpy")["label"], dtype=np.int64)
 
 
@@ -103,16 +120,20 @@ def check_split(path: str | Path, split: str, fmt: str | None = None) -> None:
         raise DownloadError(f"{Path(path).name}: {len(labels)} rows, AGNews {split} has {rows}")
     counts = torch.bincount(labels.clamp(min=0), minlength=NUM_CLASSES)
     if labels.min() < 0 or len(counts) != NUM_CLASSES or (counts != rows // NUM_CLASSES).any():
-        raise DownloadError(f"{Path(path).name}: label counts {counts.tolist()}, AGNews {split} has "
-                            f"{rows // NUM_CLASSES} of each of labels 0..{NUM_CLASSES - 1}")
+        raise DownloadError(
+            f"{Path(path).name}: label counts {counts.tolist()}, AGNews {split} has "
+            f"{rows // NUM_CLASSES} of each of labels 0..{NUM_CLASSES - 1}"
+        )
 
 
 def _valid(split: str, fmt: str):
     """For ``fetch_from_mirrors``: True, or an error that says what is wrong with the file (the
     mirror loop reports it and goes on to the next mirror)."""
+
     def valid(path: Path) -> bool:
         check_split(path, split, fmt)
         return True
+
     return valid
 
 
@@ -132,8 +153,9 @@ def split_file(root: str | Path, split: str) -> Path:
     raise DataError(f"no AGNews {split} file in {root}; run `fedrepro download --dataset agnews`")
 
 
-def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 60.0,
-             log=print) -> Path:
+def download(
+    dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 60.0, log=print
+) -> Path:
     """Fetch AGNews' train and test files into ``root``; return ``root``. Idempotent.
 
     Each format is tried over all mirrors (a mirror serves one format); the first format whose
@@ -149,8 +171,16 @@ def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, t
         try:
             for split, filename in names.items():
                 target = root / filename
-                fetch_from_mirrors(filename, target, mirrors, _valid(split, fmt), timeout, log,
-                                   f"{filename} of '{dataset}' ({fmt})", HOW_TO_GET_OFFLINE)
+                fetch_from_mirrors(
+                    filename,
+                    target,
+                    mirrors,
+                    _valid(split, fmt),
+                    timeout,
+                    log,
+                    f"{filename} of '{dataset}' ({fmt})",
+                    HOW_TO_GET_OFFLINE,
+                )
             sums = "".join(f"{file_sha256(root / f)}  {f}\n" for f in names.values())
             (root / "SHA256SUMS").write_text(sums)
             log(f"{dataset}: {fmt} files accepted (rows and labels checked; no published checksum):\n{sums}")
@@ -172,6 +202,7 @@ def train_labels(dataset: str, root: str | Path):
 class TokenBatch:
     """A model input of token ids and their attention mask; what ``TextDataset.batch`` returns
     in place of an image tensor, and what ``models.pythia.SequenceClassifier.forward`` takes."""
+
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
 
@@ -179,6 +210,7 @@ class TokenBatch:
 @dataclass
 class TextDataset:
     """A whole tokenised split on one device: (N, L) token ids and mask, int64 labels."""
+
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
@@ -191,8 +223,10 @@ class TextDataset:
         return len(self.labels)
 
     def batch(self, index: torch.Tensor) -> tuple[TokenBatch, torch.Tensor]:
-        return (TokenBatch(gather(self.input_ids, index), gather(self.attention_mask, index)),
-                gather(self.labels, index))
+        return (
+            TokenBatch(gather(self.input_ids, index), gather(self.attention_mask, index)),
+            gather(self.labels, index),
+        )
 
     def to(self, device) -> "TextDataset":
         return TextDataset(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
@@ -203,6 +237,7 @@ class TextDataset:
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:  # Pythia's has none; end-of-text pads (see module docstring)
         tokenizer.pad_token = tokenizer.eos_token
@@ -215,8 +250,9 @@ def tokenize(texts: list[str], tokenizer, max_length: int) -> tuple[torch.Tensor
     return enc["input_ids"].to(torch.int64), enc["attention_mask"].to(torch.int64)
 
 
-def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
-         pretrained: dict | None = None) -> TextDataset:
+def load(
+    dataset: str, root: str | Path, train: bool, preprocess: dict | None = None, pretrained: dict | None = None
+) -> TextDataset:
     pretrained = dict(pretrained or {})
     tokenizer = load_tokenizer(pretrained.get("path", DEFAULT_MODEL))
     ds = read_split(split_file(root, "train" if train else "test"))

@@ -7,11 +7,12 @@ files get their sha256 recorded at download, and ``load`` checks them against it
 Nothing here knows a dataset by name: the families (fmnist, cifar, synthetic, agnews) import this
 module, and the package's ``__init__`` dispatches to them by name.
 """
+
 from __future__ import annotations
 
 import gzip
-import json
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ class Dataset(Protocol):
     Capabilities are declared, not probed: ``augment`` says batches draw random augmentation from
     the device's global RNG (so a vmapped cohort would draw other crops), ``batched_cohort`` says a
     (K, B) index batch gives an input the model can be vmapped over."""
+
     labels: torch.Tensor
     augment: bool
     batched_cohort: bool
@@ -64,6 +66,7 @@ def content_sha256(path: Path) -> str:
 
 def file_ok(path: Path, md5: str, content_digest: str | None) -> bool:
     from torchvision.datasets.utils import check_integrity
+
     if check_integrity(str(path), md5):
         return True
     if content_digest is None:
@@ -79,8 +82,10 @@ def _fetch(mirror: str, filename: str, dest: Path, timeout: float, max_bytes: in
     # Our own fetch (not torchvision's download_url) so a timeout, the size limit and the temp file
     # are ours; torchvision's downloader cannot read a local folder, so a folder is a mirror here too.
     url = mirror.rstrip("/") + "/" + filename
-    with (urllib.request.urlopen(url, timeout=timeout) if "://" in mirror else open(Path(mirror) / filename, "rb")) \
-            as src, open(dest, "wb") as out:
+    with (
+        urllib.request.urlopen(url, timeout=timeout) if "://" in mirror else open(Path(mirror) / filename, "rb") as src,
+        open(dest, "wb") as out,
+    ):
         copied = 0
         while chunk := src.read(1 << 20):
             copied += len(chunk)
@@ -89,8 +94,17 @@ def _fetch(mirror: str, filename: str, dest: Path, timeout: float, max_bytes: in
             out.write(chunk)
 
 
-def fetch_from_mirrors(filename: str, target: Path, mirrors: list[str], valid, timeout: float, log,
-                       what: str, offline_help: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+def fetch_from_mirrors(
+    filename: str,
+    target: Path,
+    mirrors: list[str],
+    valid,
+    timeout: float,
+    log,
+    what: str,
+    offline_help: str,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> None:
     """Try each mirror in order; the first copy that passes ``valid`` is renamed to ``target``.
 
     Every attempt goes to a temporary name first, so a corrupt or partial file never takes
@@ -148,8 +162,10 @@ def extract(folder: Path, expected: dict[str, str]) -> None:
 
 def not_downloaded(dataset: str, root: str | Path, err: Exception) -> DataError:
     """torchvision's reader found no files under ``root``: say which folder and how to fill it."""
-    return DataError(f"{root}: no {dataset} files to read ({err}); run `fedrepro download --dataset {dataset} "
-                     f"--root {root}` (snakemake does, when the params file's data.root names this folder)")
+    return DataError(
+        f"{root}: no {dataset} files to read ({err}); run `fedrepro download --dataset {dataset} "
+        f"--root {root}` (snakemake does, when the params file's data.root names this folder)"
+    )
 
 
 def verify_loaded(folder: Path) -> None:
@@ -158,12 +174,15 @@ def verify_loaded(folder: Path) -> None:
     if not record.exists():
         return
     from fedrepro.records import read_json
+
     for name, sha in read_json(record).items():
         path = folder / name
         if not path.exists() or file_sha256(path) != sha:
-            raise DataError(f"{path} is missing or differs from what was downloaded (sha256 recorded in {record}); "
-                            f"run the download again (fedrepro download, or delete its download.json and rerun "
-                            f"snakemake), which decompresses it anew")
+            raise DataError(
+                f"{path} is missing or differs from what was downloaded (sha256 recorded in {record}); "
+                f"run the download again (fedrepro download, or delete its download.json and rerun "
+                f"snakemake), which decompresses it anew"
+            )
 
 
 def gather(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -175,6 +194,7 @@ def gather(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 @dataclass
 class TensorDataset:
     """A whole split on one device: uint8 images and int64 labels; batches are index gathers."""
+
     images: torch.Tensor
     labels: torch.Tensor
     mean: float

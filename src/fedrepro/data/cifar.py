@@ -20,6 +20,7 @@ FedAWARE    C10: ``cifar_fednova`` (0.4914,0.4822,      C10: ``crop_flip_static`
 FedNova     ``cifar_fednova``                           ``crop_flip`` (per batch, every epoch)
 ==========  ==========================================  ==========================================
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,10 @@ DEFAULT_MIRRORS = {
     "cifar100": ["https://www.cs.toronto.edu/~kriz/"],
 }
 
-HOW_TO_GET_OFFLINE = ("Without internet: copy the archive ({filename}, md5 {md5}) into a folder and list that "
-                      "folder first under data.mirrors.{dataset} in the params file.")
+HOW_TO_GET_OFFLINE = (
+    "Without internet: copy the archive ({filename}, md5 {md5}) into a folder and list that "
+    "folder first under data.mirrors.{dataset} in the params file."
+)
 
 # Per-channel (mean, std) of each paper's transform; see the table in the module docstring.
 NORMALIZE = {
@@ -59,6 +62,7 @@ ARCHIVE_BYTES = {"cifar10": 170498071, "cifar100": 169001437}
 
 def _cifar_class(dataset: str):
     import torchvision.datasets as tvd
+
     return getattr(tvd, CIFAR[dataset])
 
 
@@ -77,8 +81,9 @@ def safe_extract(archive: Path, dest: Path) -> None:
         tar.extractall(dest, members=members)
 
 
-def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 20.0,
-             log=print) -> Path:
+def download(
+    dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 20.0, log=print
+) -> Path:
     """Fetch ``dataset``'s archive into ``root`` and extract it; return ``root``. Idempotent."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -87,11 +92,17 @@ def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, t
     cls = _cifar_class(dataset)
     archive = root / cls.filename
     if not check_integrity(str(archive), cls.tgz_md5):
-        fetch_from_mirrors(cls.filename, archive, list(mirrors or DEFAULT_MIRRORS[dataset]),
-                           lambda p: check_integrity(str(p), cls.tgz_md5), timeout, log,
-                           f"{cls.filename} of '{dataset}'",
-                           HOW_TO_GET_OFFLINE.format(filename=cls.filename, md5=cls.tgz_md5, dataset=dataset),
-                           ARCHIVE_BYTES[dataset])
+        fetch_from_mirrors(
+            cls.filename,
+            archive,
+            list(mirrors or DEFAULT_MIRRORS[dataset]),
+            lambda p: check_integrity(str(p), cls.tgz_md5),
+            timeout,
+            log,
+            f"{cls.filename} of '{dataset}'",
+            HOW_TO_GET_OFFLINE.format(filename=cls.filename, md5=cls.tgz_md5, dataset=dataset),
+            ARCHIVE_BYTES[dataset],
+        )
     if not _extracted_ok(cls, root):
         # Extract into a scratch folder and move the result in, so a half-extracted folder never
         # looks complete.
@@ -111,6 +122,7 @@ def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, t
 
 def _extracted_ok(cls, root: Path) -> bool:
     from torchvision.datasets.utils import check_integrity
+
     folder = root / cls.base_folder
     files = list(cls.train_list) + list(cls.test_list) + [[cls.meta["filename"], cls.meta["md5"]]]
     return all(check_integrity(str(folder / name), md5) for name, md5 in files)
@@ -127,6 +139,7 @@ class ImageDataset:
     Augmentation draws from the device's global RNG (seeded by the run): a resumed run draws
     other crops than an uninterrupted one, which changes nothing a report compares.
     """
+
     images: torch.Tensor
     labels: torch.Tensor
     mean: torch.Tensor = field(default_factory=lambda: torch.zeros(3))
@@ -153,7 +166,9 @@ class ImageDataset:
         client's ahead, in the order the clients trained one after another would draw them)."""
         return crop_flip_draws(n, self.pad, self.images.device)
 
-    def batch_drawn(self, index: torch.Tensor, draws: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_drawn(
+        self, index: torch.Tensor, draws: list[tuple[torch.Tensor, ...]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``batch`` of a (K, b) index, row k cropped and flipped by ``draws[k]`` instead of new draws."""
         k, b = index.shape
         dy, dx, flip = (torch.cat(parts) for parts in zip(*draws))
@@ -161,8 +176,14 @@ class ImageDataset:
         return self._normalised(x).view(k, b, *x.shape[1:]), self.labels[index]
 
     def to(self, device) -> "ImageDataset":
-        return ImageDataset(self.images.to(device), self.labels.to(device), self.mean.to(device),
-                            self.std.to(device), self.augment, self.pad)
+        return ImageDataset(
+            self.images.to(device),
+            self.labels.to(device),
+            self.mean.to(device),
+            self.std.to(device),
+            self.augment,
+            self.pad,
+        )
 
     def subset(self, index: torch.Tensor) -> "ImageDataset":
         return ImageDataset(self.images[index], self.labels[index], self.mean, self.std, self.augment, self.pad)
@@ -186,16 +207,21 @@ def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.T
     """Each image padded by ``pad``, cropped at (dy, dx) to its size and mirrored where ``flip``."""
     n, c, h, w = x.shape
     padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-    rows = (dy[:, None] + torch.arange(h, device=x.device)[None, :])  # n x h
-    cols = dx[:, None] + torch.arange(w, device=x.device)[None, :]    # n x w
+    rows = dy[:, None] + torch.arange(h, device=x.device)[None, :]  # n x h
+    cols = dx[:, None] + torch.arange(w, device=x.device)[None, :]  # n x w
     cols = torch.where(flip[:, None], cols.flip(1), cols)
-    out = padded[torch.arange(n, device=x.device)[:, None, None, None], torch.arange(c, device=x.device)[None, :, None, None],
-                 rows[:, None, :, None], cols[:, None, None, :]]
+    out = padded[
+        torch.arange(n, device=x.device)[:, None, None, None],
+        torch.arange(c, device=x.device)[None, :, None, None],
+        rows[:, None, :, None],
+        cols[:, None, None, :],
+    ]
     return out
 
 
-def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
-         pretrained: dict | None = None) -> ImageDataset:
+def load(
+    dataset: str, root: str | Path, train: bool, preprocess: dict | None = None, pretrained: dict | None = None
+) -> ImageDataset:
     preprocess = dict(preprocess or {})
     if dataset in CIFAR:
         try:

@@ -11,6 +11,7 @@ Preprocessing as IMA's code: every image resized to 28 x 28 (PIL bilinear, torch
 image), grey images repeated to 3 channels, Normalize(0.5, 0.5) per channel; no augmentation.
 The files are pickles: load only copies from a source you trust.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -61,14 +62,17 @@ def read_pair(path: Path) -> tuple[np.ndarray, np.ndarray]:
     except Exception as err:  # noqa: BLE001 - UnpicklingError, ValueError (not a pair), EOFError
         raise DataError(f"{path}: not a pickled (images, labels) pair ({type(err).__name__}: {err})") from None
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(labels):
-        raise DataError(f"{path}: images must be uint8 N x H x W [x C] with one label each; found "
-                        f"{images.dtype} {images.shape} and {len(labels)} labels")
+        raise DataError(
+            f"{path}: images must be uint8 N x H x W [x C] with one label each; found "
+            f"{images.dtype} {images.shape} and {len(labels)} labels"
+        )
     return images, labels.astype(np.int64)
 
 
 def to_rgb28(images: np.ndarray) -> np.ndarray:
     """N x 28 x 28 x 3 uint8: PIL's bilinear resize (as torchvision's Resize([28, 28])), grey to RGB."""
     from PIL import Image
+
     if images.ndim == 4 and images.shape[-1] == 1:
         images = images[..., 0]
     out = np.empty((len(images), SIDE, SIDE, 3), dtype=np.uint8)
@@ -82,24 +86,34 @@ def to_rgb28(images: np.ndarray) -> np.ndarray:
 
 def read_domain(root: str | Path, name: str, train: bool) -> tuple[np.ndarray, np.ndarray]:
     base = folder(root) / name
-    paths = ([base / "partitions" / f"train_part{i}.pkl" for i in range(TRAIN_PARTS)] if train
-             else [base / "test.pkl"])
+    paths = [base / "partitions" / f"train_part{i}.pkl" for i in range(TRAIN_PARTS)] if train else [base / "test.pkl"]
     pairs = [read_pair(p) for p in paths]
     return to_rgb28(np.concatenate([x for x, _ in pairs])), np.concatenate([y for _, y in pairs])
 
 
-def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
-         pretrained: dict | None = None) -> DomainDataset:
+def load(
+    dataset: str, root: str | Path, train: bool, preprocess: dict | None = None, pretrained: dict | None = None
+) -> DomainDataset:
     return concatenate([read_domain(root, name, train) for name in DOMAINS], DOMAINS, (0.5,) * 3, (0.5,) * 3)
 
 
 def train_labels(dataset: str, root: str | Path) -> np.ndarray:
     """The training labels in load's order, without decoding the images."""
-    return np.concatenate([read_pair(folder(root) / name / "partitions" / f"train_part{i}.pkl")[1]
-                           for name in DOMAINS for i in range(TRAIN_PARTS)])
+    return np.concatenate(
+        [
+            read_pair(folder(root) / name / "partitions" / f"train_part{i}.pkl")[1]
+            for name in DOMAINS
+            for i in range(TRAIN_PARTS)
+        ]
+    )
 
 
 def train_domains(dataset: str, root: str | Path) -> np.ndarray:
     """Each training sample's domain index, in load's order."""
-    return np.concatenate([np.full(len(read_pair(folder(root) / name / "partitions" / f"train_part{i}.pkl")[1]), d)
-                           for d, name in enumerate(DOMAINS) for i in range(TRAIN_PARTS)])
+    return np.concatenate(
+        [
+            np.full(len(read_pair(folder(root) / name / "partitions" / f"train_part{i}.pkl")[1]), d)
+            for d, name in enumerate(DOMAINS)
+            for i in range(TRAIN_PARTS)
+        ]
+    )

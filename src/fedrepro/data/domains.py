@@ -5,6 +5,7 @@ their samples in the domain order of the family, and ``domain`` says where each 
 partition splits each domain over its own clients, and the evaluation scores each domain's test set and
 averages the domains (``evaluation.score``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ DATASETS_DOC = "docs/datasets.md"
 class DomainDataset:
     """uint8 NCHW images of several domains on one device, normalised per batch (no augmentation:
     IMA's code has none); ``domain`` holds each sample's index into ``domain_names``."""
+
     images: torch.Tensor
     labels: torch.Tensor
     domain: torch.Tensor
@@ -41,16 +43,24 @@ class DomainDataset:
         return x, gather(self.labels, index)
 
     def to(self, device) -> "DomainDataset":
-        return DomainDataset(self.images.to(device), self.labels.to(device), self.domain.to(device),
-                             self.domain_names, self.mean.to(device), self.std.to(device))
+        return DomainDataset(
+            self.images.to(device),
+            self.labels.to(device),
+            self.domain.to(device),
+            self.domain_names,
+            self.mean.to(device),
+            self.std.to(device),
+        )
 
     def subset(self, index: torch.Tensor) -> "DomainDataset":
-        return DomainDataset(self.images[index], self.labels[index], self.domain[index], self.domain_names,
-                             self.mean, self.std)
+        return DomainDataset(
+            self.images[index], self.labels[index], self.domain[index], self.domain_names, self.mean, self.std
+        )
 
 
-def concatenate(splits: list[tuple[np.ndarray, np.ndarray]], names: tuple[str, ...],
-                mean: tuple[float, ...], std: tuple[float, ...]) -> DomainDataset:
+def concatenate(
+    splits: list[tuple[np.ndarray, np.ndarray]], names: tuple[str, ...], mean: tuple[float, ...], std: tuple[float, ...]
+) -> DomainDataset:
     """One split from the domains' (uint8 NHWC images, labels), in ``names``' order."""
     images = torch.from_numpy(np.ascontiguousarray(np.concatenate([x for x, _ in splits]).transpose(0, 3, 1, 2)))
     labels = torch.from_numpy(np.concatenate([y for _, y in splits]).astype(np.int64))
@@ -60,5 +70,7 @@ def concatenate(splits: list[tuple[np.ndarray, np.ndarray]], names: tuple[str, .
 
 def missing(dataset: str, path: Path) -> DataError:
     """The one-line error for a file the family needs and cannot find (nothing can be downloaded)."""
-    return DataError(f"{path}: missing; {dataset} cannot be downloaded here, see {DATASETS_DOC} for where to get "
-                     f"it and where to put it")
+    return DataError(
+        f"{path}: missing; {dataset} cannot be downloaded here, see {DATASETS_DOC} for where to get "
+        f"it and where to put it"
+    )

@@ -4,12 +4,20 @@ Checksums: torchvision's md5 of the published ``.gz`` files, or, because Debian'
 ``dataset-fashion-mnist`` recompresses the same files (other ``.gz`` bytes, same content), the
 sha256 of the decompressed idx content, recorded from that package.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from fedrepro.data.base import (DEFAULT_MAX_BYTES, TensorDataset, extract, fetch_from_mirrors, file_ok,
-                                not_downloaded, verify_loaded)
+from fedrepro.data.base import (
+    DEFAULT_MAX_BYTES,
+    TensorDataset,
+    extract,
+    fetch_from_mirrors,
+    file_ok,
+    not_downloaded,
+    verify_loaded,
+)
 
 DATASET = "fmnist"
 
@@ -34,9 +42,11 @@ FMNIST_BYTES = {
     "t10k-labels-idx1-ubyte.gz": 5148,
 }
 
-HOW_TO_GET_OFFLINE = ("Without internet: install Debian's package 'dataset-fashion-mnist' (apt-get install "
-                      f"dataset-fashion-mnist) which puts the files in {DEBIAN_FMNIST}, or copy the four "
-                      "*-ubyte.gz files into a folder and list that folder first under data.mirrors.fmnist.")
+HOW_TO_GET_OFFLINE = (
+    "Without internet: install Debian's package 'dataset-fashion-mnist' (apt-get install "
+    f"dataset-fashion-mnist) which puts the files in {DEBIAN_FMNIST}, or copy the four "
+    "*-ubyte.gz files into a folder and list that folder first under data.mirrors.fmnist."
+)
 
 
 def raw_folder(root: str | Path) -> Path:
@@ -44,9 +54,12 @@ def raw_folder(root: str | Path) -> Path:
     return Path(root) / "FashionMNIST" / "raw"
 
 
-def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 20.0, log=print) -> Path:
+def download(
+    dataset: str, root: str | Path, mirrors: list[str] | None = None, timeout: float = 20.0, log=print
+) -> Path:
     """Fetch the four files into ``root``; return the raw folder. Idempotent."""
     from torchvision.datasets import FashionMNIST
+
     mirrors = list(mirrors or DEFAULT_MIRRORS)
     folder = raw_folder(root)
     folder.mkdir(parents=True, exist_ok=True)
@@ -55,16 +68,26 @@ def download(dataset: str, root: str | Path, mirrors: list[str] | None = None, t
         target = folder / filename
         if target.exists() and file_ok(target, md5, content.get(filename)):
             continue
-        fetch_from_mirrors(filename, target, mirrors, lambda p: file_ok(p, md5, content.get(filename)),
-                           timeout, log, f"{filename} of '{DATASET}'", HOW_TO_GET_OFFLINE,
-                           FMNIST_BYTES.get(filename, DEFAULT_MAX_BYTES))
+        fetch_from_mirrors(
+            filename,
+            target,
+            mirrors,
+            lambda p: file_ok(p, md5, content.get(filename)),
+            timeout,
+            log,
+            f"{filename} of '{DATASET}'",
+            HOW_TO_GET_OFFLINE,
+            FMNIST_BYTES.get(filename, DEFAULT_MAX_BYTES),
+        )
     extract(folder, {name.removesuffix(".gz"): sha for name, sha in content.items()})
     return folder
 
 
-def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
-         pretrained: dict | None = None) -> TensorDataset:
+def load(
+    dataset: str, root: str | Path, train: bool, preprocess: dict | None = None, pretrained: dict | None = None
+) -> TensorDataset:
     from torchvision.datasets import FashionMNIST
+
     verify_loaded(raw_folder(root))
     try:
         ds = FashionMNIST(str(root), train=train, download=False)

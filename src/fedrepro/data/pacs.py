@@ -14,6 +14,7 @@ Preprocessing as the code: Resize(256) (shorter side), CenterCrop(224), ImageNet
 normalisation; no augmentation. Images are decoded at load and kept as uint8 (about 1.5 GB for the
 9,991 images).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -74,6 +75,7 @@ def decode(path: Path) -> np.ndarray:
     """224 x 224 x 3 uint8: torchvision's Resize(256) then CenterCrop(224) of the RGB image."""
     from PIL import Image
     from torchvision.transforms import functional as F
+
     try:
         with Image.open(path) as image:
             picture = F.center_crop(F.resize(image.convert("RGB"), RESIZE), CROP)
@@ -89,10 +91,13 @@ def _split(root, train: bool):
         yield paths, labels, (train_at if train else test_at)
 
 
-def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
-         pretrained: dict | None = None) -> DomainDataset:
-    domains = [(np.stack([decode(paths[i]) for i in at]) if len(at) else np.zeros((0, CROP, CROP, 3), np.uint8),
-                labels[at]) for paths, labels, at in _split(root, train)]
+def load(
+    dataset: str, root: str | Path, train: bool, preprocess: dict | None = None, pretrained: dict | None = None
+) -> DomainDataset:
+    domains = [
+        (np.stack([decode(paths[i]) for i in at]) if len(at) else np.zeros((0, CROP, CROP, 3), np.uint8), labels[at])
+        for paths, labels, at in _split(root, train)
+    ]
     return concatenate(domains, DOMAINS, *IMAGENET)
 
 

@@ -3,6 +3,7 @@
 split 90/10 into train/test. It is generated from a fixed seed so every clone gets the same data;
 its clients are its users, so it is partitioned with ``partition.kind: natural``.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,6 +39,7 @@ def download(dataset: str, root: str | Path, mirrors=None, timeout: float = 0.0,
 @dataclass
 class FeatureDataset:
     """Float feature vectors (Synthetic): batches are index gathers, nothing to normalise."""
+
     features: torch.Tensor
     labels: torch.Tensor
     groups: torch.Tensor | None = None  # the user each sample belongs to
@@ -51,20 +53,26 @@ class FeatureDataset:
         return self.features[index], self.labels[index]
 
     def to(self, device) -> "FeatureDataset":
-        return FeatureDataset(self.features.to(device), self.labels.to(device),
-                              None if self.groups is None else self.groups.to(device))
+        return FeatureDataset(
+            self.features.to(device), self.labels.to(device), None if self.groups is None else self.groups.to(device)
+        )
 
     def subset(self, index: torch.Tensor) -> "FeatureDataset":
-        return FeatureDataset(self.features[index], self.labels[index],
-                              None if self.groups is None else self.groups[index])
+        return FeatureDataset(
+            self.features[index], self.labels[index], None if self.groups is None else self.groups[index]
+        )
 
 
-def load(dataset: str, root: str | Path, train: bool, preprocess: dict | None = None,
-         pretrained: dict | None = None) -> FeatureDataset:
+def load(
+    dataset: str, root: str | Path, train: bool, preprocess: dict | None = None, pretrained: dict | None = None
+) -> FeatureDataset:
     with np.load(Path(root) / SYNTHETIC_FILE) as data:
         split = "train" if train else "test"
-        return FeatureDataset(torch.from_numpy(data[f"x_{split}"]), torch.from_numpy(data[f"y_{split}"]),
-                              torch.from_numpy(data[f"user_{split}"]))
+        return FeatureDataset(
+            torch.from_numpy(data[f"x_{split}"]),
+            torch.from_numpy(data[f"y_{split}"]),
+            torch.from_numpy(data[f"user_{split}"]),
+        )
 
 
 def train_groups(dataset: str, root: str | Path) -> np.ndarray:
@@ -75,8 +83,14 @@ def train_groups(dataset: str, root: str | Path) -> np.ndarray:
         return data["user_train"].copy()
 
 
-def generate_synthetic(alpha: float, beta: float, seed: int, num_users: int = SYNTHETIC_USERS,
-                       dim: int = SYNTHETIC_DIM, num_classes: int = SYNTHETIC_CLASSES):
+def generate_synthetic(
+    alpha: float,
+    beta: float,
+    seed: int,
+    num_users: int = SYNTHETIC_USERS,
+    dim: int = SYNTHETIC_DIM,
+    num_classes: int = SYNTHETIC_CLASSES,
+):
     """Per user i: u_i ~ N(0, alpha), W_i, b_i ~ N(u_i, 1); B_i ~ N(0, beta), v_i ~ N(B_i, 1)^dim;
     x ~ N(v_i, diag(j^-1.2)); y = argmax(x W_i + b_i). Sizes lognormal(4, 2) + 50.
     Returns per-user (x, y) arrays (FedProx's recipe, written from its description)."""

@@ -4,6 +4,7 @@ A family is a module and its fragment: ``models/<family>.py`` holds the classes 
 builder), ``models/<family>.yaml`` the facts of each model (fedrepro.catalog). ``build`` finds a model's
 family from the fragments and imports only that module (Pythia's brings transformers' model code).
 """
+
 from __future__ import annotations
 
 import importlib

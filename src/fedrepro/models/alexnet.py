@@ -1,4 +1,5 @@
 """FedLAW's AlexNet for 32x32 images (our choice of layers: neither the paper nor its code defines it)."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -16,11 +17,20 @@ class CifarAlexNet(nn.Module):
     def __init__(self, in_channels: int = 3, num_classes: int = 10):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 64, 11, stride=4, padding=5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+            nn.Conv2d(in_channels, 64, 11, stride=4, padding=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 192, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(192, 384, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(384, 256, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(256, 256, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
         self.classifier = nn.Linear(256, num_classes)
 
     def forward(self, x):
@@ -44,10 +54,16 @@ class AlexNetGN(nn.Module):
             return [nn.Conv2d(c_in, c_out, kernel, **kw), nn.GroupNorm(groups, c_out), nn.ReLU()]
 
         self.features = nn.Sequential(
-            *conv(in_channels, 64, 11, stride=4, padding=2), nn.MaxPool2d(3, 2),
-            *conv(64, 192, 5, padding=2), nn.MaxPool2d(3, 2),
-            *conv(192, 384, 3, padding=1), *conv(384, 256, 3, padding=1), *conv(256, 256, 3, padding=1),
-            nn.MaxPool2d(3, 2), nn.AdaptiveAvgPool2d((6, 6)))
+            *conv(in_channels, 64, 11, stride=4, padding=2),
+            nn.MaxPool2d(3, 2),
+            *conv(64, 192, 5, padding=2),
+            nn.MaxPool2d(3, 2),
+            *conv(192, 384, 3, padding=1),
+            *conv(384, 256, 3, padding=1),
+            *conv(256, 256, 3, padding=1),
+            nn.MaxPool2d(3, 2),
+            nn.AdaptiveAvgPool2d((6, 6)),
+        )
         self.fc = nn.Sequential(nn.Linear(256 * 6 * 6, 1024), nn.ReLU(), nn.Linear(1024, 128), nn.ReLU())
         self.classifier = nn.Linear(128, num_classes)
 

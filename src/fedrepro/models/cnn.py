@@ -1,4 +1,5 @@
 """The small CNNs of the papers' code, layer for layer (see docs/algorithms.md for sources)."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -10,8 +11,13 @@ class LeNet5(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2))
+            nn.Conv2d(in_channels, 16, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
         self.fc = nn.Linear(32 * 7 * 7, num_classes)
 
     def forward(self, x):
@@ -28,12 +34,18 @@ class TwoConvCNN(nn.Module):
     def __init__(self, in_channels: int = 1, width: int = 32, side: int = 28, num_classes: int = 10):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, width, 5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(width, width, 5), nn.ReLU(), nn.MaxPool2d(2))
+            nn.Conv2d(in_channels, width, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width, width, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
         out_side = ((side - 4) // 2 - 4) // 2
         flat = width * out_side * out_side
-        self.classifier = nn.Sequential(nn.Linear(flat, 384), nn.ReLU(), nn.Linear(384, 128), nn.ReLU(),
-                                        nn.Linear(128, num_classes))
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, 384), nn.ReLU(), nn.Linear(384, 128), nn.ReLU(), nn.Linear(128, num_classes)
+        )
 
     def forward(self, x):
         return self.classifier(self.features(x).flatten(1))
@@ -50,9 +62,15 @@ class CifarCNN(nn.Module):
     def __init__(self, in_channels: int = 3, num_classes: int = 10, init: str = "default"):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(64, 64, 3), nn.ReLU())
+            nn.Conv2d(in_channels, 32, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3),
+            nn.ReLU(),
+        )
         self.classifier = nn.Sequential(nn.Linear(64 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, num_classes))
         if init == "fedaware":
             for m in self.modules():

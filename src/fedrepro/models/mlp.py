@@ -1,4 +1,5 @@
 """The fully connected models: FedLAW's and FedAWARE's MLP, FedNova's logistic regression."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,14 @@ class MLP(nn.Module):
 
     def __init__(self, in_features: int = 784, num_classes: int = 10):
         super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, 200), nn.ReLU(),
-                                 nn.Linear(200, 200), nn.ReLU(), nn.Linear(200, num_classes))
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_features, 200),
+            nn.ReLU(),
+            nn.Linear(200, 200),
+            nn.ReLU(),
+            nn.Linear(200, num_classes),
+        )
 
     def forward(self, x):
         return self.net(x)

@@ -8,6 +8,7 @@ folder: on a machine without internet, point ``pretrained.path`` at a folder hol
 ``config.json``, weights and tokenizer files, or pre-fill the Hugging Face cache and set
 ``HF_HUB_OFFLINE=1``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,11 +24,13 @@ class SequenceClassifier(nn.Module):
     def __init__(self, path: str, num_labels: int):
         super().__init__()
         from transformers import AutoModelForSequenceClassification
+
         pad = load_tokenizer(path).pad_token_id
         # float32 explicitly: the hub's Pythia weights are stored in float16, and the flat engine
         # keeps one float32 vector
-        self.net = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
-                                                                      pad_token_id=pad, dtype=torch.float32)
+        self.net = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=num_labels, pad_token_id=pad, dtype=torch.float32
+        )
         self.net.config.use_cache = False
         self.train()  # from_pretrained returns eval mode; the other models start in train mode
 

@@ -15,11 +15,11 @@ default with running statistics as the papers' code keeps them (the flat engine 
 every forward pass, evaluation included, normalises with the statistics of its own batch (evaluation
 batches hold 4096 test images), as this project did before the engine carried buffers.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
-
 
 # --------------------------------------------------------------------------- ResNet-18 (CIFAR stem)
 
@@ -42,8 +42,8 @@ class FrozenStatsNorm(nn.Module):
     FedAWARE's code builds its CIFAR-100 ResNet18_gn with BatchNorm blocks (model.py defines BasicBlock twice,
     the later BatchNorm one wins) and FedLab sends parameters only, so the server model's running statistics
     stay at 0 and 1 for the whole run and every test accuracy is taken with them. The module keeps them as
-    constants made in the forward pass (no buffers, so nothing is averaged or carried) and calls the same ``batch_norm`` kernel
-    BatchNorm2d calls, with BatchNorm2d's parameter names."""
+    constants made in the forward pass (no buffers, so nothing is averaged or carried) and calls the same
+    ``batch_norm`` kernel BatchNorm2d calls, with BatchNorm2d's parameter names."""
 
     def __init__(self, channels: int, eps: float = 1e-5):
         super().__init__()
@@ -67,8 +67,9 @@ class BasicBlock(nn.Module):
         self.n2 = _norm(norm, planes, groups)
         self.shortcut = nn.Sequential()
         if stride != 1 or in_planes != planes:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False),
-                                          _norm(norm, planes, groups))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride, bias=False), _norm(norm, planes, groups)
+            )
 
     def forward(self, x):
         out = self.n1(self.conv1(x)).relu()
@@ -91,8 +92,15 @@ class ResNet18GN(nn.Module):
     FrozenStatsNorm).
     """
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, groups: int = 32, projector: int = 0,
-                 conv_init: str = "default", block_norm: str = "gn"):
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        groups: int = 32,
+        projector: int = 0,
+        conv_init: str = "default",
+        block_norm: str = "gn",
+    ):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.GroupNorm(groups, 64), nn.ReLU())
         layers, in_planes = [], 64
@@ -101,7 +109,11 @@ class ResNet18GN(nn.Module):
                 layers.append(BasicBlock(in_planes, planes, s, block_norm, groups))
                 in_planes = planes
         self.layers = nn.Sequential(*layers)
-        head = [nn.Linear(512, projector), nn.Linear(projector, num_classes)] if projector else [nn.Linear(512, num_classes)]
+        head = (
+            [nn.Linear(512, projector), nn.Linear(projector, num_classes)]
+            if projector
+            else [nn.Linear(512, num_classes)]
+        )
         self.head = nn.Sequential(*head)
         if conv_init == "kaiming_fan_out":
             for m in self.modules():
@@ -124,8 +136,9 @@ class CifarResNet(nn.Module):
     global average pool, Linear(64, classes). BatchNorm with running statistics, or on batch statistics
     only when ``running_stats`` is False (module doc)."""
 
-    def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10, running_stats: bool = True,
-                 width: int = 1):
+    def __init__(
+        self, depth: int, in_channels: int = 3, num_classes: int = 10, running_stats: bool = True, width: int = 1
+    ):
         super().__init__()
         if (depth - 2) % 6:
             raise ValueError(f"CIFAR ResNet depth must be 6n+2, got {depth}")
@@ -164,8 +177,9 @@ def densenet121_cifar(in_channels: int = 3, num_classes: int = 10, running_stats
     order of channels (docs/parity.md)."""
     from torchvision.models import DenseNet
 
-    model = DenseNet(growth_rate=32, block_config=(6, 12, 24, 16), num_init_features=64, bn_size=4,
-                     num_classes=num_classes)
+    model = DenseNet(
+        growth_rate=32, block_config=(6, 12, 24, 16), num_init_features=64, bn_size=4, num_classes=num_classes
+    )
     model.features.conv0 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
     for name in ("norm0", "relu0", "pool0"):
         setattr(model.features, name, nn.Identity())

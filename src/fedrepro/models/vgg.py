@@ -1,4 +1,5 @@
 """VGG-11: FedNova's (no normalisation) and IMA's (GroupNorm, linear projector)."""
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,15 @@ class VGG11(nn.Module):
     def __init__(self, in_channels: int = 3, num_classes: int = 10):
         super().__init__()
         self.features = _vgg_features(in_channels, 0)
-        self.classifier = nn.Sequential(nn.Dropout(), nn.Linear(512, 512), nn.ReLU(), nn.Dropout(),
-                                        nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, num_classes))
+        self.classifier = nn.Sequential(
+            nn.Dropout(),
+            nn.Linear(512, 512),
+            nn.ReLU(),
+            nn.Dropout(),
+            nn.Linear(512, 512),
+            nn.ReLU(),
+            nn.Linear(512, num_classes),
+        )
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 n = m.kernel_size[0] * m.kernel_size[1] * m.out_channels

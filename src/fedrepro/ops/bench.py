@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from fedrepro import catalog, data, models, partitions
-from fedrepro.run.trainer import Trainer
 from fedrepro.ops.bench_baselines import ComputeFloor, ReferenceLoop, reference_dataset
 from fedrepro.ops.bench_settings import SETTINGS, BenchSetting
-from fedrepro.provenance import machine
+from fedrepro.run.provenance import machine
+from fedrepro.run.trainer import Trainer
 
 GOALS = {"cpu": {"reference_over_engine": 4.0, "engine_over_floor": 1.15},
          "cuda": {"reference_over_engine": 10.0, "engine_over_floor": 1.2}}
@@ -76,7 +76,7 @@ def build_module(bench: BenchSetting) -> nn.Module:
 
 
 def engine_setting(bench: BenchSetting, device: str) -> dict:
-    from fedrepro.spec.settings import resolve
+    from fedrepro.configure.settings import resolve
     setting = resolve({
         "dataset": "fmnist", "model": bench.model, "num_clients": bench.num_clients,
         "participation": bench.per_round / bench.num_clients, "local_epochs": bench.epochs,
@@ -285,7 +285,8 @@ def throughput(name: str, device_name: str, concurrency: list[int], rounds: int,
     fits = rows
     if device_name.startswith("cuda"):
         total = torch.cuda.get_device_properties(torch.device(device_name)).total_memory / 2 ** 20
-        fits = [r for r in rows if r["runs_side_by_side"] * r["peak_gpu_mb_per_run"] <= MEMORY_SHARE * total] or rows[:1]
+        fits = [r for r in rows
+                if r["runs_side_by_side"] * r["peak_gpu_mb_per_run"] <= MEMORY_SHARE * total] or rows[:1]
     best = max(r["runs_per_device_hour"] for r in fits)
     chosen = min(r["runs_side_by_side"] for r in fits if r["runs_per_device_hour"] >= 0.95 * best)
     return {"setting": name, "device": device_name, "paper_rounds": paper_rounds, "timed_rounds": rounds,
@@ -346,7 +347,8 @@ def table(report: dict) -> str:
         if "engine_cohort" in s:
             extra = f" (sequential {s['engine_sequential']:.3f}, cohort {s['engine_cohort']:.3f})"
         lines.append(f"| {r['setting']} ({r['paper']}{', quick' if r['quick'] else ''}) | {r['device']} "
-                     f"| {r['engine_path']}{extra} | {r['steps_per_round']:.0f} | {s['engine']:.3f} | {s['reference']:.3f} "
+                     f"| {r['engine_path']}{extra} | {r['steps_per_round']:.0f} | {s['engine']:.3f} "
+                     f"| {s['reference']:.3f} "
                      f"| {s['floor']:.3f} | {r['ratios']['reference_over_engine']:.1f} "
                      f"| {r['ratios']['engine_over_floor']:.2f} | {rss} | {gpu} |")
     mach = report["machine"]

@@ -1,5 +1,6 @@
 """The benchmark's two baselines beside the engine (``fedrepro bench``, bench.py): (b) FedAvg as the papers'
 public code writes it, (c) the same SGD steps with no federated bookkeeping at all."""
+
 from __future__ import annotations
 
 import copy
@@ -8,9 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro.run.cohorts import sample_cohort
 from fedrepro.ops.bench_settings import BenchSetting
-
+from fedrepro.run.cohorts import sample_cohort
 
 # ----------------------------------------------------------------------------- (b) reference
 
@@ -21,6 +21,7 @@ class ImageArray(torch.utils.data.Dataset):
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor):
         from torchvision import transforms
+
         # HWC (CIFAR-10) or HW (Fashion-MNIST), the layouts torchvision keeps its data in; PIL reads
         # them as RGB and L images
         self.data = images.permute(0, 2, 3, 1).numpy() if images.shape[1] == 3 else images[:, 0].numpy()
@@ -32,12 +33,14 @@ class ImageArray(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         from PIL import Image
+
         return self.transform(Image.fromarray(self.data[i])), self.targets[i]
 
 
 def reference_dataset(bench: BenchSetting, images, labels, origin: str, data_root) -> torch.utils.data.Dataset:
     if bench.dataset == "fmnist" and origin == "real":
         from torchvision import datasets, transforms
+
         return datasets.FashionMNIST(str(data_root), train=True, download=False, transform=transforms.ToTensor())
     return ImageArray(images, labels)
 
@@ -57,8 +60,9 @@ class ReferenceLoop:
             local = copy.deepcopy(self.model)
             local.train()
             optimizer = torch.optim.SGD(local.parameters(), lr=b.lr)
-            loader = torch.utils.data.DataLoader(torch.utils.data.Subset(self.dataset, self.parts[c].tolist()),
-                                                 batch_size=b.batch_size, shuffle=True)
+            loader = torch.utils.data.DataLoader(
+                torch.utils.data.Subset(self.dataset, self.parts[c].tolist()), batch_size=b.batch_size, shuffle=True
+            )
             batch_loss = []
             for _ in range(b.epochs):
                 for x, y in loader:
@@ -81,8 +85,16 @@ class ReferenceLoop:
 class ComputeFloor:
     """The round's SGD steps and nothing else: prepared float batches on the device, one model."""
 
-    def __init__(self, module: nn.Module, images: torch.Tensor, labels: torch.Tensor, bench: BenchSetting,
-                 parts, device: torch.device, seed: int):
+    def __init__(
+        self,
+        module: nn.Module,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        bench: BenchSetting,
+        parts,
+        device: torch.device,
+        seed: int,
+    ):
         self.model = copy.deepcopy(module).to(device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=bench.lr)
         gen = torch.Generator().manual_seed(seed)

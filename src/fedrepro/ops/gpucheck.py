@@ -6,6 +6,7 @@ pytest, then the benchmark with several runs per GPU, and writes everything to o
 (results/bench/gpu_check.json) that docs/benchmark.md cites. It imports only torch, numpy and the package
 (never snakemake or mlflow), so it runs on a GPU node with a site PyTorch and ``PYTHONPATH=src``.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,30 +18,43 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrepro import catalog, data, models, partitions, registry
+from fedrepro import catalog, data, models, partitions
+from fedrepro.configure import expansion, forks, paramsfile, registry, settings
 from fedrepro.run.cohorts import sample_cohort
 from fedrepro.run.process import pick_device
+from fedrepro.run.provenance import device_line, machine
+from fedrepro.run.rundir import RunDir
 from fedrepro.run.trainer import Trainer
-from fedrepro.spec import config, forks, paramsfile, settings
-from fedrepro.provenance import device_line, machine
-from fedrepro.rundir import RunDir
 
 OUT = Path("results/bench/gpu_check.json")
 
 # Settings a method needs to run at this size (as in tests/test_resume.py).
 _PROXY = {"proxy_size": 20, "server_epochs": 2}  # proxy samples come out of the 100 test samples
 _HOLDOUT = {"evaluation": {"proxy_holdout": 20}}  # the comparison's hold-out the proxy methods train on
-METHOD_EXTRAS = {"fedlaw": {"fedlaw": {"proxy_size": 20}, **_HOLDOUT}, "fedfa": {"model": "cnn"},
-                 "feddf": {"feddf": _PROXY, **_HOLDOUT}, "fedbe": {"fedbe": _PROXY, **_HOLDOUT},
-                 "serverft": {"serverft": _PROXY, **_HOLDOUT},
-                 "fedavg+ima": {"ima": {"start_round": 2, "window": 2}},
-                 # FedAWARE's code walks a permutation of the clients first: 4 clients, 2 a round, so every
-                 # client is seen by round 2 and the warm-up ends (with random cohorts 3 rounds may never
-                 # reach the AWARE step)
-                 "fedaware": {"cohort": {"warmup": "permutation"}},
-                 "fedavg+aware": {"cohort": {"warmup": "permutation"}}}
-BASE = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "rounds": 4,
-        "batch_size": 50, "eval_every": 1, "client": {"lr": 0.05}, "partition": {"kind": "iid", "seed": 1}}
+METHOD_EXTRAS = {
+    "fedlaw": {"fedlaw": {"proxy_size": 20}, **_HOLDOUT},
+    "fedfa": {"model": "cnn"},
+    "feddf": {"feddf": _PROXY, **_HOLDOUT},
+    "fedbe": {"fedbe": _PROXY, **_HOLDOUT},
+    "serverft": {"serverft": _PROXY, **_HOLDOUT},
+    "fedavg+ima": {"ima": {"start_round": 2, "window": 2}},
+    # FedAWARE's code walks a permutation of the clients first: 4 clients, 2 a round, so every
+    # client is seen by round 2 and the warm-up ends (with random cohorts 3 rounds may never
+    # reach the AWARE step)
+    "fedaware": {"cohort": {"warmup": "permutation"}},
+    "fedavg+aware": {"cohort": {"warmup": "permutation"}},
+}
+BASE = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 4,
+    "batch_size": 50,
+    "eval_every": 1,
+    "client": {"lr": 0.05},
+    "partition": {"kind": "iid", "seed": 1},
+}
 
 
 def tiny_fmnist(n_train: int = 400, n_test: int = 100):
@@ -49,7 +63,9 @@ def tiny_fmnist(n_train: int = 400, n_test: int = 100):
     out = []
     for n in (n_train, n_test):
         labels = torch.arange(n) % 10
-        images = (torch.randint(0, 60, (n, 1, 28, 28), generator=gen) + 19 * labels[:, None, None, None]).to(torch.uint8)
+        images = (torch.randint(0, 60, (n, 1, 28, 28), generator=gen) + 19 * labels[:, None, None, None]).to(
+            torch.uint8
+        )
         out.append(data.TensorDataset(images, labels, 0.2860, 0.3530))
     return tuple(out)
 
@@ -57,8 +73,10 @@ def tiny_fmnist(n_train: int = 400, n_test: int = 100):
 def _trainer(setting: dict, run_dir, device: str, datasets=None) -> Trainer:
     setting = settings.resolve({**setting, "device": device})
     datasets = datasets or tiny_fmnist()
-    parts = partitions.make(datasets[0].labels.numpy(), {"kind": "iid", "seed": 1, "num_clients": setting["num_clients"],
-                                                        "dataset": "fmnist"})
+    parts = partitions.make(
+        datasets[0].labels.numpy(),
+        {"kind": "iid", "seed": 1, "num_clients": setting["num_clients"], "dataset": "fmnist"},
+    )
     return Trainer(setting, run_dir, None, None, datasets=datasets, parts=parts)
 
 
@@ -109,8 +127,9 @@ def check_aware_steps(method: str, rows: list[dict], what: str) -> None:
         assert all(np.isfinite(r["min_norm_sq"]) and r["support"] >= 1 for r in rows[1:]), f"{what}: no min-norm solve"
     if "aware" in plugins:
         assert [r["aware_projected"] for r in rows][1:] == [1] * (len(rows) - 1), f"{what}: never projected"
-        assert all(np.isfinite(r["aware_scale"]) and np.isfinite(r["aware_min_norm_sq"]) for r in rows[1:]), \
+        assert all(np.isfinite(r["aware_scale"]) and np.isfinite(r["aware_min_norm_sq"]) for r in rows[1:]), (
             f"{what}: no min-norm solve or projection scale"
+        )
 
 
 def check_cohort_matches_sequential(device: str) -> float:
@@ -138,7 +157,7 @@ UNEQUAL_SIZES = (150, 35, 140, 75)
 def _unequal_parts(n_train: int) -> list[np.ndarray]:
     order = np.random.default_rng(1).permutation(n_train)
     bounds = np.cumsum((0, *UNEQUAL_SIZES))
-    return [order[bounds[i]:bounds[i + 1]] for i in range(len(UNEQUAL_SIZES))]
+    return [order[bounds[i] : bounds[i + 1]] for i in range(len(UNEQUAL_SIZES))]
 
 
 def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) -> dict:
@@ -149,16 +168,25 @@ def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) 
     the largest difference of the updates relative to the largest update; a method without a batched form
     reports the sequential path and why."""
     algorithm, *plugins = method.split("+")
-    setting = {**BASE, "num_clients": len(UNEQUAL_SIZES), "participation": 1.0, "rounds": rounds,
-               "batch_size": 25, "algorithm": algorithm, "plugins": plugins, **METHOD_EXTRAS.get(method, {})}
+    setting = {
+        **BASE,
+        "num_clients": len(UNEQUAL_SIZES),
+        "participation": 1.0,
+        "rounds": rounds,
+        "batch_size": 25,
+        "algorithm": algorithm,
+        "plugins": plugins,
+        **METHOD_EXTRAS.get(method, {}),
+    }
     datasets = tiny_fmnist()
     last = rounds - 1
     updates = {}
     with tempfile.TemporaryDirectory() as run_dir:
         for mode in ("off", "on"):
             resolved = settings.resolve({**setting, "device": device})
-            trainer = Trainer(resolved, f"{run_dir}/{mode}", None, None, datasets=datasets,
-                                     parts=_unequal_parts(len(datasets[0])))
+            trainer = Trainer(
+                resolved, f"{run_dir}/{mode}", None, None, datasets=datasets, parts=_unequal_parts(len(datasets[0]))
+            )
             trainer.cohort_mode = "off"
             torch.manual_seed(0)
             for t in range(last):
@@ -178,7 +206,9 @@ def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) 
     gap = float((on.deltas - off.deltas).abs().max()) / moved
     # float rounding of batched kernels is ~1e-6 of the update here; a wrong term, batch or step count
     # moves an update by a sizeable fraction of it
-    assert moved > 0 and gap < 1e-4, f"{method} on {device}: batched and sequential updates differ by {gap:.2e} (relative)"
+    assert moved > 0 and gap < 1e-4, (
+        f"{method} on {device}: batched and sequential updates differ by {gap:.2e} (relative)"
+    )
     return {"path": "batched", "relative_gap": gap, "steps": off.steps.tolist()}
 
 
@@ -196,8 +226,9 @@ def check_exact_resume(device: str) -> None:
         resumed = _trainer(setting, b, device, datasets)
         summary = resumed.run(progress=False)
         assert summary["resumed"], "the second start did not resume"
-        assert torch.equal(_final_model(a), _final_model(b)), \
+        assert torch.equal(_final_model(a), _final_model(b)), (
             f"resumed model differs from the uninterrupted one on {device}"
+        )
         ma = RunDir(a).metrics.read_text().splitlines()
         mb = RunDir(b).metrics.read_text().splitlines()
         # the clock columns (seconds a round took, when it ended) differ by nature
@@ -214,18 +245,26 @@ def check_fork_child(device: str) -> None:
     parent = {**BASE, "algorithm": "fedavg"}
     child = {**BASE, "algorithm": "fedavg", "plugins": ["ima"], **METHOD_EXTRAS["fedavg+ima"]}
     datasets = tiny_fmnist()
-    with tempfile.TemporaryDirectory() as alone, tempfile.TemporaryDirectory() as host, \
-            tempfile.TemporaryDirectory() as forked:
+    with (
+        tempfile.TemporaryDirectory() as alone,
+        tempfile.TemporaryDirectory() as host,
+        tempfile.TemporaryDirectory() as forked,
+    ):
         _trainer(child, alone, device, datasets).run(checkpoint_every=0, progress=False)
         host_run = _trainer(parent, host, device, datasets)
         host_run.forks.keep, host_run.forks.history_length = {start: host_run.paths.kept_fork(start)}, window - 1
         host_run.run(checkpoint_every=0, progress=False)
         child_run = _trainer(child, forked, device, datasets)
-        summary = child_run.run(checkpoint_every=0, progress=False, fork_from=host_run.paths.kept_fork(start),
-                                accepts=lambda p, rounds: forks.shares_prefix(child_run.setting, p, rounds))
+        summary = child_run.run(
+            checkpoint_every=0,
+            progress=False,
+            fork_from=host_run.paths.kept_fork(start),
+            accepts=lambda p, rounds: forks.shares_prefix(child_run.setting, p, rounds),
+        )
         assert summary["forked_from"], f"the child did not start from its parent's state on {device}"
-        assert torch.equal(_final_model(alone), _final_model(forked)), \
+        assert torch.equal(_final_model(alone), _final_model(forked)), (
             f"the forked +IMA child differs from the run trained from round 0 on {device}"
+        )
 
 
 def check_eval_mode(device: str) -> None:
@@ -242,13 +281,18 @@ def check_eval_mode(device: str) -> None:
 
 def run_checks(device: str, log=print) -> dict:
     """Every check on ``device``; a failing check is recorded with its traceback, the rest still run."""
-    checks = {"models": lambda: check_models(device),
-              **{f"method:{m}": (lambda m=m: check_method(m, device)) for m in method_names()},
-              "cohort_vs_sequential": lambda: check_cohort_matches_sequential(device),
-              **{f"batched_vs_sequential:{m}": (lambda m=m: check_batched_matches_sequential(m, device))
-                 for m in method_names()},
-              "exact_resume": lambda: check_exact_resume(device), "fork_child": lambda: check_fork_child(device),
-              "eval_mode": lambda: check_eval_mode(device)}
+    checks = {
+        "models": lambda: check_models(device),
+        **{f"method:{m}": (lambda m=m: check_method(m, device)) for m in method_names()},
+        "cohort_vs_sequential": lambda: check_cohort_matches_sequential(device),
+        **{
+            f"batched_vs_sequential:{m}": (lambda m=m: check_batched_matches_sequential(m, device))
+            for m in method_names()
+        },
+        "exact_resume": lambda: check_exact_resume(device),
+        "fork_child": lambda: check_fork_child(device),
+        "eval_mode": lambda: check_eval_mode(device),
+    }
     results = {}
     for name, check in checks.items():
         tic = time.perf_counter()
@@ -270,10 +314,11 @@ def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
     this device, in ``fedrepro plan``'s step_costs format: the runtime requests of cluster jobs.
     A model whose code needs a package the node lacks (Pythia needs transformers) is skipped, named."""
     from fedrepro.ops import pricing
+
     settings = {}
     for path in PAPER_PARAMS:
         if Path(path).exists():
-            for run in config.expand(paramsfile.load_params_files([path])):
+            for run in expansion.expand(paramsfile.load_params_files([path])):
                 settings.setdefault(pricing.step_key(run.setting), run.setting)
     costs, skipped = {}, {}
     for key, setting in sorted(settings.items()):
@@ -288,30 +333,53 @@ def measure_step_costs(device: str, out: str | Path, log=print) -> dict:
     return table
 
 
-
-
-def main(out: str | Path = OUT, data_root: str | None = "data/fmnist", bench_rounds: int = 5,
-         concurrency: tuple[int, ...] = (2, 4, 8), skip_bench: bool = False, log=print) -> int:
+def main(
+    out: str | Path = OUT,
+    data_root: str | None = "data/fmnist",
+    bench_rounds: int = 5,
+    concurrency: tuple[int, ...] = (2, 4, 8),
+    skip_bench: bool = False,
+    log=print,
+) -> int:
     from fedrepro.ops import bench
+
     if not torch.cuda.is_available():
-        raise SystemExit(f"fedrepro check-gpu: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) sees "
-                         "no CUDA device; run it on a GPU node")
+        raise SystemExit(
+            f"fedrepro check-gpu: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) sees "
+            "no CUDA device; run it on a GPU node"
+        )
     device = "cuda"  # the current CUDA device, as a setting names it
     log(device_line(pick_device(device), None))
-    report = {"machine": machine(), "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
-              "checks": run_checks(device, log)}
+    report = {
+        "machine": machine(),
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(),
+        "checks": run_checks(device, log),
+    }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
     if not skip_bench:
         from fedrepro.ops import pricing
+
         report["step_costs"] = measure_step_costs(device, pricing.STEP_COSTS_FILE, log)
         out.write_text(json.dumps(report, indent=2, default=str))
-        report["bench"] = bench.run(["fmnist_cnn", "fmnist_mlp"], ["cuda"], bench_rounds, 1, False, data_root,
-                                    log=log, concurrency=list(concurrency))
+        report["bench"] = bench.run(
+            ["fmnist_cnn", "fmnist_mlp"],
+            ["cuda"],
+            bench_rounds,
+            1,
+            False,
+            data_root,
+            log=log,
+            concurrency=list(concurrency),
+        )
         log(bench.table(report["bench"]))
         out.write_text(json.dumps(report, indent=2, default=str))
     failed = [name for name, r in report["checks"].items() if not r["ok"]]
-    log(f"{len(report['checks']) - len(failed)} checks passed, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "
-        f"written to {out}")
+    log(
+        f"{len(report['checks']) - len(failed)} checks passed, {len(failed)} failed"
+        f"{': ' + ', '.join(failed) if failed else ''}; "
+        f"written to {out}"
+    )
     return 1 if failed else 0

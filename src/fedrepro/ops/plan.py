@@ -8,8 +8,9 @@ Compute is counted in local SGD steps (the dominant cost of these papers' runs):
 with the mean client size N / clients and, for ``+random_epochs``, the mean of its epoch range; seconds per
 step are pricing.py's. Server-side work (the proxy-set epochs of FedLAW, FedDF, FedBE and Server-FT,
 FedAWARE's min-norm solve) and evaluation are not counted. A run that starts from another run's state
-(fedrepro.spec.forks) counts only the rounds it trains itself; the plan gives both counts.
+(fedrepro.configure.forks) counts only the rounds it trains itself; the plan gives both counts.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,23 +18,34 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from fedrepro.ops.pricing import (BENCH_FILE, H200_BENCH_FILE, PlanError, StepCosts, local_steps, run_device,
-                                step_costs, step_costs_by_device, step_seconds)
-from fedrepro.spec import config, settings
-from fedrepro.rundir import RunDir
+from fedrepro.configure import expansion, settings
+from fedrepro.ops.pricing import (
+    BENCH_FILE,
+    H200_BENCH_FILE,
+    PlanError,
+    StepCosts,
+    local_steps,
+    run_device,
+    step_costs,
+    step_costs_by_device,
+    step_seconds,
+)
+from fedrepro.run.rundir import RunDir
 
 
 def final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[settings.Run], set[str]]:
-    """The final runs of the tunings (fedrepro.spec.tuning), and the ids of those whose tuning has not chosen yet:
+    """The final runs of the tunings (fedrepro.configure.tuning), and the ids of those whose tuning has not chosen yet:
     with the chosen value where the choice is there (results/tuning/ beside the runs folder), else with the tune
     grid's first candidate, which stands in for the cost and for which runs are shared (not done: the run
     is not known before the choice)."""
-    from fedrepro.spec import tuning
+    from fedrepro.configure import tuning
 
     runs, waiting = [], set()
     for tid, entry in tunings.items():
         path = Path(runs_dir).parent / "tuning" / f"{tid}.json"
-        chosen = json.loads(path.read_text()) if path.is_file() else {"chosen": entry["selection"]["candidates"][0]["point"]}
+        chosen = (
+            json.loads(path.read_text()) if path.is_file() else {"chosen": entry["selection"]["candidates"][0]["point"]}
+        )
         for run, _ in tuning.final_runs({tid: entry}, {tid: chosen}):
             runs.append(run)
             if not path.is_file():
@@ -41,25 +53,38 @@ def final_runs(tunings: dict, runs_dir: str | Path) -> tuple[list[settings.Run],
     return runs, waiting
 
 
-SUMMED = ("runs", "tuning", "shared", "done", "rounds", "rounds_unshared", "rounds_tuning", "rounds_tuning_unshared",
-          "steps", "steps_unshared", "seconds", "seconds_unshared")
+SUMMED = (
+    "runs",
+    "tuning",
+    "shared",
+    "done",
+    "rounds",
+    "rounds_unshared",
+    "rounds_tuning",
+    "rounds_tuning_unshared",
+    "steps",
+    "steps_unshared",
+    "seconds",
+    "seconds_unshared",
+)
 
 
-def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs",
-         device: str = "cuda") -> dict:
+def plan(
+    params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs", device: str = "cuda"
+) -> dict:
     """Runs, rounds, local steps and seconds left to train on ``device`` per experiment, and the step-cost
     tables that priced each (``priced_by``, described in ``sources``); ``*_unshared`` as if every run
     trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once;
     ``rounds_tuning*``: the part of the rounds that the tuning stage's runs train (counted in rounds too). The
-    final runs of a tuning (fedrepro.spec.tuning) are counted with the chosen value, or the tune grid's first
+    final runs of a tuning (fedrepro.configure.tuning) are counted with the chosen value, or the tune grid's first
     candidate before the choice, and share prefixes among themselves as the workflow has them do."""
-    from fedrepro.spec import forks
+    from fedrepro.configure import forks
 
     tunings: dict = {}
-    runs = config.expand(params, tunings)
+    runs = expansion.expand(params, tunings)
     finals, waiting = final_runs(tunings, runs_dir)
     runs += finals
-    shared = forks.of_params(params, list(config.unique_runs(runs).values()))
+    shared = forks.of_params(params, list(expansion.unique_runs(runs).values()))
     costs = step_costs(device, bench)
     seen: set[str] = set()
     rows = defaultdict(lambda: {**dict.fromkeys(SUMMED, 0), "unknown": set(), "priced_by": set()})
@@ -92,14 +117,23 @@ def plan(params: dict, bench: str | Path | None = None, runs_dir: str | Path = "
             row["seconds"] += steps * sec
             row["seconds_unshared"] += unshared * sec
     in_order = [table.label for table in costs.tables]
-    experiments = {name: {**row, "unknown": sorted(row["unknown"]),
-                          "priced_by": sorted(row["priced_by"], key=in_order.index)} for name, row in rows.items()}
+    experiments = {
+        name: {**row, "unknown": sorted(row["unknown"]), "priced_by": sorted(row["priced_by"], key=in_order.index)}
+        for name, row in rows.items()
+    }
     total = {k: sum(r[k] for r in experiments.values()) for k in SUMMED}
     used = [t for t in costs.tables if any(t.label in row["priced_by"] for row in experiments.values())]
-    return {"device": device, "source": "; ".join(t.description for t in used) or "nothing to price",
-            "sources": {t.label: t.description for t in used}, "guessed": [t.label for t in used if t.guess],
-            "experiments": experiments, "total": total, "unique_runs": len(seen),
-            "forked_runs": sum(1 for run_id in shared if run_id in seen), "share_prefixes": forks.sharing(params)}
+    return {
+        "device": device,
+        "source": "; ".join(t.description for t in used) or "nothing to price",
+        "sources": {t.label: t.description for t in used},
+        "guessed": [t.label for t in used if t.guess],
+        "experiments": experiments,
+        "total": total,
+        "unique_runs": len(seen),
+        "forked_runs": sum(1 for run_id in shared if run_id in seen),
+        "share_prefixes": forks.sharing(params),
+    }
 
 
 def sharing_line(total: dict, forked_runs: int) -> str:
@@ -108,15 +142,19 @@ def sharing_line(total: dict, forked_runs: int) -> str:
     prefix with anything, and would hide what sharing saves on the runs the tables report)."""
     saved = lambda rounds, unshared: 1 - rounds / unshared if unshared else 0.0  # noqa: E731
     hours, unshared = total["seconds"] / 3600, total["seconds_unshared"] / 3600
-    line = (f"rounds: {total['rounds']:,} ({total['rounds_unshared']:,} without shared prefixes, "
-            f"{saved(total['rounds'], total['rounds_unshared']):.0%} saved; {forked_runs:,} runs start from "
-            f"another run's state); compute: {hours:,.1f} h ({unshared:,.1f} h without shared prefixes)")
+    line = (
+        f"rounds: {total['rounds']:,} ({total['rounds_unshared']:,} without shared prefixes, "
+        f"{saved(total['rounds'], total['rounds_unshared']):.0%} saved; {forked_runs:,} runs start from "
+        f"another run's state); compute: {hours:,.1f} h ({unshared:,.1f} h without shared prefixes)"
+    )
     if total.get("rounds_tuning_unshared"):
         own = total["rounds"] - total["rounds_tuning"]
         own_unshared = total["rounds_unshared"] - total["rounds_tuning_unshared"]
-        line += (f"\nrounds outside the tuning stage: {own:,} ({own_unshared:,} without shared prefixes, "
-                 f"{saved(own, own_unshared):.0%} saved); in it: {total['rounds_tuning']:,} "
-                 f"({total['rounds_tuning_unshared']:,} without shared prefixes)")
+        line += (
+            f"\nrounds outside the tuning stage: {own:,} ({own_unshared:,} without shared prefixes, "
+            f"{saved(own, own_unshared):.0%} saved); in it: {total['rounds_tuning']:,} "
+            f"({total['rounds_tuning_unshared']:,} without shared prefixes)"
+        )
     return line
 
 
@@ -136,18 +174,26 @@ def sources_lines(result: dict) -> list[str]:
 
 def format_plan(result: dict) -> str:
     # rounds and hours to train; "unshared": each run from round 0 (share_prefixes: false)
-    lines = [f"{'experiment':40s} {'runs':>6s} {'tuning':>6s} {'shared':>6s} {'done':>5s} {'rounds':>9s} "
-             f"{'unshared':>9s} {'local steps':>13s} {'hours':>10s}"]
+    lines = [
+        f"{'experiment':40s} {'runs':>6s} {'tuning':>6s} {'shared':>6s} {'done':>5s} {'rounds':>9s} "
+        f"{'unshared':>9s} {'local steps':>13s} {'hours':>10s}"
+    ]
     for name, row in list(result["experiments"].items()) + [("TOTAL", result["total"])]:
         hours = row["seconds"] / 3600
         note = priced_note(row)
-        lines.append(f"{name:40s} {row['runs']:6d} {row.get('tuning', 0):6d} {row['shared']:6d} {row['done']:5d} "
-                     f"{row['rounds']:9d} {row['rounds_unshared']:9d} {row['steps']:13.3g} {hours:10.1f}{note}")
-    lines.append("tuning: of the runs, those of the tuning stage (a validation split; the final runs they tune are "
-                 "counted with the chosen value, or the tune grid's first before the choice)")
-    lines.append(f"{result['unique_runs']} distinct runs, compute on {result.get('device', 'cuda')}. Not counted: "
-                 "evaluation, server-side optimisation (proxy-set epochs of FedLAW/FedDF/FedBE/Server-FT, FedAWARE "
-                 "min-norm).")
+        lines.append(
+            f"{name:40s} {row['runs']:6d} {row.get('tuning', 0):6d} {row['shared']:6d} {row['done']:5d} "
+            f"{row['rounds']:9d} {row['rounds_unshared']:9d} {row['steps']:13.3g} {hours:10.1f}{note}"
+        )
+    lines.append(
+        "tuning: of the runs, those of the tuning stage (a validation split; the final runs they tune are "
+        "counted with the chosen value, or the tune grid's first before the choice)"
+    )
+    lines.append(
+        f"{result['unique_runs']} distinct runs, compute on {result.get('device', 'cuda')}. Not counted: "
+        "evaluation, server-side optimisation (proxy-set epochs of FedLAW/FedDF/FedBE/Server-FT, FedAWARE "
+        "min-norm)."
+    )
     lines += sources_lines(result)
     if result.get("share_prefixes", True):
         lines.append(sharing_line(result["total"], result.get("forked_runs", 0)))
@@ -156,10 +202,12 @@ def format_plan(result: dict) -> str:
     cluster = result.get("cluster")
     if cluster:
         minutes = cluster["run_minutes"].values()
-        lines.append(f"Slurm: runs ask for {min(minutes)}-{max(minutes)} min each (x{RUNTIME_MARGIN:g} margin); "
-                     f"with {cluster['runs_per_gpu']} runs per GPU and a walltime of {cluster['walltime_min']} min, "
-                     f"use --group-components trainbatch={cluster['group_components']} "
-                     f"({cluster['submissions']} submissions).")
+        lines.append(
+            f"Slurm: runs ask for {min(minutes)}-{max(minutes)} min each (x{RUNTIME_MARGIN:g} margin); "
+            f"with {cluster['runs_per_gpu']} runs per GPU and a walltime of {cluster['walltime_min']} min, "
+            f"use --group-components trainbatch={cluster['group_components']} "
+            f"({cluster['submissions']} submissions)."
+        )
     return "\n".join(lines)
 
 
@@ -190,8 +238,15 @@ def measured_runs_per_gpu(paths=(GPU_CHECK_FILE, BENCH_FILE, H200_BENCH_FILE)) -
     return RUNS_PER_GPU, "default (no GPU throughput measurement)"
 
 
-def run_minutes(setting: dict, costs: StepCosts | dict, margin: float = RUNTIME_MARGIN,
-                floor: int = RUNTIME_FLOOR_MIN, *, start: int = 0, stop: int | None = None) -> int:
+def run_minutes(
+    setting: dict,
+    costs: StepCosts | dict,
+    margin: float = RUNTIME_MARGIN,
+    floor: int = RUNTIME_FLOOR_MIN,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+) -> int:
     """Minutes a cluster job of this run asks for (attempt 1): estimated local steps of the rounds it
     trains (start..stop-1, see local_steps) x seconds per step (``costs``: the run's device's, see
     step_costs; a plain dict is one table) x margin. A model without any step cost asks for 120 minutes,
@@ -210,23 +265,34 @@ def group_size(minutes: list[int], walltime_min: int, runs_per_gpu: int = RUNS_P
         raise PlanError(f"group_size: walltime {walltime_min} min and {runs_per_gpu} runs per GPU must be >= 1")
     longest = max(minutes)
     if longest > walltime_min:
-        raise PlanError(f"one run asks for {longest} min, more than the site's walltime of {walltime_min} min: "
-                         "split it (fewer rounds) or measure its step cost (fedrepro plan --measure)")
+        raise PlanError(
+            f"one run asks for {longest} min, more than the site's walltime of {walltime_min} min: "
+            "split it (fewer rounds) or measure its step cost (fedrepro plan --measure)"
+        )
     return runs_per_gpu * (walltime_min // longest)
 
 
-def cluster_requests(params: dict, walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU,
-                     bench: str | Path | None = None) -> dict:
+def cluster_requests(
+    params: dict, walltime_min: int, runs_per_gpu: int = RUNS_PER_GPU, bench: str | Path | None = None
+) -> dict:
     """Per-run runtime requests of a params file and the group size that fits a site's walltime; each run
     priced for the device it runs on, as the train rule prices it."""
-    from fedrepro.spec import forks
+    from fedrepro.configure import forks
 
-    runs = config.unique_runs(config.expand(params))
+    runs = expansion.unique_runs(expansion.expand(params))
     costs = step_costs_by_device(bench, {run_device(run.setting) for run in runs.values()})
     shared = forks.of_params(params, list(runs.values()))
-    minutes = {run_id: run_minutes(run.setting, costs[run_device(run.setting)],
-                                   start=shared[run_id].round if run_id in shared else 0)
-               for run_id, run in runs.items()}
+    minutes = {
+        run_id: run_minutes(
+            run.setting, costs[run_device(run.setting)], start=shared[run_id].round if run_id in shared else 0
+        )
+        for run_id, run in runs.items()
+    }
     size = group_size(list(minutes.values()), walltime_min, runs_per_gpu)
-    return {"run_minutes": minutes, "group_components": size, "runs_per_gpu": runs_per_gpu,
-            "walltime_min": walltime_min, "submissions": math.ceil(len(minutes) / size)}
+    return {
+        "run_minutes": minutes,
+        "group_components": size,
+        "runs_per_gpu": runs_per_gpu,
+        "walltime_min": walltime_min,
+        "submissions": math.ceil(len(minutes) / size),
+    }

@@ -7,6 +7,7 @@ A plan is for one device (``--device``, a GPU by default) and uses only measurem
 setting, a GPU plan falls back to the H200's table (evidence/gpu), a CPU plan to the CPU table kept in
 evidence/bench, then to a guess made from the GPU's; the plan names what priced each experiment.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedrepro import catalog, schedule
-from fedrepro.spec import config
-from fedrepro.provenance import machine
+from fedrepro.configure import expansion
+from fedrepro.run.provenance import machine
 
 if TYPE_CHECKING:
     import torch
@@ -41,18 +42,26 @@ CPU_STEP_COSTS_FILE = Path("evidence/bench/step_costs-cpu.json")
 
 # Rough seconds per local step at batch 64 on one recent data-centre GPU (each model's fragment, models/<family>.yaml);
 # only used without a measurement, and reported as a guess.
-ROUGH_STEP_SECONDS = {name: spec["rough_step_seconds"] for name, spec in catalog.MODELS.items()
-                      if "rough_step_seconds" in spec}
+ROUGH_STEP_SECONDS = {
+    name: spec["rough_step_seconds"] for name, spec in catalog.MODELS.items() if "rough_step_seconds" in spec
+}
 ROUGH_BATCH = 64
 
 # Pythia-70M's published architecture (EleutherAI model card), to time it without the hub's weights.
-PYTHIA_70M = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8, "intermediate_size": 2048,
-              "vocab_size": 50304, "rotary_pct": 0.25, "max_position_embeddings": 2048}
+PYTHIA_70M = {
+    "hidden_size": 512,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "intermediate_size": 2048,
+    "vocab_size": 50304,
+    "rotary_pct": 0.25,
+    "max_position_embeddings": 2048,
+}
 
 
 def local_steps(setting: dict, start: int = 0, stop: int | None = None) -> float:
     """The local steps of rounds start..stop-1, every round by default: a run that starts from another run's
-    state at round t (fedrepro.spec.forks) trains rounds t..R-1, the fork step that trains a parent's first
+    state at round t (fedrepro.configure.forks) trains rounds t..R-1, the fork step that trains a parent's first
     rounds again 0..t-1. Every round costs the same here."""
     spec = catalog.DATASETS[setting["dataset"]]
     mean_size = spec["train_size"] / setting["num_clients"]
@@ -111,6 +120,7 @@ def measured_tables(path: Path) -> dict[str, dict]:
 class CostTable:
     """Seconds per local step from one source. ``label`` names it beside each experiment it prices,
     ``description`` says once per plan where its numbers come from."""
+
     label: str
     description: str
     costs: dict
@@ -126,6 +136,7 @@ class CostTable:
 class StepCosts:
     """The tables that price one device's runs, the most trusted first: a setting none of them prices is
     reported unpriced, never priced at 0."""
+
     device: str
     tables: tuple[CostTable, ...]
 
@@ -144,8 +155,11 @@ class StepCosts:
 def device_tables(path: Path, device: str) -> list[CostTable]:
     """The measurements on ``device`` that ``path`` holds; those of another device are left out, so that a
     CPU benchmark never prices a GPU plan."""
-    return [CostTable(f"measured on {measured_on} ({path.name})", f"measured on {measured_on} ({path})", costs)
-            for measured_on, costs in measured_tables(path).items() if same_device(measured_on, device)]
+    return [
+        CostTable(f"measured on {measured_on} ({path.name})", f"measured on {measured_on} ({path})", costs)
+        for measured_on, costs in measured_tables(path).items()
+        if same_device(measured_on, device)
+    ]
 
 
 def given_measurements(path: Path, device: str) -> list[CostTable]:
@@ -156,8 +170,10 @@ def given_measurements(path: Path, device: str) -> list[CostTable]:
     tables = device_tables(path, device)
     if not tables:
         measured_on = sorted({name.split(":")[0] for name in found})
-        raise PlanError(f"--bench {path} holds step costs measured on {', '.join(measured_on)}, none on {device}: "
-                        f"plan with --device {measured_on[0]}, or measure on {device}")
+        raise PlanError(
+            f"--bench {path} holds step costs measured on {', '.join(measured_on)}, none on {device}: "
+            f"plan with --device {measured_on[0]}, or measure on {device}"
+        )
     return tables
 
 
@@ -173,21 +189,33 @@ def gpu_tables() -> list[CostTable]:
     tables = []
     h200 = measured_tables(H200_STEP_COSTS_FILE)
     if h200:
-        tables.append(CostTable("GPU table", f"measured on an NVIDIA H200 ({H200_STEP_COSTS_FILE})",
-                                next(iter(h200.values()))))
+        tables.append(
+            CostTable("GPU table", f"measured on an NVIDIA H200 ({H200_STEP_COSTS_FILE})", next(iter(h200.values())))
+        )
     rough = {m: {"seconds": s, "batch_size": ROUGH_BATCH} for m, s in ROUGH_STEP_SECONDS.items()}
-    tables.append(CostTable("guess (rough table)", "rough guess of a data-centre GPU's seconds per step "
-                            "(each model's rough_step_seconds, models/<family>.yaml); fedrepro plan --measure measures them",
-                            rough, guess=True))
+    tables.append(
+        CostTable(
+            "guess (rough table)",
+            "rough guess of a data-centre GPU's seconds per step "
+            "(each model's rough_step_seconds, models/<family>.yaml); fedrepro plan --measure measures them",
+            rough,
+            guess=True,
+        )
+    )
     return tables
 
 
 def as_cpu_guess(table: CostTable) -> CostTable:
     name = table.label.removeprefix("guess (").removesuffix(")")
-    return CostTable(f"guess ({name} x {ROUGH_CPU_OVER_GPU:g})",
-                     f"not measured on a CPU: {table.description.split(';')[0]}, x "
-                     f"{ROUGH_CPU_OVER_GPU:g} (fedrepro.ops.pricing.ROUGH_CPU_OVER_GPU); fedrepro plan --measure --device "
-                     "cpu measures them", table.costs, ROUGH_CPU_OVER_GPU, guess=True)
+    return CostTable(
+        f"guess ({name} x {ROUGH_CPU_OVER_GPU:g})",
+        f"not measured on a CPU: {table.description.split(';')[0]}, x "
+        f"{ROUGH_CPU_OVER_GPU:g} (fedrepro.ops.pricing.ROUGH_CPU_OVER_GPU); fedrepro plan --measure --device "
+        "cpu measures them",
+        table.costs,
+        ROUGH_CPU_OVER_GPU,
+        guess=True,
+    )
 
 
 def step_costs(device: str = "cuda", bench: str | Path | None = None) -> StepCosts:
@@ -210,7 +238,7 @@ def step_seconds(costs: dict, setting: dict) -> float | None:
     if step_key(setting) in costs:
         return float(costs[step_key(setting)])
     prefix = f"{setting['dataset']}/{setting['model']}:"
-    other_batches = {int(k[len(prefix):]): v for k, v in costs.items() if k.startswith(prefix)}
+    other_batches = {int(k[len(prefix) :]): v for k, v in costs.items() if k.startswith(prefix)}
     if other_batches:  # the nearest measured batch size, scaled
         batch = min(other_batches, key=lambda b: abs(b - setting["batch_size"]))
         entry = {"seconds": other_batches[batch], "batch_size": batch}
@@ -229,6 +257,7 @@ def _timed_model(setting: dict, device: torch.device):
     import torch  # only measuring needs torch: the Snakefile reads step costs without importing it
 
     from fedrepro import models
+
     spec = catalog.DATASETS[setting["dataset"]]
     batch = setting["batch_size"]
     labels = torch.randint(0, spec["num_classes"], (batch,), device=device)
@@ -236,8 +265,10 @@ def _timed_model(setting: dict, device: torch.device):
         from transformers import GPTNeoXConfig, GPTNeoXForSequenceClassification
 
         from fedrepro.data.agnews import TokenBatch
-        net = GPTNeoXForSequenceClassification(GPTNeoXConfig(**PYTHIA_70M, num_labels=spec["num_classes"],
-                                                             pad_token_id=0, use_cache=False)).to(device)
+
+        net = GPTNeoXForSequenceClassification(
+            GPTNeoXConfig(**PYTHIA_70M, num_labels=spec["num_classes"], pad_token_id=0, use_cache=False)
+        ).to(device)
         length = int(setting.get("pretrained", {}).get("max_length", spec["shape"][0]))
         ids = torch.randint(1, PYTHIA_70M["vocab_size"], (batch, length), device=device)
         inputs = TokenBatch(ids, torch.ones_like(ids))
@@ -251,6 +282,7 @@ def measure_step(setting: dict, device: str = "cpu", steps: int = 10, warmup: in
     process's CPU seconds: a plan prices CPU-hours, and on a shared machine the wall clock also counts the time
     other processes hold the core (on the project's 2-core VM at load 16, 5 times the CPU time)."""
     import torch
+
     device = torch.device(device)
     clock = time.process_time if device.type == "cpu" else time.perf_counter
     forward, module, inputs, labels = _timed_model(setting, device)
@@ -273,8 +305,7 @@ def measure_step(setting: dict, device: str = "cpu", steps: int = 10, warmup: in
     return (clock() - start) / steps
 
 
-def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE, steps: int = 10,
-            log=print) -> dict:
+def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE, steps: int = 10, log=print) -> dict:
     """Time one step of every (dataset, model, batch size) of the params file; merge into ``out``."""
     out = Path(out)
     table = json.loads(out.read_text()) if out.exists() else {}
@@ -283,7 +314,7 @@ def measure(params: dict, device: str = "cpu", out: str | Path = STEP_COSTS_FILE
     if table.get("device") not in (None, device):
         table = {}  # costs of another device do not mix
     costs = table.get("step_seconds", {})
-    settings = {step_key(r.setting): r.setting for r in config.expand(params)}
+    settings = {step_key(r.setting): r.setting for r in expansion.expand(params)}
     for key, setting in sorted(settings.items()):
         costs[key] = measure_step(setting, device, steps)
         log(f"{key} on {device}: {costs[key] * 1e3:.2f} ms per step")

@@ -6,6 +6,7 @@ and trains on GPU ``slot % GPUs``: with at most GPUs x R jobs at once, no GPU ge
 each gets its share, where without slots every job would land on ``cuda:0``. The locks live in a
 node-local folder (one per Slurm allocation), so jobs on other nodes never compete for them.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -51,6 +52,7 @@ def bind_gpu() -> str | None:
     """On a machine with several visible GPUs, hold a slot and make its GPU the current one.
     Returns a line for the log, or None where there is nothing to choose (no CUDA, or one GPU)."""
     import torch
+
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         return None
     slot = acquire()

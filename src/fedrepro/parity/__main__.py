@@ -1,6 +1,7 @@
 """``python -m fedrepro.parity PAPER --checkout PATH``: run every check the harness has for one paper's code and
 write its record (evidence/official_code/parity/<paper>.json); ``--matrix`` rewrites docs/parity.md's matrix from
 the records instead."""
+
 from __future__ import annotations
 
 import argparse

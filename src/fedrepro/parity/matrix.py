@@ -1,6 +1,7 @@
 """docs/parity.md's matrix, rendered from the harness's records (evidence/official_code/parity/*.json) and never
 typed: a row per paper and (dataset, model) of its tables, a column per step compared (model, data, client step,
 server step, rounds), each cell equal / differs (why; the switch) / not comparable (why) / not compared (why)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,12 +14,18 @@ PAPER_ORDER = ("fedaware", "fedlaw", "ima", "fednova")
 
 # Why a pair differs and what resolves it: the harness measures the difference, this names the resolution.
 RESOLUTIONS = {
-    ("fedaware", "cifar100", "resnet18_gn32"):
-        "the code's `ResNet18_gn` has BatchNorm blocks (model.py's later `BasicBlock` wins), ours GroupNorm as the "
-        "paper says; switch: model `resnet18_gn32_code` in `params/subsets/fedaware_official_protocol.yaml`",
-    ("fedlaw", "cifar10", "densenet121"):
-        "the code's DenseNet concatenates new channels before a layer's input, torchvision's after: the same network "
-        "up to that channel order, not mapped by the harness; initialisation fixed to the code's",
+    (
+        "fedaware",
+        "cifar100",
+        "resnet18_gn32",
+    ): "the code's `ResNet18_gn` has BatchNorm blocks (model.py's later `BasicBlock` wins), ours GroupNorm as the "
+    "paper says; switch: model `resnet18_gn32_code` in `params/subsets/fedaware_official_protocol.yaml`",
+    (
+        "fedlaw",
+        "cifar10",
+        "densenet121",
+    ): "the code's DenseNet concatenates new channels before a layer's input, torchvision's after: the same network "
+    "up to that channel order, not mapped by the harness; initialisation fixed to the code's",
 }
 SERVER_RESOLUTIONS = {
     ("ima", "window 3, t_s 1"): "the code averages only once its window has filled; no setting has t_s < P",
@@ -31,7 +38,9 @@ def _model_cell(paper: str, row: dict) -> str:
         return f"not comparable ({row['why']})"
     f, init = row["function"], row["init"]
     gap = max(v for k, v in f.items() if k.endswith(("_gap_code_to_ours", "_gap_ours_to_code")))
-    facts = f"{f['params_code']:,} parameters a side, logit gap {gap:.1e}, init {init['layers']} layers x {init['inits']}"
+    facts = (
+        f"{f['params_code']:,} parameters a side, logit gap {gap:.1e}, init {init['layers']} layers x {init['inits']}"
+    )
     if row["status"] == "equal":
         return f"equal ({facts})"
     why = RESOLUTIONS.get((paper, row["dataset"], row["model"]), "unexplained")
@@ -64,21 +73,27 @@ def _server_cell(record: dict) -> str:
 
 def render(folder: Path) -> str:
     recs = load(folder)
-    lines = ["| paper | dataset | model | model function and init | data | client step | server step | rounds |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| paper | dataset | model | model function and init | data | client step | server step | rounds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for paper in [p for p in PAPER_ORDER if p in recs]:
         rec = recs[paper]
         for row in rec["checks"]["models"]:
-            lines.append(f"| {paper} | {row['dataset']} | `{row['model']}` | {_model_cell(paper, row)} | "
-                         f"{_data_cell(rec, row['dataset'])} | {NOT_BUILT} | {_server_cell(rec)} | {NOT_BUILT} |")
+            lines.append(
+                f"| {paper} | {row['dataset']} | `{row['model']}` | {_model_cell(paper, row)} | "
+                f"{_data_cell(rec, row['dataset'])} | {NOT_BUILT} | {_server_cell(rec)} | {NOT_BUILT} |"
+            )
     lines.append("")
     lines.append("Records (code commit, command, shim, this project's commit, wall time):")
     lines.append("")
     for paper in [p for p in PAPER_ORDER if p in recs]:
         rec = recs[paper]
-        lines.append(f"- {paper}: `{rec['repository']}` @`{rec['commit']}`, fedrepro `{rec['fedrepro_commit']}`, "
-                     f"torch {rec['torch']}, {rec['wall_seconds']} s wall on {rec['machine']} "
-                     f"(`evidence/official_code/parity/{paper}.json`)")
+        lines.append(
+            f"- {paper}: `{rec['repository']}` @`{rec['commit']}`, fedrepro `{rec['fedrepro_commit']}`, "
+            f"torch {rec['torch']}, {rec['wall_seconds']} s wall on {rec['machine']} "
+            f"(`evidence/official_code/parity/{paper}.json`)"
+        )
     return "\n".join(lines)
 
 

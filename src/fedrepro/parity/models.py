@@ -10,6 +10,7 @@ a normal or uniform law has a relative standard error of at most sqrt(1/(2n)), t
 differs when either gap exceeds Z = 5 standard errors (two-sided, normal approximation; 5 sigma keeps the
 family-wise false alarm over a few hundred tensors below 1e-4). Constant tensors (norm weights 1, biases 0) must
 be equal constants."""
+
 from __future__ import annotations
 
 import copy as copy_module
@@ -33,8 +34,12 @@ PAIRS = {
         ("cifar10", "cnn_fedaware", "model", "ToyCifarNet", ()),
         ("cifar100", "resnet18_gn32", "model", "ResNet18_gn", ()),
         ("cifar100", "resnet18_gn32_code", "model", "ResNet18_gn", ()),
-        ("agnews", "pythia70m", "both programs load EleutherAI/pythia-70m through transformers; no checkpoint "
-                                "is on this machine, and neither program defines the network"),
+        (
+            "agnews",
+            "pythia70m",
+            "both programs load EleutherAI/pythia-70m through transformers; no checkpoint "
+            "is on this machine, and neither program defines the network",
+        ),
     ],
     "fedlaw": [
         ("fmnist", "mlp", "models_dict.cnn", "MLP", ()),
@@ -61,8 +66,12 @@ PAIRS = {
     ],
     "fednova": [
         ("cifar10", "vgg11", "models", "vgg11", ()),
-        ("synthetic_1_1", "logreg", "the code has no Synthetic data set nor logistic regression (util_v4.select_model: "
-                                    "VGG only); Fig. 5 is the paper's alone"),
+        (
+            "synthetic_1_1",
+            "logreg",
+            "the code has no Synthetic data set nor logistic regression (util_v4.select_model: "
+            "VGG only); Fig. 5 is the paper's alone",
+        ),
     ],
 }
 
@@ -89,8 +98,11 @@ def execution_order(model: torch.nn.Module, x: torch.Tensor) -> list[str]:
     order, handles = [], []
     for name, module in model.named_modules():
         if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
-            handles.append(module.register_forward_pre_hook(
-                lambda m, args, name=name: order.append(name) if name not in order else None))
+            handles.append(
+                module.register_forward_pre_hook(
+                    lambda m, args, name=name: order.append(name) if name not in order else None
+                )
+            )
     try:
         with torch.no_grad():
             model.eval()(x)
@@ -116,8 +128,10 @@ def match(src: torch.nn.Module, dst: torch.nn.Module, x: torch.Tensor) -> list[t
     ``x`` uses them (``execution_order``), each taking the first unused tensor of the same shape on the other
     side; a shape with no partner leaves the pair list short, and the comparison says so."""
     pairs = []
-    src_order, dst_order = execution_order(src, x.to(next(src.parameters()).dtype)), \
-        execution_order(dst, x.to(next(dst.parameters()).dtype))
+    src_order, dst_order = (
+        execution_order(src, x.to(next(src.parameters()).dtype)),
+        execution_order(dst, x.to(next(dst.parameters()).dtype)),
+    )
     for kind in ("parameters", "buffers"):
         a, b = _ordered(src, kind, src_order), _ordered(dst, kind, dst_order)
         used = set()
@@ -152,22 +166,30 @@ def same_function(code, ours, dataset: str, batch: int = 8) -> dict:
     """Weights copied code -> ours and ours -> code; relative max logit gap in eval and train mode, float64."""
     spec = catalog.DATASETS[dataset]
     x = torch.randn(batch, *spec["shape"], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    out = {"params_code": models.num_parameters(code), "params_ours": models.num_parameters(ours),
-           "buffers_code": len(learnt_buffers(code)), "buffers_ours": len(learnt_buffers(ours))}
+    out = {
+        "params_code": models.num_parameters(code),
+        "params_ours": models.num_parameters(ours),
+        "buffers_code": len(learnt_buffers(code)),
+        "buffers_ours": len(learnt_buffers(ours)),
+    }
     for direction, (src, dst) in {"code_to_ours": (code, ours), "ours_to_code": (ours, code)}.items():
         pairs = match(src, dst, x[:2])
         # every parameter must find its partner; a buffer without one keeps its initial value (FedAWARE's code's
         # server BatchNorm statistics stay at 0 and 1, which resnet18_gn32_code holds as constants)
-        out[f"matched_{direction}"] = len(dict(src.named_parameters()).keys() & {a for a, _ in pairs}) \
-            == len(list(src.parameters()))
+        out[f"matched_{direction}"] = len(dict(src.named_parameters()).keys() & {a for a, _ in pairs}) == len(
+            list(src.parameters())
+        )
         copy(src, dst, pairs)
         code64, ours64 = code.double(), ours.double()
         out[f"eval_gap_{direction}"] = _gap(code64, ours64, x, False)
         out[f"train_gap_{direction}"] = _gap(code64, ours64, x, True)
         code.float(), ours.float()
     gaps = [v for k, v in out.items() if k.startswith(("eval_gap", "train_gap"))]
-    out["equal"] = (out["params_code"] == out["params_ours"] and all(out[k] for k in out if k.startswith("matched"))
-                    and all(g <= RELATIVE for g in gaps))
+    out["equal"] = (
+        out["params_code"] == out["params_ours"]
+        and all(out[k] for k in out if k.startswith("matched"))
+        and all(g <= RELATIVE for g in gaps)
+    )
     return out
 
 
@@ -180,8 +202,15 @@ def _pooled(build, inits: int, seed: int) -> list[tuple[str, int, float, float, 
     out = []
     for j, (name, _) in enumerate(draws[0]):
         values = torch.cat([d[j][1] for d in draws])
-        out.append((name, values.numel(), float(values.mean()), float(values.std()) if values.numel() > 1 else 0.0,
-                    bool((values == values[0]).all())))
+        out.append(
+            (
+                name,
+                values.numel(),
+                float(values.mean()),
+                float(values.std()) if values.numel() > 1 else 0.0,
+                bool((values == values[0]).all()),
+            )
+        )
     return out
 
 
@@ -199,7 +228,7 @@ def same_init(build_code, build_ours, inits: int, dataset: str) -> dict:
             ok = ca and cb and ma == mb
         else:
             se_std = math.sqrt(1 / (2 * na) + 1 / (2 * nb))
-            se_mean = math.sqrt(sa ** 2 / na + sb ** 2 / nb)
+            se_mean = math.sqrt(sa**2 / na + sb**2 / nb)
             ok = abs(sa / sb - 1) <= Z * se_std and abs(ma - mb) <= Z * se_mean
         if not ok:
             differing.append({"code": a, "ours": b, "std_code": sa, "std_ours": sb, "mean_code": ma, "mean_ours": mb})
@@ -219,9 +248,13 @@ def compare(paper: str, checkout, inits: int = 4, only: tuple[str, ...] = ()) ->
         build_code = code_builder(checkout, dataset, *row[2:])
         build_ours = lambda: models.build(ours_name, dataset)  # noqa: E731
         torch.manual_seed(0)
-        result = {"dataset": dataset, "model": ours_name, "code": f"{row[2]}.{row[3]}{row[4] if row[4] else ''}",
-                  "function": same_function(build_code(), build_ours(), dataset),
-                  "init": same_init(build_code, build_ours, inits, dataset)}
+        result = {
+            "dataset": dataset,
+            "model": ours_name,
+            "code": f"{row[2]}.{row[3]}{row[4] if row[4] else ''}",
+            "function": same_function(build_code(), build_ours(), dataset),
+            "init": same_init(build_code, build_ours, inits, dataset),
+        }
         result["status"] = "equal" if result["function"]["equal"] and result["init"]["equal"] else "differs"
         rows.append(result)
     return rows

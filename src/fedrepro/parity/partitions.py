@@ -2,6 +2,7 @@
 ``DataPartitioner(..., isNonIID=True, alpha)`` (util_v4.py: Dirichlet over labels after np.random.seed(2020));
 the harness calls it, unchanged, on generated labels in CIFAR-10's layout (5,000 of each of 10 classes, in a
 seeded random order) and compares its client sets with fedrepro's ``dirichlet_legacy`` and ``dirichlet`` kinds."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -31,10 +32,19 @@ def compare_fednova(checkout, num_clients: int = 16, alpha: float = 0.1) -> list
     code = fednova_code_clients(checkout, labels, num_clients, alpha)
     rows = []
     for kind in ("dirichlet_legacy", "dirichlet"):
-        ours = partitions.make(labels, {"kind": kind, "seed": 2020, "alpha": alpha, "min_size": 10, "balance": True,
-                                        "num_clients": num_clients})
+        ours = partitions.make(
+            labels,
+            {"kind": kind, "seed": 2020, "alpha": alpha, "min_size": 10, "balance": True, "num_clients": num_clients},
+        )
         same = sum(np.array_equal(a, b) for a, b in zip(code, ours))
-        rows.append({"dataset": "cifar10", "check": f"partition kind {kind}, seed 2020, Dir({alpha:g}), "
-                     f"{num_clients} clients, generated CIFAR-10 labels", "clients_equal": int(same),
-                     "clients": num_clients, "status": "equal" if same == num_clients else "differs"})
+        rows.append(
+            {
+                "dataset": "cifar10",
+                "check": f"partition kind {kind}, seed 2020, Dir({alpha:g}), "
+                f"{num_clients} clients, generated CIFAR-10 labels",
+                "clients_equal": int(same),
+                "clients": num_clients,
+                "status": "equal" if same == num_clients else "differs",
+            }
+        )
     return rows

@@ -1,5 +1,6 @@
 """A record per paper: which code (repository, commit), the command, the shim, this project's commit, the
 environment and every check's numbers. docs/parity.md's matrix is rendered from these files alone."""
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,18 @@ from fedrepro.parity.shim import commit
 
 ROOT = Path(__file__).resolve().parents[3]
 FOLDER = ROOT / "evidence" / "official_code" / "parity"
-REPOSITORIES = {"fedaware": "dunzeng/FedAWARE", "fedlaw": "ZexiLee/ICML-2023-FedLAW", "ima": "TailinZhou/FedIMA",
-                "fednova": "JYWa/FedNova"}
-SHIM = ("fedrepro.parity.shim.checkout_on_path: the checkout first on sys.path while its modules load (same-named "
-        "modules of another checkout cleared), .cuda() and torch.cuda.set_device no-ops; FedNova: mpi4py and "
-        "models.LogisticRegression placeholders (util_v4 imports both; HEAD defines no LogisticRegression); IMA: "
-        "utils.tSNE and leaf.dataloader placeholders (utils.global_test imports both; HEAD ships neither)")
+REPOSITORIES = {
+    "fedaware": "dunzeng/FedAWARE",
+    "fedlaw": "ZexiLee/ICML-2023-FedLAW",
+    "ima": "TailinZhou/FedIMA",
+    "fednova": "JYWa/FedNova",
+}
+SHIM = (
+    "fedrepro.parity.shim.checkout_on_path: the checkout first on sys.path while its modules load (same-named "
+    "modules of another checkout cleared), .cuda() and torch.cuda.set_device no-ops; FedNova: mpi4py and "
+    "models.LogisticRegression placeholders (util_v4 imports both; HEAD defines no LogisticRegression); IMA: "
+    "utils.tSNE and leaf.dataloader placeholders (utils.global_test imports both; HEAD ships neither)"
+)
 
 
 def _project_commit() -> str:
@@ -38,14 +45,20 @@ def run(paper: str, checkout, out: Path, inits: int, argv: list[str]) -> Path:
         checks["servers"] = servers.compare_fednova(checkout)
     if paper == "ima":
         checks["servers"] = servers.compare_ima(checkout)
-    record = {"paper": paper, "repository": REPOSITORIES[paper], "commit": commit(checkout),
-              "command": f"python -m fedrepro.parity {paper} --checkout <checkout of {REPOSITORIES[paper]}> "
-                         f"--inits {inits}",
-              "shim": SHIM, "fedrepro_commit": _project_commit(), "torch": torch.__version__,
-              "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, CPU only",
-              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-              "wall_seconds": round(time.time() - started), "cpu_seconds_main_process": round(time.process_time() - cpu),
-              "checks": checks}
+    record = {
+        "paper": paper,
+        "repository": REPOSITORIES[paper],
+        "commit": commit(checkout),
+        "command": f"python -m fedrepro.parity {paper} --checkout <checkout of {REPOSITORIES[paper]}> --inits {inits}",
+        "shim": SHIM,
+        "fedrepro_commit": _project_commit(),
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, CPU only",
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_seconds": round(time.time() - started),
+        "cpu_seconds_main_process": round(time.process_time() - cpu),
+        "checks": checks,
+    }
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{paper}.json"
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

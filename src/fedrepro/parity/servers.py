@@ -9,6 +9,7 @@ fedrepro's NormalisedAveraging and server optimiser then take the ranks' client 
 counts and must give the code's global model. Everything runs in float64 (the code's tensors follow torch's
 default dtype), so the same arithmetic in another order agrees to ~1e-15 and the bound, 1e-12 relative, is no
 reading of float32 rounding."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ import torch
 from fedrepro.parity.shim import checkout_on_path
 
 RELATIVE = 1e-12
-SIZES = (300, 120, 500, 80)   # each rank's sample count n_i (the code's ratio n_i / n)
+SIZES = (300, 120, 500, 80)  # each rank's sample count n_i (the code's ratio n_i / n)
 STEPS = ((3, 5, 2, 4), (4, 2, 6, 3))  # local steps per rank, round by round
 
 
@@ -30,12 +31,20 @@ def _fednova_rank(rank: int, world: int, checkout: str, init_file: str, out_dir:
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     with checkout_on_path(checkout):  # the whole rank: its average() calls .cuda()
         from distoptim.FedNova import FedNova
+
         for name, cfg in FEDNOVA_CASES.items():
             torch.manual_seed(0)  # the same initial model on every rank
             model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
             ratio = SIZES[rank] / sum(SIZES)
-            opt = FedNova(model.parameters(), ratio=ratio, gmf=cfg["gmf"], mu=cfg["mu"], lr=cfg["lr"],
-                          momentum=cfg["momentum"], weight_decay=cfg["weight_decay"])
+            opt = FedNova(
+                model.parameters(),
+                ratio=ratio,
+                gmf=cfg["gmf"],
+                mu=cfg["mu"],
+                lr=cfg["lr"],
+                momentum=cfg["momentum"],
+                weight_decay=cfg["weight_decay"],
+            )
             gen = torch.Generator().manual_seed(100 + rank)
             x, y = torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen)
             vector = lambda: torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()  # noqa: E731
@@ -71,9 +80,15 @@ def _ours_fednova(records: list[dict], cfg: dict) -> list[torch.Tensor]:
     x, out = records[0]["x0"], []
     for t in range(len(STEPS)):
         clients = torch.stack([r["rounds"][t]["client"] for r in records])
-        updates = RoundUpdates(t, torch.arange(len(records)), x - clients, torch.tensor(SIZES, dtype=torch.float64),
-                               torch.tensor([r["rounds"][t]["steps"] for r in records], dtype=torch.float64),
-                               torch.zeros(len(records)), cfg["lr"])
+        updates = RoundUpdates(
+            t,
+            torch.arange(len(records)),
+            x - clients,
+            torch.tensor(SIZES, dtype=torch.float64),
+            torch.tensor([r["rounds"][t]["steps"] for r in records], dtype=torch.float64),
+            torch.zeros(len(records)),
+            cfg["lr"],
+        )
         x = server(x, aggregate(x, updates), updates)
         out.append(x)
     return out
@@ -87,8 +102,13 @@ def compare_fednova(checkout) -> list[dict]:
     rows = []
     world = len(SIZES)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_fednova_rank, args=(world, str(checkout), os.path.join(tmp, "init"), tmp),
-                           nprocs=world, join=True, start_method="spawn")
+        mp.start_processes(
+            _fednova_rank,
+            args=(world, str(checkout), os.path.join(tmp, "init"), tmp),
+            nprocs=world,
+            join=True,
+            start_method="spawn",
+        )
         kept = {name: [torch.load(Path(tmp) / f"{name}_rank{r}.pt") for r in range(world)] for name in FEDNOVA_CASES}
     for name, cfg in FEDNOVA_CASES.items():
         records = kept[name]
@@ -100,17 +120,29 @@ def compare_fednova(checkout) -> list[dict]:
         code = [records[0]["rounds"][t]["global"] for t in range(len(STEPS))]
         ranks_agree = all(torch.equal(r["rounds"][t]["global"], code[t]) for r in records for t in range(len(STEPS)))
         gap = max(float((a - b).abs().max() / a.abs().max()) for a, b in zip(code, ours))
-        moved = min(float((code[t] - (records[0]["x0"] if t == 0 else code[t - 1])).abs().max()) for t in range(len(STEPS)))
-        rows.append({"method": "fednova", "case": name, **cfg, "ranks": world, "rounds": len(STEPS),
-                     "relative_gap": gap, "ranks_agree": ranks_agree, "smallest_step": moved,
-                     "status": "equal" if gap <= RELATIVE and ranks_agree and moved > 0 else "differs"})
+        moved = min(
+            float((code[t] - (records[0]["x0"] if t == 0 else code[t - 1])).abs().max()) for t in range(len(STEPS))
+        )
+        rows.append(
+            {
+                "method": "fednova",
+                "case": name,
+                **cfg,
+                "ranks": world,
+                "rounds": len(STEPS),
+                "relative_gap": gap,
+                "ranks_agree": ranks_agree,
+                "smallest_step": moved,
+                "status": "equal" if gap <= RELATIVE and ranks_agree and moved > 0 else "differs",
+            }
+        )
     return rows
 
 
 # --------------------------------------------------------------------------- IMA's window average
 
 IMA_STUBS = ("utils.tSNE", "leaf.dataloader")  # imported by utils.global_test, absent at HEAD
-IMA_CLIENTS = (7, 2, 5, 1, 4, 9)                 # sample counts of the six clients
+IMA_CLIENTS = (7, 2, 5, 1, 4, 9)  # sample counts of the six clients
 IMA_ROUNDS = 9
 
 
@@ -124,6 +156,7 @@ def _ima_rounds(checkout, window: int, start: int) -> tuple[list[torch.Tensor], 
 
     with checkout_on_path(checkout, stubs=IMA_STUBS):
         from utils.aggregator import aggregation
+
         torch.manual_seed(0)
         code_model = torch.nn.Linear(4, 3).double()
         dict_users = {k: list(range(n)) for k, n in enumerate(IMA_CLIENTS)}
@@ -140,13 +173,29 @@ def _ima_rounds(checkout, window: int, start: int) -> tuple[list[torch.Tensor], 
                 v = x + 0.1 * torch.randn(x.shape, generator=gen, dtype=torch.float64)
                 torch.nn.utils.vector_to_parameters(v, m.parameters())
                 clients[k], vectors = m, vectors + [v]
-            window_models = aggregation(index, code_model, clients, dict_users, t=t, t_start=start,
-                                        global_models=window_models, window_size=window, agg_mode="ima", args=None,
-                                        testset=[])
+            window_models = aggregation(
+                index,
+                code_model,
+                clients,
+                dict_users,
+                t=t,
+                t_start=start,
+                global_models=window_models,
+                window_size=window,
+                agg_mode="ima",
+                args=None,
+                testset=[],
+            )
             code_out.append(torch.nn.utils.parameters_to_vector(code_model.parameters()).detach().clone())
-            updates = RoundUpdates(t, torch.tensor(index), x - torch.stack(vectors),
-                                   torch.tensor([float(IMA_CLIENTS[k]) for k in index], dtype=torch.float64),
-                                   torch.zeros(3), torch.zeros(3), 0.01)
+            updates = RoundUpdates(
+                t,
+                torch.tensor(index),
+                x - torch.stack(vectors),
+                torch.tensor([float(IMA_CLIENTS[k]) for k in index], dtype=torch.float64),
+                torch.zeros(3),
+                torch.zeros(3),
+                0.01,
+            )
             x = post(ServerSGD(1.0)(x, updates.weighted_mean(), updates), updates)
             ours_out.append(x.clone())
             # the next round starts from the code's global model on both sides, so a difference shows where it arises
@@ -162,7 +211,14 @@ def compare_ima(checkout) -> list[dict]:
         code, ours = _ima_rounds(checkout, window, start)
         gaps = [float((a - b).abs().max() / a.abs().max()) for a, b in zip(code, ours)]
         differing = [t for t, g in enumerate(gaps) if g > RELATIVE]
-        rows.append({"method": "ima", "case": f"window {window}, t_s {start}", "rounds": IMA_ROUNDS,
-                     "relative_gap": max(gaps), "rounds_differing": differing,
-                     "status": "equal" if not differing else "differs"})
+        rows.append(
+            {
+                "method": "ima",
+                "case": f"window {window}, t_s {start}",
+                "rounds": IMA_ROUNDS,
+                "relative_gap": max(gaps),
+                "rounds_differing": differing,
+                "status": "equal" if not differing else "differs",
+            }
+        )
     return rows

@@ -1,6 +1,7 @@
 """Importing an authors' checkout unchanged: its folder first on sys.path while its modules load, its top-level
 module names (``model``, ``utils``, ``models``...) cleared before and after so two checkouts never share one,
 and the few things its HEAD needs that this machine lacks (CUDA, mpi4py) shimmed without touching its files."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,13 +16,15 @@ import torch
 
 def commit(checkout: str | Path) -> str:
     """The checkout's HEAD commit (the record names the code it compared)."""
-    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def _top_level_names(checkout: Path) -> set[str]:
-    return {p.stem for p in checkout.glob("*.py")} | {p.name for p in checkout.iterdir()
-                                                      if p.is_dir() and (p / "__init__.py").is_file()}
+    return {p.stem for p in checkout.glob("*.py")} | {
+        p.name for p in checkout.iterdir() if p.is_dir() and (p / "__init__.py").is_file()
+    }
 
 
 def _stub(name: str) -> types.ModuleType:
@@ -69,7 +72,9 @@ def checkout_on_path(checkout: str | Path, stubs: tuple[str, ...] = (), placehol
                 importlib.import_module(name)
                 chain = []
             except ImportError:
-                chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) not in sys.modules]
+                chain = [
+                    ".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) not in sys.modules
+                ]
         for part in chain:
             sys.modules[part] = _stub(part)
             added.append(part)

@@ -11,6 +11,7 @@ the kind's name (a partition
 id hashes its own kind's module and the helpers it imports, ``identity.partition_code``). What a partition
 folder holds (indices, counts, record, heatmap) is written and read by ``records``, outside every hash.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,7 +23,6 @@ import numpy as np
 from fedrepro.catalog import DATASETS
 from fedrepro.partitions.base import PartitionError, per_domain
 
-
 NOT_KINDS = ("__init__", "base", "records")
 
 
@@ -33,8 +33,9 @@ def kind_module(kind: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{kind}")
 
 
-def make(labels: np.ndarray, setting: dict, groups: np.ndarray | None = None,
-         domains: np.ndarray | None = None) -> list[np.ndarray]:
+def make(
+    labels: np.ndarray, setting: dict, groups: np.ndarray | None = None, domains: np.ndarray | None = None
+) -> list[np.ndarray]:
     """Partition from a resolved partition setting (``identity.partition_setting``); ``groups`` (each sample's
     natural client) is needed by kind ``natural`` only; with ``domains`` (each sample's domain: a multi-domain
     dataset) every domain is split on its own."""

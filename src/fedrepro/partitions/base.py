@@ -4,6 +4,7 @@ dataset split domain by domain, a draw among the labels left), and the counts an
 Every partitioner takes the labels and a local ``numpy.random.Generator`` (never the global RNG) and returns
 one sorted index array per client.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,10 @@ def per_domain(labels: np.ndarray, setting: dict, domains: np.ndarray, make) -> 
     names = np.unique(domains)
     per, rest = divmod(setting["num_clients"], len(names))
     if rest or not per:
-        raise PartitionError(f"num_clients = {setting['num_clients']} must be a positive multiple of the "
-                             f"{len(names)} domains of {setting.get('dataset')}")
+        raise PartitionError(
+            f"num_clients = {setting['num_clients']} must be a positive multiple of the "
+            f"{len(names)} domains of {setting.get('dataset')}"
+        )
     inner = {**setting, "num_clients": per}
     parts = []
     for d in names:
@@ -60,7 +63,7 @@ def long_tailed(labels: np.ndarray, setting: dict, rng: np.random.Generator, spl
     with ``split`` (the setting's kind); the indices returned are the training set's."""
     classes = int(labels.max()) + 1
     keep = long_tail_counts(np.bincount(labels, minlength=classes), setting["long_tail_rho"])
-    kept = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:keep[c]] for c in range(classes)]))
+    kept = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[: keep[c]] for c in range(classes)]))
     inner = {k: v for k, v in setting.items() if k != "long_tail_rho"}
     return [kept[part] for part in split(labels[kept], inner)]
 

@@ -1,4 +1,5 @@
 """Dirichlet over labels (NIID-Bench / FedLab ``hetero_dir``), optionally over a long-tailed subset."""
+
 from __future__ import annotations
 
 import time
@@ -7,7 +8,6 @@ import numpy as np
 
 from fedrepro.partitions.base import PartitionError, long_tailed
 
-
 # Redrawing a Dirichlet partition until every client has min_size samples: a min_size that is
 # reachable in principle but not in practice (alpha = 0.001 gives each class to one client) would
 # redraw for minutes. The draws are seeded, so this cap decides only whether the partition is found
@@ -15,9 +15,16 @@ from fedrepro.partitions.base import PartitionError, long_tailed
 DIRICHLET_SECONDS = 10.0
 
 
-def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float,
-          min_size: int = 10, balance: bool = True, max_tries: int = 10000,
-          max_seconds: float | None = None) -> list[np.ndarray]:
+def split(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha: float,
+    min_size: int = 10,
+    balance: bool = True,
+    max_tries: int = 10000,
+    max_seconds: float | None = None,
+) -> list[np.ndarray]:
     """The NIID-Bench / FedLab ``hetero_dir`` recipe: per-class proportions over clients.
 
     For each class, p ~ Dir_J(alpha); with ``balance`` a client already above N/J gets no more;
@@ -44,10 +51,12 @@ def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha:
         if smallest >= min_size:
             return [np.sort(np.asarray(c, dtype=np.int64)) for c in parts]
         best = max(best, smallest)
-    raise PartitionError(f"partition.min_size = {min_size}: no Dirichlet(alpha = {alpha}) draw over {num_clients} "
-                         f"clients gave every client that many samples ({tries} draws in "
-                         f"{time.monotonic() - start:.0f} s; the best draw's smallest client had {best}); "
-                         f"lower partition.min_size or raise partition.alpha")
+    raise PartitionError(
+        f"partition.min_size = {min_size}: no Dirichlet(alpha = {alpha}) draw over {num_clients} "
+        f"clients gave every client that many samples ({tries} draws in "
+        f"{time.monotonic() - start:.0f} s; the best draw's smallest client had {best}); "
+        f"lower partition.min_size or raise partition.alpha"
+    )
 
 
 def make(labels: np.ndarray, setting: dict, groups=None) -> list[np.ndarray]:

@@ -7,6 +7,7 @@ Mersenne-Twister stream. ``numpy.random.RandomState(seed)`` is that stream (``pe
 exactly as ``shuffle`` does), so ``dirichlet.split`` given it draws the code's sets; ``dirichlet`` itself draws
 with ``default_rng`` (PCG64), the same recipe on another stream. A kind of its own, so that every ``dirichlet``
 partition keeps its id (a partition id hashes its kind's code)."""
+
 from __future__ import annotations
 
 import numpy as np

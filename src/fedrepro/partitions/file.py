@@ -1,4 +1,5 @@
 """Client index lists another program produced (.npz ``client_0`` .. or JSON ``{"clients": [...]}``)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,11 +21,14 @@ def read_file(path: str | Path, num_clients: int, train_size: int, sha256: str |
         raise PartitionError(f"partition file {path}: no such file")
     raw = path.read_bytes()
     if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
-        raise PartitionError(f"partition file {path}: its content changed (SHA-256 {hashlib.sha256(raw).hexdigest()}, "
-                             f"the setting pins {sha256})")
+        raise PartitionError(
+            f"partition file {path}: its content changed (SHA-256 {hashlib.sha256(raw).hexdigest()}, "
+            f"the setting pins {sha256})"
+        )
     try:
         if path.suffix == ".npz":
             import io
+
             with np.load(io.BytesIO(raw), allow_pickle=False) as data:
                 keys = set(data.files)
                 lists = [data[f"client_{i}"] if f"client_{i}" in keys else None for i in range(len(keys))]
@@ -32,7 +36,9 @@ def read_file(path: str | Path, num_clients: int, train_size: int, sha256: str |
         elif path.suffix == ".json":
             doc = json.loads(raw)
             if not isinstance(doc, dict) or not isinstance(doc.get("clients"), list):
-                raise PartitionError(f'partition file {path}: a JSON partition is an object {{"clients": [[...], ...]}}')
+                raise PartitionError(
+                    f'partition file {path}: a JSON partition is an object {{"clients": [[...], ...]}}'
+                )
             lists, extra = [np.asarray(c) if isinstance(c, list) else None for c in doc["clients"]], []
         else:
             raise PartitionError(f"partition file {path}: must end in .npz or .json, not '{path.suffix}'")
@@ -41,10 +47,13 @@ def read_file(path: str | Path, num_clients: int, train_size: int, sha256: str |
     except Exception as err:  # noqa: BLE001 - BadZipFile, JSONDecodeError, ValueError (pickled arrays)
         raise PartitionError(f"partition file {path}: cannot be read ({type(err).__name__}: {err})") from None
     if extra:
-        raise PartitionError(f"partition file {path}: keys must be client_0 .. client_{len(lists) - 1}; found {extra[0]}")
+        raise PartitionError(
+            f"partition file {path}: keys must be client_0 .. client_{len(lists) - 1}; found {extra[0]}"
+        )
     if len(lists) != num_clients:
-        raise PartitionError(f"partition file {path}: holds {len(lists)} clients, the setting asks for num_clients = "
-                             f"{num_clients}")
+        raise PartitionError(
+            f"partition file {path}: holds {len(lists)} clients, the setting asks for num_clients = {num_clients}"
+        )
     seen = np.zeros(train_size, dtype=bool)
     parts = []
     for i, part in enumerate(lists):

@@ -1,4 +1,5 @@
 """FedLAW's hybrid Dirichlet: a balanced and an imbalanced group of clients."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,15 @@ from fedrepro.partitions import dirichlet
 from fedrepro.partitions.base import PartitionError
 
 
-def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha_balanced: float, alpha: float,
-          min_size: int = 10, balance: bool = True) -> list[np.ndarray]:
+def split(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha_balanced: float,
+    alpha: float,
+    min_size: int = 10,
+    balance: bool = True,
+) -> list[np.ndarray]:
     """FedLAW's hybrid Dirichlet (App. D, Fig. 5): draw a ``num_clients`` partition with Dir(alpha_balanced)
     and keep its first half of the clients (the "balanced" group); split the samples left over among the
     other half with Dir(alpha) (the "imbalanced" group). ``groups`` names the two halves."""
@@ -22,8 +30,15 @@ def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha_
 
 
 def make(labels: np.ndarray, setting: dict, groups=None) -> list[np.ndarray]:
-    return split(labels, setting["num_clients"], np.random.default_rng(setting["seed"]), setting["alpha_balanced"],
-                 setting["alpha"], setting["min_size"], setting["balance"])
+    return split(
+        labels,
+        setting["num_clients"],
+        np.random.default_rng(setting["seed"]),
+        setting["alpha_balanced"],
+        setting["alpha"],
+        setting["min_size"],
+        setting["balance"],
+    )
 
 
 def groups(num_clients: int) -> dict[str, np.ndarray]:

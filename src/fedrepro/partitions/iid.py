@@ -1,4 +1,5 @@
 """IID: a uniformly random permutation cut into equal parts (optionally over a long-tailed subset)."""
+
 from __future__ import annotations
 
 import numpy as np

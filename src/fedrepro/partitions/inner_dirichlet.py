@@ -1,4 +1,5 @@
 """FedLab's balanced "inner" Dirichlet: equal client sizes, a class prior Dir(alpha) per client."""
+
 from __future__ import annotations
 
 import numpy as np

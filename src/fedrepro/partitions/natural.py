@@ -1,4 +1,5 @@
 """The dataset's own clients (Synthetic's users); nothing to draw."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -15,6 +15,7 @@ Outside every partition id and run id (``identity.OUTSIDE_RUNS``): the split is 
 part of a partition's id); this module only stores and describes what it made, so it can say more without
 renaming a partition or a run.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,13 @@ def heterogeneity(counts: np.ndarray) -> dict:
     """The partition record's ``heterogeneity``: the mean (and spread) of ``label_tv`` over clients with data."""
     tv = label_tv(counts)
     tv = tv[~np.isnan(tv)]
-    return {"measure": MEASURE, "mean_tv": round(float(tv.mean()), 4), "min_tv": round(float(tv.min()), 4),
-            "max_tv": round(float(tv.max()), 4), "clients": int(len(tv))}
+    return {
+        "measure": MEASURE,
+        "mean_tv": round(float(tv.mean()), 4),
+        "min_tv": round(float(tv.min()), 4),
+        "max_tv": round(float(tv.max()), 4),
+        "clients": int(len(tv)),
+    }
 
 
 def caption(stat: dict) -> str:
@@ -67,10 +73,17 @@ def save(out_dir: str | Path, setting: dict, labels: np.ndarray, parts: list[np.
     frame = pd.DataFrame(counts, columns=[f"class_{k}" for k in range(num_classes)])
     frame.index.name = "client"
     frame.to_csv(out / "counts.csv")
-    info = {"setting": setting, "content_hash": content_hash(parts), "num_samples": int(sum(map(len, parts))),
-            "sizes": {"min": int(counts.sum(1).min()), "max": int(counts.sum(1).max()),
-                      "mean": float(counts.sum(1).mean())},
-            "heterogeneity": heterogeneity(counts)}
+    info = {
+        "setting": setting,
+        "content_hash": content_hash(parts),
+        "num_samples": int(sum(map(len, parts))),
+        "sizes": {
+            "min": int(counts.sum(1).min()),
+            "max": int(counts.sum(1).max()),
+            "mean": float(counts.sum(1).mean()),
+        },
+        "heterogeneity": heterogeneity(counts),
+    }
     heatmap(counts, out / "heatmap.png", setting, info["heterogeneity"])
     (out / "partition.json").write_text(json.dumps(info, indent=2))
     return info
@@ -79,6 +92,7 @@ def save(out_dir: str | Path, setting: dict, labels: np.ndarray, parts: list[np.
 def heatmap(counts: np.ndarray, path: Path, setting: dict, stat: dict) -> None:
     """Samples per client and class, titled with the setting and captioned with the heterogeneity."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -89,7 +103,8 @@ def heatmap(counts: np.ndarray, path: Path, setting: dict, stat: dict) -> None:
     ax.set_xlabel("client")
     ax.set_ylabel("class")
     title = f"{setting['dataset']}, {setting['num_clients']} clients: " + ", ".join(
-        f"{k}={v}" for k, v in setting.items() if k not in ("dataset", "num_clients"))
+        f"{k}={v}" for k, v in setting.items() if k not in ("dataset", "num_clients")
+    )
     # about 13 characters of 8-point text per inch of the axes: the title wraps instead of running off
     chars = int(13 * (width - 1.2))
     ax.set_title(textwrap.fill(title, chars) + "\n" + textwrap.fill(caption(stat), chars), fontsize=8, loc="left")
@@ -126,15 +141,20 @@ def load(out_dir: str | Path, setting: dict | None = None) -> list[np.ndarray]:
         with np.load(path) as data:
             parts = [data[f"client_{i}"] for i in range(len(data.files))]
     except Exception as err:  # noqa: BLE001 - BadZipFile, zlib.error, OSError, KeyError, ValueError
-        raise PartitionError(f"{path}: cannot be read ({type(err).__name__}: {err}); delete {out} and rerun "
-                             f"to make it again") from None
+        raise PartitionError(
+            f"{path}: cannot be read ({type(err).__name__}: {err}); delete {out} and rerun to make it again"
+        ) from None
     if setting is not None:
         info = read_json(out / "partition.json")
         if partition_identity(info.get("setting") or {}) != partition_identity(setting):
-            raise PartitionError(f"{out / 'partition.json'} describes {json.dumps(info.get('setting'), sort_keys=True)}, "
-                                 f"not this run's partition {json.dumps(setting, sort_keys=True)}")
+            raise PartitionError(
+                f"{out / 'partition.json'} describes {json.dumps(info.get('setting'), sort_keys=True)}, "
+                f"not this run's partition {json.dumps(setting, sort_keys=True)}"
+            )
         if info.get("content_hash") != content_hash(parts):
-            raise PartitionError(f"{path} holds other indices (content hash {content_hash(parts)}) than "
-                                 f"{out / 'partition.json'} records ({info.get('content_hash')}); delete {out} and "
-                                 f"rerun to make it again")
+            raise PartitionError(
+                f"{path} holds other indices (content hash {content_hash(parts)}) than "
+                f"{out / 'partition.json'} records ({info.get('content_hash')}); delete {out} and "
+                f"rerun to make it again"
+            )
     return parts

@@ -1,4 +1,5 @@
 """FedAvg's pathological split: label-sorted shards, classes_per_client a client."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +7,9 @@ import numpy as np
 from fedrepro.partitions.base import PartitionError
 
 
-def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, classes_per_client: int,
-          distinct: bool = True) -> list[np.ndarray]:
+def split(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, classes_per_client: int, distinct: bool = True
+) -> list[np.ndarray]:
     """FedAvg's pathological split: sort by label (stably), cut into num_clients*C equal shards,
     give each client C random shards; the remainder is dropped, as FedLab does.
 
@@ -25,14 +27,17 @@ def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, classe
     return [np.sort(order[row].reshape(-1)) for row in assign]
 
 
-def _make_distinct(assign: np.ndarray, shard_label: np.ndarray, rng: np.random.Generator,
-                   max_sweeps: int = 1000) -> np.ndarray:
+def _make_distinct(
+    assign: np.ndarray, shard_label: np.ndarray, rng: np.random.Generator, max_sweeps: int = 1000
+) -> np.ndarray:
     """Repair a random assignment by swaps until no client holds two shards of one label."""
     assign = assign.copy()
     n_clients, per = assign.shape
     classes = len(np.unique(shard_label))
     if per > classes:
-        raise PartitionError(f"partition.classes_per_client = {per} exceeds the {classes} classes; choose at most {classes}")
+        raise PartitionError(
+            f"partition.classes_per_client = {per} exceeds the {classes} classes; choose at most {classes}"
+        )
     for _ in range(max_sweeps):
         bad = list(_repeated_labels(assign, shard_label))
         if not bad:
@@ -65,5 +70,10 @@ def _repeated_labels(assign: np.ndarray, shard_label: np.ndarray):
 
 
 def make(labels: np.ndarray, setting: dict, groups=None) -> list[np.ndarray]:
-    return split(labels, setting["num_clients"], np.random.default_rng(setting["seed"]), setting["classes_per_client"],
-                 setting["distinct"])
+    return split(
+        labels,
+        setting["num_clients"],
+        np.random.default_rng(setting["seed"]),
+        setting["classes_per_client"],
+        setting["distinct"],
+    )

@@ -1,6 +1,7 @@
 """The numbers the explanations of evidence/explanations.yaml state, checked against their sources: every number
 with two decimals an explanation states must be cited, and every cite must equal what its kept runs, the paper's
 table or a kept file give (``check_cites``; tests/test_verification.py runs it on the real evidence)."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import yaml
 
 from fedrepro.report import paper
 from fedrepro.report.verification import EVIDENCE, EXPLANATIONS
-
 
 NUMBER = r"(?<![\d.])\d+\.\d{2}(?![\d])"  # a number with two decimals, as accuracies and std are written
 
@@ -97,7 +97,7 @@ def check_cites(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS
                 except (ValueError, KeyError, IndexError, OSError) as err:
                     problems.append(f"{where}: {text}: {err}")
                     continue
-                if value is None or abs(value - float(text)) > 0.5 * 10 ** -decimals + 1e-9:
+                if value is None or abs(value - float(text)) > 0.5 * 10**-decimals + 1e-9:
                     given = "nothing" if value is None else f"{value:.{decimals}f}"
                     problems.append(f"{where}: states {text}, its source gives {given}")
     return problems

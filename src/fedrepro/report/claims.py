@@ -46,6 +46,7 @@ and how far it holds in ours so far. ``agree`` counts, of the comparisons both s
 ours holds exactly when the paper's numbers do. A cell of ours whose every run diverged counts as the worst
 possible value, so a claim that needs it fails rather than waiting for it.
 """
+
 from __future__ import annotations
 
 import math
@@ -115,8 +116,12 @@ def _comparisons(check: dict, labels: list[str]) -> list[tuple[list[str], list[s
     kind = check["kind"]
     if kind in ("beats", "ties") + ACROSS_LINES:
         winners, losers = _select(labels, check["winner"]), _select(labels, check["loser"])
-        return [([w], [l]) for w, wg in winners.items() for l, lg in losers.items()
-                if w != l and (wg == lg or not wg or not lg)]
+        return [
+            ([w], [l])
+            for w, wg in winners.items()
+            for l, lg in losers.items()
+            if w != l and (wg == lg or not wg or not lg)
+        ]
     if kind == "best":
         winners = list(_select(labels, check["winner"]))
         return [(winners, [l for l in labels if l not in winners])]
@@ -203,9 +208,12 @@ def evaluate(check: dict, table: str, joined: list[Cell]) -> Verdict:
                     worse = [l for l in worse if cell(line, l).value is not None]
                     if not better or not worse:
                         continue
-                yield ([cell(line, l) for l in better + worse],
-                       lambda value, line=line, better=better, worse=worse: _holds(
-                           check, [value(cell(line, l)) for l in better], [value(cell(line, l)) for l in worse]))
+                yield (
+                    [cell(line, l) for l in better + worse],
+                    lambda value, line=line, better=better, worse=worse: _holds(
+                        check, [value(cell(line, l)) for l in better], [value(cell(line, l)) for l in worse]
+                    ),
+                )
 
     return _judged(check, stated, pairwise())
 
@@ -225,18 +233,27 @@ def _evaluate_gains(check: dict, labels: list[str], lines: list[str], cell, stat
         raise ValueError(f"check '{check['text']}': gain_ratio compares two lines, got {lines}")
     sign = -1 if check.get("better", "higher") == "lower" else 1
     # each comparison: the (winner cell, loser cell) pairs per line whose gains it averages
-    pairs = [[[(cell(line, better[0]), cell(line, worse[0]))] for line in lines]
-             for better, worse in _comparisons(check, labels)]
+    pairs = [
+        [[(cell(line, better[0]), cell(line, worse[0]))] for line in lines]
+        for better, worse in _comparisons(check, labels)
+    ]
     if check.get("average") and pairs:
         pairs = [[[p for comparison in pairs for p in comparison[i]] for i in range(len(lines))]]
 
     def gains(comparison, value) -> list[float]:  # per line, the mean gain of the comparison's pairs
         return [sign * sum(value(w) - value(l) for w, l in per_line) / len(per_line) for per_line in comparison]
 
-    return _judged(check, stated, (
-        ([c for per_line in comparison for pair in per_line for c in pair],
-         lambda value, comparison=comparison: _gains_hold(check, gains(comparison, value)))
-        for comparison in pairs))
+    return _judged(
+        check,
+        stated,
+        (
+            (
+                [c for per_line in comparison for pair in per_line for c in pair],
+                lambda value, comparison=comparison: _gains_hold(check, gains(comparison, value)),
+            )
+            for comparison in pairs
+        ),
+    )
 
 
 def _judged(check: dict, stated: str, comparisons) -> Verdict:
@@ -275,14 +292,22 @@ def _evaluate_gain_order(check: dict, labels: list[str], lines: list[str], cell,
     groups = [lines] if check.get("average") else [[line] for line in lines]
 
     def holds(group, pairs, value) -> bool:
-        gains = [sum(sign * (value(cell(line, w)) - value(cell(line, l))) for line in group) / len(group)
-                 for w, l in pairs]
+        gains = [
+            sum(sign * (value(cell(line, w)) - value(cell(line, l))) for line in group) / len(group) for w, l in pairs
+        ]
         return all(math.isfinite(g) for g in gains) and gains[0] > gains[1] + check.get("margin", 0)
 
-    return _judged(check, stated, (
-        ([cell(line, label) for line in group for pair in pairs for label in pair],
-         lambda value, group=group, pairs=pairs: holds(group, pairs, value))
-        for group, pairs in [(g, [first, check["second"]]) for g in groups for first in firsts]))
+    return _judged(
+        check,
+        stated,
+        (
+            (
+                [cell(line, label) for line in group for pair in pairs for label in pair],
+                lambda value, group=group, pairs=pairs: holds(group, pairs, value),
+            )
+            for group, pairs in [(g, [first, check["second"]]) for g in groups for first in firsts]
+        ),
+    )
 
 
 def evaluate_table(table_name: str, table: dict, joined: list[Cell]) -> list[Verdict]:

@@ -11,6 +11,7 @@ Consecutive collapse rounds form one episode; an episode is told by its lowest r
 the best before it). A run with an episode is flagged. Every run also records its largest fall below its best
 so far, flagged or not, so a fall just short of the threshold is visible too.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,10 @@ import math
 DROP = 20.0  # points below the best of the earlier rounds
 CHANCE_MARGIN = 1.0  # points above 100 / num_classes that still count as chance
 LEARNED = 10.0  # points above chance the best must have reached for a fall to chance to count
-RULE = (f"test accuracy more than {DROP:g} points below the run's best of the earlier rounds, or at chance "
-        f"(100/classes + {CHANCE_MARGIN:g}) after its best reached {LEARNED:g} points above chance")
+RULE = (
+    f"test accuracy more than {DROP:g} points below the run's best of the earlier rounds, or at chance "
+    f"(100/classes + {CHANCE_MARGIN:g}) after its best reached {LEARNED:g} points above chance"
+)
 
 
 def detect(rounds, accuracy, num_classes: int = 10) -> dict:
@@ -44,8 +47,15 @@ def detect(rounds, accuracy, num_classes: int = 10) -> dict:
             at_chance = acc <= chance + CHANCE_MARGIN and best >= chance + LEARNED
             if drop > DROP or at_chance:
                 if open_episode is None:
-                    open_episode = {"first_round": rnd, "last_round": rnd, "low_round": rnd, "low_acc": acc,
-                                    "best_before": best, "best_round": best_round, "to_chance": at_chance}
+                    open_episode = {
+                        "first_round": rnd,
+                        "last_round": rnd,
+                        "low_round": rnd,
+                        "low_acc": acc,
+                        "best_before": best,
+                        "best_round": best_round,
+                        "to_chance": at_chance,
+                    }
                     episodes.append(open_episode)
                 open_episode["last_round"] = rnd
                 open_episode["to_chance"] = open_episode["to_chance"] or at_chance
@@ -56,8 +66,12 @@ def detect(rounds, accuracy, num_classes: int = 10) -> dict:
         if acc > best:
             best, best_round = acc, rnd
     rounded = lambda d: {k: round(v, 2) if isinstance(v, float) else v for k, v in d.items()}
-    return {"collapsed": bool(episodes), "episodes": [rounded(e) for e in episodes],
-            "largest_fall": rounded(largest) if largest["round"] is not None else None, "rule": RULE}
+    return {
+        "collapsed": bool(episodes),
+        "episodes": [rounded(e) for e in episodes],
+        "largest_fall": rounded(largest) if largest["round"] is not None else None,
+        "rule": RULE,
+    }
 
 
 def of_run(summary: dict, frame) -> dict | None:
@@ -77,7 +91,8 @@ def describe(record: dict | None, limit: int | None = 3) -> str:
     if not record or not record["collapsed"]:
         return ""
     episodes = record["episodes"] if limit is None else sorted(record["episodes"], key=lambda e: e["low_acc"])[:limit]
-    parts = [f"to {e['low_acc']:.2f}% at round {e['low_round']} (best before {e['best_before']:.2f}%)"
-             for e in episodes]
+    parts = [
+        f"to {e['low_acc']:.2f}% at round {e['low_round']} (best before {e['best_before']:.2f}%)" for e in episodes
+    ]
     more = len(record["episodes"]) - len(episodes)
     return "; ".join(parts) + (f"; {more} more" if more > 0 else "")

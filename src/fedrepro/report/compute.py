@@ -8,6 +8,7 @@ device the plan prices the run for (``pricing.run_device``; ``pricing.step_costs
 table kept in evidence/gpu/, else a marked guess); it counts no evaluation and no server-side work, so it is a
 floor, on the plan's device.
 """
+
 from __future__ import annotations
 
 import csv
@@ -78,9 +79,14 @@ def of_runs(run_dirs: list[Path]) -> dict:
         else:
             estimate += guess[0] / 3600
             sources.add(guess[1])
-    return {"runs": runs, "hours": dict(sorted(hours.items(), key=lambda kv: -kv[1])),
-            "total_hours": sum(hours.values()), "estimate_hours": estimate, "unpriced": unpriced,
-            "estimate_source": ", ".join(sorted(sources)) or "none"}
+    return {
+        "runs": runs,
+        "hours": dict(sorted(hours.items(), key=lambda kv: -kv[1])),
+        "total_hours": sum(hours.values()),
+        "estimate_hours": estimate,
+        "unpriced": unpriced,
+        "estimate_source": ", ".join(sorted(sources)) or "none",
+    }
 
 
 def text(cost: dict) -> str:
@@ -88,8 +94,10 @@ def text(cost: dict) -> str:
     if not cost["runs"]:
         return ""
     devices = ", ".join(f"{kind} {h:.1f} h" for kind, h in cost["hours"].items())
-    line = (f"{cost['total_hours']:.1f} device-hours over {cost['runs']} runs ({devices}); "
-            f"the plan's estimate: {cost['estimate_hours']:.1f} h")
+    line = (
+        f"{cost['total_hours']:.1f} device-hours over {cost['runs']} runs ({devices}); "
+        f"the plan's estimate: {cost['estimate_hours']:.1f} h"
+    )
     if cost["unpriced"]:
         line += f" for the {cost['runs'] - cost['unpriced']} runs it can price"
     return line

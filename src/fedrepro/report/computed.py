@@ -12,13 +12,14 @@ gives the figure over its kind's defaults; the cell's ``match`` says which numbe
 A number that is not finite (VRLSGD diverging) leaves the cell without a number and marks it diverged, which a
 claim check counts as the worst value (fedrepro.report.claims).
 """
+
 from __future__ import annotations
 
 import math
 from functools import lru_cache
 
+from fedrepro.configure.paramsfile import ROOT, read_yaml
 from fedrepro.report.paper import Cell
-from fedrepro.spec.paramsfile import ROOT, read_yaml
 
 DIVERGED = "closed form: not finite"
 
@@ -41,8 +42,11 @@ def _quadratic_gap(params: str, figure: str, steps: str, method: str) -> float:
 
     spec = figure_spec(params, figure)
     e, p = fednova.problem(spec)
-    taus = (fednova.random_taus(spec) if steps == "random" else
-            (lambda t: torch.full((spec["clients"],), float(spec["tau"]), dtype=torch.float64)))
+    taus = (
+        fednova.random_taus(spec)
+        if steps == "random"
+        else (lambda t: torch.full((spec["clients"],), float(spec["tau"]), dtype=torch.float64))
+    )
     path = fednova.simulate(method, e, p, taus, fednova.lr_schedule(spec), spec["mu"])
     return float(0.5 * (path[-1] - fednova.true_minimiser(e, p)).pow(2).sum())
 
@@ -60,8 +64,9 @@ def value(computed: dict, match: dict) -> float:
         return _quadratic_gap(computed["params"], computed["figure"], match["steps"], match["method"])
     if kind == "fedprox_alpha":
         return _fedprox_alpha(computed["params"], computed["figure"], match)
-    raise ValueError(f"computed figure {computed['figure']}: kind {kind} has no closed form here "
-                     "(allowed: quadratic, fedprox_alpha)")
+    raise ValueError(
+        f"computed figure {computed['figure']}: kind {kind} has no closed form here (allowed: quadratic, fedprox_alpha)"
+    )
 
 
 def fill(table: dict, cells: list[Cell]) -> None:

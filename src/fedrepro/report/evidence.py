@@ -18,6 +18,7 @@ A kept summary.json is the trainer's plus one key the keep adds, ``collapse``: t
 every run id) never computes it. ``record_collapses`` writes it into folders kept before the record existed;
 a test checks that every kept record equals what the rule computes today.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,8 +26,8 @@ import json
 import shutil
 from pathlib import Path
 
-from fedrepro import rundir
 from fedrepro.errors import FedreproError
+from fedrepro.run import rundir
 
 RUN_FILES = rundir.RECORD_FILES
 PARTITION_FILES = ("partition.json", "counts.csv", "heatmap.png")
@@ -37,10 +38,16 @@ class EvidenceError(FedreproError, ValueError):
     """A keep or report request that cannot be honoured (nothing finished, not an evidence folder)."""
 
 
-def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path = "results/runs",
-         partitions_dir: str | Path = "results/partitions", root: str | Path = "evidence",
-         manifest: str | Path | None = None, protocol: str | None = None,
-         carry: list[str | Path] | None = None) -> dict:
+def keep(
+    configfiles: list[str | Path] | None,
+    name: str,
+    runs_dir: str | Path = "results/runs",
+    partitions_dir: str | Path = "results/partitions",
+    root: str | Path = "evidence",
+    manifest: str | Path | None = None,
+    protocol: str | None = None,
+    carry: list[str | Path] | None = None,
+) -> dict:
     """Copy the compact records of the finished runs of ``configfiles`` into ``root/name``.
 
     With ``manifest`` (a manifest the workflow wrote when the runs ran, ``results/manifests/``) instead of
@@ -61,8 +68,8 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     of the same content. It keeps its own id and summary (which name the commit it ran with); the manifest
     says which runs were carried and from where."""
     from fedrepro import records
+    from fedrepro.configure import expansion, paramsfile
     from fedrepro.report import verification
-    from fedrepro.spec import config, paramsfile
 
     runs_dir, partitions_dir = Path(runs_dir), Path(partitions_dir)
     if manifest is not None:
@@ -77,10 +84,10 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     else:
         configfiles = [Path(p) for p in configfiles]
         params = paramsfile.load_params_files([str(p) for p in configfiles])
-        runs = config.expand(params)
+        runs = expansion.expand(params)
         declared = {r.id: r.partition for r in runs}
         command = "fedrepro evidence keep --configfile " + " ".join(map(str, configfiles)) + f" --name {name}"
-        kept_manifest = config.run_manifest(params, configfiles, command, name)
+        kept_manifest = expansion.run_manifest(params, configfiles, command, name)
     finished = [r for r in declared if rundir.RunDir(runs_dir / r).finished()]
     carried = _carried(kept_manifest, [r for r in declared if r not in finished], partitions_dir, carry or [])
     if not finished and not carried:
@@ -104,12 +111,27 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
         _copy(c["folder"] / "partitions" / c["partition"], staging / "partitions" / c["partition"], PARTITION_FILES)
     if carry:
         command += " --carry " + " ".join(map(str, carry))
-    out = {**kept_manifest,
-           "evidence": {"name": name, "kept": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                        "runs_kept": len(finished) + len(carried), "runs_declared": len(declared), "kept_by": command,
-                        "protocol": protocol or verification.protocol(kept_manifest),
-                        **({"carried": {new: {"from": str(c["folder"]), "id": c["id"], "commit": c["commit"]}
-                                        for new, c in carried.items()}} if carried else {})}}
+    out = {
+        **kept_manifest,
+        "evidence": {
+            "name": name,
+            "kept": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "runs_kept": len(finished) + len(carried),
+            "runs_declared": len(declared),
+            "kept_by": command,
+            "protocol": protocol or verification.protocol(kept_manifest),
+            **(
+                {
+                    "carried": {
+                        new: {"from": str(c["folder"]), "id": c["id"], "commit": c["commit"]}
+                        for new, c in carried.items()
+                    }
+                }
+                if carried
+                else {}
+            ),
+        },
+    }
     (staging / MANIFEST).write_text(json.dumps(out, indent=1, sort_keys=True))
     unchanged = _same_records(staging, folder)
     if unchanged:  # only the time and wording of the keep would change: leave the folder (and its git history) be
@@ -117,9 +139,14 @@ def keep(configfiles: list[str | Path] | None, name: str, runs_dir: str | Path =
     else:
         shutil.rmtree(folder, ignore_errors=True)
         staging.rename(folder)
-    return {"folder": str(folder), "runs": len(finished) + len(carried), "carried": len(carried),
-            "partitions": len(set(partitions) | {c["partition"] for c in carried.values()}),
-            "bytes": sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()), "unchanged": unchanged}
+    return {
+        "folder": str(folder),
+        "runs": len(finished) + len(carried),
+        "carried": len(carried),
+        "partitions": len(set(partitions) | {c["partition"] for c in carried.values()}),
+        "bytes": sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()),
+        "unchanged": unchanged,
+    }
 
 
 def _record_collapse(run: Path) -> dict | None:
@@ -147,8 +174,11 @@ def record_collapses(folder: str | Path) -> list[dict]:
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
         raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST})")
-    return [{"run": run.name, "record": _record_collapse(run)} for run in sorted((folder / "runs").glob("*"))
-            if run.is_dir()]
+    return [
+        {"run": run.name, "record": _record_collapse(run)}
+        for run in sorted((folder / "runs").glob("*"))
+        if run.is_dir()
+    ]
 
 
 def _same_records(new: Path, old: Path) -> bool:
@@ -161,8 +191,9 @@ def _same_records(new: Path, old: Path) -> bool:
         return False
     if any((new / f).read_bytes() != (old / f).read_bytes() for f in files(new) if f.name != MANIFEST):
         return False
-    return _without_wording(json.loads((new / MANIFEST).read_text())) == \
-        _without_wording(json.loads((old / MANIFEST).read_text()))
+    return _without_wording(json.loads((new / MANIFEST).read_text())) == _without_wording(
+        json.loads((old / MANIFEST).read_text())
+    )
 
 
 def _without_wording(manifest: dict) -> dict:
@@ -185,8 +216,12 @@ def _carried(manifest: dict, missing: list[str], partitions_dir: Path, folders: 
         for kept, new_id, same_clients in _equal_runs(folder, entries, partitions_dir):
             if same_clients and new_id not in found:  # no record of a partition is no evidence of its clients
                 summary = records.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
-                found[new_id] = {"folder": folder, "id": kept["id"], "partition": kept["partition"],
-                                 "commit": summary.get("git_commit")}
+                found[new_id] = {
+                    "folder": folder,
+                    "id": kept["id"],
+                    "partition": kept["partition"],
+                    "commit": summary.get("git_commit"),
+                }
     for entry in entries.values():
         if entry["id"] in found:
             c = found[entry["id"]]
@@ -200,7 +235,7 @@ def _equal_runs(folder: Path, declared: dict, partitions_dir: Path):
     added since with their defaults), is the declared setting, and the two partitions hold the same clients
     (True: their content hashes agree) or the declared one has not been made in ``partitions_dir`` yet (None).
     A run's id also hashes its code, so the ids of two commits never meet: settings do."""
-    from fedrepro.spec import settings
+    from fedrepro.configure import settings
 
     for run in _kept_runs(folder):
         setting = settings.resolve(run["setting"])
@@ -221,16 +256,24 @@ def _kept_runs(folder: Path) -> list[dict]:
     if not (folder / MANIFEST).is_file():
         raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST})")
     manifest = records.read_json(folder / MANIFEST)
-    return [r for exp in manifest["experiments"].values() for r in exp["runs"]
-            if (folder / "runs" / r["id"] / rundir.SUMMARY).is_file()]
+    return [
+        r
+        for exp in manifest["experiments"].values()
+        for r in exp["runs"]
+        if (folder / "runs" / r["id"] / rundir.SUMMARY).is_file()
+    ]
 
 
 # when a round ran, not what it computed: a rerun differs here and only here
 TIMING_COLUMNS = ("seconds", "wall_time")
 
 
-def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | Path = "results/runs",
-            partitions_dir: str | Path = "results/partitions") -> list[dict]:
+def compare(
+    folder: str | Path,
+    configfiles: list[str | Path],
+    runs_dir: str | Path = "results/runs",
+    partitions_dir: str | Path = "results/partitions",
+) -> list[dict]:
     """Does a rerun confirm the kept records? For each run kept in ``folder``, the run ``configfiles`` declare
     today with an equal setting on a partition of the same clients (``_equal_runs``), and, where that run has
     finished in ``runs_dir``, the largest difference between the two ``metrics.csv`` over every round and
@@ -239,10 +282,10 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
     column with the largest difference and that difference (0.0: bit for bit), both final accuracies, and the
     CPU kernels torch picked for each (None where a summary predates that record)."""
     from fedrepro import records
-    from fedrepro.spec import config, paramsfile
+    from fedrepro.configure import expansion, paramsfile
 
     folder, runs_dir, partitions_dir = Path(folder), Path(runs_dir), Path(partitions_dir)
-    runs = config.expand(paramsfile.load_params_files([str(p) for p in configfiles]))
+    runs = expansion.expand(paramsfile.load_params_files([str(p) for p in configfiles]))
     declared = {r.id: {"setting": r.setting, "partition": r.partition} for r in runs}
     matches: dict = {}
     for kept, new_id, same_clients in _equal_runs(folder, declared, partitions_dir):
@@ -251,18 +294,32 @@ def compare(folder: str | Path, configfiles: list[str | Path], runs_dir: str | P
     for kept in _kept_runs(folder):
         new_id, same_clients = matches.get(kept["id"], (None, None))
         summary = records.read_json(folder / "runs" / kept["id"] / rundir.SUMMARY)
-        row = {"kept": kept["id"], "rerun": new_id, "state": "not declared" if new_id is None else "not rerun",
-               "rounds": 0, "same_rounds": None, "column": None, "max_abs_diff": None,
-               "kept_final_acc": summary.get("final_acc"), "rerun_final_acc": None,
-               "kept_cpu_kernels": summary.get("cpu_kernels"), "rerun_cpu_kernels": None}
+        row = {
+            "kept": kept["id"],
+            "rerun": new_id,
+            "state": "not declared" if new_id is None else "not rerun",
+            "rounds": 0,
+            "same_rounds": None,
+            "column": None,
+            "max_abs_diff": None,
+            "kept_final_acc": summary.get("final_acc"),
+            "rerun_final_acc": None,
+            "kept_cpu_kernels": summary.get("cpu_kernels"),
+            "rerun_cpu_kernels": None,
+        }
         rerun_done = new_id is not None and rundir.RunDir(runs_dir / new_id).finished()
         if rerun_done and not same_clients:
             row["state"] = f"no partition record in {partitions_dir}"  # its clients cannot be shown the same
         elif rerun_done:
             rerun = records.read_json(runs_dir / new_id / rundir.SUMMARY)
-            row.update(state="compared", **_largest_difference(folder / "runs" / kept["id"] / rundir.METRICS,
-                                                               runs_dir / new_id / rundir.METRICS),
-                       rerun_final_acc=rerun.get("final_acc"), rerun_cpu_kernels=rerun.get("cpu_kernels"))
+            row.update(
+                state="compared",
+                **_largest_difference(
+                    folder / "runs" / kept["id"] / rundir.METRICS, runs_dir / new_id / rundir.METRICS
+                ),
+                rerun_final_acc=rerun.get("final_acc"),
+                rerun_cpu_kernels=rerun.get("cpu_kernels"),
+            )
         rows.append(row)
     return rows
 
@@ -274,17 +331,25 @@ def _largest_difference(kept: Path, rerun: Path) -> dict:
     import pandas as pd
 
     before, after = pd.read_csv(kept).set_index("round"), pd.read_csv(rerun).set_index("round")
-    columns = [c for c in before.columns.intersection(after.columns) if c not in TIMING_COLUMNS
-               and pd.api.types.is_numeric_dtype(before[c]) and pd.api.types.is_numeric_dtype(after[c])]
+    columns = [
+        c
+        for c in before.columns.intersection(after.columns)
+        if c not in TIMING_COLUMNS
+        and pd.api.types.is_numeric_dtype(before[c])
+        and pd.api.types.is_numeric_dtype(after[c])
+    ]
     rounds = before.index.intersection(after.index)
     a, b = before.loc[rounds, columns].to_numpy(float), after.loc[rounds, columns].to_numpy(float)
     both_nan = np.isnan(a) & np.isnan(b)  # a column a round did not log, in both: the same
     diff = np.where(both_nan, 0.0, np.nan_to_num(np.abs(a - b), nan=np.inf))  # NaN against a number: inf
     worst = diff.max(axis=0) if diff.size else np.zeros(len(columns))
     at = int(np.argmax(worst)) if len(columns) else None
-    return {"rounds": len(rounds), "same_rounds": before.index.equals(after.index),
-            "column": columns[at] if at is not None else None,
-            "max_abs_diff": float(worst[at]) if at is not None else 0.0}
+    return {
+        "rounds": len(rounds),
+        "same_rounds": before.index.equals(after.index),
+        "column": columns[at] if at is not None else None,
+        "max_abs_diff": float(worst[at]) if at is not None else 0.0,
+    }
 
 
 def _content(partition: Path) -> str | None:
@@ -296,9 +361,9 @@ def _content(partition: Path) -> str | None:
 
 
 def _mark_switches(manifest: dict) -> None:
-    """An experiment of switches (``switches``: true or the switch keys, a flag of how the report presents it, no part of any run)
-    in this checkout's params files is one in a manifest written before the flag existed too."""
-    from fedrepro.spec import paramsfile, schema
+    """An experiment of switches (``switches``: true or the switch keys, a flag of how the report presents it, no
+    part of any run) in this checkout's params files is one in a manifest written before the flag existed too."""
+    from fedrepro.configure import paramsfile, schema
 
     files = [paramsfile.ROOT / p for p in manifest.get("configfiles", [])]
     if not files or not all(p.is_file() for p in files):
@@ -325,6 +390,8 @@ def report(folder: str | Path, out: str | Path, figures_dir: str | Path | None =
 
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
-        raise EvidenceError(f"{folder} is not an evidence folder (no {MANIFEST}); "
-                            f"make one with: fedrepro evidence keep --configfile ... --name ...")
+        raise EvidenceError(
+            f"{folder} is not an evidence folder (no {MANIFEST}); "
+            f"make one with: fedrepro evidence keep --configfile ... --name ..."
+        )
     return page.build(folder / MANIFEST, folder / "runs", folder / "partitions", out, figures_dir)

@@ -4,6 +4,7 @@ One row per run with its summary (a missing run is a row with status ``missing``
 report) and one row per run and round; the per-experiment summary table, the switches' effects, and the small
 per-variant files `fedrepro collect` writes.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedrepro import records
-from fedrepro.rundir import RunDir
+from fedrepro.run.rundir import RunDir
 
 SEP = " · "  # between the parts of a run label
 
@@ -25,22 +26,35 @@ def load_runs(manifest: dict, runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFram
     for exp_name, exp in manifest["experiments"].items():
         for run in exp["runs"]:
             run_dir = RunDir(runs_dir / run["id"])
-            base = {"experiment": exp_name, "run": run["id"], "label": run["label"], "seed": run["seed"],
-                    "partition": run["partition"]}
+            base = {
+                "experiment": exp_name,
+                "run": run["id"],
+                "label": run["label"],
+                "seed": run["seed"],
+                "partition": run["partition"],
+            }
             if not run_dir.finished():
                 rows.append({**base, "status": "missing", "variant": run["variant"]})
                 continue
             summary = run_dir.read_summary()  # a truncated file is named
-            rows.append({**base, "variant": run["variant"], "status": summary["status"],
-                         "final_acc": summary["final_acc"],
-                         "best_acc": summary["best_acc"], "e_ludd": summary["e_ludd"],
-                         "runtime_s": summary["runtime_s"],
-                         "device": f"{summary.get('host', '?')}: {summary['device']}, "
-                                   f"{summary.get('cpu_threads', '?')} CPU threads"
-                                   + (f", {summary['cpu_kernels']} kernels" if "cpu_kernels" in summary else ""),
-                         "git_commit": summary["git_commit"], "rounds_done": summary["rounds_done"],
-                         "versions": summary.get("versions", {}),
-                         "accelerator": accelerator_text(summary.get("accelerator"))})
+            rows.append(
+                {
+                    **base,
+                    "variant": run["variant"],
+                    "status": summary["status"],
+                    "final_acc": summary["final_acc"],
+                    "best_acc": summary["best_acc"],
+                    "e_ludd": summary["e_ludd"],
+                    "runtime_s": summary["runtime_s"],
+                    "device": f"{summary.get('host', '?')}: {summary['device']}, "
+                    f"{summary.get('cpu_threads', '?')} CPU threads"
+                    + (f", {summary['cpu_kernels']} kernels" if "cpu_kernels" in summary else ""),
+                    "git_commit": summary["git_commit"],
+                    "rounds_done": summary["rounds_done"],
+                    "versions": summary.get("versions", {}),
+                    "accelerator": accelerator_text(summary.get("accelerator")),
+                }
+            )
             metrics = run_dir.read_metrics()
             metrics = metrics.assign(**base)
             curves.append(metrics)
@@ -62,15 +76,17 @@ def summary_table(runs: pd.DataFrame) -> list[dict]:
     table = []
     for label, group in runs.groupby("label", sort=False):
         done = group[group["status"] == "finished"]
-        table.append({
-            "label": label,
-            "runs": f"{len(done)}/{len(group)}",
-            "diverged": int((group["status"] == "diverged").sum()),
-            "final_acc": _mean_std(done.get("final_acc", pd.Series(dtype=float))),
-            "best_acc": _mean_std(done.get("best_acc", pd.Series(dtype=float))),
-            "e_ludd": _mean_std(done.get("e_ludd", pd.Series(dtype=float)), scale=1.0),
-            "runtime": f"{done['runtime_s'].mean():.0f} s" if "runtime_s" in done and len(done) else "—",
-        })
+        table.append(
+            {
+                "label": label,
+                "runs": f"{len(done)}/{len(group)}",
+                "diverged": int((group["status"] == "diverged").sum()),
+                "final_acc": _mean_std(done.get("final_acc", pd.Series(dtype=float))),
+                "best_acc": _mean_std(done.get("best_acc", pd.Series(dtype=float))),
+                "e_ludd": _mean_std(done.get("e_ludd", pd.Series(dtype=float)), scale=1.0),
+                "runtime": f"{done['runtime_s'].mean():.0f} s" if "runtime_s" in done and len(done) else "—",
+            }
+        )
     return table
 
 
@@ -108,8 +124,11 @@ def switch_effects(runs: pd.DataFrame, switches: bool | list[str] = True) -> dic
     def label(variant: dict) -> str:
         # a point that switches exactly what the method's other points switch one at a time: their sum
         others = [keys for keys in declared[method_of(variant)] if keys and keys != keys_of(variant)]
-        return ALL_SWITCHES if len(others) > 1 and keys_of(variant) == frozenset().union(*others) \
+        return (
+            ALL_SWITCHES
+            if len(others) > 1 and keys_of(variant) == frozenset().union(*others)
             else switch_label(variant)
+        )
 
     return _effects(done, method_of, label)
 
@@ -123,8 +142,10 @@ def _by_switch_keys(runs: pd.DataFrame, keys: list[str]):
             protocol.setdefault(key, variant.get(key))
 
     def method_of(variant: dict) -> str:
-        return SEP.join([str(variant.get("algorithm", ""))] + [f"{k}={v}" for k, v in variant.items()
-                                                                if k != "algorithm" and k not in keys])
+        return SEP.join(
+            [str(variant.get("algorithm", ""))]
+            + [f"{k}={v}" for k, v in variant.items() if k != "algorithm" and k not in keys]
+        )
 
     def switch_of(variant: dict) -> str:
         return SEP.join(f"{k}={variant.get(k)}" for k in keys if variant.get(k) != protocol[k])
@@ -146,28 +167,45 @@ def _effects(done: pd.DataFrame, method_of, switch_of) -> dict:
         for method in methods:
             value, base = mean.get((switch, method)), mean.get(("", method))
             failed = int(diverged.get((switch, method), 0))
-            cells.append(None if value is None and not failed else
-                         {"value": value, "seeds": int(seeds.get((switch, method), 0)), "diverged": failed,
-                          "delta": None if value is None or base is None or switch == "" else value - base})
+            cells.append(
+                None
+                if value is None and not failed
+                else {
+                    "value": value,
+                    "seeds": int(seeds.get((switch, method), 0)),
+                    "diverged": failed,
+                    "delta": None if value is None or base is None or switch == "" else value - base,
+                }
+            )
         rows.append({"switch": switch or "none (the paper's protocol)", "cells": cells})
     return {"methods": methods, "rows": rows}
 
 
 def accelerator_text(record: dict | None) -> str | None:
-    """A summary's ``accelerator`` record (fedrepro.provenance) as one line: torch, CUDA, cuDNN, the GPU and its
+    """A summary's ``accelerator`` record (fedrepro.run.provenance) as one line: torch, CUDA, cuDNN, the GPU and its
     driver, and the determinism switches that differ from a bit-for-bit setting; None for a summary without one."""
     if not record:
         return None
     gpu = record.get("gpu")
     flags = record.get("determinism", {})
-    parts = [f"torch {record.get('torch')}", f"CUDA {record.get('cuda') or 'none'}",
-             f"cuDNN {record.get('cudnn') or 'none'}",
-             f"GPU {gpu['name']} (compute {gpu.get('capability')}), driver {gpu.get('driver') or 'unknown'}" if gpu
-             else "no GPU"]
+    parts = [
+        f"torch {record.get('torch')}",
+        f"CUDA {record.get('cuda') or 'none'}",
+        f"cuDNN {record.get('cudnn') or 'none'}",
+        f"GPU {gpu['name']} (compute {gpu.get('capability')}), driver {gpu.get('driver') or 'unknown'}"
+        if gpu
+        else "no GPU",
+    ]
     switches = [f"deterministic algorithms {'on' if flags.get('deterministic_algorithms') else 'off'}"]
-    switches += [name for key, name in (("cudnn_benchmark", "cuDNN benchmark on"),
-                                        ("matmul_allow_tf32", "TF32 matmul"), ("cudnn_allow_tf32", "TF32 cuDNN"))
-                 if flags.get(key)]
+    switches += [
+        name
+        for key, name in (
+            ("cudnn_benchmark", "cuDNN benchmark on"),
+            ("matmul_allow_tf32", "TF32 matmul"),
+            ("cudnn_allow_tf32", "TF32 cuDNN"),
+        )
+        if flags.get(key)
+    ]
     return ", ".join(parts) + "; " + ", ".join(switches) if flags else ", ".join(parts)
 
 
@@ -191,10 +229,17 @@ def collect(manifest_path: str | Path, runs_dir: str | Path, metrics_out: str | 
     for (experiment, label), group in done.groupby(["experiment", "label"], sort=False):
         path = metrics_out / experiment / f"{slug(label)}.json"
         path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps({
-            "final_acc": round(float(group["final_acc"].mean()), 6),
-            "final_acc_std": round(float(group["final_acc"].std(ddof=1)), 6) if len(group) > 1 else 0.0,
-            "e_ludd": round(float(group["e_ludd"].mean()), 6), "seeds": int(len(group))}, indent=1))
+        path.write_text(
+            json.dumps(
+                {
+                    "final_acc": round(float(group["final_acc"].mean()), 6),
+                    "final_acc_std": round(float(group["final_acc"].std(ddof=1)), 6) if len(group) > 1 else 0.0,
+                    "e_ludd": round(float(group["e_ludd"].mean()), 6),
+                    "seeds": int(len(group)),
+                },
+                indent=1,
+            )
+        )
         finished = curve[curve["run"].isin(set(group["run"]))]
         columns = [c for c in ("test_acc", "test_loss", "train_loss", "e_lud") if c in finished]
         mean = finished.groupby("round", sort=True)[columns].mean().round(6).reset_index()

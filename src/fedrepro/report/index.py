@@ -9,6 +9,7 @@ A run's state (done, diverged, interrupted, missing) is rundir's. An experiment 
 runs have a summary. Each params file links to its report page when one exists, and says how to make
 it otherwise, so a partial grid is one command from a report.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -17,8 +18,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from fedrepro.spec import config, paramsfile, schema
-from fedrepro.rundir import STATES, RunDir
+from fedrepro.configure import expansion, paramsfile, schema
+from fedrepro.run.rundir import STATES, RunDir
 
 
 def params_files(params_dir: Path) -> list[Path]:
@@ -29,31 +30,55 @@ def params_files(params_dir: Path) -> list[Path]:
 def survey(params_path: Path, runs_dir: Path, reports_dir: Path) -> dict:
     try:
         params = paramsfile.load_params(params_path)
-        runs = config.expand(params)
+        runs = expansion.expand(params)
         # a corrupt summary.json is named in this file's entry and stops no other
-        state_of = {run_id: RunDir(runs_dir / run_id).state() for run_id in config.unique_runs(runs)}
+        state_of = {run_id: RunDir(runs_dir / run_id).state() for run_id in expansion.unique_runs(runs)}
     except (schema.ConfigError, OSError, ValueError) as err:  # one broken file must not hide the others
-        return {"name": params_path.stem, "path": str(params_path), "title": params_path.stem, "error": str(err),
-                "run_ids": set(), "experiments": [], "runs": 0, **{s: 0 for s in STATES}, "report": None,
-                "quick": False, "report_command": ""}
+        return {
+            "name": params_path.stem,
+            "path": str(params_path),
+            "title": params_path.stem,
+            "error": str(err),
+            "run_ids": set(),
+            "experiments": [],
+            "runs": 0,
+            **{s: 0 for s in STATES},
+            "report": None,
+            "quick": False,
+            "report_command": "",
+        }
     experiments = []
     for name, exp in paramsfile.selected_experiments(params).items():
         counts = Counter(state_of[r.id] for r in runs if r.experiment == name)
         total = sum(counts.values())
         finished = counts["done"] + counts["diverged"]
-        experiments.append({"name": name, "title": exp.get("title", name), "runs": total,
-                            **{s: counts[s] for s in STATES},
-                            "state": "done" if finished == total else ("partial" if finished or counts["interrupted"]
-                                                                       else "missing")})
+        experiments.append(
+            {
+                "name": name,
+                "title": exp.get("title", name),
+                "runs": total,
+                **{s: counts[s] for s in STATES},
+                "state": "done"
+                if finished == total
+                else ("partial" if finished or counts["interrupted"] else "missing"),
+            }
+        )
     report = reports_dir / f"{params_path.stem}.html"
     totals = Counter(state_of.values())
     shown = params_path.resolve()
     shown = shown.relative_to(paramsfile.ROOT) if shown.is_relative_to(paramsfile.ROOT) else shown
-    return {"name": params_path.stem, "path": str(shown), "run_ids": set(state_of), "title": params.get("title", params_path.stem),
-            "quick": params.get("quick", False), "experiments": experiments, "runs": len(state_of),
-            **{s: totals[s] for s in STATES},
-            "report": report.name if report.exists() else None,
-            "report_command": f"fedrepro report --configfile {shown} --out {report}"}
+    return {
+        "name": params_path.stem,
+        "path": str(shown),
+        "run_ids": set(state_of),
+        "title": params.get("title", params_path.stem),
+        "quick": params.get("quick", False),
+        "experiments": experiments,
+        "runs": len(state_of),
+        **{s: totals[s] for s in STATES},
+        "report": report.name if report.exists() else None,
+        "report_command": f"fedrepro report --configfile {shown} --out {report}",
+    }
 
 
 def unlisted_runs(runs_dir: Path, listed: set[str]) -> list[str]:
@@ -90,32 +115,63 @@ def verified(root: str | Path, reports_dir: Path) -> dict:
         if not row.run:
             continue
         cost = compute.of_runs(row.run_dirs)
-        tables.append({"name": row.table, "title": row.title, "figure_only": row.figure_only,
-                       "reported": row.reported, "run": row.run, "within": row.within, "diverged": row.diverged,
-                       "with_interval": row.with_interval, "through_spread": row.through_spread,
-                       "consistent": row.consistent - row.through_spread,  # counted apart from through_spread
-                       "seeds": sorted(set(row.seeds)), "cells": row.cells,
-                       "checks": [{"text": v.text, "ours": str(v.ours), "holds": v.ours.holds == v.ours.total,
-                                   "paper": str(v.paper_on_ours) if v.paper_on_ours.total else v.paper_side}
-                                  for v in row.checks_evaluated],
-                       "compute": (f"none: computed in closed form from {row.computed}" if row.computed
-                                   else compute.text(cost)), "estimate_source": cost["estimate_source"],
-                       "folders": [{"name": f, "page": page(f)} for f in row.folders]})
+        tables.append(
+            {
+                "name": row.table,
+                "title": row.title,
+                "figure_only": row.figure_only,
+                "reported": row.reported,
+                "run": row.run,
+                "within": row.within,
+                "diverged": row.diverged,
+                "with_interval": row.with_interval,
+                "through_spread": row.through_spread,
+                "consistent": row.consistent - row.through_spread,  # counted apart from through_spread
+                "seeds": sorted(set(row.seeds)),
+                "cells": row.cells,
+                "checks": [
+                    {
+                        "text": v.text,
+                        "ours": str(v.ours),
+                        "holds": v.ours.holds == v.ours.total,
+                        "paper": str(v.paper_on_ours) if v.paper_on_ours.total else v.paper_side,
+                    }
+                    for v in row.checks_evaluated
+                ],
+                "compute": (
+                    f"none: computed in closed form from {row.computed}" if row.computed else compute.text(cost)
+                ),
+                "estimate_source": cost["estimate_source"],
+                "folders": [{"name": f, "page": page(f)} for f in row.folders],
+            }
+        )
     waiting = [row.title for row in rows if not row.run]
     folders = []
     for folder in evidence_folders(root):
         manifest = json.loads((folder / "manifest.json").read_text())
         kept = manifest.get("evidence", {})
-        folders.append({"name": folder.name, "page": page(folder.name), "protocol": verification.protocol(manifest),
-                        "runs": kept.get("runs_kept"), "declared": kept.get("runs_declared"),
-                        "titles": [e.get("title", n) for n, e in manifest.get("experiments", {}).items()],
-                        "command": f"fedrepro evidence report {shown / folder.name} "
-                                   f"--out {reports_dir / evidence_page(folder.name)}"})
+        folders.append(
+            {
+                "name": folder.name,
+                "page": page(folder.name),
+                "protocol": verification.protocol(manifest),
+                "runs": kept.get("runs_kept"),
+                "declared": kept.get("runs_declared"),
+                "titles": [e.get("title", n) for n, e in manifest.get("experiments", {}).items()],
+                "command": f"fedrepro evidence report {shown / folder.name} "
+                f"--out {reports_dir / evidence_page(folder.name)}",
+            }
+        )
     return {"tables": tables, "waiting": waiting, "folders": folders, "root": str(shown)}
 
 
-def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str | Path = "results/runs",
-          reports_dir: str | Path | None = None, evidence: str | Path | None = None) -> Path:
+def build(
+    out: str | Path,
+    params: list[str | Path] | None = None,
+    runs_dir: str | Path = "results/runs",
+    reports_dir: str | Path | None = None,
+    evidence: str | Path | None = None,
+) -> Path:
     """The index page; with ``evidence`` (an evidence root, e.g. evidence/), its verified results first."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
@@ -132,9 +188,13 @@ def build(out: str | Path, params: list[str | Path] | None = None, runs_dir: str
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
     env.filters["num"] = tables.number
     html = env.get_template("index.html.j2").render(
-        files=files, others=others, unlisted=unlisted, runs_dir=str(runs_dir),
+        files=files,
+        others=others,
+        unlisted=unlisted,
+        runs_dir=str(runs_dir),
         verified=verified(evidence, reports_dir) if evidence else None,
-        generated=datetime.datetime.now().isoformat(timespec="seconds"))
+        generated=datetime.datetime.now().isoformat(timespec="seconds"),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     # several params files' workflows write this page: each replaces it whole, never half-written
     partial = out.with_name(f".{out.name}.{os.getpid()}.partial")

@@ -4,6 +4,7 @@ Per experiment: a table of mean +- std over seeds, accuracy and loss curves (the
 highest seed), partition heatmaps, and provenance; the papers' tables cell by cell beside ours. Missing runs are
 listed, not fatal: a partial grid still gives a report.
 """
+
 from __future__ import annotations
 
 import base64
@@ -14,12 +15,18 @@ from pathlib import Path
 import pandas as pd
 
 from fedrepro import records
-from fedrepro.partitions import records as partition_records
 from fedrepro.identity import stable_hash
+from fedrepro.partitions import records as partition_records
 from fedrepro.report import tables, versus
 from fedrepro.report.frames import load_runs, summary_table, switch_effects
-from fedrepro.report.plots import (ablation_figure, coincide_note, coinciding, collapse_points, curves_figure,
-                                   tuning_figure)
+from fedrepro.report.plots import (
+    ablation_figure,
+    coincide_note,
+    coinciding,
+    collapse_points,
+    curves_figure,
+    tuning_figure,
+)
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -39,7 +46,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
     ``experiments``, or else from those named ``T`` or ``T_*`` (e.g. ``ima_table1`` from
     ``ima_table1_fmnist``), so ablation runs that happen to share a cell's settings never leak into it.
     """
-    from fedrepro.spec import tuning
+    from fedrepro.configure import tuning
     from fedrepro.report import claims, compute, paper
 
     tables = paper.load_results()
@@ -50,7 +57,7 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
             continue
         declared = [r for e in experiments for r in manifest["experiments"][e]["runs"]]
         joined = paper.join({name: table}, paper.load_runs(runs_dir, {r["id"] for r in declared}))
-        # a tuned experiment's final runs are in its scope before their tuning chose (fedrepro.spec.tuning)
+        # a tuned experiment's final runs are in its scope before their tuning chose (fedrepro.configure.tuning)
         scope = [r["setting"] for r in declared] + tuning.waiting_settings(manifest, experiments)
         for cell in joined:
             cell.in_scope = any(paper.matches(setting, cell.match) for setting in scope)
@@ -71,20 +78,35 @@ def paper_comparisons(manifest: dict, runs_dir: Path) -> list[dict]:
         noise = compared[compared["verdict"] == "seed noise only"]
         spread = compared[compared["verdict"] == "through our spread"]  # counted apart (paper.through_spread)
         with_interval = compared["consistent"].notna()
-        verdict = (f"{int(compared['within'].sum())}/{len(compared) + all_diverged} cells run so far are reproduced"
-                   f" (|Δ| ≤ {tolerance:g} {table.get('unit', 'rounds' if metric == 'rounds_to_target' else 'points')})"
-                   f"{f'; {all_diverged} diverged at every seed' if all_diverged else ''}. Separately, "
-                   f"{int(compared.loc[with_interval, 'consistent'].astype(bool).sum()) - len(spread)}/"
-                   f"{int(with_interval.sum())} with two or more seeds are consistent within seed noise (the paper's "
-                   f"value inside the {paper.CONFIDENCE:.0%} t interval){f', {len(noise)} of them only so' if len(noise) else ''}"
-                   f"{f'; counted apart, {len(spread)} more only through our spread ({paper.THROUGH_SPREAD})' if len(spread) else ''}. "
-                   f"{int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope.")
+        verdict = (
+            f"{int(compared['within'].sum())}/{len(compared) + all_diverged} cells run so far are reproduced"
+            f" (|Δ| ≤ {tolerance:g} {table.get('unit', 'rounds' if metric == 'rounds_to_target' else 'points')})"
+            f"{f'; {all_diverged} diverged at every seed' if all_diverged else ''}. Separately, "
+            f"{int(compared.loc[with_interval, 'consistent'].astype(bool).sum()) - len(spread)}/"
+            f"{int(with_interval.sum())} with two or more seeds are consistent within seed noise (the paper's "
+            f"value inside the {paper.CONFIDENCE:.0%} t interval)"
+            f"{f', {len(noise)} of them only so' if len(noise) else ''}"
+            f"{f'; counted apart, {len(spread)} more only through our spread' if len(spread) else ''}"
+            f"{f' ({paper.THROUGH_SPREAD})' if len(spread) else ''}. "
+            f"{int(in_scope.sum())} of the paper's {len(in_scope)} cells are in this params file's scope."
+        )
         counted = dict.fromkeys(runs_dir / r for cell in joined for r in cell.runs + cell.diverged)
-        out.append({"name": name, "title": table["title"], "claim": table.get("claim", ""), "columns": columns,
-                    "compute": compute.text(compute.of_runs(list(counted))),
-                    "rows": rows, "verdict": verdict, "claims": claims.evaluate_table(name, table, joined),
-                    "experiments": experiments, "tolerance": tolerance, "best_among": table.get("best_among", "rows"),
-                    "unit": table.get("unit", "rounds" if metric == "rounds_to_target" else "%")})
+        out.append(
+            {
+                "name": name,
+                "title": table["title"],
+                "claim": table.get("claim", ""),
+                "columns": columns,
+                "compute": compute.text(compute.of_runs(list(counted))),
+                "rows": rows,
+                "verdict": verdict,
+                "claims": claims.evaluate_table(name, table, joined),
+                "experiments": experiments,
+                "tolerance": tolerance,
+                "best_among": table.get("best_among", "rows"),
+                "unit": table.get("unit", "rounds" if metric == "rounds_to_target" else "%"),
+            }
+        )
     return out
 
 
@@ -120,7 +142,7 @@ def mark_best(rows: list[dict], among: str, lower_is_better: list[bool]) -> None
 
 
 def tuning_sections(manifest: dict, experiment: str) -> list[dict]:
-    """The tunings (fedrepro.spec.tuning) whose final runs are this experiment's: per candidate the criterion on
+    """The tunings (fedrepro.configure.tuning) whose final runs are this experiment's: per candidate the criterion on
     the validation split (the tuning curve), and the chosen value; a tuning not chosen yet says so."""
     out = []
     for tid, entry in manifest.get("tunings", {}).items():
@@ -129,13 +151,29 @@ def tuning_sections(manifest: dict, experiment: str) -> list[dict]:
         choice = entry.get("choice")
         candidates = choice["candidates"] if choice else entry["selection"]["candidates"]
         text = lambda v: "—" if v is None else f"{v:.4f}"
-        rows = [{"label": c["label"], "value": text(c.get("value")), "per_seed": [text(v) for v in c.get("values", [])],
-                 "statuses": c.get("statuses", []), "chosen": bool(choice) and i == choice["chosen_index"]}
-                for i, c in enumerate(candidates)]
-        out.append({"id": tid, "label": entry["label"], "criterion": entry["criterion"], "seeds": entry["seeds"],
-                    "validation": entry["validation"], "without": entry["without"],
-                    "chosen": choice["chosen_label"] if choice else None, "rows": rows,
-                    "png": tuning_figure(entry, choice) if choice else None})
+        rows = [
+            {
+                "label": c["label"],
+                "value": text(c.get("value")),
+                "per_seed": [text(v) for v in c.get("values", [])],
+                "statuses": c.get("statuses", []),
+                "chosen": bool(choice) and i == choice["chosen_index"],
+            }
+            for i, c in enumerate(candidates)
+        ]
+        out.append(
+            {
+                "id": tid,
+                "label": entry["label"],
+                "criterion": entry["criterion"],
+                "seeds": entry["seeds"],
+                "validation": entry["validation"],
+                "without": entry["without"],
+                "chosen": choice["chosen_label"] if choice else None,
+                "rows": rows,
+                "png": tuning_figure(entry, choice) if choice else None,
+            }
+        )
     return out
 
 
@@ -145,8 +183,11 @@ def plain(value) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}={plain(v)}" for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return "; ".join(plain(v) for v in value) if any(isinstance(v, dict) for v in value) \
+        return (
+            "; ".join(plain(v) for v in value)
+            if any(isinstance(v, dict) for v in value)
             else ", ".join(plain(v) for v in value)
+        )
     return str(value)
 
 
@@ -168,14 +209,23 @@ def provenance_rows(manifest: dict, finished: pd.DataFrame, total: int) -> list[
         ("command", manifest.get("command", "")),
         ("params files", ", ".join(manifest.get("configfiles", []))),
         ("params hash", stable_hash(manifest["experiments"])),
-        ("records", f"evidence folder {kept['name']}: {kept['runs_kept']} of {kept['runs_declared']} runs kept on "
-                    f"{kept['kept']}; this page was rebuilt from it" if kept else ""),
+        (
+            "records",
+            f"evidence folder {kept['name']}: {kept['runs_kept']} of {kept['runs_declared']} runs kept on "
+            f"{kept['kept']}; this page was rebuilt from it"
+            if kept
+            else "",
+        ),
         ("git commit(s) of the runs", " ".join(column("git_commit"))),
         ("machine(s): host, device", ", ".join(column("device"))),
         ("package versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
         ("GPU stack and determinism switches", " | ".join(column("accelerator"))),
-        ("total training time", f"{finished['runtime_s'].sum():.0f} s over {len(finished)} of {total} runs"
-         if "runtime_s" in finished and len(finished) else ""),
+        (
+            "total training time",
+            f"{finished['runtime_s'].sum():.0f} s over {len(finished)} of {total} runs"
+            if "runtime_s" in finished and len(finished)
+            else "",
+        ),
     ]
     return [(what, value) for what, value in rows if value]
 
@@ -202,8 +252,14 @@ def _collapse_list(curve: pd.DataFrame) -> list[dict]:
     return [{"run": run, "text": "; ".join(part["text"])} for run, part in points.groupby("run", sort=True)]
 
 
-def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str | Path, out: str | Path,
-          figures_dir: str | Path | None = None, paper_figures_dir: str | Path | None = None) -> Path:
+def build(
+    manifest_path: str | Path,
+    runs_dir: str | Path,
+    partitions_dir: str | Path,
+    out: str | Path,
+    figures_dir: str | Path | None = None,
+    paper_figures_dir: str | Path | None = None,
+) -> Path:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
     manifest = records.read_json(manifest_path)
@@ -218,9 +274,15 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
             info_path = partitions_dir / pid / "partition.json"
             info = json.loads(info_path.read_text()) if info_path.exists() else {}
             stat = partition_records.of_folder(partitions_dir / pid)
-            partitions.append({"id": pid, "png": _file_png(partitions_dir / pid / "heatmap.png"),
-                               "hash": info.get("content_hash", "missing"), "sizes": sizes_text(info.get("sizes", {})),
-                               "heterogeneity": partition_records.caption(stat) if stat else ""})
+            partitions.append(
+                {
+                    "id": pid,
+                    "png": _file_png(partitions_dir / pid / "heatmap.png"),
+                    "hash": info.get("content_hash", "missing"),
+                    "sizes": sizes_text(info.get("sizes", {})),
+                    "heterogeneity": partition_records.caption(stat) if stat else "",
+                }
+            )
         done = exp_runs[exp_runs["status"] != "missing"] if len(exp_runs) else exp_runs
         variants = {r["label"]: r["variant"] for r in exp["runs"]}
         pairs = coinciding(exp_curve)
@@ -228,19 +290,27 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
         table = summary_table(exp_runs) if len(exp_runs) else []
         for row in table:
             row["same_as"] = same_as.get(row["label"])
-        sections.append({
-            "name": exp_name, "title": exp["title"], "description": exp["description"],
-            "grid": exp["grid"], "table": table,
-            "curves": curves_figure(exp_curve, same_as), "ablation": ablation_figure(exp_runs) if len(exp_runs) else None,
-            "coinciding": [coincide_note(a, b, variants) for a, b in pairs],
-            "partitions": partitions,
-            "tunings": tuning_sections(manifest, exp_name),
-            "missing": [r for r in exp_runs.to_dict("records") if r["status"] == "missing"],
-            "diverged": [r["run"] for r in exp_runs.to_dict("records") if r["status"] == "diverged"],
-            "collapsed": _collapse_list(exp_curve),
-            "runtime_total": float(done["runtime_s"].sum()) if "runtime_s" in done else 0.0,
-            "switches": switch_effects(exp_runs, exp["switches"]) if exp.get("switches") and len(exp_runs) else None,
-        })
+        sections.append(
+            {
+                "name": exp_name,
+                "title": exp["title"],
+                "description": exp["description"],
+                "grid": exp["grid"],
+                "table": table,
+                "curves": curves_figure(exp_curve, same_as),
+                "ablation": ablation_figure(exp_runs) if len(exp_runs) else None,
+                "coinciding": [coincide_note(a, b, variants) for a, b in pairs],
+                "partitions": partitions,
+                "tunings": tuning_sections(manifest, exp_name),
+                "missing": [r for r in exp_runs.to_dict("records") if r["status"] == "missing"],
+                "diverged": [r["run"] for r in exp_runs.to_dict("records") if r["status"] == "diverged"],
+                "collapsed": _collapse_list(exp_curve),
+                "runtime_total": float(done["runtime_s"].sum()) if "runtime_s" in done else 0.0,
+                "switches": switch_effects(exp_runs, exp["switches"])
+                if exp.get("switches") and len(exp_runs)
+                else None,
+            }
+        )
     finished = runs[runs["status"] != "missing"] if len(runs) else runs
     provenance = provenance_rows(manifest, finished, len(runs))
     others = sorted(p.name for p in out.parent.glob("*.html") if p.name != out.name)
@@ -252,12 +322,18 @@ def build(manifest_path: str | Path, runs_dir: str | Path, partitions_dir: str |
     for comparison in comparisons:
         comparison["exports"] = exports[comparison["name"]]
     env.filters["plain"] = plain
-    html = env.get_template("report.html.j2").render(manifest=manifest, sections=sections, provenance=provenance,
-                                                     runs_done=int(len(finished)), runs_total=int(len(runs)),
-                                                     comparisons=comparisons,
-                                                     versus=versus.comparisons(manifest, runs_dir),
-                                                     paper_figures=paper_figures(paper_figures_dir, figures_dir),
-                                                     others=others, page=out.name)
+    html = env.get_template("report.html.j2").render(
+        manifest=manifest,
+        sections=sections,
+        provenance=provenance,
+        runs_done=int(len(finished)),
+        runs_total=int(len(runs)),
+        comparisons=comparisons,
+        versus=versus.comparisons(manifest, runs_dir),
+        paper_figures=paper_figures(paper_figures_dir, figures_dir),
+        others=others,
+        page=out.name,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)
     if figures_dir:

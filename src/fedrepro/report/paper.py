@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from fedrepro import rundir
+from fedrepro.configure.paramsfile import ROOT
 from fedrepro.records import CorruptFileError
 from fedrepro.report import collapses
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.run import rundir
 
 RESULTS_FILE = ROOT / "params" / "paper_results.yaml"
 
@@ -37,7 +37,8 @@ class Cell:
     runs: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)  # matching runs whose loss became NaN/inf
     in_scope: bool = True  # False: the params file (e.g. a subset) declares no run for this cell
-    collapses: dict = field(default_factory=dict)  # run id -> its collapse record (fedrepro.report.collapses), flagged runs
+    # run id -> its collapse record (fedrepro.report.collapses), flagged runs
+    collapses: dict = field(default_factory=dict)
 
     @property
     def ours_mean(self) -> float | None:
@@ -78,7 +79,8 @@ def cells(tables: dict, names: list[str] | None = None) -> list[Cell]:
         for row in table["rows"]:
             row = {"values": [None] * len(columns), **row}  # no values: the paper prints none (a figure)
             if len(row["values"]) != len(columns):
-                raise ValueError(f"{name}, row '{row['label']}': {len(row['values'])} values for {len(columns)} columns")
+                raise ValueError(f"{name}, row '{row['label']}': {len(row['values'])} values "
+                                 f"for {len(columns)} columns")
             column_match = row.get("column_match") or [c["match"] for c in columns]
             for col, col_match, value in zip(columns, column_match, row["values"]):
                 mean, std = (value.get("mean"), value.get("std")) if isinstance(value, dict) else (value, None)
@@ -222,7 +224,8 @@ def weight_correlation(summary: dict, frame, factor: str) -> float | None:
 
 def load_runs(runs_dir: str | Path, ids: set[str] | None = None) -> list[dict]:
     """Every run folder with a summary (or only those named in ``ids``): setting, summary, metrics, and its
-    collapse record computed from the metrics (``fedrepro.report.collapses``; a kept summary's own record is the same)."""
+    collapse record computed from the metrics (``fedrepro.report.collapses``; a kept summary's own record is the
+    same)."""
     runs = []
     for run_dir in rundir.finished_runs(runs_dir):
         if ids is not None and run_dir.id not in ids:

@@ -1,5 +1,6 @@
 """The report page's own plots, as base64 PNG: curves with their bands over seeds, the ablation over every
 numeric grid axis, a tuning's criterion per candidate; and which curves coincide."""
+
 from __future__ import annotations
 
 import base64
@@ -15,12 +16,16 @@ def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     import matplotlib.pyplot as plt
+
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
-CURVES = [("test_acc", "test accuracy %", 100.0), ("test_loss", "test loss", 1.0),
-          ("train_loss", "train loss (cohort mean)", 1.0)]
+CURVES = [
+    ("test_acc", "test accuracy %", 100.0),
+    ("test_loss", "test loss", 1.0),
+    ("train_loss", "train loss (cohort mean)", 1.0),
+]
 
 
 def short_labels(labels: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -54,11 +59,14 @@ def coinciding(curve: pd.DataFrame, column: str = "test_acc", atol: float = SAME
         series.setdefault(label, {})[seed] = group.sort_values("round")[column].to_numpy()
     labels, pairs, taken = list(series), [], set()
     for i, a in enumerate(labels):
-        for b in labels[i + 1:]:
+        for b in labels[i + 1 :]:
             if b in taken or set(series[a]) != set(series[b]):
                 continue
-            if all(len(series[a][s]) == len(series[b][s]) and np.allclose(series[a][s], series[b][s], rtol=0, atol=atol,
-                                                                             equal_nan=True) for s in series[a]):
+            if all(
+                len(series[a][s]) == len(series[b][s])
+                and np.allclose(series[a][s], series[b][s], rtol=0, atol=atol, equal_nan=True)
+                for s in series[a]
+            ):
                 pairs.append((a, b))
                 taken.add(b)
     return pairs
@@ -69,10 +77,14 @@ def coincide_note(a: str, b: str, variants: dict[str, dict]) -> str:
     methods = {variants.get(a, {}).get("algorithm"), variants.get(b, {}).get("algorithm")}
     why = ""
     if methods == {"fedavg", "fednova"}:
-        why = (" FedNova normalises each client's update by its number of local steps; when every client runs "
-               "the same number of steps, that is FedAvg exactly.")
-    return (f"{b} coincides with {a}: the same test accuracy (within {SAME_CURVE * 100:g} points) in every round "
-            f"of every seed; its curve is drawn dashed over {a}'s.{why}")
+        why = (
+            " FedNova normalises each client's update by its number of local steps; when every client runs "
+            "the same number of steps, that is FedAvg exactly."
+        )
+    return (
+        f"{b} coincides with {a}: the same test accuracy (within {SAME_CURVE * 100:g} points) in every round "
+        f"of every seed; its curve is drawn dashed over {a}'s.{why}"
+    )
 
 
 def collapse_points(curve: pd.DataFrame) -> pd.DataFrame:
@@ -89,9 +101,16 @@ def collapse_points(curve: pd.DataFrame) -> pd.DataFrame:
         classes = catalog.DATASETS.get(dataset, {}).get("num_classes", 10)
         record = collapses.detect(part["round"].tolist(), part["test_acc"].tolist(), classes)
         for e in record["episodes"]:
-            rows.append({"run": run, "method": part["method"].iloc[0] if "method" in part else None,
-                         "seed": part["seed"].iloc[0] if "seed" in part else None,
-                         "round": e["low_round"], "acc": e["low_acc"], "text": collapses.describe({**record, "episodes": [e]})})
+            rows.append(
+                {
+                    "run": run,
+                    "method": part["method"].iloc[0] if "method" in part else None,
+                    "seed": part["seed"].iloc[0] if "seed" in part else None,
+                    "round": e["low_round"],
+                    "acc": e["low_acc"],
+                    "text": collapses.describe({**record, "episodes": [e]}),
+                }
+            )
     return pd.DataFrame(rows, columns=["run", "method", "seed", "round", "acc", "text"])
 
 
@@ -104,16 +123,22 @@ def curves_figure(curve: pd.DataFrame, same_as: dict[str, str] | None = None) ->
     if curve.empty:
         return None
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
 
     same_as = same_as or {}
     curve = curve.assign(split=curve["partition"].str.split("-").str[1])
-    curve = curve.assign(method=[label.replace(f"{SEP}{split}", "") for label, split in zip(curve["label"], curve["split"])])
+    curve = curve.assign(
+        method=[label.replace(f"{SEP}{split}", "") for label, split in zip(curve["label"], curve["split"])]
+    )
     short, common = short_labels(list(dict.fromkeys(curve["method"])))
-    dashed = {(split, short[m]) for label, m, split in zip(curve["label"], curve["method"], curve["split"])
-              if label in same_as}
+    dashed = {
+        (split, short[m])
+        for label, m, split in zip(curve["label"], curve["method"], curve["split"])
+        if label in same_as
+    }
     curve = curve.assign(method=curve["method"].map(short))
     splits = list(dict.fromkeys(curve["split"]))
     seeds = int(curve.groupby("label")["seed"].nunique().max())
@@ -131,8 +156,17 @@ def curves_figure(curve: pd.DataFrame, same_as: dict[str, str] | None = None) ->
                 continue
             source = source.assign(**{column: source[column] * scale})
             drawn = [m for m in methods if m in set(source["method"])]
-            sns.lineplot(data=source, x="round", y=column, hue="method", hue_order=drawn, palette=palette,
-                         legend=False, ax=ax, errorbar=("pi", 100) if seeds > 1 else None)
+            sns.lineplot(
+                data=source,
+                x="round",
+                y=column,
+                hue="method",
+                hue_order=drawn,
+                palette=palette,
+                legend=False,
+                ax=ax,
+                errorbar=("pi", 100) if seeds > 1 else None,
+            )
             for line, method in zip(ax.get_lines(), drawn):
                 if (split, method) in dashed:
                     line.set_linestyle((0, (4, 3)))
@@ -141,22 +175,48 @@ def curves_figure(curve: pd.DataFrame, same_as: dict[str, str] | None = None) ->
             if column == "test_acc":  # each collapse at its lowest round, in its method's colour
                 for (method, _), lows in collapse_points(part).groupby(["method", "run"]):
                     collapsed.add(method)
-                    ax.scatter(lows["round"], lows["acc"], marker="v", s=36, color=palette[method],
-                               edgecolors="black", linewidths=0.6, zorder=6)
+                    ax.scatter(
+                        lows["round"],
+                        lows["acc"],
+                        marker="v",
+                        s=36,
+                        color=palette[method],
+                        edgecolors="black",
+                        linewidths=0.6,
+                        zorder=6,
+                    )
             ax.set_ylabel("")
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles = [matplotlib.lines.Line2D([], [], color=palette[m], label=m) for m in methods]
     if collapsed:
-        handles.append(matplotlib.lines.Line2D([], [], color="grey", marker="v", linestyle="", markeredgecolor="black",
-                                               label="collapse: a run's accuracy more than 20 points\nbelow its best "
-                                                     "so far, or at chance (its lowest round)"))
+        handles.append(
+            matplotlib.lines.Line2D(
+                [],
+                [],
+                color="grey",
+                marker="v",
+                linestyle="",
+                markeredgecolor="black",
+                label="collapse: a run's accuracy more than 20 points\nbelow its best "
+                "so far, or at chance (its lowest round)",
+            )
+        )
     if dashed:
-        handles.append(matplotlib.lines.Line2D([], [], color="grey", linestyle="--",
-                                               label="dashed: same curve as another line"))
+        handles.append(
+            matplotlib.lines.Line2D([], [], color="grey", linestyle="--", label="dashed: same curve as another line")
+        )
     fig.tight_layout()
     title = band_text(seeds) + (f"; all lines: {SEP.join(common)}" if common else "")
-    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.98), fontsize=9, frameon=False,
-               title=title.replace("; ", "\n"), title_fontsize=9, alignment="left")
+    fig.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 0.98),
+        fontsize=9,
+        frameon=False,
+        title=title.replace("; ", "\n"),
+        title_fontsize=9,
+        alignment="left",
+    )
     return _png(fig)
 
 
@@ -167,11 +227,15 @@ def ablation_figure(runs: pd.DataFrame) -> str | None:
     if done.empty:
         return None
     variants = pd.DataFrame(list(done["variant"]), index=done.index)
-    axes = [c for c in variants if c != "algorithm" and pd.api.types.is_numeric_dtype(variants[c])
-            and variants[c].nunique() >= 3]
+    axes = [
+        c
+        for c in variants
+        if c != "algorithm" and pd.api.types.is_numeric_dtype(variants[c]) and variants[c].nunique() >= 3
+    ]
     if not axes:
         return None
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -179,8 +243,14 @@ def ablation_figure(runs: pd.DataFrame) -> str | None:
     fig, axs = plt.subplots(1, len(axes), figsize=(5.5 * len(axes), 3.8), squeeze=False)
     for ax, axis in zip(axs[0], axes):
         others = [c for c in variants if c != axis]
-        lines = [" · ".join(str(v) if k == "algorithm" else f"{k}={v}" for k, v in row.items())
-                 for row in variants[others].to_dict("records")] if others else "all"
+        lines = (
+            [
+                " · ".join(str(v) if k == "algorithm" else f"{k}={v}" for k, v in row.items())
+                for row in variants[others].to_dict("records")
+            ]
+            if others
+            else "all"
+        )
         if not isinstance(lines, str):
             short, common = short_labels(list(dict.fromkeys(lines)))
             lines = [short[line] for line in lines]
@@ -188,8 +258,9 @@ def ablation_figure(runs: pd.DataFrame) -> str | None:
             common = []
         frame = done.assign(value=variants[axis], acc=done["final_acc"] * 100, line=lines)
         seeds = int(frame.groupby(["line", "value"])["seed"].nunique().max())
-        sns.lineplot(data=frame, x="value", y="acc", hue="line", marker="o", ax=ax,
-                     errorbar=("pi", 100) if seeds > 1 else None)
+        sns.lineplot(
+            data=frame, x="value", y="acc", hue="line", marker="o", ax=ax, errorbar=("pi", 100) if seeds > 1 else None
+        )
         ax.set_xlabel(axis)
         ax.set_ylabel("final accuracy % (last 10 rounds)")
         ax.set_title(f"ablation over {axis}", fontsize=10)
@@ -205,13 +276,17 @@ def tuning_figure(entry: dict, choice: dict) -> str | None:
     """The criterion per candidate: against the value where one numeric axis is tuned (a log axis where the
     values span more than a decade), else per candidate label; diverged candidates are marked at the bottom."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cands = choice["candidates"]
     axes = list(entry["grid"])
-    numeric = len(axes) == 1 and axes[0] != "setting" and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in entry["grid"][axes[0]])
+    numeric = (
+        len(axes) == 1
+        and axes[0] != "setting"
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in entry["grid"][axes[0]])
+    )
     xs = [float(v) for v in entry["grid"][axes[0]]] if numeric else list(range(len(cands)))
     fig, ax = plt.subplots(figsize=(4.2, 2.8))
     ok = [(x, c["value"]) for x, c in zip(xs, cands) if c["value"] is not None]

@@ -6,6 +6,7 @@ our mean ± std over seeds, then the paper's value (± its std where it gives on
 of ours and the best of the paper's in each group the paper compares (``best_among``) in bold.
 CSV has one line per cell with every number at full precision.
 """
+
 from __future__ import annotations
 
 import csv
@@ -15,11 +16,31 @@ import re
 from pathlib import Path
 
 FORMATS = {"csv": "csv", "latex": "tex", "md": "md"}  # --format -> file suffix
-CSV_FIELDS = ["table", "row", "column", "ours", "ours_std", "seeds", "paper", "paper_std", "delta", "allowed",
-              "within", "interval", "consistent", "verdict", "collapsed", "diverged", "in_scope", "best_ours",
-              "best_paper"]
-NOTE = ("Ours: mean ± std over seeds; in parentheses the paper's value (± its std); the best in bold; "
-        "— not run (or outside this params file).")
+CSV_FIELDS = [
+    "table",
+    "row",
+    "column",
+    "ours",
+    "ours_std",
+    "seeds",
+    "paper",
+    "paper_std",
+    "delta",
+    "allowed",
+    "within",
+    "interval",
+    "consistent",
+    "verdict",
+    "collapsed",
+    "diverged",
+    "in_scope",
+    "best_ours",
+    "best_paper",
+]
+NOTE = (
+    "Ours: mean ± std over seeds; in parentheses the paper's value (± its std); the best in bold; "
+    "— not run (or outside this params file)."
+)
 
 
 def number(value) -> str:
@@ -41,8 +62,14 @@ def to_csv(comparisons: list[dict]) -> str:
     for comparison in comparisons:
         for row in comparison["rows"]:
             for column, cell in zip(comparison["columns"], row["cells"]):
-                writer.writerow({"table": comparison["name"], "row": row["label"], "column": column,
-                                 **{k: _csv_value(cell.get(k)) for k in CSV_FIELDS[3:]}})
+                writer.writerow(
+                    {
+                        "table": comparison["name"],
+                        "row": row["label"],
+                        "column": column,
+                        **{k: _csv_value(cell.get(k)) for k in CSV_FIELDS[3:]},
+                    }
+                )
     return buffer.getvalue()
 
 
@@ -54,13 +81,40 @@ def _csv_value(value):
 
 # ---------------------------------------------------------------------------------- LaTeX, Markdown
 
-_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
 # the non-ASCII characters of the papers' labels, in plain LaTeX (no package beyond booktabs)
-_LATEX_UNICODE = {"±": r"$\pm$", "×": r"$\times$", "α": r"$\alpha$", "β": r"$\beta$", "γ": r"$\gamma$",
-                  "λ": r"$\lambda$", "η": r"$\eta$", "μ": r"$\mu$", "σ": r"$\sigma$", "τ": r"$\tau$",
-                  "Δ": r"$\Delta$", "≥": r"$\geq$", "≤": r"$\leq$", "−": "-", "–": "--", "—": "---",
-                  "·": r"$\cdot$", "→": r"$\to$", "∞": r"$\infty$"}
+_LATEX_UNICODE = {
+    "±": r"$\pm$",
+    "×": r"$\times$",
+    "α": r"$\alpha$",
+    "β": r"$\beta$",
+    "γ": r"$\gamma$",
+    "λ": r"$\lambda$",
+    "η": r"$\eta$",
+    "μ": r"$\mu$",
+    "σ": r"$\sigma$",
+    "τ": r"$\tau$",
+    "Δ": r"$\Delta$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "−": "-",
+    "–": "--",
+    "—": "---",
+    "·": r"$\cdot$",
+    "→": r"$\to$",
+    "∞": r"$\infty$",
+}
 
 
 def latex_text(text: str) -> str:
@@ -87,7 +141,7 @@ def _mean_std(mean, std, bold: bool, latex: bool) -> str:
 
 
 def cell_text(cell: dict, latex: bool) -> str:
-    """"ours (paper)" as the exports print a cell."""
+    """ "ours (paper)" as the exports print a cell."""
     if cell.get("ours") is not None:
         ours = _mean_std(cell["ours"], cell.get("ours_std"), cell.get("best_ours", False), latex)
     elif cell.get("diverged"):
@@ -102,12 +156,17 @@ def cell_text(cell: dict, latex: bool) -> str:
 def to_latex(comparison: dict) -> str:
     """One table as a booktabs ``table`` environment (needs ``\\usepackage{booktabs}``)."""
     columns = comparison["columns"]
-    lines = [f"% {comparison['name']}, written by fedrepro (page.paper_comparisons); needs \\usepackage{{booktabs}}",
-             r"\begin{table}[ht]", r"\centering",
-             rf"\caption{{{latex_text(comparison['title'])}. {latex_text(NOTE)}}}",
-             rf"\label{{tab:{re.sub(r'[^A-Za-z0-9]+', '-', comparison['name'])}}}",
-             rf"\begin{{tabular}}{{l{'c' * len(columns)}}}", r"\toprule",
-             " & ".join(["", *map(latex_text, columns)]) + r" \\", r"\midrule"]
+    lines = [
+        f"% {comparison['name']}, written by fedrepro (page.paper_comparisons); needs \\usepackage{{booktabs}}",
+        r"\begin{table}[ht]",
+        r"\centering",
+        rf"\caption{{{latex_text(comparison['title'])}. {latex_text(NOTE)}}}",
+        rf"\label{{tab:{re.sub(r'[^A-Za-z0-9]+', '-', comparison['name'])}}}",
+        rf"\begin{{tabular}}{{l{'c' * len(columns)}}}",
+        r"\toprule",
+        " & ".join(["", *map(latex_text, columns)]) + r" \\",
+        r"\midrule",
+    ]
     for row in comparison["rows"]:
         lines.append(" & ".join([latex_text(row["label"]), *(cell_text(c, True) for c in row["cells"])]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
@@ -120,9 +179,12 @@ def _md(text: str) -> str:
 
 def to_markdown(comparison: dict) -> str:
     columns = comparison["columns"]
-    lines = [f"### {_md(comparison['title'])}", "",
-             "| " + " | ".join(["", *map(_md, columns)]) + " |",
-             "|" + "---|" * (len(columns) + 1)]
+    lines = [
+        f"### {_md(comparison['title'])}",
+        "",
+        "| " + " | ".join(["", *map(_md, columns)]) + " |",
+        "|" + "---|" * (len(columns) + 1),
+    ]
     for row in comparison["rows"]:
         lines.append("| " + " | ".join([_md(row["label"]), *(_md(cell_text(c, False)) for c in row["cells"])]) + " |")
     lines += ["", NOTE]

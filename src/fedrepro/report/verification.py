@@ -19,6 +19,7 @@ the report's rule), so ablation runs that share a cell's settings never leak int
 per seed: where folders hold two runs of one seed (a run kept again after a code change gave it a new id),
 the most recently kept counts.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,9 @@ from pathlib import Path
 import yaml
 
 from fedrepro import catalog
+from fedrepro.configure.paramsfile import ROOT
+from fedrepro.configure.schema import ConfigError
 from fedrepro.report import claims, computed, paper
-from fedrepro.spec.paramsfile import ROOT
-from fedrepro.spec.schema import ConfigError
-
 
 EVIDENCE = ROOT / "evidence"
 EXPLANATIONS = "explanations.yaml"
@@ -54,30 +54,30 @@ def protocol(manifest: dict) -> str:
 class Row:
     table: str
     title: str
-    paper_key: str = ""                    # the table's paper (params/paper_results.yaml: ``paper``)
-    figure_only: bool = False            # the paper prints no numbers: only its claims can be checked
+    paper_key: str = ""  # the table's paper (params/paper_results.yaml: ``paper``)
+    figure_only: bool = False  # the paper prints no numbers: only its claims can be checked
     reported: int = 0
     runnable: int = 0
     run: int = 0
     seeds: list[int] = field(default_factory=list)
-    within: int = 0                      # reproduced: |delta| <= the table's tolerance (strict)
+    within: int = 0  # reproduced: |delta| <= the table's tolerance (strict)
     tolerance: float = paper.MIN_GAP
-    with_interval: int = 0               # cells run at two or more seeds: a t interval exists
-    consistent: int = 0                  # of those, the paper's value inside the interval
-    noise_only: int = 0                  # not reproduced, but inside the interval: our spread alone admits it
-    through_spread: int = 0              # of those, inside only through our own spread (paper.through_spread)
-    typical: float | None = None         # the median half-width of the table's intervals (paper.typical_half_width)
+    with_interval: int = 0  # cells run at two or more seeds: a t interval exists
+    consistent: int = 0  # of those, the paper's value inside the interval
+    noise_only: int = 0  # not reproduced, but inside the interval: our spread alone admits it
+    through_spread: int = 0  # of those, inside only through our own spread (paper.through_spread)
+    typical: float | None = None  # the median half-width of the table's intervals (paper.typical_half_width)
     diverged: int = 0
-    largest: dict | None = None          # {row, column, delta, allowed, explanation}
+    largest: dict | None = None  # {row, column, delta, allowed, explanation}
     outside: list[dict] = field(default_factory=list)  # every cell not reproduced
     collapsed: list[dict] = field(default_factory=list)  # {row, column, seed, record} per flagged run
     noise: list[dict] = field(default_factory=list)  # per cell with an interval: {n, sd, tolerance, consistent}
     folders: list[str] = field(default_factory=list)
     checks: list[claims.Verdict] = field(default_factory=list)
     deltas: list[float] = field(default_factory=list)  # ours − paper of every cell run with a number
-    cells: list[dict] = field(default_factory=list)   # every cell run: ours beside the paper's, and the verdict
+    cells: list[dict] = field(default_factory=list)  # every cell run: ours beside the paper's, and the verdict
     run_dirs: list[Path] = field(default_factory=list)  # the kept runs the cells count
-    computed: str = ""                   # a closed-form figure's source ("params/fednova.yaml: fig"), no runs
+    computed: str = ""  # a closed-form figure's source ("params/fednova.yaml: fig"), no runs
 
     @property
     def checks_evaluated(self) -> list[claims.Verdict]:
@@ -101,8 +101,10 @@ def _explanations(root: Path, tables: dict) -> dict:
         for e in entries:
             key = (table, e.get("row"), e.get("column"))
             if key not in known:
-                raise ConfigError(f"{path}: {table} / {key[1]} / {key[2]} names no cell of the papers' tables "
-                                 "(allowed: a table's key, then one of its row labels and column labels)")
+                raise ConfigError(
+                    f"{path}: {table} / {key[1]} / {key[2]} names no cell of the papers' tables "
+                    "(allowed: a table's key, then one of its row labels and column labels)"
+                )
             if not isinstance(e.get("text"), str) or "\n" in str(e.get("summary", "")):
                 raise ConfigError(f"{path}: {table} / {key[1]} / {key[2]} needs a text, and its summary one line")
             out[key] = e
@@ -150,14 +152,22 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
         runs: dict[str, dict] = {}
         used: set[str] = set()
         for folder, manifest in folders:
-            declared = {r["id"] for e in paper.table_experiments(name, table, manifest["experiments"])
-                        for r in manifest["experiments"][e]["runs"]}
+            declared = {
+                r["id"]
+                for e in paper.table_experiments(name, table, manifest["experiments"])
+                for r in manifest["experiments"][e]["runs"]
+            }
             for run in paper.load_runs(folder / "runs", declared):
                 runs.pop(run["id"], None)  # kept again later: it counts as of its latest keep
                 runs[run["id"]] = {**run, "folder": folder.name}
         joined = paper.join({name: table}, list(runs.values()))
-        row = Row(name, table["title"], paper_key=table.get("paper", name.split("_")[0]),
-                  figure_only=all(cell.value is None for cell in joined), tolerance=paper.tolerance(table))
+        row = Row(
+            name,
+            table["title"],
+            paper_key=table.get("paper", name.split("_")[0]),
+            figure_only=all(cell.value is None for cell in joined),
+            tolerance=paper.tolerance(table),
+        )
         if table.get("computed"):  # a closed-form figure: its cells are computed, its claims checked on them
             computed.fill(table, joined)
             row.computed = f"{table['computed']['params']}: {table['computed']['figure']}"
@@ -170,8 +180,11 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             if cell.ours or cell.diverged:
                 _one_per_seed(cell, runs)
                 used.update(runs[r]["folder"] for r in cell.runs + cell.diverged)
-        row.typical = paper.typical_half_width(paper.noise_interval(c.ours, c.std, table.get("paper_seeds"))
-                                               for c in joined if c.value is not None and c.ours)
+        row.typical = paper.typical_half_width(
+            paper.noise_interval(c.ours, c.std, table.get("paper_seeds"))
+            for c in joined
+            if c.value is not None and c.ours
+        )
         for cell in joined:
             if cell.value is None and not row.figure_only:
                 continue
@@ -183,42 +196,89 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
             row.seeds.append(len(cell.ours) + len(cell.diverged))
             row.run_dirs.extend(root / runs[r]["folder"] / "runs" / r for r in cell.runs + cell.diverged)
             key = (name, cell.row, cell.column)
-            flagged = sorted(({"row": cell.row, "column": cell.column, "seed": runs[r]["setting"]["seed"], "run": r,
-                               "record": cell.collapses[r], **_explained(explain, key)}
-                              for r in cell.runs + cell.diverged if r in cell.collapses), key=lambda f: f["seed"])
+            flagged = sorted(
+                (
+                    {
+                        "row": cell.row,
+                        "column": cell.column,
+                        "seed": runs[r]["setting"]["seed"],
+                        "run": r,
+                        "record": cell.collapses[r],
+                        **_explained(explain, key),
+                    }
+                    for r in cell.runs + cell.diverged
+                    if r in cell.collapses
+                ),
+                key=lambda f: f["seed"],
+            )
             listed = {f["run"] for f in row.collapsed}  # a run two rows read (two metrics of one figure) once
             row.collapsed.extend(f for f in flagged if f["run"] not in listed)
-            shown = {"row": cell.row, "column": cell.column, "ours": cell.ours_mean, "ours_std": cell.ours_std,
-                     "seeds": len(cell.ours), "diverged": len(cell.diverged), "paper": cell.value,
-                     "paper_std": cell.std, "delta": cell.delta, "allowed": None, "verdict": "figure",
-                     "summary": "", "interval": None, "consistent": None, "noise_only": False,
-                     "through_spread": False}
+            shown = {
+                "row": cell.row,
+                "column": cell.column,
+                "ours": cell.ours_mean,
+                "ours_std": cell.ours_std,
+                "seeds": len(cell.ours),
+                "diverged": len(cell.diverged),
+                "paper": cell.value,
+                "paper_std": cell.std,
+                "delta": cell.delta,
+                "allowed": None,
+                "verdict": "figure",
+                "summary": "",
+                "interval": None,
+                "consistent": None,
+                "noise_only": False,
+                "through_spread": False,
+            }
             row.cells.append(shown)
             if not cell.ours:  # every seed diverged
                 row.diverged += 1
-                row.outside.append({"row": cell.row, "column": cell.column, "delta": None, "allowed": None,
-                                    "interval": None, "verdict": "diverged", "collapsed": flagged,
-                                    **_explained(explain, key)})
+                row.outside.append(
+                    {
+                        "row": cell.row,
+                        "column": cell.column,
+                        "delta": None,
+                        "allowed": None,
+                        "interval": None,
+                        "verdict": "diverged",
+                        "collapsed": flagged,
+                        **_explained(explain, key),
+                    }
+                )
                 shown.update(verdict="diverged", summary=row.outside[-1]["summary"])
                 continue
             if row.figure_only:  # no number to be near; the claims below judge it
                 continue
             allowed = cell.metric.get("tolerance", row.tolerance)
             interval = paper.noise_interval(cell.ours, cell.std, table.get("paper_seeds"))
-            entry = {"row": cell.row, "column": cell.column, "delta": cell.delta, "allowed": allowed,
-                     "interval": interval,
-                     "verdict": paper.verdict(cell.delta, allowed, interval, row.typical, bool(flagged)),
-                     "collapsed": flagged, **_explained(explain, key)}
+            entry = {
+                "row": cell.row,
+                "column": cell.column,
+                "delta": cell.delta,
+                "allowed": allowed,
+                "interval": interval,
+                "verdict": paper.verdict(cell.delta, allowed, interval, row.typical, bool(flagged)),
+                "collapsed": flagged,
+                **_explained(explain, key),
+            }
             shown.update(interval=interval)
             if interval is not None:
                 row.with_interval += 1
                 inside = paper.consistent(cell.delta, interval)
                 shown.update(consistent=inside)
                 row.consistent += inside
-                row.noise.append({"n": len(cell.ours), "sd": cell.ours_std, "tolerance": allowed,
-                                  "paper_std": cell.std, "paper_seeds": table.get("paper_seeds"),
-                                  "consistent": inside,
-                                  "draws": sorted({str(runs[r]["summary"].get("partition")) for r in cell.runs})})
+                row.noise.append(
+                    {
+                        "n": len(cell.ours),
+                        "sd": cell.ours_std,
+                        "tolerance": allowed,
+                        "paper_std": cell.std,
+                        "paper_seeds": table.get("paper_seeds"),
+                        "consistent": inside,
+                        "draws": sorted({str(runs[r]["summary"].get("partition")) for r in cell.runs}),
+                    }
+                )
             row.deltas.append(cell.delta)
             if paper.reproduced(cell.delta, allowed):
                 row.within += 1
@@ -227,9 +287,13 @@ def matrix(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS_FILE
                 row.outside.append(entry)
                 row.noise_only += entry["verdict"] in ("seed noise only", "through our spread")
                 row.through_spread += entry["verdict"] == "through our spread"
-                shown.update(allowed=allowed, verdict="outside", summary=entry["summary"],
-                             noise_only=entry["verdict"] == "seed noise only",
-                             through_spread=entry["verdict"] == "through our spread")
+                shown.update(
+                    allowed=allowed,
+                    verdict="outside",
+                    summary=entry["summary"],
+                    noise_only=entry["verdict"] == "seed noise only",
+                    through_spread=entry["verdict"] == "through our spread",
+                )
             if row.largest is None or abs(cell.delta) > abs(row.largest["delta"]):
                 row.largest = entry
         row.run_dirs = list(dict.fromkeys(row.run_dirs))  # a run two cells count is one run's compute
@@ -246,8 +310,10 @@ def unnamed_collapses(rows: list[Row]) -> list[str]:
         for f in r.collapsed:
             deepest = min(f["record"]["episodes"], key=lambda e: e["low_acc"])
             if f"{deepest['low_acc']:.2f}%" not in f["explanation"]:
-                out.append(f"{r.table}, {f['row']} / {f['column']}, seed {f['seed']}: its explanation does not name "
-                           f"its fall to {deepest['low_acc']:.2f}% at round {deepest['low_round']}")
+                out.append(
+                    f"{r.table}, {f['row']} / {f['column']}, seed {f['seed']}: its explanation does not name "
+                    f"its fall to {deepest['low_acc']:.2f}% at round {deepest['low_round']}"
+                )
     return out
 
 
@@ -269,5 +335,11 @@ def chance(rows: list[Row], confidence: float = paper.CONFIDENCE) -> dict:
         se = (c["sd"] or 0.0) / math.sqrt(c["n"])
         strict_expected += 2 * stats.t.sf(c["tolerance"] / se, c["n"] - 1) if se > 0 else 0.0
     sets = {tuple(c["draws"]) for c in cells if c.get("draws")}
-    return {"cells": n, "misses": misses, "expected": (1 - confidence) * n, "strict_expected": strict_expected,
-            "draws": len({d for s in sets for d in s}), "draw_sets": len(sets)}
+    return {
+        "cells": n,
+        "misses": misses,
+        "expected": (1 - confidence) * n,
+        "strict_expected": strict_expected,
+        "draws": len({d for s in sets for d in s}),
+        "draw_sets": len(sets),
+    }

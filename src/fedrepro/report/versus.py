@@ -1,4 +1,4 @@
-"""A method of the user's own (``add_method``, fedrepro.spec.overlay) against each table's methods.
+"""A method of the user's own (``add_method``, fedrepro.configure.overlay) against each table's methods.
 
 Per experiment the added method ran in, and per cell of it (a grid point without its method and seed: a
 partition, a dataset, ...), every method's number: ours (mean ± std over seeds) and, where a paper table of
@@ -14,6 +14,7 @@ otherwise (fewer than two paired seeds included: no test, a tie). Over all cells
 (Dolan and Moré, 2002) gives, for each method and each tau, the share of the cells it ran where its number is
 within tau points of the best method's of that cell.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,8 +72,7 @@ def paired(ours: dict[int, float], theirs: dict[int, float], lower: bool) -> dic
 
     seeds = sorted(set(ours) & set(theirs))
     diffs = [(theirs[s] - ours[s]) if lower else (ours[s] - theirs[s]) for s in seeds]
-    out = {"seeds": len(seeds), "mean_diff": sum(diffs) / len(diffs) if diffs else None, "p": None,
-           "outcome": "tie"}
+    out = {"seeds": len(seeds), "mean_diff": sum(diffs) / len(diffs) if diffs else None, "p": None, "outcome": "tie"}
     if len(diffs) >= 2 and any(d != diffs[0] for d in diffs):
         out["p"] = float(stats.ttest_rel([ours[s] for s in seeds], [theirs[s] for s in seeds]).pvalue)
     elif len(diffs) >= 2 and diffs[0] != 0:  # the same nonzero difference at every seed: no spread, p -> 0
@@ -95,7 +95,7 @@ def comparisons(manifest: dict, runs_dir: str | Path) -> dict | None:
     for name, exp in manifest["experiments"].items():
         metric, lower, paper_cells = _metric(name, tables)
         method_keys = _method_keys(exp["grid"])
-        cells: dict[str, dict[str, dict[int, float]]] = {}   # cell -> method -> seed -> value
+        cells: dict[str, dict[str, dict[int, float]]] = {}  # cell -> method -> seed -> value
         settings: dict[tuple[str, str], dict] = {}
         for entry in exp["runs"]:
             method = _method(entry["setting"])
@@ -114,25 +114,50 @@ def comparisons(manifest: dict, runs_dir: str | Path) -> dict | None:
         for cell, methods in cells.items():
             for method, values in methods.items():
                 published = [c for c in paper_cells if paper.matches(settings[(cell, method)], c.match)]
-                rows.append({"cell": cell, "method": method, "added": method in added, "seeds": len(values),
-                             "ours": _mean(values), "ours_std": _std(values),
-                             "paper": published[0].value if published else None})
+                rows.append(
+                    {
+                        "cell": cell,
+                        "method": method,
+                        "added": method in added,
+                        "seeds": len(values),
+                        "ours": _mean(values),
+                        "ours_std": _std(values),
+                        "paper": published[0].value if published else None,
+                    }
+                )
         versus = []
         for new in mine:
             baselines = dict.fromkeys(m for methods in cells.values() for m in methods if m not in added)
             for base in baselines:
-                pairs = [(cell, paired(methods[new], methods[base], lower)) for cell, methods in cells.items()
-                         if new in methods and base in methods]
+                pairs = [
+                    (cell, paired(methods[new], methods[base], lower))
+                    for cell, methods in cells.items()
+                    if new in methods and base in methods
+                ]
                 tally = {k: sum(1 for _, p in pairs if p["outcome"] == k) for k in ("win", "tie", "loss")}
                 versus.append({"method": new, "baseline": base, "cells": [{"cell": c, **p} for c, p in pairs], **tally})
         for methods in cells.values():
             means = {m: _mean(v) for m, v in methods.items() if v}
             if any(m in means for m in mine) and len(means) > 1:
                 profile_cells.append({m: (-v if lower else v) for m, v in means.items()})
-        experiments.append({"name": name, "title": exp["title"], "metric": metric.get("kind"), "lower": lower,
-                            "rows": rows, "versus": versus})
-    return {"added": added, "test": TEST, "alpha": ALPHA, "experiments": experiments,
-            "profile": profile(profile_cells), "figure": profile_figure(profile(profile_cells))}
+        experiments.append(
+            {
+                "name": name,
+                "title": exp["title"],
+                "metric": metric.get("kind"),
+                "lower": lower,
+                "rows": rows,
+                "versus": versus,
+            }
+        )
+    return {
+        "added": added,
+        "test": TEST,
+        "alpha": ALPHA,
+        "experiments": experiments,
+        "profile": profile(profile_cells),
+        "figure": profile_figure(profile(profile_cells)),
+    }
 
 
 def _mean(values: dict) -> float | None:
@@ -167,6 +192,7 @@ def profile_figure(gaps: dict[str, list[float]]) -> str | None:
     if not gaps:
         return None
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -176,7 +202,12 @@ def profile_figure(gaps: dict[str, list[float]]) -> str | None:
     taus = [top * i / 200 for i in range(201)]
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for method, values in sorted(gaps.items()):
-        ax.step(taus, [within(values, t) for t in taus], where="post", label=f"{method} ({len(values)} cell{'' if len(values) == 1 else 's'})")
+        ax.step(
+            taus,
+            [within(values, t) for t in taus],
+            where="post",
+            label=f"{method} ({len(values)} cell{'' if len(values) == 1 else 's'})",
+        )
     ax.set_xlabel("tau: points behind the best method of the cell")
     ax.set_ylabel("share of cells within tau")
     ax.set_ylim(-0.02, 1.02)

@@ -13,7 +13,10 @@
     fork_states  a parent's kept states and a child's start from one
     checkpoint   the checkpoint file format; hessian: Lanczos on Hessian-vector products
     process      the device a job trains on; its tie to the parent process
+    rundir       a run folder's files and state (outside every run id: where files lie, not what is computed)
+    provenance   what a summary records about its origin: machine, accelerator, commit (outside every run id)
 
-It never imports the settings (``fedrepro.settings``, ``config``, ``tuning``, ``forks``, ``registry``): a job
-receives a resolved setting, and the run's identity covers every module here (``identity.run_code``).
+It never imports the settings wing (``fedrepro.configure``): a job receives a resolved setting. The run's
+identity covers the modules here that a run executes (``identity.run_code``), not rundir and provenance
+(``identity.OUTSIDE_RUNS``).
 """

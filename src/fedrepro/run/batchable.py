@@ -4,6 +4,7 @@ A method's client term batches when it declares a batched form (``parts.ClientHo
 sequential one; an objective with per-step or per-epoch work declares their batched forms too. Anything else
 trains one client after another.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -25,8 +26,10 @@ def unsupported(module: nn.Module, data, corrections, objective) -> list[str]:
     odd = [type(m).__name__ for m in dropout_layers(module) if type(m) is not nn.Dropout]
     if odd:
         why.append(f"dropout layers other than nn.Dropout ({', '.join(odd)})")
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.momentum is None
-           for m in module.modules()):
+    if any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.momentum is None
+        for m in module.modules()
+    ):
         why.append("a BatchNorm with momentum=None (its average counts the batches of the shared module)")
     for hook in corrections:
         if "step" not in hook.batched_forms:
@@ -40,8 +43,13 @@ def unsupported(module: nn.Module, data, corrections, objective) -> list[str]:
     return why
 
 
-FORMS = {"step": "batched", "begin": "batched_begin", "end": "batched_end", "after_step": "batched_after_step",
-         "end_epoch": "batched_end_epoch"}
+FORMS = {
+    "step": "batched",
+    "begin": "batched_begin",
+    "end": "batched_end",
+    "after_step": "batched_after_step",
+    "end_epoch": "batched_end_epoch",
+}
 
 
 def check_declared(hooks) -> None:

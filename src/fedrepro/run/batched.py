@@ -41,6 +41,7 @@ The results equal the sequential path's up to the summation order of batched ker
 adds in another order than K single ones); losses, BatchNorm statistics and everything elementwise are
 the same operations on the same numbers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,18 +51,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedrepro.flat import learnt_buffers
+from fedrepro.parts import ClientRun, FeatureTerm
 from fedrepro.run.batchable import dropout_layers
 from fedrepro.run.batched_draws import GroupState
 from fedrepro.run.client import LocalSGD
-from fedrepro.flat import learnt_buffers
-from fedrepro.parts import ClientRun, FeatureTerm, RoundUpdates
-
 
 # ---------------------------------------------------------------- the clients' schedules
+
 
 @dataclass
 class ClientPlan:
     """One client's batches in the order it takes them, as ``LocalSGD.train`` draws them."""
+
     batches: list[torch.Tensor]
     epoch_ends: frozenset[int]  # the steps after which an epoch ends
 
@@ -71,35 +73,38 @@ class ClientPlan:
         for _ in range(epochs):
             # the same randperm call as LocalSGD.train: the client's generator gives the same orders
             order = index if generator is None else index[torch.randperm(n, generator=generator).to(index.device)]
-            batches.extend(order[start:start + batch_size] for start in range(0, n, batch_size))
+            batches.extend(order[start : start + batch_size] for start in range(0, n, batch_size))
             ends.append(len(batches) - 1)
         return cls(batches, frozenset(ends))
 
 
 # ---------------------------------------------------------------- what hooks see
 
+
 @dataclass
 class CohortRun:
     """The clients of a group, for ``batched_begin`` / ``batched_end``: row j is client ``clients[j]``."""
+
     round: int
-    clients: torch.Tensor   # (K,) ids, on the device
-    x: torch.Tensor         # (K, P) the clients' parameters
+    clients: torch.Tensor  # (K,) ids, on the device
+    x: torch.Tensor  # (K, P) the clients' parameters
     x_global: torch.Tensor  # (P,)
     lr: float
-    steps: list[int]        # steps each client has taken (all of them at batched_end)
+    steps: list[int]  # steps each client has taken (all of them at batched_end)
     module: nn.Module
 
 
 @dataclass
 class StepView:
     """The clients taking one batched step together (rows of the group that share a batch size)."""
+
     round: int
     rows: torch.Tensor | None  # their rows in the group; None: every row
-    clients: torch.Tensor      # (k,) their ids
-    x: torch.Tensor            # (k, P) their parameters, updated in place by the step
+    clients: torch.Tensor  # (k,) their ids
+    x: torch.Tensor  # (k, P) their parameters, updated in place by the step
     x_global: torch.Tensor
     lr: float
-    grad: torch.Tensor         # (k, P) the gradient the objective fills and the corrections change
+    grad: torch.Tensor  # (k, P) the gradient the objective fills and the corrections change
     module: nn.Module
     _forward: object = field(repr=False, default=None)
 
@@ -124,6 +129,7 @@ class _RowModel:
 
 # ---------------------------------------------------------------- the engine
 
+
 class BatchedSGD:
     """Local SGD of a round's clients as vmapped steps over stacked flat parameters and buffers.
 
@@ -146,8 +152,11 @@ class BatchedSGD:
 
         def loss(params, bufs, counters, x, y, masks):
             self._masks = list(masks)  # the dropout hooks take them in call order
-            tensors = {**dict(zip(self.names, params)), **dict(zip(self.buffer_names, bufs)),
-                       **dict(zip(self.counter_names, counters))}
+            tensors = {
+                **dict(zip(self.names, params)),
+                **dict(zip(self.buffer_names, bufs)),
+                **dict(zip(self.counter_names, counters)),
+            }
             return F.cross_entropy(functional_call(self.module, tensors, (x,)), y)
 
         def loss_with_term(params, bufs, counters, x, y, masks):
@@ -170,7 +179,7 @@ class BatchedSGD:
         views, offset = [], 0
         for shape in shapes:
             n = shape.numel()
-            views.append(stacked[:, offset:offset + n].view(len(stacked), *shape))
+            views.append(stacked[:, offset : offset + n].view(len(stacked), *shape))
             offset += n
         return tuple(views)
 
@@ -198,9 +207,19 @@ class BatchedSGD:
         return loss.detach() if term is None else (loss.detach(), features)
 
     # ---- training
-    def train(self, round_: int, data, clients: torch.Tensor, plans: list[ClientPlan], x_global: torch.Tensor,
-              lr: float, buffers: torch.Tensor | None = None, momentum: torch.Tensor | None = None,
-              corrections=(), objective=None):
+    def train(
+        self,
+        round_: int,
+        data,
+        clients: torch.Tensor,
+        plans: list[ClientPlan],
+        x_global: torch.Tensor,
+        lr: float,
+        buffers: torch.Tensor | None = None,
+        momentum: torch.Tensor | None = None,
+        corrections=(),
+        objective=None,
+    ):
         """Train the clients (ids ``clients``, schedules ``plans``) from ``x_global``. ``buffers``: the global
         learnt buffers (every client starts from them); ``momentum``: (K, P) kept buffers, updated in place.
         Returns (final parameters (K, P), final buffers (K, B) or None, steps per client, mean losses (K,)).
@@ -211,8 +230,18 @@ class BatchedSGD:
             hi = lo + self.max_together
             start = x_global[lo:hi] if per_row else x_global
             bufs = buffers[lo:hi] if per_row and buffers is not None else buffers
-            f, b, s, l = self._train_group(round_, data, clients[lo:hi], plans[lo:hi], start, lr, bufs,
-                                           None if momentum is None else momentum[lo:hi], corrections, objective)
+            f, b, s, l = self._train_group(
+                round_,
+                data,
+                clients[lo:hi],
+                plans[lo:hi],
+                start,
+                lr,
+                bufs,
+                None if momentum is None else momentum[lo:hi],
+                corrections,
+                objective,
+            )
             finals.append(f)
             final_buffers.append(b)
             steps += s
@@ -226,8 +255,10 @@ class BatchedSGD:
         # one contiguous (K, *shape) tensor per buffer: BatchNorm's batching rule updates a batched running
         # statistic in place only where its rows are contiguous (a column slice of a (K, B) stack is not)
         state = self._state = GroupState(
-            () if buffers is None or not len(buffers) else
-            tuple(b.contiguous() for b in self._split(buffers.expand(k, -1).clone(), self.buffer_shapes)))
+            ()
+            if buffers is None or not len(buffers)
+            else tuple(b.contiguous() for b in self._split(buffers.expand(k, -1).clone(), self.buffer_shapes))
+        )
         velocity = None
         if self.rule.momentum:
             velocity = torch.zeros_like(x) if kept is None else kept.clone()
@@ -249,9 +280,17 @@ class BatchedSGD:
                     everyone = len(rows) == k
                     idx = None if everyone else torch.as_tensor(rows, device=device)
                     take = (lambda t: t) if everyone else (lambda t: t[idx])
-                    view = StepView(round_, idx, take(clients), take(x), x_global, lr,
-                                    grad if everyone else torch.empty(len(rows), x.shape[1], device=device),
-                                    self.module, BatchedSGD._forward.__get__(self))
+                    view = StepView(
+                        round_,
+                        idx,
+                        take(clients),
+                        take(x),
+                        x_global,
+                        lr,
+                        grad if everyone else torch.empty(len(rows), x.shape[1], device=device),
+                        self.module,
+                        BatchedSGD._forward.__get__(self),
+                    )
                     state.step, state.rows_list = s, rows
                     inputs, labels = state.batch(data, [plans[j].batches[s] for j in rows], rows, s)
                     if objective is None:
@@ -298,8 +337,9 @@ class BatchedSGD:
     def _runs(self, cohort: CohortRun):
         """Each client's ClientRun, in cohort order, its model the client's row."""
         for j, c in enumerate(cohort.clients.tolist()):
-            yield ClientRun(cohort.round, int(c), _RowModel(cohort.x[j], self.module), cohort.x_global, cohort.lr,
-                            cohort.steps[j])
+            yield ClientRun(
+                cohort.round, int(c), _RowModel(cohort.x[j], self.module), cohort.x_global, cohort.lr, cohort.steps[j]
+            )
 
     def _dropouts_replaced(self):
         """Dropout layers in eval mode (they draw nothing) with a hook that multiplies by the stored mask."""
@@ -318,6 +358,7 @@ class BatchedSGD:
                     h.remove()
                 for m, mode in zip(self.dropouts, modes):
                     m.train(mode)
+
         return replaced()
 
 
@@ -327,5 +368,14 @@ def _subview(view: StepView, rows: list[int], chosen: list[int], device) -> Step
         return view
     pos = torch.as_tensor([rows.index(j) for j in chosen], device=device)
     group_rows = torch.as_tensor(chosen, device=device)
-    return StepView(view.round, group_rows, view.clients[pos], view.x[pos], view.x_global, view.lr, view.grad[pos],
-                    view.module, view._forward)
+    return StepView(
+        view.round,
+        group_rows,
+        view.clients[pos],
+        view.x[pos],
+        view.x_global,
+        view.lr,
+        view.grad[pos],
+        view.module,
+        view._forward,
+    )

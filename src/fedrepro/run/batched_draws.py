@@ -3,6 +3,7 @@ augmentation drawn from torch's global generator in the order the sequential pat
 per step the augmentation draws, then per forward pass each dropout layer's mask), stored, and applied by the
 batched steps. The global generator ends where the sequential loop leaves it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,7 @@ class GroupState:
     def __init__(self, buffers: tuple[torch.Tensor, ...]):
         self.buffers = buffers  # per learnt buffer, (K, *shape)
         self.forwards = 0
-        self.augment: dict[tuple[int, int], object] = {}      # (client row, step) -> augmentation draws
+        self.augment: dict[tuple[int, int], object] = {}  # (client row, step) -> augmentation draws
         self.masks: dict[tuple[int, int], list[list[torch.Tensor]]] = {}  # -> per forward, per dropout call
         self.dropout_calls: list[tuple[float, torch.Size]] = []  # (p, input shape past the batch dimension)
         self.step, self.rows_list, self.forward_no = 0, [], {}
@@ -35,9 +36,12 @@ class GroupState:
                     self.augment[(j, s)] = data.augment_draws(b)
                 if engine.dropouts:
                     self.masks[(j, s)] = [
-                        [F.dropout(torch.ones((b, *shape), device=batch.device), p, True)
-                         for p, shape in self.dropout_calls]
-                        for _ in range(forwards)]
+                        [
+                            F.dropout(torch.ones((b, *shape), device=batch.device), p, True)
+                            for p, shape in self.dropout_calls
+                        ]
+                        for _ in range(forwards)
+                    ]
 
     def batch(self, data, indices: list[torch.Tensor], rows: list[int], step: int):
         """The (k, b, ...) inputs and labels of the rows' batches, with their stored augmentation."""
@@ -64,8 +68,7 @@ def dropout_calls(module: nn.Module, dropouts: list[nn.Module], data, plans) -> 
     """The dropout layers' calls in one forward pass, in order, and each one's input shape past the batch
     dimension: a one-sample forward in eval mode (no dropout draws, no BatchNorm update)."""
     calls = []
-    handles = [m.register_forward_hook(lambda mod, args, out: calls.append((mod, args[0].shape[1:])))
-               for m in dropouts]
+    handles = [m.register_forward_hook(lambda mod, args, out: calls.append((mod, args[0].shape[1:]))) for m in dropouts]
     sample = next(p.batches[0][:1] for p in plans if p.batches)
     was = module.training
     devices = [sample.device] if sample.device.type == "cuda" else []

@@ -6,6 +6,7 @@ Whether they can train batched is decided then (``batchable.unsupported``, and e
 checked), not probed every round. ``train`` is one round: the ``RoundUpdates`` the sequential loop
 (``Trainer.train_sequentially``) returns, with the same BatchNorm average and kept momentum.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,7 +24,8 @@ from fedrepro.run.client import LocalSGD
 @dataclass
 class ClientData:
     """What clients train on: the training split and each client's samples (indices) and size."""
-    train: object                    # a data set (data.base.Dataset): batch(index), batched_cohort, augment
+
+    train: object  # a data set (data.base.Dataset): batch(index), batched_cohort, augment
     client_index: list[torch.Tensor]
     client_sizes: torch.Tensor
 
@@ -31,10 +33,17 @@ class ClientData:
 class BatchedRounds:
     """A run's rounds of local training with the round's clients trained together (``run/batched.py``)."""
 
-    def __init__(self, module: nn.Module, rule: LocalSGD, clients: ClientData,
-                 corrections: list[GradientCorrection], objective: ClientObjective | None,
-                 shuffle: Callable[[int, int], torch.Generator | None], client_momentum: torch.Tensor | None = None,
-                 max_together: int = 64):
+    def __init__(
+        self,
+        module: nn.Module,
+        rule: LocalSGD,
+        clients: ClientData,
+        corrections: list[GradientCorrection],
+        objective: ClientObjective | None,
+        shuffle: Callable[[int, int], torch.Generator | None],
+        client_momentum: torch.Tensor | None = None,
+        max_together: int = 64,
+    ):
         """``shuffle(t, client)``: the client's batch-order stream in round t (None: its stored order);
         ``client_momentum``: (N, P) kept client momentum, read and written in place (None: fresh each round)."""
         hooks = [*corrections, *([objective] if objective is not None else [])]
@@ -51,10 +60,20 @@ class BatchedRounds:
 
     def plans(self, t: int, cohort, epochs: list[int], batches: list[int]) -> list[ClientPlan]:
         index = self.clients.client_index
-        return [ClientPlan.draw(index[c], e, b, self.shuffle(t, c)) for c, e, b in zip(map(int, cohort), epochs, batches)]
+        return [
+            ClientPlan.draw(index[c], e, b, self.shuffle(t, c)) for c, e, b in zip(map(int, cohort), epochs, batches)
+        ]
 
-    def train(self, t: int, cohort, x: torch.Tensor, lr: float, epochs: list[int], batches: list[int],
-              global_buffers: torch.Tensor) -> RoundUpdates:
+    def train(
+        self,
+        t: int,
+        cohort,
+        x: torch.Tensor,
+        lr: float,
+        epochs: list[int],
+        batches: list[int],
+        global_buffers: torch.Tensor,
+    ) -> RoundUpdates:
         """Round t's clients ``cohort`` trained from ``x`` with their epochs and batch sizes. ``global_buffers``
         (the model's learnt buffers) are every client's start and receive the data-size weighted mean."""
         if self.why_not:
@@ -64,13 +83,29 @@ class BatchedRounds:
         kept = None if self.client_momentum is None else self.client_momentum[clients]
         start = global_buffers.clone()
         finals, client_buffers, steps, losses = self.sgd.train(
-            t, self.clients.train, clients, self.plans(t, cohort, epochs, batches), x, lr,
-            start if len(start) else None, kept, self.corrections, self.objective)
+            t,
+            self.clients.train,
+            clients,
+            self.plans(t, cohort, epochs, batches),
+            x,
+            lr,
+            start if len(start) else None,
+            kept,
+            self.corrections,
+            self.objective,
+        )
         if kept is not None:
             self.client_momentum[clients] = kept
-        updates = RoundUpdates(t, clients, x - finals, self.clients.client_sizes[clients],
-                               torch.tensor(steps, dtype=torch.float32, device=device), losses, lr,
-                               buffers=client_buffers)
+        updates = RoundUpdates(
+            t,
+            clients,
+            x - finals,
+            self.clients.client_sizes[clients],
+            torch.tensor(steps, dtype=torch.float32, device=device),
+            losses,
+            lr,
+            buffers=client_buffers,
+        )
         if client_buffers is not None:
             global_buffers.copy_(updates.weights @ client_buffers)
         self.rounds_trained += 1

@@ -5,6 +5,7 @@ rest>`` followed by torch's bytes, so a flipped bit or a truncated file is found
 loaded from it (torch's zip reader catches truncation, not a flipped bit in a tensor). Without it
 (``model.pt``, read by users with plain ``torch.load``) the file is torch's own; ``load`` reads both.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,9 +51,10 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
         raise CheckpointError(f"{path}: cannot be read: {err}") from None
     if raw.startswith(MAGIC):
         header, _, body = raw.partition(b"\n")
-        if hashlib.sha256(body).hexdigest().encode() != header[len(MAGIC):]:
-            raise CheckpointError(f"{path}: its content does not match the digest stored with it "
-                                  f"(truncated or altered)")
+        if hashlib.sha256(body).hexdigest().encode() != header[len(MAGIC) :]:
+            raise CheckpointError(
+                f"{path}: its content does not match the digest stored with it (truncated or altered)"
+            )
         raw = body
     try:
         return torch.load(io.BytesIO(raw), map_location=device, weights_only=True)

@@ -6,6 +6,7 @@ The momentum buffer b starts at zero every round (the papers' reading), or, with
 ``client.keep_momentum``, continues from where the client's last round left it (FedLAW's code
 creates each client's ``torch.optim.SGD`` once, so its buffer persists across rounds).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,9 +60,18 @@ class LocalSGD:
             grad = buf.mul_(self.momentum).add_(grad)
         x.add_(grad, alpha=-lr)
 
-    def train(self, run: ClientRun, data: TensorDataset, index: torch.Tensor, epochs: int, batch_size: int,
-              generator: torch.Generator, corrections: list[GradientCorrection] = (),
-              objective: ClientObjective | None = None, momentum_buffer: torch.Tensor | None = None) -> LocalResult:
+    def train(
+        self,
+        run: ClientRun,
+        data: TensorDataset,
+        index: torch.Tensor,
+        epochs: int,
+        batch_size: int,
+        generator: torch.Generator,
+        corrections: list[GradientCorrection] = (),
+        objective: ClientObjective | None = None,
+        momentum_buffer: torch.Tensor | None = None,
+    ) -> LocalResult:
         """Train ``run.model`` from ``run.x_global`` on the samples ``index`` of ``data``. ``momentum_buffer``:
         this client's buffer kept from its earlier rounds, updated in place; None starts from zero."""
         model = run.model
@@ -78,7 +88,7 @@ class LocalSGD:
             # no generator: the client's stored order every epoch (client.shuffle: none)
             order = index if generator is None else index[torch.randperm(n, generator=generator).to(index.device)]
             for start in range(0, n, batch_size):
-                x, y = data.batch(order[start:start + batch_size])
+                x, y = data.batch(order[start : start + batch_size])
                 if objective is None:
                     loss_sum += model.loss_and_grad(F.cross_entropy, x, y)
                 else:

@@ -1,4 +1,5 @@
 """Who trains in a round: drawn from (seed, round) alone, the same clients for every method of a comparison."""
+
 from __future__ import annotations
 
 import functools

@@ -3,6 +3,7 @@ keeps its complete state (a checkpoint plus the last models its children's parts
 ``fork/kept-<round>.pt``, and trains on. A child starts from that state through the path a checkpoint resume
 takes, and ends with the numbers it would have had trained from round 0.
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,6 +25,7 @@ class ForkStates(Observer):
     """``keep``: the rounds at which this run keeps its state for children (round -> file); ``history_length``:
     the number of last global models the children's parts need (IMA's window); ``forked_from``: the run and round
     this run started from."""
+
     saves = ("history", "forked_from")
 
     def __init__(self, keep: dict[int, Path] | None = None, history_length: int = 0):
@@ -37,15 +39,19 @@ class ForkStates(Observer):
         return {"history": list(self.history), "forked_from": self.forked_from}
 
     def restore(self, state: dict) -> None:
-        self.history = [h.clone() for h in state.get("history", [])][-self.history_length:] \
-            if self.history_length else []
+        self.history = (
+            [h.clone() for h in state.get("history", [])][-self.history_length :] if self.history_length else []
+        )
         self.forked_from = state.get("forked_from")
 
     def round_done(self, trainer, row, diverged):
         done = row["round"]
         if self.history_length:
-            self.history = [*self.history[-(self.history_length - 1):], trainer.model.flat.clone()] \
-                if self.history_length > 1 else [trainer.model.flat.clone()]
+            self.history = (
+                [*self.history[-(self.history_length - 1) :], trainer.model.flat.clone()]
+                if self.history_length > 1
+                else [trainer.model.flat.clone()]
+            )
         self.keep_states(trainer, done, diverged)
 
     def keep_states(self, trainer, done: int, diverged: bool) -> None:
@@ -56,8 +62,11 @@ class ForkStates(Observer):
                 if len(self.history) < min(self.history_length, done):
                     # resumed from a checkpoint written without the models a child needs: keep nothing,
                     # the fork step trains the prefix again (fedrepro fork)
-                    print(f"warning: round {round_}: {len(self.history)} of the {self.history_length} last models "
-                          f"a child needs are kept; no fork state written", file=sys.stderr)
+                    print(
+                        f"warning: round {round_}: {len(self.history)} of the {self.history_length} last models "
+                        f"a child needs are kept; no fork state written",
+                        file=sys.stderr,
+                    )
                     continue
                 checkpoint.save(self.fork_state(trainer, done, diverged), path, digest=True)
 
@@ -65,8 +74,10 @@ class ForkStates(Observer):
     def fork_state(trainer, next_round: int, diverged: bool = False) -> dict:
         """What a child needs to start at ``next_round`` as if it had trained rounds 0..next_round-1 itself:
         the parent's complete state, its setting (the child checks it shares the prefix) and its last models."""
-        return {**trainer.state(next_round), "fork": {"run": trainer.paths.id, "round": next_round,
-                                                      "setting": trainer.setting, "diverged": diverged}}
+        return {
+            **trainer.state(next_round),
+            "fork": {"run": trainer.paths.id, "round": next_round, "setting": trainer.setting, "diverged": diverged},
+        }
 
     def start(self, trainer, path: str | Path, accepts) -> None:
         """Start from a parent's fork state; ``accepts(parent_setting, round)`` says whether this run shares

@@ -8,6 +8,7 @@ start; the eigenvalues of the small tridiagonal T = Q^T H Q (Ritz values) conver
 first (Golub and Van Loan, Matrix Computations, 10.1). With as many steps as parameters they are H's
 eigenvalues exactly (tests/test_hessian.py checks against the explicit Hessian of a tiny model).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -23,8 +24,9 @@ def hvp(loss_of: Callable[[torch.Tensor], torch.Tensor], w: torch.Tensor, v: tor
     return hv.detach()
 
 
-def top_eigen(loss_of: Callable[[torch.Tensor], torch.Tensor], w: torch.Tensor, k: int = 5, steps: int = 20,
-              seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def top_eigen(
+    loss_of: Callable[[torch.Tensor], torch.Tensor], w: torch.Tensor, k: int = 5, steps: int = 20, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest Ritz values (descending) of the Hessian of ``loss_of`` at w after ``steps`` Lanczos
     steps, and the Ritz vector of the largest (unit norm, the top eigenvector's estimate)."""
     n = w.numel()
@@ -46,7 +48,7 @@ def top_eigen(loss_of: Callable[[torch.Tensor], torch.Tensor], w: torch.Tensor, 
     m = len(alphas)
     t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
     if m > 1:
-        off = torch.tensor(betas[:m - 1], dtype=torch.float64)
+        off = torch.tensor(betas[: m - 1], dtype=torch.float64)
         t += torch.diag(off, 1) + torch.diag(off, -1)
     values, vectors = torch.linalg.eigh(t)
     order = torch.argsort(values, descending=True)

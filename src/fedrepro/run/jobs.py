@@ -1,5 +1,6 @@
 """The two jobs a run is asked for: train it (``fedrepro train``), and give a child the state of its first
 rounds (``fedrepro fork``)."""
+
 from __future__ import annotations
 
 import os
@@ -10,13 +11,24 @@ from pathlib import Path
 from fedrepro.identity import stable_hash
 from fedrepro.run import checkpoint
 from fedrepro.run.fork_states import ForkError, ForkStates
+from fedrepro.run.rundir import RunDir
 from fedrepro.run.trainer import Trainer
-from fedrepro.rundir import RunDir
 
 
-def train(setting: dict, run_dir, partition_dir, data_root, checkpoint_every: int = 10, progress: bool = True,
-          stop_after: int | None = None, tracker=None, keep_forks: list[int] = (), history: int = 0,
-          fork_from: str | Path | None = None, accepts=None) -> dict:
+def train(
+    setting: dict,
+    run_dir,
+    partition_dir,
+    data_root,
+    checkpoint_every: int = 10,
+    progress: bool = True,
+    stop_after: int | None = None,
+    tracker=None,
+    keep_forks: list[int] = (),
+    history: int = 0,
+    fork_from: str | Path | None = None,
+    accepts=None,
+) -> dict:
     """``keep_forks``: rounds at which to keep a fork state for children (with the last ``history`` models);
     ``fork_from``: a parent's fork state to start from (``accepts`` checks the parent's setting)."""
     paths = RunDir(Path(run_dir))
@@ -35,8 +47,11 @@ def fork_state(setting: dict, run_dir, round_: int, history: int, out, partition
     if kept.exists():
         try:
             state = checkpoint.load(kept)
-            usable = (state.get("fork", {}).get("round") == round_ and state["setting_hash"] == stable_hash(setting)
-                      and len(state.get("history", [])) >= min(history, round_))
+            usable = (
+                state.get("fork", {}).get("round") == round_
+                and state["setting_hash"] == stable_hash(setting)
+                and len(state.get("history", [])) >= min(history, round_)
+            )
         except checkpoint.CheckpointError as err:
             print(f"warning: {err}; training the prefix again", file=sys.stderr)
             usable = False
@@ -73,25 +88,54 @@ def train_pack(members: list[dict], checkpoint_every: int = 10, progress: bool =
             outcomes.append({"run": paths.root.name, "status": "done before"})
             continue
         device = pick_device(setting["device"])
-        key = (setting["dataset"], str(member["data_root"]), json_key(setting["preprocess"]),
-               json_key(setting["pretrained"]), str(device))
+        key = (
+            setting["dataset"],
+            str(member["data_root"]),
+            json_key(setting["preprocess"]),
+            json_key(setting["pretrained"]),
+            str(device),
+        )
         if key not in loaded:
-            loaded[key] = tuple(data.load(setting["dataset"], member["data_root"], train=split,
-                                          preprocess=setting["preprocess"],
-                                          pretrained=setting["pretrained"]).to(device) for split in (True, False))
-        forks = ForkStates({int(r): paths.kept_fork(int(r)) for r in member.get("keep_forks", ())}, member.get("history", 0))
-        trainers.append((Trainer(setting, member["out"], member["partition"], member["data_root"], datasets=loaded[key],
-                                 forks=forks), (member.get("fork_from"), member.get("accepts"))))
+            loaded[key] = tuple(
+                data.load(
+                    setting["dataset"],
+                    member["data_root"],
+                    train=split,
+                    preprocess=setting["preprocess"],
+                    pretrained=setting["pretrained"],
+                ).to(device)
+                for split in (True, False)
+            )
+        forks = ForkStates(
+            {int(r): paths.kept_fork(int(r)) for r in member.get("keep_forks", ())}, member.get("history", 0)
+        )
+        trainers.append(
+            (
+                Trainer(
+                    setting, member["out"], member["partition"], member["data_root"], datasets=loaded[key], forks=forks
+                ),
+                (member.get("fork_from"), member.get("accepts")),
+            )
+        )
         outcomes.append(None)
     if trainers:
         pack = PackedRuns([t for t, _ in trainers])
         forked = {id(t): f for t, f in trainers}
-        results = iter(pack.run_each(lambda t: dict(checkpoint_every=checkpoint_every, progress=progress,
-                                                    fork_from=forked[id(t)][0], accepts=forked[id(t)][1])))
+        results = iter(
+            pack.run_each(
+                lambda t: dict(
+                    checkpoint_every=checkpoint_every,
+                    progress=progress,
+                    fork_from=forked[id(t)][0],
+                    accepts=forked[id(t)][1],
+                )
+            )
+        )
         outcomes = [next(results) if o is None else o for o in outcomes]
     return outcomes
 
 
 def json_key(value) -> str:
     import json
+
     return json.dumps(value, sort_keys=True)

@@ -9,6 +9,7 @@ the keys it adds to a checkpoint and a fork state) and the files it writes when 
 Observers only read the run's state: none of them draws from a generator the training draws from, so a run
 with or without them computes the same numbers (the Hessian draws from its own seeded generators).
 """
+
 from __future__ import annotations
 
 import sys
@@ -53,6 +54,7 @@ class Observer:
 
 class MetricsRows(Observer):
     """metrics.csv's rows, one a round, kept in checkpoints so a resumed run writes every round."""
+
     saves = ("rows",)
 
     def __init__(self):
@@ -77,6 +79,7 @@ def _from_end(rounds, total: int) -> set[int]:
 class Snapshots(Observer):
     """Figures (docs/figures.md): the global model, the first clients' models and the next global model of the
     rounds the setting's ``snapshots.rounds`` lists."""
+
     saves = ("snapshots",)
 
     def __init__(self, setting: dict):
@@ -113,6 +116,7 @@ class Snapshots(Observer):
 
 class Cosines(Observer):
     """The clients' pairwise update cosines of round 1, every tenth round and ``snapshots.cosine_rounds``."""
+
     saves = ("cosines",)
 
     def __init__(self, setting: dict):
@@ -151,14 +155,16 @@ class HessianLog(Observer):
         import torch.nn.functional as F
 
         from fedrepro.run import hessian
+
         cfg, model, train = self.config, trainer.model, trainer.inputs.train
         g = torch.Generator().manual_seed(self.seed)
-        index = torch.randperm(len(train), generator=g)[:cfg["samples"]].to(trainer.device)
+        index = torch.randperm(len(train), generator=g)[: cfg["samples"]].to(trainer.device)
         x, y = train.batch(index)
         net = FunctionalModel(model.module)
         with eval_mode(model.module):
-            values, _ = hessian.top_eigen(lambda w: F.cross_entropy(net(w, x), y), model.flat, cfg["k"],
-                                          cfg["steps"], self.seed)
+            values, _ = hessian.top_eigen(
+                lambda w: F.cross_entropy(net(w, x), y), model.flat, cfg["k"], cfg["steps"], self.seed
+            )
         top, last = float(values[0]), float(values[-1])
         return {"hessian_top1": top, "hessian_topk": last, "hessian_ratio": top / last if last else float("nan")}
 

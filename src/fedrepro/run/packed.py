@@ -16,6 +16,7 @@ from its own run's model and BatchNorm statistics; every other run its own round
 * **Stops alone.** A run that diverges, fails or finishes ends its loop and leaves the turn order; the pack goes
   on with the others. A killed pack resumes each run from its own checkpoint (the loop is ``Trainer.run``).
 """
+
 from __future__ import annotations
 
 import signal
@@ -35,10 +36,10 @@ class _Member:
     trainer: object
     rng: torch.Tensor
     cuda_rng: torch.Tensor | None = None
-    plan: object = None          # the round it has planned and waits to have trained
+    plan: object = None  # the round it has planned and waits to have trained
     result: RoundUpdates | None = None
     done: bool = False
-    outcome: object = None       # its summary, or the exception that ended it
+    outcome: object = None  # its summary, or the exception that ended it
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -85,8 +86,11 @@ class PackedRuns:
                 self._turn = self.members.index(live[0])  # a new cycle: each in order takes its updates
             elif live:  # the next run still to plan (a later one in order: the cycle wraps only after a step)
                 n = len(self.members)
-                self._turn = next(i % n for i in range(self.members.index(me) + 1, self.members.index(me) + n + 1)
-                                  if not self.members[i % n].done)
+                self._turn = next(
+                    i % n
+                    for i in range(self.members.index(me) + 1, self.members.index(me) + n + 1)
+                    if not self.members[i % n].done
+                )
             self._cond.notify_all()
 
     def train(self, trainer, plan) -> RoundUpdates:
@@ -159,8 +163,9 @@ class PackedRuns:
         if m.cuda_rng is not None:
             torch.cuda.set_rng_state(m.cuda_rng, trainer.device)
         if trainer.train_together(plan.cohort):
-            m.result = trainer.batched.train(plan.t, plan.cohort, plan.x, plan.lr, plan.epochs, plan.batches,
-                                             trainer.model.buffers)
+            m.result = trainer.batched.train(
+                plan.t, plan.cohort, plan.x, plan.lr, plan.epochs, plan.batches, trainer.model.buffers
+            )
         else:
             m.result = trainer.train_sequentially(plan)
         m.rng = torch.get_rng_state()
@@ -171,11 +176,23 @@ class PackedRuns:
     def stack_key(trainer, plan) -> tuple | None:
         """What runs must share to train in one computation this round; None: this run trains alone."""
         module, train = trainer.model.module, trainer.inputs.train
-        if (trainer.algorithm.corrections or trainer.algorithm.objective is not None or dropout_layers(module)
-                or train.augment or trainer.client_momentum is not None or not trainer.train_together(plan.cohort)):
+        if (
+            trainer.algorithm.corrections
+            or trainer.algorithm.objective is not None
+            or dropout_layers(module)
+            or train.augment
+            or trainer.client_momentum is not None
+            or not trainer.train_together(plan.cohort)
+        ):
             return None
-        return (repr(module), _data_key(train), str(trainer.device), trainer.local.momentum,
-                trainer.local.weight_decay, plan.lr)
+        return (
+            repr(module),
+            _data_key(train),
+            str(trainer.device),
+            trainer.local.momentum,
+            trainer.local.weight_decay,
+            plan.lr,
+        )
 
     def _stacked(self, key: tuple, members: list[_Member]) -> None:
         first = members[0].trainer
@@ -183,29 +200,39 @@ class PackedRuns:
             self._engines[key[0]] = BatchedSGD(first.model.module, first.local, self.max_together)
         engine = self._engines[key[0]]
         engine.rule = first.local
-        plans = [p for m in members for p in m.trainer.batched.plans(m.plan.t, m.plan.cohort, m.plan.epochs,
-                                                                      m.plan.batches)]
+        plans = [
+            p for m in members for p in m.trainer.batched.plans(m.plan.t, m.plan.cohort, m.plan.epochs, m.plan.batches)
+        ]
         rows = [len(m.plan.cohort) for m in members]
         device = first.device
         clients = torch.cat([torch.as_tensor(m.plan.cohort, device=device) for m in members])
         starts = torch.cat([m.plan.x.expand(n, -1) for m, n in zip(members, rows)])
         has_buffers = len(first.model.buffers) > 0
-        buffers = torch.cat([m.trainer.model.buffers.expand(n, -1) for m, n in zip(members, rows)]) \
-            if has_buffers else None
+        buffers = (
+            torch.cat([m.trainer.model.buffers.expand(n, -1) for m, n in zip(members, rows)]) if has_buffers else None
+        )
         was = first.model.module.training
         first.model.module.train()
         try:
-            finals, client_buffers, steps, losses = engine.train(min(m.plan.t for m in members), first.inputs.train,
-                                                                 clients, plans, starts, key[-1], buffers)
+            finals, client_buffers, steps, losses = engine.train(
+                min(m.plan.t for m in members), first.inputs.train, clients, plans, starts, key[-1], buffers
+            )
         finally:
             first.model.module.train(was)
         lo = 0
         for m, n in zip(members, rows):
             hi, trainer = lo + n, m.trainer
             mine = clients[lo:hi]
-            updates = RoundUpdates(m.plan.t, mine, m.plan.x - finals[lo:hi], trainer.inputs.client_sizes[mine],
-                                   torch.tensor(steps[lo:hi], dtype=torch.float32, device=device), losses[lo:hi],
-                                   m.plan.lr, buffers=None if client_buffers is None else client_buffers[lo:hi])
+            updates = RoundUpdates(
+                m.plan.t,
+                mine,
+                m.plan.x - finals[lo:hi],
+                trainer.inputs.client_sizes[mine],
+                torch.tensor(steps[lo:hi], dtype=torch.float32, device=device),
+                losses[lo:hi],
+                m.plan.lr,
+                buffers=None if client_buffers is None else client_buffers[lo:hi],
+            )
             if client_buffers is not None:
                 trainer.model.buffers.copy_(updates.weights @ client_buffers[lo:hi])
             m.result = updates
@@ -215,6 +242,9 @@ class PackedRuns:
 def _data_key(train) -> tuple:
     """Runs stack only on the same training data: the same tensors (the same storage: a pack loads each data set
     once and gives it to every run that trains on it)."""
-    tensors = tuple((name, value.data_ptr(), tuple(value.shape)) for name, value in sorted(vars(train).items())
-                    if isinstance(value, torch.Tensor))
+    tensors = tuple(
+        (name, value.data_ptr(), tuple(value.shape))
+        for name, value in sorted(vars(train).items())
+        if isinstance(value, torch.Tensor)
+    )
     return (type(train).__name__, tensors)

@@ -1,4 +1,5 @@
 """The process a run trains in: the device it picks, and its tie to the parent that started it."""
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,8 @@ def pick_device(name: str, environ=None) -> torch.device:
         raise SetupError(
             f"{why}, but torch {torch.__version__} (built for CUDA {built}) sees no CUDA device. Check "
             "`nvidia-smi` and that the driver supports this CUDA version; set device: cpu to train on the CPU "
-            "on purpose")
+            "on purpose"
+        )
     return torch.device("cpu")
 
 

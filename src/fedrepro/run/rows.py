@@ -1,4 +1,5 @@
 """A round's row of metrics.csv: what the cohort's updates and the server step measured, and the scores."""
+
 from __future__ import annotations
 
 import math
@@ -17,27 +18,31 @@ LAST_ROUNDS = 10  # the papers report the mean test accuracy of the last 10 roun
 ALWAYS_FINITE = ("train_loss", "step_norm", "global_norm", "update_norm_mean", "update_norm_max")
 
 
-def update_row(t: int, cohort: np.ndarray, lr: float, x: torch.Tensor, x_new: torch.Tensor, updates: RoundUpdates,
-               inputs) -> dict:
+def update_row(
+    t: int, cohort: np.ndarray, lr: float, x: torch.Tensor, x_new: torch.Tensor, updates: RoundUpdates, inputs
+) -> dict:
     """The updates' and the step's measures, per client group (of the sampled ``cohort``, in training order) and
     class share (of the clients credited), and what the method reported."""
-    row = {"round": t + 1, "lr": lr, "train_loss": float(updates.losses.mean()),
-           "e_lud": float(metrics.e_lud(updates.deltas)),
-           "global_norm": float(updates.weighted_mean().norm()),
-           "step_norm": float((x_new - x).norm()),
-           "model_norm": float(x_new.norm()),  # ||w_g|| after the server step (FedLAW Fig. 10, left)
-           "pseudo_grad_norm": updates.info.get("pseudo_grad_norm", float("nan")),
-           "coherence": float(metrics.coherence(updates.deltas)),
-           "update_norm_mean": float(updates.deltas.norm(dim=1).mean()),
-           "update_norm_max": float(updates.deltas.norm(dim=1).max()),
-           "update_norm_min": float(updates.deltas.norm(dim=1).min())}
+    row = {
+        "round": t + 1,
+        "lr": lr,
+        "train_loss": float(updates.losses.mean()),
+        "e_lud": float(metrics.e_lud(updates.deltas)),
+        "global_norm": float(updates.weighted_mean().norm()),
+        "step_norm": float((x_new - x).norm()),
+        "model_norm": float(x_new.norm()),  # ||w_g|| after the server step (FedLAW Fig. 10, left)
+        "pseudo_grad_norm": updates.info.get("pseudo_grad_norm", float("nan")),
+        "coherence": float(metrics.coherence(updates.deltas)),
+        "update_norm_mean": float(updates.deltas.norm(dim=1).mean()),
+        "update_norm_max": float(updates.deltas.norm(dim=1).max()),
+        "update_norm_min": float(updates.deltas.norm(dim=1).min()),
+    }
     for name, members in inputs.client_groups.items():
         inside = torch.as_tensor(np.isin(cohort, members), device=updates.deltas.device)
         row[f"coherence_{name}"] = float(metrics.coherence(updates.deltas[inside]))  # nan below 2 clients
     if inputs.class_counts is not None:
         weights = updates.info.get("weights", updates.weights)
-        weights = weights if isinstance(weights, torch.Tensor) and weights.numel() == len(cohort) \
-            else updates.weights
+        weights = weights if isinstance(weights, torch.Tensor) and weights.numel() == len(cohort) else updates.weights
         cohort_share = inputs.class_share[updates.clients].T @ weights.to(inputs.class_share.dtype)
         row.update({f"cohort_class_{c}": float(v) for c, v in enumerate(cohort_share)})
         row["cohort_class_tv"] = float(0.5 * (cohort_share - inputs.global_share).abs().sum())

@@ -27,7 +27,6 @@ from fedrepro import algorithms, data, external, identity, models
 from fedrepro.flat import FlatModel
 from fedrepro.identity import partition_id, stable_hash
 from fedrepro.parts import ClientRun, RoundUpdates
-from fedrepro.provenance import device_line, run_provenance
 from fedrepro.run import checkpoint, inputs as run_inputs, rows
 from fedrepro.run.batched_rounds import BatchedRounds, ClientData
 from fedrepro.run.client import LocalSGD, client_generator
@@ -35,8 +34,9 @@ from fedrepro.run.cohorts import code_pairing, sample_cohort
 from fedrepro.run.fork_states import ForkStates
 from fedrepro.run.observers import Checkpoints, Cosines, HessianLog, MetricsRows, Observer, Preempted, Snapshots
 from fedrepro.run.process import main_thread, pick_device, set_precision
+from fedrepro.run.provenance import device_line, run_provenance
+from fedrepro.run.rundir import RunDir
 from fedrepro.schedule import cohort_size
-from fedrepro.rundir import RunDir
 
 
 @dataclass
@@ -52,8 +52,8 @@ class RoundPlan:
 
 
 class Trainer:
-    def __init__(self, setting: dict, run_dir: str | Path, partition_dir: str | Path | None, data_root: str | Path | None,
-                 *, datasets: tuple[data.TensorDataset, data.TensorDataset] | None = None,
+    def __init__(self, setting: dict, run_dir: str | Path, partition_dir: str | Path | None,
+                 data_root: str | Path | None, *, datasets: tuple[data.TensorDataset, data.TensorDataset] | None = None,
                  parts: list[np.ndarray] | None = None, module: torch.nn.Module | None = None,
                  forks: ForkStates | None = None):
         """``datasets`` (train, test), ``parts`` and ``module`` replace loading from disk (benchmark, tests);
@@ -306,7 +306,8 @@ class Trainer:
             "partition_hash": self.inputs.partition_hash,
             "final_acc": float(acc.tail(rows.LAST_ROUNDS).mean()) if status == "finished" else float("nan"),
             "best_acc": float(acc.max()) if len(acc) else float("nan"),
-            "final_loss": float(frame["test_loss"].dropna().tail(rows.LAST_ROUNDS).mean()) if len(acc) else float("nan"),
+            "final_loss": (float(frame["test_loss"].dropna().tail(rows.LAST_ROUNDS).mean()) if len(acc)
+                           else float("nan")),
             "e_ludd": float(frame["e_lud"].mean()),
             # which samples the accuracies (metrics.csv's test_acc/test_loss included) are of
             "scored_on": "validation" if self.setting["evaluation"]["validation"] else "test",

@@ -1,5 +1,6 @@
 """One run's MLflow record: its parameters, tags, round metrics, inputs and artifacts, and the marker in the
 run folder (``mlflow.json``) that says which store holds it and whether it is complete."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedrepro import records, rundir
-
+from fedrepro import records
+from fedrepro.run import rundir
 
 BATCH = 1000  # MLflow's limit of metric values per log_batch
 MARKER = rundir.MLFLOW  # in the run folder: which store holds the run, and whether it is complete
@@ -57,8 +58,7 @@ def source_name(manifest: dict | None) -> str:
 
 def system_tags(summary_or_setting: dict, run_name: str, parent_id: str | None, source: str = ENTRY_POINT) -> dict:
     commit = str(summary_or_setting.get("git_commit", ""))
-    tags = {"fedrepro.run": run_name, "mlflow.source.name": source, "mlflow.source.type": "JOB",
-            "mlflow.user": _user()}
+    tags = {"fedrepro.run": run_name, "mlflow.source.name": source, "mlflow.source.type": "JOB", "mlflow.user": _user()}
     if commit and commit != "unknown":
         tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
         tags["fedrepro.git_dirty"] = str(commit.endswith("-dirty")).lower()
@@ -78,21 +78,26 @@ def _user() -> str:
 def round_metrics(row: dict) -> list:
     """One metrics.csv row as MLflow metrics: step = round, timestamp = when the round ended."""
     from mlflow.entities import Metric
+
     stamp = int(float(row["wall_time"]) * 1000)
     step = int(row["round"])
-    return [Metric(k, float(v), stamp, step) for k, v in row.items()
-            if k not in NOT_METRICS and isinstance(v, (int, float)) and math.isfinite(v)]
+    return [
+        Metric(k, float(v), stamp, step)
+        for k, v in row.items()
+        if k not in NOT_METRICS and isinstance(v, (int, float)) and math.isfinite(v)
+    ]
 
 
 def log_metrics(client, run_id: str, metrics: list) -> None:
     for start in range(0, len(metrics), BATCH):
-        client.log_batch(run_id, metrics=metrics[start:start + BATCH])
+        client.log_batch(run_id, metrics=metrics[start : start + BATCH])
 
 
 def rows_with_times(run_dir: Path) -> list[dict]:
     """metrics.csv rows; a run written before rows carried ``wall_time`` gets it back from the
     summary's modification time and the rounds' durations."""
     import pandas as pd
+
     run = rundir.RunDir(run_dir)
     frame = run.read_metrics()
     if "wall_time" not in frame or frame["wall_time"].isna().any():
@@ -104,8 +109,10 @@ def rows_with_times(run_dir: Path) -> list[dict]:
 
 def _curves_figure(rows: list[dict], path: Path) -> Path:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rounds = [r["round"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for key, ax in (("test_acc", axes[0]), ("train_loss", axes[1])):
@@ -130,23 +137,37 @@ def dataset_inputs(setting: dict, partition: str, partition_dir: Path | None, pa
 
     from fedrepro.catalog import DATASETS
     from fedrepro.identity import stable_hash
+
     name = setting["dataset"]
     declared = {k: DATASETS[name][k] for k in ("train_size", "test_size", "num_classes") if k in DATASETS[name]}
-    data = Dataset(name=name, digest=stable_hash({"dataset": name, **declared}), source_type="fedrepro",
-                   source=json.dumps({"dataset": name}), profile=json.dumps(declared))
+    data = Dataset(
+        name=name,
+        digest=stable_hash({"dataset": name, **declared}),
+        source_type="fedrepro",
+        source=json.dumps({"dataset": name}),
+        profile=json.dumps(declared),
+    )
     profile = {"num_clients": setting.get("num_clients"), "content_hash": partition_hash}
     if partition_dir is not None and (partition_dir / "partition.json").is_file():
         with contextlib.suppress(OSError, ValueError, KeyError):  # a damaged record: the hash alone
             info = records.read_json(partition_dir / "partition.json")
             profile.update(content_hash=info["content_hash"], num_samples=info.get("num_samples"))
             import pandas as pd
+
             counts = pd.read_csv(partition_dir / "counts.csv", index_col="client")
             profile.update(num_clients=len(counts), client_sizes=[int(n) for n in counts.sum(axis=1)])
     source = {"uri": str(partition_dir.resolve())} if partition_dir is not None else {"partition": partition}
-    split = Dataset(name=partition, digest=profile["content_hash"] or "unknown", source_type="local",
-                    source=json.dumps(source), profile=json.dumps(profile))
-    return [DatasetInput(data, [InputTag("mlflow.data.context", "training")]),
-            DatasetInput(split, [InputTag("mlflow.data.context", "partition")])]
+    split = Dataset(
+        name=partition,
+        digest=profile["content_hash"] or "unknown",
+        source_type="local",
+        source=json.dumps(source),
+        profile=json.dumps(profile),
+    )
+    return [
+        DatasetInput(data, [InputTag("mlflow.data.context", "training")]),
+        DatasetInput(split, [InputTag("mlflow.data.context", "partition")]),
+    ]
 
 
 def _partition_dir(run_dir: Path, partition: str, given: Path | None) -> Path:
@@ -162,14 +183,19 @@ def log_inputs(client, run_id: str, inputs: list) -> None:
         client.log_inputs(run_id, datasets=new)
 
 
-def complete_run(client, run_id: str, run_dir: Path, summary: dict, rows: list[dict],
-                 partition_dir: Path | None = None) -> None:
+def complete_run(
+    client, run_id: str, run_dir: Path, summary: dict, rows: list[dict], partition_dir: Path | None = None
+) -> None:
     """Everything a finished run's record holds beyond its round metrics; then mark it complete and
     terminate it with its real end time. Safe to repeat."""
     from mlflow.entities import Metric
+
     end_ms = int(float(rows[-1]["wall_time"]) * 1000) if rows else int(time.time() * 1000)
-    summary_metrics = [Metric(f"summary.{k}", float(summary[k]), end_ms, 0) for k in SUMMARY_METRICS
-                       if isinstance(summary.get(k), (int, float)) and math.isfinite(summary[k])]
+    summary_metrics = [
+        Metric(f"summary.{k}", float(summary[k]), end_ms, 0)
+        for k in SUMMARY_METRICS
+        if isinstance(summary.get(k), (int, float)) and math.isfinite(summary[k])
+    ]
     log_metrics(client, run_id, summary_metrics)
     for path in rundir.RunDir(run_dir).artifacts():
         client.log_artifact(run_id, str(path))
@@ -181,8 +207,13 @@ def complete_run(client, run_id: str, run_dir: Path, summary: dict, rows: list[d
     if heatmap.exists():
         client.log_artifact(run_id, str(heatmap), "figures")
     if "dataset" in summary.get("setting", {}):
-        log_inputs(client, run_id, dataset_inputs(summary["setting"], summary.get("partition", "-"), partition_dir,
-                                                    summary.get("partition_hash", "")))
+        log_inputs(
+            client,
+            run_id,
+            dataset_inputs(
+                summary["setting"], summary.get("partition", "-"), partition_dir, summary.get("partition_hash", "")
+            ),
+        )
     client.set_tag(run_id, "fedrepro.status", summary["status"])
     client.set_tag(run_id, "fedrepro.logged", "complete")
     client.set_terminated(run_id, MLFLOW_STATUS.get(summary["status"], "FAILED"), end_time=end_ms)
@@ -190,18 +221,23 @@ def complete_run(client, run_id: str, run_dir: Path, summary: dict, rows: list[d
 
 def open_run(client, experiment_id: str, run_name: str, tags: dict, params: dict, start_ms: int) -> str:
     from mlflow.entities import Param
+
     run = client.create_run(experiment_id, start_time=start_ms, tags=tags, run_name=run_name)
     items = [Param(k, v[:6000]) for k, v in params.items()]
     for start in range(0, len(items), 100):  # MLflow's limit of params per log_batch
-        client.log_batch(run.info.run_id, params=items[start:start + 100])
+        client.log_batch(run.info.run_id, params=items[start : start + 100])
     return run.info.run_id
 
 
 def run_tags(summary: dict) -> dict:
-    return {"fedrepro.setting_hash": summary["setting_hash"], "fedrepro.partition": summary["partition"],
-            "fedrepro.partition_hash": summary.get("partition_hash", ""),
-            "fedrepro.code_hash": summary.get("code_hash", ""), "fedrepro.device": summary.get("device", ""),
-            "fedrepro.host": summary.get("host", "")}
+    return {
+        "fedrepro.setting_hash": summary["setting_hash"],
+        "fedrepro.partition": summary["partition"],
+        "fedrepro.partition_hash": summary.get("partition_hash", ""),
+        "fedrepro.code_hash": summary.get("code_hash", ""),
+        "fedrepro.device": summary.get("device", ""),
+        "fedrepro.host": summary.get("host", ""),
+    }
 
 
 def add_membership(client, run, membership: str) -> None:

@@ -1,5 +1,6 @@
 """The MLflow store: a sqlite file by default (made atomically, one creator at a time), a server when
 ``MLFLOW_TRACKING_URI`` names one; its experiments and the parent runs that group an experiment's runs."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,13 +12,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedrepro.spec.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT
 from fedrepro.errors import SetupError
 
-
 # A dead server must cost seconds, not MLflow's default of 7 retries with exponential backoff (~4 min).
-FAIL_FAST_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+FAIL_FAST_ENV = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
 
 
 def default_uri() -> str:
@@ -29,7 +32,7 @@ def experiment_name(manifest: dict) -> str:
 
 
 def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 @contextlib.contextmanager
@@ -64,13 +67,16 @@ def _prepare_sqlite(db: Path) -> None:
         if state["complete"]:
             return
         if state["runs"]:
-            raise SetupError(f"the MLflow store {db} was left half-migrated (schema {state['revision']}, tables "
-                               f"{', '.join(state['leftovers']) or '-'}) and holds {state['runs']} runs: back it up "
-                               f"and repair it with `mlflow db upgrade sqlite:///{db}`")
+            raise SetupError(
+                f"the MLflow store {db} was left half-migrated (schema {state['revision']}, tables "
+                f"{', '.join(state['leftovers']) or '-'}) and holds {state['runs']} runs: back it up "
+                f"and repair it with `mlflow db upgrade sqlite:///{db}`"
+            )
         aside = db.with_name(f"{db.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(db, aside)
         print(f"tracking: {db} was an interrupted, empty schema creation; moved to {aside.name}, creating anew")
     from mlflow import MlflowClient
+
     fd, tmp = tempfile.mkstemp(prefix=f".{db.name}.", suffix=".tmp", dir=db.parent)
     os.close(fd)
     os.unlink(tmp)  # MLflow creates the file itself
@@ -80,14 +86,22 @@ def _prepare_sqlite(db: Path) -> None:
 
 def _sqlite_state(db: Path) -> dict:
     from mlflow.store.db.utils import _get_latest_schema_revision
+
     with contextlib.closing(sqlite3.connect(db, timeout=20)) as con:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        revision = (con.execute("SELECT version_num FROM alembic_version").fetchone() or [None])[0] \
-            if "alembic_version" in tables else None
+        revision = (
+            (con.execute("SELECT version_num FROM alembic_version").fetchone() or [None])[0]
+            if "alembic_version" in tables
+            else None
+        )
         runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
     leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
-    return {"complete": not leftovers and revision == _get_latest_schema_revision(), "revision": revision,
-            "leftovers": leftovers, "runs": runs}
+    return {
+        "complete": not leftovers and revision == _get_latest_schema_revision(),
+        "revision": revision,
+        "leftovers": leftovers,
+        "runs": runs,
+    }
 
 
 # What sqlite says when its file cannot take a write: a full disk (SQLITE_FULL), a write refused past a size
@@ -106,16 +120,19 @@ def unwritable(uri: str, err: Exception) -> str | None:
     if isinstance(err, OSError):
         where, why = Path(os.path.abspath(err.filename)) if err.filename else None, err.strerror or type(err).__name__
         home = Path(os.path.abspath(db.parent))
-        if where is None or not (where.parent == home and where.name.lstrip(".").startswith(db.name)
-                                 or home / "mlartifacts" in where.parents):
+        if where is None or not (
+            where.parent == home and where.name.lstrip(".").startswith(db.name) or home / "mlartifacts" in where.parents
+        ):
             return None
     else:
         where, why = db, next((s for s in SQLITE_UNWRITABLE if s in str(err)), None)
         if why is None:
             return None
-    return (f"the MLflow store {where} cannot be written ({why}): free space there or make it writable (or name "
-            f"another store with --tracking-uri), then `fedrepro track` brings it in line with the runs' folders, "
-            f"which are untouched")
+    return (
+        f"the MLflow store {where} cannot be written ({why}): free space there or make it writable (or name "
+        f"another store with --tracking-uri), then `fedrepro track` brings it in line with the runs' folders, "
+        f"which are untouched"
+    )
 
 
 def open_store(uri: str):
@@ -126,6 +143,7 @@ def open_store(uri: str):
     # traceback of it would bury that line
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from mlflow import MlflowClient
+
     db = _sqlite_path(uri)
     if db is not None:
         with lock(uri):
@@ -171,8 +189,11 @@ def parent_run(client, experiment_id: str, experiment: str, title: str = "") -> 
     """The run that groups one experiment's runs; concurrent creators keep the oldest."""
     found = find_runs(client, [experiment_id], "fedrepro.parent", experiment)
     if not found:
-        client.create_run(experiment_id, run_name=experiment,
-                          tags={"fedrepro.parent": experiment, "mlflow.note.content": title or experiment})
+        client.create_run(
+            experiment_id,
+            run_name=experiment,
+            tags={"fedrepro.parent": experiment, "mlflow.note.content": title or experiment},
+        )
         found = find_runs(client, [experiment_id], "fedrepro.parent", experiment)
         for extra in found[1:]:
             client.delete_run(extra.info.run_id)

@@ -11,6 +11,7 @@ declares what it shows, its options with their defaults, and whether it reads ru
 figure that cannot be drawn from the runs (no snapshots, a diverged run, no finished run) becomes an image that
 says why: the page then explains itself instead of showing a hole, and the workflow goes on.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ from pathlib import Path
 import jsonschema
 
 from fedrepro import catalog
-from fedrepro.rundir import RunDir
 from fedrepro.errors import FedreproError
+from fedrepro.run.rundir import RunDir
 
 
 class MissingInput(FedreproError):
@@ -32,6 +33,7 @@ class MissingInput(FedreproError):
 @dataclass
 class Context:
     """What every kind may need besides the runs: where data lives, the device, the page's label."""
+
     data_root: Path | None = None
     device: str = "auto"
     quick: bool = False
@@ -67,10 +69,19 @@ def declared(folder: Path = Path(__file__).parent) -> dict[str, dict]:
             if kind in kinds:
                 raise FedreproError(f"{path}: figure kind {kind} is declared in {kinds[kind]['family']}.yaml too")
             if "shows" not in declaration or set(declaration) - FIELDS:
-                raise FedreproError(f"{path}: figure kind {kind} declares {sorted(declaration)}; it needs shows and "
-                                    f"may have {', '.join(sorted(FIELDS - {'shows'}))}")
-            kinds[kind] = {"family": path.stem, "options": {}, "choices": {}, "reads_runs": True, "evaluates": False,
-                           "shapes": {}, **declaration}
+                raise FedreproError(
+                    f"{path}: figure kind {kind} declares {sorted(declaration)}; it needs shows and "
+                    f"may have {', '.join(sorted(FIELDS - {'shows'}))}"
+                )
+            kinds[kind] = {
+                "family": path.stem,
+                "options": {},
+                "choices": {},
+                "reads_runs": True,
+                "evaluates": False,
+                "shapes": {},
+                **declaration,
+            }
     return kinds
 
 
@@ -92,24 +103,30 @@ def described(kind: str, **fill) -> str:
 
 def check(figures: dict, experiments: dict) -> dict[str, dict]:
     """Every figure spec with its defaults filled in; a clear error naming the figure and key otherwise."""
-    from fedrepro.spec.schema import ConfigError
+    from fedrepro.configure.schema import ConfigError
 
     problems, out = [], {}
     for name, spec in (figures or {}).items():
         where = f"figures.{name}"
         if not isinstance(spec, dict) or spec.get("kind") not in KINDS:
-            problems.append(f"{where}.kind = {spec.get('kind') if isinstance(spec, dict) else spec!r}: "
-                            f"allowed are {', '.join(sorted(KINDS))}")
+            problems.append(
+                f"{where}.kind = {spec.get('kind') if isinstance(spec, dict) else spec!r}: "
+                f"allowed are {', '.join(sorted(KINDS))}"
+            )
             continue
         kind = spec["kind"]
         options = KINDS[kind]["options"]
         unknown = set(spec) - COMMON_KEYS - set(options)
         if unknown:
-            problems.append(f"{where}: unknown keys {sorted(unknown)} for kind {kind}; allowed: "
-                            f"{sorted(COMMON_KEYS | set(options))}")
+            problems.append(
+                f"{where}: unknown keys {sorted(unknown)} for kind {kind}; allowed: "
+                f"{sorted(COMMON_KEYS | set(options))}"
+            )
         if KINDS[kind]["reads_runs"] and spec.get("experiment") not in experiments:
-            problems.append(f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
-                            f"experiments {sorted(experiments)}")
+            problems.append(
+                f"{where}.experiment = {spec.get('experiment')!r}: allowed are the params file's "
+                f"experiments {sorted(experiments)}"
+            )
         for key, shape in KINDS[kind]["shapes"].items():  # the kind's fragment declares each option's shape
             value = spec.get(key, options.get(key))
             if not jsonschema.Draft202012Validator(shape).is_valid(value):
@@ -134,8 +151,11 @@ def select_runs(manifest: dict, runs_dir: Path, spec: dict) -> list[Run]:
     if exp is None:
         raise MissingInput(f"experiment {spec['experiment']} is not in this params file's manifest")
     labels = {r["id"]: r["label"] for r in exp["runs"]}
-    runs = [Run(r["id"], labels[r["id"]], r["setting"], r["summary"], r["metrics"], RunDir(Path(runs_dir) / r["id"]))
-            for r in paper.load_runs(runs_dir, set(labels)) if paper.matches(r["setting"], spec["select"])]
+    runs = [
+        Run(r["id"], labels[r["id"]], r["setting"], r["summary"], r["metrics"], RunDir(Path(runs_dir) / r["id"]))
+        for r in paper.load_runs(runs_dir, set(labels))
+        if paper.matches(r["setting"], spec["select"])
+    ]
     if not runs:
         raise MissingInput(f"no finished run of experiment {spec['experiment']} matches {spec['select'] or 'all'}")
     return runs
@@ -146,8 +166,9 @@ def finished(runs: list[Run]) -> list[Run]:
     done = [r for r in runs if r.summary.get("status") == "finished"]
     if not done:
         diverged = [r.label for r in runs if r.diverged]
-        raise MissingInput(("diverged (loss became NaN/inf): " + ", ".join(diverged)) if diverged
-                           else "no finished run")
+        raise MissingInput(
+            ("diverged (loss became NaN/inf): " + ", ".join(diverged)) if diverged else "no finished run"
+        )
     return done
 
 
@@ -158,8 +179,17 @@ def notice(text: str, title: str):
     fig, ax = plt.subplots(figsize=(7, 2.2))
     ax.axis("off")
     ax.set_title(title, fontsize=10)
-    ax.text(0.5, 0.5, "not drawn: " + text, ha="center", va="center", wrap=True, fontsize=10, color="darkred",
-            transform=ax.transAxes)
+    ax.text(
+        0.5,
+        0.5,
+        "not drawn: " + text,
+        ha="center",
+        va="center",
+        wrap=True,
+        fontsize=10,
+        color="darkred",
+        transform=ax.transAxes,
+    )
     return fig
 
 
@@ -169,18 +199,26 @@ def legend_outside(ax, title: str | None = None) -> None:
     if not labels:
         return
     if len(labels) > 4:
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title=title,
-                  title_fontsize=8, frameon=False)
+        ax.legend(
+            handles,
+            labels,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            fontsize=8,
+            title=title,
+            title_fontsize=8,
+            frameon=False,
+        )
     else:
         ax.legend(fontsize=8, title=title, title_fontsize=8)
 
 
-def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out: str | Path,
-         context: Context) -> dict:
+def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out: str | Path, context: Context) -> dict:
     """Write ``out`` (PNG) and its caption beside it (``.json``); return the caption record."""
     import importlib
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -199,17 +237,27 @@ def draw(name: str, spec: dict, manifest: dict | None, runs_dir: str | Path, out
         # a constrained layout makes room for the label itself; any other gets it above the top edge
         # (the axes titles reach it), and the tight bounding box of savefig takes it in
         from matplotlib.layout_engine import ConstrainedLayoutEngine
+
         constrained = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
         above = {} if constrained else {"y": 1.0, "va": "bottom"}
-        fig.suptitle("QUICK profile (reduced setting, not comparable to the paper)", fontsize=9, color="gray",
-                     **above)
+        fig.suptitle("QUICK profile (reduced setting, not comparable to the paper)", fontsize=9, color="gray", **above)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90, bbox_inches="tight")
     plt.close(fig)
-    record = {"name": name, "kind": kind, "family": family(kind), "title": title, "shows": what,
-              "reproduces": spec.get("reproduces", ""), "differs": spec.get("differs", ""),
-              "drawn": drawn, "reason": reason, "quick": context.quick, "image": out.name}
+    record = {
+        "name": name,
+        "kind": kind,
+        "family": family(kind),
+        "title": title,
+        "shows": what,
+        "reproduces": spec.get("reproduces", ""),
+        "differs": spec.get("differs", ""),
+        "drawn": drawn,
+        "reason": reason,
+        "quick": context.quick,
+        "image": out.name,
+    }
     record["caption"] = caption(record)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     return record

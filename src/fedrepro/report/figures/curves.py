@@ -1,4 +1,5 @@
 """Per-round quantities of metrics.csv drawn per method: the shared body of the metrics figures."""
+
 from __future__ import annotations
 
 from fedrepro.report.figures import MissingInput, finished
@@ -30,8 +31,11 @@ def frame(runs, column: str, diverged_ok: bool = False):
     import pandas as pd
 
     done = finished(runs)
-    parts = [r.metrics.assign(method=method(r), split=split(r), seed=r.setting["seed"])
-             for r in done if column in r.metrics and r.metrics[column].notna().any()]
+    parts = [
+        r.metrics.assign(method=method(r), split=split(r), seed=r.setting["seed"])
+        for r in done
+        if column in r.metrics and r.metrics[column].notna().any()
+    ]
     if not parts:
         raise MissingInput(f"no finished run logs '{column}' in metrics.csv")
     return pd.concat(parts, ignore_index=True)
@@ -44,13 +48,21 @@ def over_rounds(runs, column: str, ylabel: str, hline: float | None = None, logy
 
     data = frame(runs, column)
     splits = list(dict.fromkeys(data["split"]))
-    fig, axes = plt.subplots(1, len(splits), figsize=(4.4 * len(splits) + 1.8, 3.6), squeeze=False, sharey=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(splits), figsize=(4.4 * len(splits) + 1.8, 3.6), squeeze=False, sharey=True, layout="constrained"
+    )
     # a log axis only where the values span a decade: over a narrow range it prints 1.1 x 10^0 ticks
     logy = logy and data[column].min() > 0 and data[column].max() / data[column].min() > 10
     for ax, name in zip(axes[0], splits):
-        sns.lineplot(data=data[data["split"] == name], x="round", y=column, hue="method", errorbar=("ci", 95),
-                     ax=ax, legend=ax is axes[0][-1])
+        sns.lineplot(
+            data=data[data["split"] == name],
+            x="round",
+            y=column,
+            hue="method",
+            errorbar=("ci", 95),
+            ax=ax,
+            legend=ax is axes[0][-1],
+        )
         if hline is not None:
             ax.axhline(hline, color="gray", lw=0.8, ls=":")
         if logy:
@@ -67,5 +79,13 @@ def methods_legend(ax, extra=()) -> None:
     (line-style keys); the bands are the seeds' 95% interval."""
     handles, labels = ax.get_legend_handles_labels()
     handles = [*handles, *extra]
-    ax.legend(handles, [*labels, *(h.get_label() for h in extra)], loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              fontsize=8, frameon=False, title="95% band over seeds", title_fontsize=8)
+    ax.legend(
+        handles,
+        [*labels, *(h.get_label() for h in extra)],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        frameon=False,
+        title="95% band over seeds",
+        title_fontsize=8,
+    )

@@ -1,4 +1,5 @@
 """FedAWARE figures: e-LUD over rounds, cosine matrices of client updates, coherence against LUD."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,12 @@ from fedrepro.report.figures import MissingInput, described, finished, legend_ou
 from fedrepro.report.figures.curves import frame, method, over_rounds, split
 
 # split_dynamics: the panels of FedAWARE Fig. 1, (metrics.csv column, y label, scale)
-DYNAMICS = (("test_acc", "test accuracy (%)", 100.0), ("e_lud", "e-LUD", 1.0),
-            ("global_norm", "||sum_i p_i Delta_i|| (L2)", 1.0), ("train_loss", "local training loss (nats)", 1.0))
+DYNAMICS = (
+    ("test_acc", "test accuracy (%)", 100.0),
+    ("e_lud", "e-LUD", 1.0),
+    ("global_norm", "||sum_i p_i Delta_i|| (L2)", 1.0),
+    ("train_loss", "local training loss (nats)", 1.0),
+)
 
 
 def elud(spec, runs, context):
@@ -29,8 +34,10 @@ def cosines(spec, runs, context):
     wanted = [r if r > 0 else run.setting["rounds"] + 1 + r for r in spec["rounds"]]
     shown = [r for r in wanted if r in have]
     if not shown:
-        raise MissingInput(f"run {run.id} kept cosine matrices of rounds {have}, none of the asked {wanted}; "
-                           f"list them in snapshots.cosine_rounds")
+        raise MissingInput(
+            f"run {run.id} kept cosine matrices of rounds {have}, none of the asked {wanted}; "
+            f"list them in snapshots.cosine_rounds"
+        )
     from matplotlib.ticker import MaxNLocator
 
     from fedrepro import partitions
@@ -38,8 +45,9 @@ def cosines(spec, runs, context):
 
     groups = partitions.groups(partition_setting(run.setting))
     boundary = len(groups["balanced"]) if groups and run.setting["participation"] == 1.0 else None
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.0 * len(shown) + 1.2, 3.6), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(
+        1, len(shown), figsize=(4.0 * len(shown) + 1.2, 3.6), squeeze=False, constrained_layout=True
+    )
     for ax, r in zip(axes[0], shown):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -90,8 +98,9 @@ def split_dynamics(spec, runs, context):
     for ax, (column, label, scale) in zip(axes, DYNAMICS):
         part = data.dropna(subset=[column]).assign(**{column: lambda f, c=column, k=scale: f[c] * k})
         style = "method" if data["method"].nunique() > 1 else None  # one method is the paper's case
-        sns.lineplot(data=part, x="round", y=column, hue="split", style=style, errorbar=("ci", 95), ax=ax,
-                     legend=ax is axes[-1])
+        sns.lineplot(
+            data=part, x="round", y=column, hue="split", style=style, errorbar=("ci", 95), ax=ax, legend=ax is axes[-1]
+        )
         ax.set_xlabel("communication round")
         ax.set_ylabel(label)
     legend_outside(axes[-1], "data split (and method)")
@@ -109,8 +118,7 @@ def momentum_ablation(spec, runs, context):
 
     records = []
     for run in finished(runs):
-        acc = paper.run_metric({"kind": "mean_last_fraction", "fraction": 0.1, "scale": 100},
-                               run.summary, run.metrics)
+        acc = paper.run_metric({"kind": "mean_last_fraction", "fraction": 0.1, "scale": 100}, run.summary, run.metrics)
         eludd = float(run.metrics["e_lud"].mean())
         if run.setting["algorithm"] == "fedaware":
             static = run.setting["fedaware"].get("weights") == "static"
@@ -125,8 +133,10 @@ def momentum_ablation(spec, runs, context):
     if swept.empty:
         raise MissingInput("no finished FedAWARE run (the alpha sweep) among the runs")
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.5), layout="constrained")
-    for ax, column, label in ((axes[0], "accuracy", "accuracy (%, last 10% of rounds)"),
-                              (axes[1], "e-LUDD", "e-LUDD (mean e-LUD, dimensionless)")):
+    for ax, column, label in (
+        (axes[0], "accuracy", "accuracy (%, last 10% of rounds)"),
+        (axes[1], "e-LUDD", "e-LUDD (mean e-LUD, dimensionless)"),
+    ):
         for i, (name, part) in enumerate(swept.groupby("method", sort=True)):
             stats = part.groupby("alpha")[column].agg(["mean", "min", "max"])
             ax.plot(stats.index, stats["mean"], marker="o", color=f"C{i}", label=name)

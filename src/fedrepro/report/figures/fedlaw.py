@@ -7,6 +7,7 @@ import numpy as np
 from fedrepro.report.figures import MissingInput, described, finished, legend_outside
 from fedrepro.report.figures.curves import frame, method, methods_legend, over_rounds, split
 
+
 def middle_rounds(frame, column: str):
     """The values of ``column`` in the middle stage of a run: rounds 90-110 (App. D.5) when the run has
     them, else its middle tenth (a short run of a test)."""
@@ -27,7 +28,8 @@ def _gws_pairs(runs, axis: str):
         if r.setting["algorithm"] != "fedavg" and not law:
             continue
         value = r.setting["local_epochs"] if axis == "local_epochs" else r.setting["partition"].get(axis)
-        line = f"alpha={r.setting['partition'].get('alpha')}" if axis == "local_epochs" else f"E={r.setting['local_epochs']}"
+        line = (f"alpha={r.setting['partition'].get('alpha')}" if axis == "local_epochs"
+                else f"E={r.setting['local_epochs']}")
         row = {"line": line, "x": value, "method": "gws" if law else "fedavg", "seed": r.setting["seed"],
                "acc": r.metrics["test_acc"].dropna().tail(10).mean() * 100}
         if law:

@@ -17,6 +17,7 @@ VRLSGD (Liang et al. 2019) runs x <- x - lr (grad F_i(x) - c_i), i.e. the same c
 e_i + c_i in place of e_i, then c_i <- c_i + (x_avg - x_i)/(tau_i lr); with unequal tau_i the paper
 only says tau is "replaced by different tau_i's", which is what this does (specs/fednova.md 1.7).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,16 +26,18 @@ import torch
 from fedrepro.report.figures import MissingInput, described, finished, legend_outside
 
 # FedNova Fig. 4's claim, in the paper's words (section IV, "Novel insights into the convergence of FedProx")
-FEDPROX_ALPHA_CLAIM = ("As we increase α, the weights wi come closer to pi and thus, the non-vanishing error χ2κ2 in (13) "
-                       "decreases (see blue curve in Fig. 4). However increasing α worsens the slowdown τ/τeff, which "
-                       "appears in the first error term in (9) (see the red curve in Fig. 4). In the extreme case when "
-                       "α = 1, although FEDPROX achieves objective consistency, it has a significantly slower convergence "
-                       "because τeff = 1")
+FEDPROX_ALPHA_CLAIM = (
+    "As we increase α, the weights wi come closer to pi and thus, the non-vanishing error χ2κ2 in (13) "
+    "decreases (see blue curve in Fig. 4). However increasing α worsens the slowdown τ/τeff, which "
+    "appears in the first error term in (9) (see the red curve in Fig. 4). In the extreme case when "
+    "α = 1, although FEDPROX achieves objective consistency, it has a significantly slower convergence "
+    "because τeff = 1"
+)
 FEDPROX_ALPHA_TOLERANCE = 1e-9  # the checks' tolerance, stated before any curve was computed: float rounding only
 # the loss columns loss_curves can draw: metrics.csv name -> what it is (the y label and the caption)
 LOSS_COLUMNS = {
     "global_train_loss": "Global training loss (the global model's mean cross-entropy on all clients' training "
-                         "data, eval mode, nats: the objective sum_i n_i/n F_i)",
+    "data, eval mode, nats: the objective sum_i n_i/n F_i)",
     "train_loss": "Local training loss (the cohort's mean cross-entropy during its local steps, nats)",
 }
 METHODS = ("FedAvg", "FedProx", "VRLSGD", "FedNova")
@@ -116,8 +119,10 @@ def random_taus(options: dict):
 
     def taus(t: int) -> torch.Tensor:
         rng = np.random.default_rng([options["seed"], t])
-        return torch.as_tensor(np.clip(np.rint(rng.normal(options["tau"], options["tau_std"], m)), low, high),
-                               dtype=torch.float64)
+        return torch.as_tensor(
+            np.clip(np.rint(rng.normal(options["tau"], options["tau_std"], m)), low, high), dtype=torch.float64
+        )
+
     return taus
 
 
@@ -127,9 +132,12 @@ def quadratic(spec: dict, runs, context):
     e, p = problem(spec)
     lrs = lr_schedule(spec)
     x_star = true_minimiser(e, p)
-    settings = {f"same local steps, tau_i = {spec['tau']}": lambda t: torch.full((spec["clients"],), float(spec["tau"]),
-                                                                                  dtype=torch.float64),
-                f"random tau_i(t) in [{spec['tau_range'][0]}, {spec['tau_range'][1]}]": random_taus(spec)}
+    settings = {
+        f"same local steps, tau_i = {spec['tau']}": lambda t: torch.full(
+            (spec["clients"],), float(spec["tau"]), dtype=torch.float64
+        ),
+        f"random tau_i(t) in [{spec['tau_range'][0]}, {spec['tau_range'][1]}]": random_taus(spec),
+    }
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
     rounds = np.arange(1, len(lrs) + 1)
     for ax, (title, taus) in zip(axes, settings.items()):
@@ -149,8 +157,14 @@ def quadratic(spec: dict, runs, context):
         ax.set_title(title, fontsize=10)
     axes[0].set_ylabel("F(x) - F(x*)  (log scale)")
     legend_outside(axes[1])
-    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-                   title="dotted: lr / 5", title_fontsize=8)
+    axes[1].legend(
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+        title="dotted: lr / 5",
+        title_fontsize=8,
+    )
     fig.tight_layout()
     return fig, described("quadratic") + f" (m = {spec['clients']}, d = {spec['dim']}, {spec['rounds']} rounds)"
 
@@ -163,12 +177,17 @@ def fedprox_terms(alpha: float, tau, p) -> dict:
         l1, l2sq = tau.copy(), tau.copy()
     else:
         keep = 1.0 - alpha
-        l1 = (1 - keep ** tau) / alpha
-        l2sq = tau.copy() if keep == 1 else (1 - keep ** (2 * tau)) / (1 - keep ** 2)
+        l1 = (1 - keep**tau) / alpha
+        l2sq = tau.copy() if keep == 1 else (1 - keep ** (2 * tau)) / (1 - keep**2)
     tau_eff = float(p @ l1)
     w = p * l1 / tau_eff
-    return {"tau_eff": tau_eff, "w": w, "weight_bias": float(((p - w) ** 2 / w).sum()),
-            "slowdown": float(p @ tau) / tau_eff, "A": len(tau) * tau_eff * float((w ** 2 * l2sq / l1 ** 2).sum())}
+    return {
+        "tau_eff": tau_eff,
+        "w": w,
+        "weight_bias": float(((p - w) ** 2 / w).sum()),
+        "slowdown": float(p @ tau) / tau_eff,
+        "A": len(tau) * tau_eff * float((w**2 * l2sq / l1**2).sum()),
+    }
 
 
 def fedprox_alpha_curves(options: dict) -> dict:
@@ -180,10 +199,14 @@ def fedprox_alpha_curves(options: dict) -> dict:
     alphas = np.asarray(options["alphas"], dtype=float)
     base = fedprox_terms(0.0, tau, p)["A"]
     terms = [fedprox_terms(a, tau, p) for a in alphas]
-    return {"alpha": alphas, "tau": tau, "weight_bias": np.array([t["weight_bias"] for t in terms]),
-            "slowdown": np.array([t["slowdown"] for t in terms]),
-            "relative_variance": np.array([t["A"] for t in terms]) / base,
-            "tau_eff": np.array([t["tau_eff"] for t in terms])}
+    return {
+        "alpha": alphas,
+        "tau": tau,
+        "weight_bias": np.array([t["weight_bias"] for t in terms]),
+        "slowdown": np.array([t["slowdown"] for t in terms]),
+        "relative_variance": np.array([t["A"] for t in terms]) / base,
+        "tau_eff": np.array([t["tau_eff"] for t in terms]),
+    }
 
 
 def fedprox_alpha_checks(curves: dict, tolerance: float = FEDPROX_ALPHA_TOLERANCE) -> list[dict]:
@@ -191,14 +214,24 @@ def fedprox_alpha_checks(curves: dict, tolerance: float = FEDPROX_ALPHA_TOLERANC
     slowdown rises, and at alpha = 1 the weights are p (chi^2 = 0) and tau_eff = 1 (the slowdown is tau_bar)."""
     alpha, bias, slow = curves["alpha"], curves["weight_bias"], curves["slowdown"]
     at_one = np.isclose(alpha, 1.0)
-    out = [{"text": "the weight bias chi^2 decreases as alpha grows (blue curve)",
-            "holds": bool(np.all(np.diff(bias) <= tolerance))},
-           {"text": "the slowdown tau_bar / tau_eff increases as alpha grows (red curve)",
-            "holds": bool(np.all(np.diff(slow) >= -tolerance))}]
+    out = [
+        {
+            "text": "the weight bias chi^2 decreases as alpha grows (blue curve)",
+            "holds": bool(np.all(np.diff(bias) <= tolerance)),
+        },
+        {
+            "text": "the slowdown tau_bar / tau_eff increases as alpha grows (red curve)",
+            "holds": bool(np.all(np.diff(slow) >= -tolerance)),
+        },
+    ]
     if at_one.any():
         i = int(np.argmax(at_one))
-        out.append({"text": "at alpha = 1, chi^2 = 0 (objective consistency) and tau_eff = 1",
-                    "holds": bool(bias[i] <= tolerance and abs(curves["tau_eff"][i] - 1) <= tolerance)})
+        out.append(
+            {
+                "text": "at alpha = 1, chi^2 = 0 (objective consistency) and tau_eff = 1",
+                "holds": bool(bias[i] <= tolerance and abs(curves["tau_eff"][i] - 1) <= tolerance),
+            }
+        )
     return out
 
 
@@ -215,13 +248,17 @@ def fedprox_alpha(spec: dict, runs, context):
     ax.set_yscale("log")
     ax.set_ylim(bottom=1e-4)  # chi^2 reaches 0 at alpha = 1: below this the curve leaves the axes
     ax.set_xlabel("alpha = eta mu")
-    ax.set_title(f"FedProx: m = {spec['clients']}, p_i = 1/m, tau_i ~ N({spec['tau']:g}, {spec['tau_std'] ** 2:.3g})",
-                 fontsize=10)
+    ax.set_title(
+        f"FedProx: m = {spec['clients']}, p_i = 1/m, tau_i ~ N({spec['tau']:g}, {spec['tau_std'] ** 2:.3g})",
+        fontsize=10,
+    )
     legend_outside(ax)
     fig.tight_layout()
     verdict = "; ".join(f"{c['text']}: {'holds' if c['holds'] else 'FAILS'}" for c in checks)
-    return fig, (described("fedprox_alpha") + f". The paper: \"{FEDPROX_ALPHA_CLAIM}\". Checked on these curves "
-                 f"(tolerance {FEDPROX_ALPHA_TOLERANCE:g}): {verdict}")
+    return fig, (
+        described("fedprox_alpha") + f'. The paper: "{FEDPROX_ALPHA_CLAIM}". Checked on these curves '
+        f"(tolerance {FEDPROX_ALPHA_TOLERANCE:g}): {verdict}"
+    )
 
 
 def loss_curves(spec: dict, runs, context):
@@ -246,9 +283,15 @@ def loss_curves(spec: dict, runs, context):
         if not chosen:
             ax.text(0.5, 0.5, "no finished run", ha="center", va="center", transform=ax.transAxes)
             continue
-        frame = pd.concat([r.metrics[["round", column]].dropna().assign(
-            method=r.setting["algorithm"] + "".join("+" + q for q in r.setting["plugins"])) for r in chosen],
-            ignore_index=True)
+        frame = pd.concat(
+            [
+                r.metrics[["round", column]]
+                .dropna()
+                .assign(method=r.setting["algorithm"] + "".join("+" + q for q in r.setting["plugins"]))
+                for r in chosen
+            ],
+            ignore_index=True,
+        )
         sns.lineplot(data=frame, x="round", y=column, hue="method", errorbar=("ci", 95), ax=ax)
         ax.set_xlabel("communication round")
         ax.set_ylabel(what.split(" (")[0].lower() + " (nats)")

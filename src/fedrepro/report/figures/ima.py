@@ -48,14 +48,15 @@ class Evaluator:
     def __init__(self, setting: dict, data_root: Path | None, device: str = "auto"):
         from fedrepro import data, models
         from fedrepro.evaluation import evaluate
-        from fedrepro.run.process import pick_device
         from fedrepro.flat import FlatModel
+        from fedrepro.run.process import pick_device
 
         if data_root is None:
             raise MissingInput("no data root given to evaluate models")
         self.device = pick_device(device)
         self.test = data.load(setting["dataset"], Path(data_root) / setting["dataset"], train=False,
-                              preprocess=setting.get("preprocess"), pretrained=setting.get("pretrained")).to(self.device)
+                              preprocess=setting.get("preprocess"),
+                              pretrained=setting.get("pretrained")).to(self.device)
         self.model = FlatModel(models.build(setting["model"], setting["dataset"], setting.get("pretrained")),
                                self.device)
         self.evaluate = evaluate
@@ -356,7 +357,8 @@ def client_averages(spec, runs, context):
             left.plot(range(1, len(models) + 1), errors, styles[i % len(styles)], color=colour, marker=".",
                       label=f"{run.label}, round {r}")
             outputs = [evaluator.logits(m, spec["cka_samples"]) for m in models]
-            pairs = [linear_cka(outputs[j], outputs[k]) for j in range(len(outputs)) for k in range(j + 1, len(outputs))]
+            pairs = [linear_cka(outputs[j], outputs[k])
+                     for j in range(len(outputs)) for k in range(j + 1, len(outputs))]
             cka_rounds.append(r)
             cka.append(float(np.mean(pairs)))
         right.plot(cka_rounds, cka, styles[i % len(styles)], marker="o", color="black", label=run.label)

@@ -7,11 +7,11 @@ A method is two files side by side: ``algorithms/<name>.py`` (its math, a ``buil
     schema:                    # the setting sections it reads, as JSON schema with defaults
       <section>: {type: object, default: {}, properties: {...}}
     keys: {...}                # keys other fragments may include with `$keys: <this file's name>`
-    requires:                  # conditions checked before any job (fedrepro.spec.conditions)
+    requires:                  # conditions checked before any job (fedrepro.configure.conditions)
       - {check: "<section>.mu * client.lr < 1", because: "..."}
     refuses:                   # plug-ins: algorithms it cannot be combined with, and why
       <algorithm>: "..."
-    fork:                      # plug-ins that act only from some round on (fedrepro.spec.forks)
+    fork:                      # plug-ins that act only from some round on (fedrepro.configure.forks)
       acts_from: "<expression: the first round it changes anything>"
       needs_models: "<expression: the host's last global models it needs at that round>"
 
@@ -21,6 +21,7 @@ A method of the user's own package (fedrepro.external) joins when a setting name
 fragment it brings. This module reads YAML only, so the Snakefile can check a grid of thousands of runs before any job
 starts; training code does not import it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,7 +31,7 @@ import yaml
 
 from fedrepro import catalog, external
 from fedrepro.catalog import DATASETS, MODELS, PARTITION_KEYS, PARTITION_KINDS, FragmentError
-from fedrepro.spec import conditions
+from fedrepro.configure import conditions
 
 FRAGMENTS = catalog.PACKAGE / "algorithms"
 SCHEMAS = catalog.PACKAGE / "schemas"
@@ -54,8 +55,12 @@ def _fragments(stamps: tuple) -> dict[str, dict]:
             conditions.parse(condition["check"])  # a malformed condition fails here, not in a grid
         fork = fragment.get("fork")
         if fork is not None:
-            if kind != "plugin" or not isinstance(fork, dict) or set(fork) - {"acts_from", "needs_models"} \
-                    or "acts_from" not in fork:
+            if (
+                kind != "plugin"
+                or not isinstance(fork, dict)
+                or set(fork) - {"acts_from", "needs_models"}
+                or "acts_from" not in fork
+            ):
                 raise FragmentError(f"{path}: fork: a plug-in's acts_from (and needs_models) expressions only")
             for expression in fork.values():
                 conditions.parse(str(expression))
@@ -72,8 +77,13 @@ def fragments() -> dict[str, dict]:
 
 
 def _entry(f: dict) -> dict:
-    return {"sections": sorted(f.get("schema", {})), "requires": f.get("requires", []),
-            "refuses": f.get("refuses", {}), "fork": f.get("fork"), "tune": f.get("tune")}
+    return {
+        "sections": sorted(f.get("schema", {})),
+        "requires": f.get("requires", []),
+        "refuses": f.get("refuses", {}),
+        "fork": f.get("fork"),
+        "tune": f.get("tune"),
+    }
 
 
 def _entries(kind: str) -> dict[str, dict]:
@@ -103,8 +113,10 @@ def admit(names: list[str]) -> None:
         core = yaml.safe_load((SCHEMAS / "setting.schema.yaml").read_text())["properties"]
         for section in fragment.get("schema") or {}:
             if section in core or section in OPTIONAL_SECTIONS:
-                raise FragmentError(f"{method.where}: its settings section '{section}' is one of fedrepro's already; "
-                                    f"name its section after the method")
+                raise FragmentError(
+                    f"{method.where}: its settings section '{section}' is one of fedrepro's already; "
+                    f"name its section after the method"
+                )
         for condition in fragment.get("requires", []):
             conditions.parse(condition["check"])
         if fragment.get("fork") is not None and method.kind != "plugin":
@@ -135,8 +147,11 @@ def extra_checks(algorithm: str, plugins: list[str], partition_kind: str | None 
 # --------------------------------------------------------------------------- datasets, models, partition kinds
 
 # The facts every entry of a kind's fragments must give (the others are optional)
-REQUIRED_FACTS = {"data": ("train_size", "test_size", "num_classes", "shape"), "models": ("datasets",),
-                  "partitions": ("doc", "keys", "name")}
+REQUIRED_FACTS = {
+    "data": ("train_size", "test_size", "num_classes", "shape"),
+    "models": ("datasets",),
+    "partitions": ("doc", "keys", "name"),
+}
 
 
 def check_fragments() -> None:
@@ -146,8 +161,10 @@ def check_fragments() -> None:
         _require(f"data/{facts['family']}.yaml: dataset '{name}'", facts, REQUIRED_FACTS["data"])
         for model in facts.get("models", []):
             if model not in MODELS:
-                raise FragmentError(f"data/{facts['family']}.yaml: dataset '{name}' lists model '{model}', which no "
-                                    f"models/*.yaml declares")
+                raise FragmentError(
+                    f"data/{facts['family']}.yaml: dataset '{name}' lists model '{model}', which no "
+                    f"models/*.yaml declares"
+                )
     for name, facts in MODELS.items():
         _require(f"models/{facts['family']}.yaml: model '{name}'", facts, REQUIRED_FACTS["models"])
         if not fits(name):
@@ -166,8 +183,10 @@ def _require(where: str, facts: dict, keys) -> None:
 
 def fits(model: str) -> list[str]:
     """The datasets a model fits: those its fragment lists, and those whose fragment lists it."""
-    return [*MODELS[model].get("datasets", []),
-            *(name for name, facts in DATASETS.items() if model in facts.get("models", []))]
+    return [
+        *MODELS[model].get("datasets", []),
+        *(name for name, facts in DATASETS.items() if model in facts.get("models", [])),
+    ]
 
 
 # --------------------------------------------------------------------------- schemas
@@ -200,7 +219,8 @@ def _setting_schema(stamps: tuple, core_mtime: int, outside: tuple = ()) -> dict
     partition = schema["properties"]["partition"]
     partition["properties"]["kind"]["enum"] = list(PARTITION_KINDS)
     partition["properties"]["kind"]["description"] += "".join(
-        f" | {kind}: {spec['doc']}" for kind, spec in PARTITION_KINDS.items())
+        f" | {kind}: {spec['doc']}" for kind, spec in PARTITION_KINDS.items()
+    )
     for kind, spec in PARTITION_KINDS.items():
         for key, sub in (spec.get("properties") or {}).items():
             if partition["properties"].get(key, sub) != sub:  # two kinds may declare one setting, alike

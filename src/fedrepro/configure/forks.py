@@ -15,22 +15,22 @@ The pairs are derived here from the settings of an invocation's runs (every para
 listed by hand. Light: YAML declarations and settings only, for the Snakefile and the planner;
 ``WorkflowForks`` answers the workflow's rules for one invocation.
 """
+
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
 
-from fedrepro import registry
+from fedrepro.configure import conditions, registry
+from fedrepro.configure.settings import prune
 from fedrepro.identity import run_id, stable_hash
-from fedrepro.rundir import RunDir
-from fedrepro.spec import conditions
-from fedrepro.spec.settings import prune
+from fedrepro.run.rundir import RunDir
 
 
 @dataclass(frozen=True)
 class Fork:
-    parent: str   # the run that trains the shared rounds
-    round: int    # rounds shared: the child starts at this 0-indexed round
+    parent: str  # the run that trains the shared rounds
+    round: int  # rounds shared: the child starts at this 0-indexed round
     history: int  # the parent's last global models the child's parts need at that round
 
 
@@ -40,8 +40,10 @@ def late_plugins(setting: dict) -> dict[str, tuple[int, int]]:
     for name in setting["plugins"]:
         fork = registry.PLUGINS.get(name, {}).get("fork")
         if fork:
-            late[name] = (int(conditions.evaluate(fork["acts_from"], setting)),
-                          int(conditions.evaluate(str(fork.get("needs_models", 0)), setting)))
+            late[name] = (
+                int(conditions.evaluate(fork["acts_from"], setting)),
+                int(conditions.evaluate(str(fork.get("needs_models", 0)), setting)),
+            )
     return late
 
 

@@ -23,6 +23,7 @@ summary's mean of the last 10 evaluated rounds). A candidate any of whose runs d
 finite) loses to every other. Ties, exact equality of the means, go to the candidate listed first in the tune
 grid (the grid's product order): the params file's order, the same on every machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrepro import registry
+from fedrepro.configure import conditions, registry
+from fedrepro.configure.paramsfile import check_name
+from fedrepro.configure.schema import ConfigError, closest
+from fedrepro.configure.settings import Run, deep_merge, grid_points, resolve, split_algorithm, variant_label
 from fedrepro.errors import FedreproError
 from fedrepro.identity import partition_id, run_id, stable_hash
-from fedrepro.spec import conditions
-from fedrepro.spec.paramsfile import check_name
-from fedrepro.spec.schema import ConfigError, closest
-from fedrepro.spec.settings import Run, variant_label, deep_merge, grid_points, resolve, split_algorithm
 
 
 class TuningError(FedreproError, RuntimeError):
@@ -45,7 +45,7 @@ class TuningError(FedreproError, RuntimeError):
 
 @dataclass(frozen=True)
 class Criterion:
-    key: str                 # the summary's value per run
+    key: str  # the summary's value per run
     higher_is_better: bool
     says: str
 
@@ -60,7 +60,8 @@ DEFAULTS = {"criterion": "mean_final_val_acc", "validation": 0.1, "without": []}
 @dataclass
 class Block:
     """One tune block of one experiment, checked."""
-    where: str               # experiments.<name>.tune[i]: how errors name it
+
+    where: str  # experiments.<name>.tune[i]: how errors name it
     when: dict
     grid: dict
     seeds: list
@@ -93,14 +94,27 @@ def blocks(name: str, experiment: dict) -> list[Block]:
         for key in block["when"]:
             if key.split(".")[0] not in known:
                 guess = closest(key.split(".")[0], sorted(known))
-                raise ConfigError(f"{where}: when: '{key}' is no setting{'; did you mean ' + guess + '?' if guess else ''}")
+                raise ConfigError(
+                    f"{where}: when: '{key}' is no setting{'; did you mean ' + guess + '?' if guess else ''}"
+                )
         unknown = [p for p in block["without"] if p not in registry.PLUGINS]
         if unknown:
-            raise ConfigError(f"{where}: without: {', '.join(unknown)} is no plug-in; known: {', '.join(sorted(registry.PLUGINS))}")
+            raise ConfigError(
+                f"{where}: without: {', '.join(unknown)} is no plug-in; known: {', '.join(sorted(registry.PLUGINS))}"
+            )
         if "seed" in block["grid"]:
             raise ConfigError(f"{where}: grid: 'seed' is no value to tune; the tuning runs' seeds are 'seeds'")
-        out.append(Block(where, block["when"], block["grid"], list(block["seeds"]), block["criterion"],
-                         float(block["validation"]), list(block["without"])))
+        out.append(
+            Block(
+                where,
+                block["when"],
+                block["grid"],
+                list(block["seeds"]),
+                block["criterion"],
+                float(block["validation"]),
+                list(block["without"]),
+            )
+        )
     return out
 
 
@@ -109,9 +123,11 @@ def claim(candidates: list[Block], setting: dict) -> Block | None:
     (joint tuning is one block with several grid axes)."""
     matching = [b for b in candidates if b.matches(setting)]
     if len(matching) > 1:
-        raise ConfigError(f"{matching[0].where} and {matching[1].where} both match the grid point of "
-                          f"{'+'.join([setting['algorithm'], *setting['plugins']])}; tune several values together "
-                          f"with one block whose grid has several axes")
+        raise ConfigError(
+            f"{matching[0].where} and {matching[1].where} both match the grid point of "
+            f"{'+'.join([setting['algorithm'], *setting['plugins']])}; tune several values together "
+            f"with one block whose grid has several axes"
+        )
     return matching[0] if matching else None
 
 
@@ -137,27 +153,46 @@ def stage(block: Block, raw: dict, point: dict, experiment: str) -> tuple[str, d
         resolve(deep_merge(raw, cand), where)  # the final run it would give
         cand_runs = []
         for seed in block.seeds:
-            setting = resolve(deep_merge(bare, {**cand, "seed": seed, "evaluation": {"validation": block.validation}}),
-                              where)
+            setting = resolve(
+                deep_merge(bare, {**cand, "seed": seed, "evaluation": {"validation": block.validation}}), where
+            )
             rid = check_name(run_id(setting), "run name")
             if rid in ids:
-                raise ConfigError(f"{block.where}: grid: candidates {label(ids[rid])} and {label(cand)} give the same "
-                                  f"run: the setting they change is not read by "
-                                  f"{'+'.join([setting['algorithm'], *setting['plugins']])}")
+                raise ConfigError(
+                    f"{block.where}: grid: candidates {label(ids[rid])} and {label(cand)} give the same "
+                    f"run: the setting they change is not read by "
+                    f"{'+'.join([setting['algorithm'], *setting['plugins']])}"
+                )
             ids[rid] = cand
             cand_runs.append(rid)
             runs.append(Run(rid, experiment, setting, {**variant, **_flat(cand)}, tuning=""))
         candidates.append({"point": cand, "label": label(cand), "runs": cand_runs})
     selection = {"criterion": block.criterion, "candidates": candidates}
     first = runs[0].setting
-    name = "-".join(["tune", "+".join([first["algorithm"], *first["plugins"]]),
-                     partition_id(first).rsplit("-", 2)[0], first["model"], "_".join(block.grid)])
+    name = "-".join(
+        [
+            "tune",
+            "+".join([first["algorithm"], *first["plugins"]]),
+            partition_id(first).rsplit("-", 2)[0],
+            first["model"],
+            "_".join(block.grid),
+        ]
+    )
     tid = check_name(f"{name}-{stable_hash(selection)}", "tuning name")
     for run in runs:
         run.tuning = tid
-    entry = {"label": label_of(block, first), "grid": block.grid, "seeds": block.seeds, "criterion": block.criterion,
-             "validation": block.validation, "without": block.without, "when": block.when, "experiments": [],
-             "selection": selection, "pending": []}
+    entry = {
+        "label": label_of(block, first),
+        "grid": block.grid,
+        "seeds": block.seeds,
+        "criterion": block.criterion,
+        "validation": block.validation,
+        "without": block.without,
+        "when": block.when,
+        "experiments": [],
+        "selection": selection,
+        "pending": [],
+    }
     pending = {"experiment": experiment, "raw": raw, "variant": variant}
     return tid, entry, runs, pending
 
@@ -183,33 +218,49 @@ def choose(selection: dict, summaries: dict[str, dict | None]) -> dict:
             if summary is None:
                 raise TuningError(f"tuning run {rid} has no summary; it has to finish before the choice")
             if summary.get("scored_on") != "validation":
-                raise TuningError(f"tuning run {rid} was scored on the {summary.get('scored_on', 'test')} set, not "
-                                  f"the validation split; a tuning never looks at the test set")
+                raise TuningError(
+                    f"tuning run {rid} was scored on the {summary.get('scored_on', 'test')} set, not "
+                    f"the validation split; a tuning never looks at the test set"
+                )
             statuses.append(summary["status"])
             values.append(float(summary[criterion.key]))
         ok = all(s == "finished" for s in statuses) and all(math.isfinite(v) for v in values)
         value = sum(values) / len(values) if ok else None
         # JSON has no NaN: a diverged run's value is null
-        scored.append({**cand, "values": [v if math.isfinite(v) else None for v in values], "statuses": statuses,
-                       "value": value})
+        scored.append(
+            {**cand, "values": [v if math.isfinite(v) else None for v in values], "statuses": statuses, "value": value}
+        )
     best = None
     for i, cand in enumerate(scored):
         if cand["value"] is None:
             continue  # diverged: loses
-        if best is None or (cand["value"] > scored[best]["value"] if criterion.higher_is_better
-                            else cand["value"] < scored[best]["value"]):
+        if best is None or (
+            cand["value"] > scored[best]["value"]
+            if criterion.higher_is_better
+            else cand["value"] < scored[best]["value"]
+        ):
             best = i  # strictly better only: a tie keeps the candidate listed first
     if best is None:
-        raise TuningError("every candidate diverged: " + "; ".join(
-            f"{c['label']} ({', '.join(c['statuses'])})" for c in scored) + "; widen the tune grid")
-    return {"criterion": selection["criterion"], "criterion_says": criterion.says,
-            "higher_is_better": criterion.higher_is_better, "candidates": scored, "chosen": scored[best]["point"],
-            "chosen_label": scored[best]["label"], "chosen_index": best}
+        raise TuningError(
+            "every candidate diverged: "
+            + "; ".join(f"{c['label']} ({', '.join(c['statuses'])})" for c in scored)
+            + "; widen the tune grid"
+        )
+    return {
+        "criterion": selection["criterion"],
+        "criterion_says": criterion.says,
+        "higher_is_better": criterion.higher_is_better,
+        "candidates": scored,
+        "chosen": scored[best]["point"],
+        "chosen_label": scored[best]["label"],
+        "chosen_index": best,
+    }
 
 
 def select(manifest: dict, tuning: str, runs_dir: str | Path) -> dict:
     """The choice of one tuning of a manifest, from its runs' summaries."""
-    from fedrepro.rundir import RunDir
+    from fedrepro.run.rundir import RunDir
+
     if tuning not in manifest.get("tunings", {}):
         raise TuningError(f"tuning {tuning} is not in the manifest; it has: {', '.join(manifest.get('tunings', {}))}")
     selection = manifest["tunings"][tuning]["selection"]
@@ -246,8 +297,11 @@ def waiting_settings(manifest: dict, experiments: list[str]) -> list[dict]:
         if entry.get("choice"):
             continue
         first = entry["selection"]["candidates"][0]["point"]
-        out += [resolve(deep_merge(p["raw"], first), p["experiment"]) for p in entry["pending"]
-                if p["experiment"] in experiments]
+        out += [
+            resolve(deep_merge(p["raw"], first), p["experiment"])
+            for p in entry["pending"]
+            if p["experiment"] in experiments
+        ]
     return out
 
 
@@ -257,18 +311,35 @@ def tuned_manifest(manifest: dict, choices: dict[str, dict]) -> dict:
     out = json.loads(json.dumps(manifest))
     for run, tid in final_runs(manifest.get("tunings", {}), choices):
         out["experiments"][run.experiment]["runs"].append(
-            {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
-             "partition": run.partition, "setting": run.setting,
-             "tuned": {"tuning": tid, "chosen": choices[tid]["chosen"], "label": choices[tid]["chosen_label"]}})
+            {
+                "id": run.id,
+                "variant": run.variant,
+                "label": run.label,
+                "seed": run.setting["seed"],
+                "partition": run.partition,
+                "setting": run.setting,
+                "tuned": {"tuning": tid, "chosen": choices[tid]["chosen"], "label": choices[tid]["chosen_label"]},
+            }
+        )
     for tid, entry in out.get("tunings", {}).items():
         entry["choice"] = choices.get(tid)
         if tid in choices:
             continue
         # not chosen yet (a report of a partial grid): listed as missing, with the first candidate standing in
-        for i, (run, _) in enumerate(final_runs({tid: entry}, {tid: {"chosen": entry["selection"]["candidates"][0]["point"]}})):
+        for i, (run, _) in enumerate(
+            final_runs({tid: entry}, {tid: {"chosen": entry["selection"]["candidates"][0]["point"]}})
+        ):
             out["experiments"][run.experiment]["runs"].append(
-                {"id": f"{tid}.waiting{i}", "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
-                 "partition": run.partition, "setting": run.setting, "waiting": tid})
+                {
+                    "id": f"{tid}.waiting{i}",
+                    "variant": run.variant,
+                    "label": run.label,
+                    "seed": run.setting["seed"],
+                    "partition": run.partition,
+                    "setting": run.setting,
+                    "waiting": tid,
+                }
+            )
     return out
 
 
@@ -283,7 +354,9 @@ def choices_on_disk(manifest: dict, folder: str | Path = "results/tuning") -> di
 
 
 def tuned_manifest_path(manifest_path: str) -> str:
-    return manifest_path[:-len(".json")] + ".tuned.json" if manifest_path.endswith(".json") else manifest_path + ".tuned"
+    return (
+        manifest_path[: -len(".json")] + ".tuned.json" if manifest_path.endswith(".json") else manifest_path + ".tuned"
+    )
 
 
 class RunTable(dict):
@@ -305,8 +378,12 @@ class RunTable(dict):
             return {}
         if self._read is None or self._read[0] != stamp:
             manifest = json.loads(self.tuned_manifest_file.read_text())
-            final = {r["id"]: Run(r["id"], name, r["setting"], r["variant"])
-                     for name, exp in manifest["experiments"].items() for r in exp["runs"] if "tuned" in r}
+            final = {
+                r["id"]: Run(r["id"], name, r["setting"], r["variant"])
+                for name, exp in manifest["experiments"].items()
+                for r in exp["runs"]
+                if "tuned" in r
+            }
             self._read = (stamp, final)
         return self._read[1]
 

@@ -16,6 +16,7 @@ A run is ``done`` (a summary, finished), ``diverged`` (a summary, its loss becam
 ``interrupted`` (a checkpoint and no summary: it resumes where it stopped) or ``missing``.
 Reading imports neither torch nor pandas up front: the planner and the index read run folders too.
 """
+
 from __future__ import annotations
 
 import json
@@ -118,6 +119,7 @@ class RunDir:
     def read_metrics(self):
         """metrics.csv as a DataFrame; an unreadable or truncated file is a CorruptFileError naming it."""
         import pandas as pd
+
         try:
             return pd.read_csv(self.metrics)
         except (OSError, ValueError, pd.errors.ParserError) as err:

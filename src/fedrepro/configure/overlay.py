@@ -4,21 +4,22 @@ whose names match these patterns), with the paper's tuning stage.
 
 An experiment's method axis is its ``algorithm`` grid axis, or its ``setting`` axis, when it lists two methods or
 more; an experiment without one (an ablation or a figure of one method) is left as it is. Where the experiment tunes
-its baselines (``tune`` blocks, fedrepro.spec.tuning), the added method is tuned too, over the search space its
+its baselines (``tune`` blocks, fedrepro.configure.tuning), the added method is tuned too, over the search space its
 fragment declares (``tune: {<key>: [values]}``), with the budget of the experiment's most-tuned baseline: at
 most as many candidates (the first ones, in the fragment's order), the same tuning seeds, criterion, validation
 share and plug-ins left out, so that the comparison is fair by construction. A method that declares no search
 space runs at its defaults, as a baseline the paper does not tune.
 """
+
 from __future__ import annotations
 
 import copy
 import fnmatch
 
-from fedrepro import registry
+from fedrepro.configure import registry
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import grid_points, split_algorithm
 from fedrepro.errors import FedreproError
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import grid_points, split_algorithm
 
 
 def names(params: dict, key: str) -> list[str]:
@@ -35,8 +36,9 @@ def apply(params: dict, experiments: dict) -> dict:
     patterns = names(params, "add_method_to") or ["*"]
     unmatched = [p for p in patterns if not fnmatch.filter(experiments, p)]
     if unmatched:
-        raise ConfigError(f"add_method_to: {', '.join(unmatched)} matches no experiment; experiments: "
-                          f"{', '.join(experiments)}")
+        raise ConfigError(
+            f"add_method_to: {', '.join(unmatched)} matches no experiment; experiments: {', '.join(experiments)}"
+        )
     out = {}
     for name, exp in experiments.items():
         if any(fnmatch.fnmatchcase(name, p) for p in patterns):
@@ -69,8 +71,10 @@ def _tune_block(experiment: str, blocks: list[dict], method: str) -> list[dict]:
     except FedreproError as err:
         raise ConfigError(f"add_method: {err}") from None
     if base not in registry.ALGORITHMS:
-        raise ConfigError(f"add_method: '{method}' names no method; known: {', '.join(sorted(registry.ALGORITHMS))}, "
-                          f"or a method of your own package by its entry point or module path")
+        raise ConfigError(
+            f"add_method: '{method}' names no method; known: {', '.join(sorted(registry.ALGORITHMS))}, "
+            f"or a method of your own package by its entry point or module path"
+        )
     space = registry.ALGORITHMS[base].get("tune")
     if not space:
         return []

@@ -1,5 +1,6 @@
 """The schemas: a setting or params file validated against its schema, defaults filled in, and a refusal
 that names the key, the value and what is allowed (``ConfigError``)."""
+
 from __future__ import annotations
 
 import copy
@@ -11,7 +12,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from fedrepro import registry
+from fedrepro.configure import registry
 from fedrepro.errors import FedreproError
 
 
@@ -62,8 +63,10 @@ def _explain(error: jsonschema.ValidationError, where: str) -> str:
         for key in unknown:
             guess = closest(key, allowed)
             hint = f"; did you mean {guess}?" if guess else ""
-            lines.append(f"{where}: unknown setting '{'.'.join([*path, key])}'{hint} allowed keys"
-                         f"{' of ' + '.'.join(path) if path else ''}: {', '.join(allowed)}")
+            lines.append(
+                f"{where}: unknown setting '{'.'.join([*path, key])}'{hint} allowed keys"
+                f"{' of ' + '.'.join(path) if path else ''}: {', '.join(allowed)}"
+            )
         if lines:
             return "\n".join(lines)
     key = ".".join(path) or "(top level)"
@@ -135,7 +138,8 @@ def _valid_by_parts(instance: Any, schema: dict) -> bool:
         return False
     properties = schema.get("properties", {})
     if schema.get("additionalProperties", True) is not True and (
-            schema["additionalProperties"] is not False or set(instance) - set(properties)):
+        schema["additionalProperties"] is not False or set(instance) - set(properties)
+    ):
         return False
     if any(key not in instance for key in schema.get("required", [])):
         return False
@@ -180,7 +184,9 @@ def refuse_nonfinite(value: Any, where: str, key: str = "") -> None:
     """NaN and infinity pass every ``minimum`` of a JSON schema (all comparisons with NaN are false):
     refuse them wherever they appear, naming the key."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{where}: setting '{key or '(top level)'}' = {value} is not allowed: must be a finite number")
+        raise ConfigError(
+            f"{where}: setting '{key or '(top level)'}' = {value} is not allowed: must be a finite number"
+        )
     if isinstance(value, dict):
         for k, v in value.items():
             refuse_nonfinite(v, where, f"{key}.{k}" if key else str(k))

@@ -5,6 +5,7 @@ workflow, the report, tracking and evidence read.
 Resolving one setting is settings.py's (reading params files paramsfile.py's); tuning.py and forks.py
 build on it, and this module on all three.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,17 +13,17 @@ import json
 import os
 from pathlib import Path
 
+from fedrepro.configure import forks, overlay, tuning as ftuning
+from fedrepro.configure.paramsfile import SAFE_EXPERIMENT, check_name, data_root, selected_experiments
+from fedrepro.configure.schema import ConfigError
+from fedrepro.configure.settings import Run, deep_merge, grid_points, resolve, variant_label
 from fedrepro.identity import run_id, stable_hash
-from fedrepro.spec import forks, overlay, tuning as ftuning
-from fedrepro.spec.paramsfile import SAFE_EXPERIMENT, check_name, data_root, selected_experiments
-from fedrepro.spec.schema import ConfigError
-from fedrepro.spec.settings import Run, variant_label, deep_merge, grid_points, resolve
 
 
 def expand(params: dict, tunings: dict | None = None) -> list[Run]:
     """All runs of a params file (already schema-validated), in file order, without duplicates.
 
-    A grid point that a tune block claims (fedrepro.spec.tuning) gives its tuning runs here, and its final run
+    A grid point that a tune block claims (fedrepro.configure.tuning) gives its tuning runs here, and its final run
     waits for the choice: it is recorded in ``tunings`` (tuning id -> manifest entry) when a dict is given."""
     with _code_read_once():
         return _expand(params, tunings)
@@ -31,10 +32,13 @@ def expand(params: dict, tunings: dict | None = None) -> list[Run]:
 @contextlib.contextmanager
 def _code_read_once():
     """One expansion names its runs from one reading of the code: each method's code hash is computed once.
-    Outside, identity follows the imports and stats the files at every call, so an edit is seen at once;
-    that walk was a third of expanding a grid. The memo wraps identity's functions from here because
-    identity.py is part of every run's code: an edit there would rename every run and partition."""
-    from fedrepro import identity, registry
+    Outside, identity follows the imports and stats the files at every call, so an edit is seen at once by a
+    long-lived caller (the tests, a notebook); inside one expansion the code cannot change, and without the memo
+    `fedrepro expand --configfile params/ima.yaml` takes 30-37 s instead of 8 s (2026-11-28, 2 shared cores).
+    The memo is expansion's, not identity's: only here is "the code read once" true for a bounded time."""
+    from fedrepro import identity
+    from fedrepro.configure import registry
+
     if getattr(identity.code_hash, "read_once", False):  # an expansion inside an expansion
         yield
         return
@@ -48,6 +52,7 @@ def _code_read_once():
             if key not in hashes:
                 hashes[key] = function(*args)
             return hashes[key]
+
         read_once.read_once = True
         return read_once
 
@@ -70,15 +75,21 @@ def _expand(params: dict, tunings: dict | None) -> list[Run]:
             texts = [json.dumps(v, sort_keys=True) for v in values]
             repeated = sorted({t for t in texts if texts.count(t) > 1})
             if repeated:
-                errors.setdefault(f"experiments.{name}.grid.{axis}: value(s) {', '.join(repeated)} listed more than "
-                                  f"once; each grid value must be distinct (a repeat would count one run twice)", [])
+                errors.setdefault(
+                    f"experiments.{name}.grid.{axis}: value(s) {', '.join(repeated)} listed more than "
+                    f"once; each grid value must be distinct (a repeat would count one run twice)",
+                    [],
+                )
         switches, grid = exp.get("switches"), exp.get("grid", {})
         if isinstance(switches, list):  # the switch table compares a key's values: the grid must give it two
             fixed = [key for key in switches if len(grid.get(key, [])) < 2]
             if fixed:
                 varied = ", ".join(key for key, values in grid.items() if len(values) > 1) or "none"
-                errors.setdefault(f"experiments.{name}.switches: {', '.join(fixed)} not varied by the experiment's "
-                                  f"grid; a switch is a grid key with two or more values (varied here: {varied})", [])
+                errors.setdefault(
+                    f"experiments.{name}.switches: {', '.join(fixed)} not varied by the experiment's "
+                    f"grid; a switch is a grid key with two or more values (varied here: {varied})",
+                    [],
+                )
         seen: dict[str, dict] = {}  # run id -> the grid point that gave it
         try:
             blocks, claimed, tuning_ids = ftuning.blocks(name, exp), set(), set()
@@ -101,8 +112,11 @@ def _expand(params: dict, tunings: dict | None) -> list[Run]:
                 continue
             rid = check_name(run_id(setting), "run name")
             if rid in seen:
-                errors.setdefault(f"experiments.{name}: grid points {json.dumps(seen[rid], sort_keys=True)} and "
-                                  f"{json.dumps(point, sort_keys=True)} are the same run; each must be distinct", [])
+                errors.setdefault(
+                    f"experiments.{name}: grid points {json.dumps(seen[rid], sort_keys=True)} and "
+                    f"{json.dumps(point, sort_keys=True)} are the same run; each must be distinct",
+                    [],
+                )
                 continue
             seen[rid] = point
             if staged:
@@ -120,12 +134,20 @@ def _expand(params: dict, tunings: dict | None) -> list[Run]:
             runs.append(Run(rid, name, setting, variant))
         for block in blocks:
             if block.where not in claimed and not any(block.where in line for line in errors):
-                errors.setdefault(f"{block.where}: when = {json.dumps(block.when, sort_keys=True)} matches no grid point "
-                                  f"of the experiment", [])
+                errors.setdefault(
+                    f"{block.where}: when = {json.dumps(block.when, sort_keys=True)} matches no grid point "
+                    f"of the experiment",
+                    [],
+                )
     if errors:
-        raise ConfigError("\n".join(
-            f"{line}  [{len(points)} grid point(s), e.g. {json.dumps(points[0], sort_keys=True)}]" if points else line
-            for line, points in errors.items()))
+        raise ConfigError(
+            "\n".join(
+                f"{line}  [{len(points)} grid point(s), e.g. {json.dumps(points[0], sort_keys=True)}]"
+                if points
+                else line
+                for line, points in errors.items()
+            )
+        )
     return runs
 
 
@@ -145,24 +167,39 @@ def runs_by_experiment(runs: list[Run]) -> dict[str, list[str]]:
 
 def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = None) -> dict:
     """What the report and the tracking step need to know about a params file's runs. The tuning runs are
-    listed by their tunings (fedrepro.spec.tuning), not as runs of the experiment they serve."""
+    listed by their tunings (fedrepro.configure.tuning), not as runs of the experiment they serve."""
     experiments: dict[str, dict] = {}
     for exp_name, exp in selected_experiments(params).items():
-        experiments[exp_name] = {"title": exp.get("title", exp_name), "description": exp.get("description", ""),
-                                 "grid": exp.get("grid", {}), "runs": []}
+        experiments[exp_name] = {
+            "title": exp.get("title", exp_name),
+            "description": exp.get("description", ""),
+            "grid": exp.get("grid", {}),
+            "runs": [],
+        }
         if exp.get("switches"):  # only when set: every other manifest keeps its content hash
             experiments[exp_name]["switches"] = exp["switches"]
     shared = forks.of_params(params, [r for r in unique_runs(runs).values() if not r.tuning])
     for run in runs:
         if run.tuning:
             continue
-        entry = {"id": run.id, "variant": run.variant, "label": run.label, "seed": run.setting["seed"],
-                 "partition": run.partition, "setting": run.setting}
-        if run.id in shared:  # its first rounds are another run's (fedrepro.spec.forks)
+        entry = {
+            "id": run.id,
+            "variant": run.variant,
+            "label": run.label,
+            "seed": run.setting["seed"],
+            "partition": run.partition,
+            "setting": run.setting,
+        }
+        if run.id in shared:  # its first rounds are another run's (fedrepro.configure.forks)
             entry["fork"] = {"parent": shared[run.id].parent, "round": shared[run.id].round}
         experiments[run.experiment]["runs"].append(entry)
-    out = {"name": name, "title": params.get("title", name), "quick": params.get("quick", False),
-           "tracking": params.get("tracking", {}), "experiments": experiments}
+    out = {
+        "name": name,
+        "title": params.get("title", name),
+        "quick": params.get("quick", False),
+        "tracking": params.get("tracking", {}),
+        "experiments": experiments,
+    }
     if tunings:  # only then: the manifests of params files without tuning are unchanged
         out["tunings"] = tunings
     if overlay.names(params, "add_method"):  # the methods the report compares with each table's (report/versus.py)
@@ -170,8 +207,13 @@ def manifest(params: dict, runs: list[Run], name: str, tunings: dict | None = No
     return out
 
 
-def run_manifest(params: dict, configfiles: list[str | Path], command: str, name: str | None = None,
-                 expanded: tuple[list[Run], dict] | None = None) -> dict:
+def run_manifest(
+    params: dict,
+    configfiles: list[str | Path],
+    command: str,
+    name: str | None = None,
+    expanded: tuple[list[Run], dict] | None = None,
+) -> dict:
     """The manifest of a params file as every producer writes it (the workflow's manifest step, the
     report and tracking of a partial grid, evidence): the runs, the files it came from and the command.
     ``expanded``: the runs and tunings ``expand`` already gave for these params (the Snakefile's), not
@@ -199,8 +241,10 @@ SLICED_OUT = ("experiments", "tunings")  # the rest (name, title, quick, trackin
 
 def experiment_slice(manifest: dict, experiments: list[str]) -> dict:
     """The manifest of ``experiments`` alone (a figure's; none for a figure that reads no runs)."""
-    return {**{k: v for k, v in manifest.items() if k not in SLICED_OUT},
-            "experiments": {name: manifest["experiments"][name] for name in experiments}}
+    return {
+        **{k: v for k, v in manifest.items() if k not in SLICED_OUT},
+        "experiments": {name: manifest["experiments"][name] for name in experiments},
+    }
 
 
 def run_records(manifest: dict) -> dict[str, dict]:

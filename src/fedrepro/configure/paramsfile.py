@@ -1,6 +1,7 @@
 """Params files read: YAML's safe subset with no repeated key and no alias bomb, validated against the params
 schema, merged as Snakemake merges several ``--configfile``; and the names and paths they give, refused when
 unsafe."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from fedrepro.spec.schema import ConfigError, validate
-from fedrepro.spec.settings import deep_merge
+from fedrepro.configure.schema import ConfigError, validate
+from fedrepro.configure.settings import deep_merge
 
 # the project's folder, under which params files, results and reports lie
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,8 +27,10 @@ SAFE_EXPERIMENT = re.compile(r"[A-Za-z0-9_]+")
 
 def check_name(name: str, what: str, pattern: re.Pattern = SAFE_NAME) -> str:
     if not isinstance(name, str) or not pattern.fullmatch(name) or ".." in name:
-        raise ConfigError(f"{what} {name!r} is not allowed: use letters, digits and "
-                          f"{'_' if pattern is SAFE_EXPERIMENT else '_ . + -'} only")
+        raise ConfigError(
+            f"{what} {name!r} is not allowed: use letters, digits and "
+            f"{'_' if pattern is SAFE_EXPERIMENT else '_ . + -'} only"
+        )
     return name
 
 
@@ -50,10 +53,11 @@ def data_root(params: dict) -> str:
 
 def selected_experiments(params: dict) -> dict:
     """The experiments ``only`` names (exact names or shell patterns such as ``ima_table1_*``);
-    all of them when ``only`` is absent; with the methods ``add_method`` adds on their method axes. ``only`` comes from the file or from ``--config only=a,b``."""
+    all of them when ``only`` is absent; with the methods ``add_method`` adds on their method axes. ``only``
+    comes from the file or from ``--config only=a,b``."""
     import fnmatch
 
-    from fedrepro.spec import overlay
+    from fedrepro.configure import overlay
 
     experiments = overlay.apply(params, dict(params["experiments"]))  # add_method: a method on the method axes
     only = params.get("only")
@@ -62,10 +66,10 @@ def selected_experiments(params: dict) -> dict:
     patterns = [p.strip() for p in (only.split(",") if isinstance(only, str) else only) if p.strip()]
     unmatched = [p for p in patterns if not fnmatch.filter(params["experiments"], p)]
     if unmatched:
-        raise ConfigError(f"only: {', '.join(unmatched)} matches no experiment; experiments: "
-                          f"{', '.join(params['experiments'])}")
-    return {name: exp for name, exp in experiments.items()
-            if any(fnmatch.fnmatchcase(name, p) for p in patterns)}
+        raise ConfigError(
+            f"only: {', '.join(unmatched)} matches no experiment; experiments: {', '.join(params['experiments'])}"
+        )
+    return {name: exp for name, exp in experiments.items() if any(fnmatch.fnmatchcase(name, p) for p in patterns)}
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -80,7 +84,8 @@ class _StrictLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    "while reading a mapping", node.start_mark, f"key '{key}' is given twice", key_node.start_mark)
+                    "while reading a mapping", node.start_mark, f"key '{key}' is given twice", key_node.start_mark
+                )
             seen[key] = key_node
         return super().construct_mapping(node, deep)
 
@@ -109,18 +114,24 @@ def _expanded_size(root: yaml.Node, path: Path) -> int:
             open_nodes.discard(key)
             sizes[key] = 1 + sum(sizes[id(c)] for c in children)
             if sizes[key] > MAX_YAML_NODES:
-                raise ConfigError(f"{path}, line {node.start_mark.line + 1}: its aliases expand to more than "
-                                  f"{MAX_YAML_NODES} values (an alias bomb?); write the values out or repeat fewer")
+                raise ConfigError(
+                    f"{path}, line {node.start_mark.line + 1}: its aliases expand to more than "
+                    f"{MAX_YAML_NODES} values (an alias bomb?); write the values out or repeat fewer"
+                )
             continue
         if key in open_nodes:
-            raise ConfigError(f"{path}, line {node.start_mark.line + 1}: an alias refers to a block that contains "
-                              f"it (a recursive alias, e.g. `&a [*a]`); a params file must be a tree")
+            raise ConfigError(
+                f"{path}, line {node.start_mark.line + 1}: an alias refers to a block that contains "
+                f"it (a recursive alias, e.g. `&a [*a]`); a params file must be a tree"
+            )
         open_nodes.add(key)
         stack.append((node, True))
         for child in children:
             if id(child) in open_nodes:
-                raise ConfigError(f"{path}, line {child.start_mark.line + 1}: an alias refers to a block that "
-                                  f"contains it (a recursive alias, e.g. `&a [*a]`); a params file must be a tree")
+                raise ConfigError(
+                    f"{path}, line {child.start_mark.line + 1}: an alias refers to a block that "
+                    f"contains it (a recursive alias, e.g. `&a [*a]`); a params file must be a tree"
+                )
             stack.append((child, False))
     return sizes[id(root)]
 
@@ -147,8 +158,10 @@ def read_yaml(path: str | Path) -> Any:
         problem = getattr(err, "problem", None) or str(err)
         raise ConfigError(f"{path}{line}: not a valid params file (plain YAML, no Python tags): {problem}") from None
     if isinstance(content, dict) and "__use_yte__" in content:
-        raise ConfigError(f"{path}: '__use_yte__' asks for YTE templating, which runs Python code while the file "
-                          f"is loaded; fedrepro refuses templated params files")
+        raise ConfigError(
+            f"{path}: '__use_yte__' asks for YTE templating, which runs Python code while the file "
+            f"is loaded; fedrepro refuses templated params files"
+        )
     return content
 
 

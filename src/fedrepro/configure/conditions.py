@@ -10,6 +10,7 @@ two facts of the catalog, ``dataset_info`` and ``model_info``. It may use arithm
 (the client lr of round t, fedrepro.schedule); nothing else
 parses, so a fragment cannot run code. A condition that does not hold names its keys and their values.
 """
+
 from __future__ import annotations
 
 import ast
@@ -19,11 +20,27 @@ import operator
 from fedrepro import catalog, schedule
 from fedrepro.errors import FedreproError
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-            ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.In: lambda a, b: a in b,
-            ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_COMPARE = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
 _FUNCTIONS = {"int": int, "min": min, "max": max, "len": len}
 # functions of the setting itself: client_lr(t), the client lr of round t without plug-ins (fedrepro.schedule)
 _SETTING_FUNCTIONS = {"client_lr": schedule.client_lr}
@@ -37,13 +54,32 @@ class ConditionError(FedreproError, ValueError):
 def parse(expression: str) -> ast.Expression:
     tree = ast.parse(expression, mode="eval")
     for node in ast.walk(tree):
-        allowed = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
-                   ast.Compare, ast.IfExp, ast.Constant, ast.Name, ast.Attribute, ast.Load, ast.List, ast.Tuple,
-                   ast.Call, *_BINARY, *_COMPARE)
+        allowed = (
+            ast.Expression,
+            ast.BoolOp,
+            ast.And,
+            ast.Or,
+            ast.UnaryOp,
+            ast.Not,
+            ast.USub,
+            ast.BinOp,
+            ast.Compare,
+            ast.IfExp,
+            ast.Constant,
+            ast.Name,
+            ast.Attribute,
+            ast.Load,
+            ast.List,
+            ast.Tuple,
+            ast.Call,
+            *_BINARY,
+            *_COMPARE,
+        )
         if not isinstance(node, allowed):
             raise ConditionError(f"'{expression}': {type(node).__name__} is not allowed in a condition")
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and not node.keywords
-                                               and node.func.id in {*_FUNCTIONS, *_SETTING_FUNCTIONS}):
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Name) and not node.keywords and node.func.id in {*_FUNCTIONS, *_SETTING_FUNCTIONS}
+        ):
             raise ConditionError(f"'{expression}': only {', '.join([*_FUNCTIONS, *_SETTING_FUNCTIONS])} may be called")
     return tree
 
@@ -53,8 +89,11 @@ def keys_read(expression: str) -> list[str]:
     keys = []
     for node in ast.walk(parse(expression)):
         dotted = _dotted(node)
-        if dotted and not any(k.startswith(dotted + ".") or dotted.startswith(k + ".") for k in keys) \
-                and dotted.split(".")[0] not in {*_FUNCTIONS, *_SETTING_FUNCTIONS}:
+        if (
+            dotted
+            and not any(k.startswith(dotted + ".") or dotted.startswith(k + ".") for k in keys)
+            and dotted.split(".")[0] not in {*_FUNCTIONS, *_SETTING_FUNCTIONS}
+        ):
             keys.append(dotted)
     return sorted(set(keys), key=keys.index)
 
@@ -69,8 +108,11 @@ def _dotted(node) -> str | None:
 
 
 def _names(setting: dict) -> dict:
-    return {**setting, "dataset_info": catalog.DATASETS.get(setting.get("dataset"), {}),
-            "model_info": catalog.MODELS.get(setting.get("model"), {})}
+    return {
+        **setting,
+        "dataset_info": catalog.DATASETS.get(setting.get("dataset"), {}),
+        "model_info": catalog.MODELS.get(setting.get("model"), {}),
+    }
 
 
 def lookup(names: dict, dotted: str):
@@ -129,7 +171,10 @@ def violations(requires: list[dict], setting: dict, owner: str) -> list[str]:
         except TypeError:  # e.g. a comparison with a key that is unset (None): the condition cannot hold
             holds = False
         if not holds:
-            values = ", ".join(f"{k} = {lookup(names, k)!r}" for k in keys_read(expression)
-                               if not k.startswith(("dataset_info", "model_info")) or "." in k)
+            values = ", ".join(
+                f"{k} = {lookup(names, k)!r}"
+                for k in keys_read(expression)
+                if not k.startswith(("dataset_info", "model_info")) or "." in k
+            )
             problems.append(f"{owner}: {expression} does not hold ({values}): {condition['because']}")
     return problems

@@ -3,6 +3,7 @@ given. A run's pack is fixed by its own id (a hash of it modulo the number of pa
 device), never by the other runs of the grid: adding, removing or changing a run moves no other run to another
 pack, so the finished runs' jobs and results stay as they are.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,5 +46,13 @@ class WorkflowPacks:
     def job_members(self, pack: str, partition_of, data_root_of) -> list[dict]:
         """The ``fedrepro train-pack --members`` list: each run's setting, staging folder, partition folder,
         data folder, and its own run folder (a run whose summary is there is done and left alone)."""
-        return [{"setting": self.settings[run], "out": self.staged(run), "done_at": f"results/runs/{run}",
-                 "partition": partition_of(run), "data_root": data_root_of(run)} for run in self.members[pack]]
+        return [
+            {
+                "setting": self.settings[run],
+                "out": self.staged(run),
+                "done_at": f"results/runs/{run}",
+                "partition": partition_of(run),
+                "data_root": data_root_of(run),
+            }
+            for run in self.members[pack]
+        ]

@@ -5,6 +5,7 @@ deep-merged over the base, filled with the schema's defaults and its derived def
 sections the run actually uses, and checked. Reading params files is paramsfile.py's, the schema
 schema.py's, the cross-key checks checks.py's; expanding whole grids (with tunings and forks) config.py's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -12,13 +13,17 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedrepro import catalog, registry
-from fedrepro.identity import partition_id
-from fedrepro.spec import conditions
-from fedrepro.spec.checks import _refuse_unread_pretrained, check_compatible, check_data_transforms, check_partition_file
+from fedrepro import catalog
+from fedrepro.configure import conditions, registry
+from fedrepro.configure.checks import (
+    _refuse_unread_pretrained,
+    check_compatible,
+    check_data_transforms,
+    check_partition_file,
+)
+from fedrepro.configure.schema import ConfigError, validate
 from fedrepro.errors import FedreproError
-from fedrepro.spec.schema import ConfigError, validate
-
+from fedrepro.identity import partition_id
 
 # --------------------------------------------------------------------------- grids
 
@@ -86,7 +91,7 @@ def derive_defaults(setting: dict) -> dict:
     """Defaults that depend on other values, made explicit before the run is named: two settings that
     compute the same run get the same id, and training code reads values instead of re-deriving them.
     Each is written once, as ``null_means`` beside the key in its schema or fragment (an expression of
-    fedrepro.spec.conditions over the setting), and resolved in the order the keys are declared."""
+    fedrepro.configure.conditions over the setting), and resolved in the order the keys are declared."""
     if setting["partition"].get("seed") == "run":
         # a new draw per training seed (FedLAW App. D.4): the run and its partition are named by the number
         setting["partition"] = {**setting["partition"], "seed": setting["seed"]}
@@ -98,8 +103,12 @@ def derive_defaults(setting: dict) -> dict:
 
 def _derived(schema: dict) -> list[tuple[str, str, str]]:
     """(section, key, expression) of every key whose null means a value derived from others."""
-    return [(section, key, sub["null_means"]) for section, spec in schema["properties"].items()
-            for key, sub in (spec.get("properties") or {}).items() if "null_means" in sub]
+    return [
+        (section, key, sub["null_means"])
+        for section, spec in schema["properties"].items()
+        for key, sub in (spec.get("properties") or {}).items()
+        if "null_means" in sub
+    ]
 
 
 @dataclass
@@ -108,7 +117,9 @@ class Run:
     experiment: str
     setting: dict
     variant: dict = field(default_factory=dict)  # the grid values other than the seed
-    tuning: str = ""  # the tuning (fedrepro.spec.tuning) whose candidate this run is; "" for an experiment's own run
+    tuning: str = (
+        ""  # the tuning (fedrepro.configure.tuning) whose candidate this run is; "" for an experiment's own run
+    )
 
     @property
     def partition(self) -> str:
