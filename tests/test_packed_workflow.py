@@ -39,11 +39,18 @@ def test_packing_is_off_by_default_and_on_it_hands_runs_to_packs(tmp_path):
 
 
 def test_a_run_keeps_its_pack_however_the_grid_grows():
-    settings = {f"run-{i}": {"dataset": "fmnist", "model": "mlp", "device": "cpu"} for i in range(20)}
+    settings = {
+        f"run-{i}": {"dataset": "fmnist", "model": "mlp", "device": "cpu", "precision": "float32"} for i in range(20)
+    }
     small = WorkflowPacks(dict(list(settings.items())[:10]), 3)
     large = WorkflowPacks(settings, 3)
     assert all(large.pack[run] == pack for run, pack in small.pack.items())
     assert pack_of("run-1", settings["run-1"], 3).startswith("fmnist-mlp-cpu-")
+    # one process holds one arithmetic: a tf32 run never shares a pack with a float32 one
+    tf32 = pack_of("run-1", {**settings["run-1"], "device": "cuda", "precision": "tf32"}, 3)
+    assert tf32.startswith("fmnist-mlp-cuda-tf32-") and tf32 != pack_of(
+        "run-1", {**settings["run-1"], "device": "cuda"}, 3
+    )
     assert not WorkflowPacks(settings, 0) and WorkflowPacks(settings, 0).run_pattern() == "(?!)"
 
 
