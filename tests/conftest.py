@@ -145,6 +145,25 @@ def fmnist_mirror(tmp_path, monkeypatch) -> Path:
     return folder
 
 
+def train_args(setting: dict, out, partition_dir, data_root, *extra: str) -> list[str]:
+    """The ``fedrepro train`` arguments of a test run: one torch thread, no progress bar, then ``extra``."""
+    return [
+        "train",
+        "--setting",
+        json.dumps(setting),
+        "--partition",
+        str(partition_dir),
+        "--data-root",
+        str(data_root),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--threads",
+        "1",
+        *extra,
+    ]
+
+
 def make_partition(data_root: Path, out: Path, num_clients: int = 4, kind: str = "iid", **extra) -> Path:
     """Partition the training labels under ``data_root`` into ``out`` with the real code."""
     from fedrepro import data, partitions

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import make_partition, subprocess_env
+from conftest import make_partition, subprocess_env, train_args
 from fedrepro import cli
 from fedrepro.configure import expansion, forks, schema, settings
 from fedrepro.run import checkpoint
@@ -58,26 +58,7 @@ def _settings(host: str) -> tuple[dict, dict]:
 
 def _train(setting, out, partition_dir, data_root, *extra) -> dict:
     # --debug: a refusal raises its exception (ForkError) instead of ending in one line and status 2
-    cli.main(
-        [
-            "--debug",
-            "train",
-            "--setting",
-            json.dumps(setting),
-            "--partition",
-            str(partition_dir),
-            "--data-root",
-            str(data_root),
-            "--out",
-            str(out),
-            "--no-progress",
-            "--threads",
-            "1",
-            "--checkpoint-every",
-            "2",
-            *extra,
-        ]
-    )
+    cli.main(["--debug", *train_args(setting, out, partition_dir, data_root, "--checkpoint-every", "2", *extra)])
     return json.loads((out / "summary.json").read_text())
 
 

@@ -9,7 +9,6 @@ with ``PYTHONPATH=src``.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_partition
+from conftest import make_partition, train_args
 from fedrepro import cli, identity
 from fedrepro.configure import settings
 from fedrepro.ops import slots
@@ -46,24 +45,6 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behav
 @pytest.fixture(scope="module")
 def partition_dir(tiny_data_root, tmp_path_factory):
     return make_partition(tiny_data_root, tmp_path_factory.mktemp("part"), num_clients=4)
-
-
-def _train_args(setting, out, partition_dir, data_root, *extra) -> list[str]:
-    return [
-        "train",
-        "--setting",
-        json.dumps(setting),
-        "--partition",
-        str(partition_dir),
-        "--data-root",
-        str(data_root),
-        "--out",
-        str(out),
-        "--no-progress",
-        "--threads",
-        "1",
-        *extra,
-    ]
 
 
 # --------------------------------------------------------------------------- device choice (CPU)
@@ -108,12 +89,12 @@ def test_cpu_is_cpu_even_with_a_gpu_grant():
 
 def test_train_log_starts_with_device_versions_and_resume(tmp_path, partition_dir, tiny_data_root, capfd):
     out = tmp_path / "run"
-    cli.main(_train_args(BASE, out, partition_dir, tiny_data_root, "--stop-after", "2"))
+    cli.main(train_args(BASE, out, partition_dir, tiny_data_root, "--stop-after", "2"))
     first = capfd.readouterr().err.splitlines()[0]
     assert first == (
         f"fedrepro train: device cpu; torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}; fresh start"
     )
-    cli.main(_train_args(BASE, out, partition_dir, tiny_data_root))
+    cli.main(train_args(BASE, out, partition_dir, tiny_data_root))
     assert capfd.readouterr().err.splitlines()[0].endswith("; resumed at round 2")
 
 
@@ -126,7 +107,7 @@ def test_precision_sets_the_process_arithmetic_and_names_the_run(
         # start from the opposite: float32 must switch off cuDNN's TF32, which torch leaves on by default
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not tf32
         cli.main(
-            _train_args({**BASE, "rounds": 1, "precision": precision}, tmp_path / "run", partition_dir, tiny_data_root)
+            train_args({**BASE, "rounds": 1, "precision": precision}, tmp_path / "run", partition_dir, tiny_data_root)
         )
         assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32)
     finally:

@@ -198,7 +198,7 @@ import math  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import make_partition  # noqa: E402
+from conftest import make_partition, train_args  # noqa: E402
 from fedrepro.run import checkpoint  # noqa: E402
 
 RUN = {
@@ -222,23 +222,7 @@ def partition_dir(tiny_data_root, tmp_path_factory):
 
 
 def _train(setting, out, partition_dir, data_root, *extra):
-    cli.main(
-        [
-            "train",
-            "--setting",
-            json.dumps(setting),
-            "--partition",
-            str(partition_dir),
-            "--data-root",
-            str(data_root),
-            "--out",
-            str(out),
-            "--no-progress",
-            "--threads",
-            "1",
-            *extra,
-        ]
-    )
+    cli.main(train_args(setting, out, partition_dir, data_root, *extra))
     return json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import file_size_limit, make_partition, subprocess_env
+from conftest import file_size_limit, make_partition, subprocess_env, train_args
 from fedrepro import cli
 from fedrepro.configure import registry
 from fedrepro.run import checkpoint
@@ -103,24 +103,6 @@ def _setting(method: str, **override) -> dict:
     return {**BASE, "algorithm": method, **METHODS.get(method, {}), **override}
 
 
-def _train_args(setting, out, partition_dir, data_root, *extra) -> list[str]:
-    return [
-        "train",
-        "--setting",
-        json.dumps(setting),
-        "--partition",
-        str(partition_dir),
-        "--data-root",
-        str(data_root),
-        "--out",
-        str(out),
-        "--no-progress",
-        "--threads",
-        "1",
-        *extra,
-    ]
-
-
 def _metrics(run_dir: Path) -> pd.DataFrame:
     return pd.read_csv(run_dir / "metrics.csv").drop(columns=["seconds", "wall_time"])  # timings differ between runs
 
@@ -139,7 +121,7 @@ _reference: dict[str, Path] = {}
 def _uninterrupted(method, tmp_path_factory, partition_dir, data_root) -> Path:
     if method not in _reference:
         out = tmp_path_factory.mktemp("ref") / method
-        cli.main(_train_args(_setting(method), out, partition_dir, data_root))
+        cli.main(train_args(_setting(method), out, partition_dir, data_root))
         _reference[method] = out
     return _reference[method]
 
@@ -149,7 +131,7 @@ def test_stop_and_resume_equals_uninterrupted(method, stop, tmp_path, tmp_path_f
     assert _known(method), f"{method} is not in registry.ALGORITHMS / PLUGINS"
     ref = _uninterrupted(method, tmp_path_factory, partition_dir, tiny_data_root)
     out = tmp_path / "run"
-    args = _train_args(_setting(method), out, partition_dir, tiny_data_root, "--checkpoint-every", "2")
+    args = train_args(_setting(method), out, partition_dir, tiny_data_root, "--checkpoint-every", "2")
     cli.main(args + ["--stop-after", str(stop)])
     assert (out / "checkpoint.pt").exists() and not (out / "summary.json").exists()
     state = checkpoint.load(out / "checkpoint.pt")
@@ -171,7 +153,7 @@ def test_a_resume_without_the_methods_state_differs(
 
     ref = _uninterrupted(method, tmp_path_factory, partition_dir, tiny_data_root)
     out = tmp_path / "run"
-    args = _train_args(_setting(method), out, partition_dir, tiny_data_root, "--checkpoint-every", "2")
+    args = train_args(_setting(method), out, partition_dir, tiny_data_root, "--checkpoint-every", "2")
     cli.main(args + ["--stop-after", "3"])
     assert any(_has_values(v) for v in checkpoint.load(out / "checkpoint.pt")["algorithm"].values()), (
         "the checkpoint holds no state of the method"
@@ -196,12 +178,12 @@ def _has_values(state) -> bool:
 
 def test_checkpoint_of_another_setting_is_not_used(tmp_path, partition_dir, tiny_data_root):
     out = tmp_path / "run"
-    cli.main(_train_args(_setting("fedavg"), out, partition_dir, tiny_data_root, "--stop-after", "2"))
+    cli.main(train_args(_setting("fedavg"), out, partition_dir, tiny_data_root, "--stop-after", "2"))
     other = _setting("fedavg", client={"lr": 0.01})
-    cli.main(_train_args(other, out, partition_dir, tiny_data_root))
+    cli.main(train_args(other, out, partition_dir, tiny_data_root))
     assert json.loads((out / "summary.json").read_text())["resumed"] is False
     # nothing of the other setting's rounds was kept: the model is that of a fresh run of this setting
-    cli.main(_train_args(other, tmp_path / "fresh", partition_dir, tiny_data_root))
+    cli.main(train_args(other, tmp_path / "fresh", partition_dir, tiny_data_root))
     assert torch.equal(checkpoint.load(out / "model.pt")["x"], checkpoint.load(tmp_path / "fresh" / "model.pt")["x"])
 
 
@@ -219,9 +201,9 @@ def test_killed_run_resumes_to_the_same_result(sig, tmp_path, partition_dir, tin
     """SIGTERM (Slurm preemption) saves a checkpoint before exit; after SIGKILL the last periodic one is used."""
     setting = _setting("fedavg", rounds=400, eval_every=50)
     ref = tmp_path / "ref"
-    cli.main(_train_args(setting, ref, partition_dir, tiny_data_root, "--checkpoint-every", "0"))
+    cli.main(train_args(setting, ref, partition_dir, tiny_data_root, "--checkpoint-every", "0"))
     out = tmp_path / "run"
-    args = _train_args(setting, out, partition_dir, tiny_data_root, "--checkpoint-every", "50")
+    args = train_args(setting, out, partition_dir, tiny_data_root, "--checkpoint-every", "50")
     proc = subprocess.Popen(
         ["fedrepro", *args], env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -249,7 +231,7 @@ def test_killed_run_resumes_to_the_same_result(sig, tmp_path, partition_dir, tin
 
 def test_nan_loss_is_recorded_as_diverged(tmp_path, partition_dir, tiny_data_root):
     out = tmp_path / "run"
-    cli.main(_train_args(_setting("fedavg", rounds=20, client={"lr": 1.0e8}), out, partition_dir, tiny_data_root))
+    cli.main(train_args(_setting("fedavg", rounds=20, client={"lr": 1.0e8}), out, partition_dir, tiny_data_root))
     summary = json.loads((out / "summary.json").read_text())
     metrics = pd.read_csv(out / "metrics.csv")
     assert summary["status"] == "diverged"
@@ -300,9 +282,9 @@ def test_a_full_disk_ends_in_one_line_naming_the_run_and_the_last_checkpoint_sta
 ):
     setting = _setting("fedavg")
     ref = tmp_path / "ref"
-    cli.main(_train_args(setting, ref, partition_dir, tiny_data_root))
+    cli.main(train_args(setting, ref, partition_dir, tiny_data_root))
     out = tmp_path / "run"
-    args = _train_args(setting, out, partition_dir, tiny_data_root, "--checkpoint-every", "1")
+    args = train_args(setting, out, partition_dir, tiny_data_root, "--checkpoint-every", "1")
     cli.main(args + ["--stop-after", "2"])
     kept = (out / "checkpoint.pt").read_bytes()
     # round 3's checkpoint (the model and three rounds of rows) cannot be written; metrics.csv still can
