@@ -11,13 +11,16 @@ CONFIG ?= params/default.yaml
 setup: $(VENV)/.installed fmnist-data
 
 # Every package at the version and with the hashes requirements.lock names (the test tools included), then
-# fedrepro itself with nothing more. torch comes as PyPI's default wheel (with its CUDA libraries; it runs
+# fedrepro itself with nothing more, installed by uv (itself pinned by hash in requirements-uv.lock): it
+# fetches and unpacks wheels in parallel, a minute for the lock where pip took six. torch comes as PyPI's default wheel (with its CUDA libraries; it runs
 # on CPU too). The lock was made for CPython 3.11 on x86-64 Linux.
 LOCK := requirements.lock
-$(VENV)/.installed: $(LOCK) pyproject.toml
+UV_LOCK := requirements-uv.lock
+$(VENV)/.installed: $(LOCK) $(UV_LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --require-hashes -r $(LOCK)
-	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip install -q --require-hashes -r $(UV_LOCK)
+	$(BIN)/uv pip install --python $(BIN)/python -q --require-hashes -r $(LOCK)
+	$(BIN)/uv pip install --python $(BIN)/python -q --no-deps --no-build-isolation -e .
 	touch $@
 
 # Rewrite requirements.lock from pyproject.toml's pins (the test extra included). uv keeps every version the
@@ -29,6 +32,8 @@ lock:
 	@[ -x $(LOCK_TOOLS)/bin/uv ] || { $(PYTHON) -m venv $(LOCK_TOOLS) && $(LOCK_TOOLS)/bin/pip install -q uv==$(UV_VERSION); }
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra test --generate-hashes --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' -o $(LOCK)
+	echo "uv==$(UV_VERSION)" | $(LOCK_TOOLS)/bin/uv pip compile - --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' -o $(UV_LOCK)
 
 # Real Fashion-MNIST without internet: Debian's package, when we may install it.
 .PHONY: fmnist-data

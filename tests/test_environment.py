@@ -72,9 +72,16 @@ def test_a_stale_lock_is_told():
 def test_make_setup_installs_from_the_lock_only():
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile[makefile.index("$(VENV)/.installed:") :].split("\n\n")[0]
-    assert "pip install -q --require-hashes -r $(LOCK)" in recipe
+    assert "pip install -q --require-hashes -r $(UV_LOCK)" in recipe  # the installer, by hash
+    assert "uv pip install --python $(BIN)/python -q --require-hashes -r $(LOCK)" in recipe
     assert "--no-deps" in recipe and "-e ." in recipe
     assert "'.[test]'" not in recipe  # resolving again would bypass the lock
+
+
+def test_the_installer_is_the_version_make_lock_uses():
+    version = re.search(r"^UV_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), flags=re.MULTILINE).group(1)
+    (entry,) = lock_entries((ROOT / "requirements-uv.lock").read_text()).items()
+    assert entry[0] == "uv" and entry[1]["version"] == version and entry[1]["hashes"] >= 1
 
 
 def _lint_script():
