@@ -8,8 +8,7 @@ import json
 import re
 from pathlib import Path
 
-import yaml
-
+from fedrepro.configure.paramsfile import read_shipped_yaml
 from fedrepro.report import paper
 from fedrepro.report.verification import EVIDENCE, EXPLANATIONS
 
@@ -79,7 +78,7 @@ def check_cites(root: str | Path = EVIDENCE, results: str | Path = paper.RESULTS
     ``cites``, and every cite must equal, at the decimals it is written with, the number its source gives.
     Returns the problems, one line each (none: every cited number comes from a kept run or the paper)."""
     root, results = Path(root), Path(results)
-    data = yaml.safe_load((root / EXPLANATIONS).read_text()) or {}
+    data = read_shipped_yaml(root / EXPLANATIONS) or {}
     problems = []
     for table, entries in data.items():
         for e in entries:

@@ -13,9 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from fedrepro.configure.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT, read_shipped_yaml
 from fedrepro.records import CorruptFileError
 from fedrepro.report import collapses
 from fedrepro.run import rundir
@@ -67,7 +65,7 @@ def table_experiments(name: str, table: dict, experiments) -> list[str]:
 
 
 def load_results(path: str | Path = RESULTS_FILE) -> dict:
-    return yaml.safe_load(Path(path).read_text())["tables"]
+    return read_shipped_yaml(path)["tables"]
 
 
 def cells(tables: dict, names: list[str] | None = None) -> list[Cell]:

@@ -27,10 +27,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from fedrepro import catalog
-from fedrepro.configure.paramsfile import ROOT
+from fedrepro.configure.paramsfile import ROOT, read_shipped_yaml
 from fedrepro.configure.schema import ConfigError
 from fedrepro.report import claims, computed, paper
 
@@ -94,7 +92,7 @@ def _explanations(root: Path, tables: dict) -> dict:
     path = root / EXPLANATIONS
     if not path.is_file():
         return {}
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_shipped_yaml(path) or {}
     known = {(c.table, c.row, c.column) for c in paper.cells(tables)}
     out = {}
     for table, entries in data.items():
