@@ -413,7 +413,7 @@ def test_overwritten_labels_after_download_are_found_before_training(tmp_path, f
 
 # ------------------------------------------------------------------ corrupt results are named, and stop nothing else
 
-from test_report import fabricate  # noqa: E402
+from conftest import fabricate  # noqa: E402
 
 
 def _two_params_files(tmp_path):
