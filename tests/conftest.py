@@ -182,7 +182,7 @@ def make_partition(data_root: Path, out: Path, num_clients: int = 4, kind: str =
 
 def free_port() -> int:
     """A port free a moment ago. Another process may take it before a server binds it, so a caller
-    that starts a server on it retries with another port when the bind fails (tests/test_tracking.py)."""
+    that starts a server on it retries with another port when the bind fails (tests/tracking/test_tracking.py)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, snakemake_cmd, subprocess_env
 from fedrepro import cli
 
-HOSTILE = Path(__file__).parent / "hostile_params"
+HOSTILE = ROOT / "tests" / "hostile_params"
 BAD_FILES = sorted(HOSTILE.glob("*.yaml"))
 GOOD = "experiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n"
 
