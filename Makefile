@@ -109,7 +109,7 @@ parity-matrix: setup
 
 # Each test file alone, in its own pytest process, TEST_WORKERS files at a time (scripts/test_each.py): a file
 # that passes only after another one imported a module or set a global fails here. `make test` (CI's command)
-# is this. `make test-each TEST_FILES="tests/test_a.py tests/test_b.py"` runs only those.
+# is this. `make test-each TEST_FILES="tests/run/test_a.py tests/ops/test_b.py"` runs only those.
 TEST_FILES ?=
 test-each: setup
 	python scripts/test_each.py --workers $(TEST_WORKERS) $(TEST_FILES)

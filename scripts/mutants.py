@@ -26,43 +26,58 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mutants"
 PYTEST_ARGS = ["-p", "no:randomly", "-p", "no:cacheprovider", "-m", "not slow and not slurm and not gpu"]
 
-# module: (the files mutated, the test files that cover them)
+# module: (the files mutated, the test files under tests/ that cover them)
 ALG = "src/fedrepro/algorithms/"
 MODULES: dict[str, tuple[list[str], list[str]]] = {
-    "server_optim": (["src/fedrepro/server_optim.py"], ["test_oracles.py", "test_baselines.py", "test_fedadagrad.py"]),
-    "server": (["src/fedrepro/server.py"], ["test_oracles.py", "test_baselines.py"]),
-    "minnorm": (["src/fedrepro/minnorm.py"], ["test_fedaware.py", "test_fedaware_na.py", "test_minnorm_size.py"]),
-    "metrics": (["src/fedrepro/metrics.py"], ["test_metrics.py"]),
+    "server_optim": (
+        ["src/fedrepro/server_optim.py"],
+        ["algorithms/test_oracles.py", "algorithms/test_baselines.py", "algorithms/test_fedadagrad.py"],
+    ),
+    "server": (["src/fedrepro/server.py"], ["algorithms/test_oracles.py", "algorithms/test_baselines.py"]),
+    "minnorm": (
+        ["src/fedrepro/minnorm.py"],
+        ["algorithms/test_fedaware.py", "algorithms/test_fedaware_na.py", "ground/test_minnorm_size.py"],
+    ),
+    "metrics": (["src/fedrepro/metrics.py"], ["ground/test_metrics.py"]),
     "cohorts": (
         ["src/fedrepro/run/cohorts.py"],
-        ["test_cohort_sampler.py", "test_cohort_warmup.py", "test_oracles.py"],
+        ["run/test_cohort_sampler.py", "run/test_cohort_warmup.py", "algorithms/test_oracles.py"],
     ),
-    "parts": (["src/fedrepro/parts.py"], ["test_parts.py", "test_oracles.py", "test_baselines.py"]),
-    "report_paper": (["src/fedrepro/report/paper.py"], ["test_oracles.py", "test_paper_params.py", "test_claims.py"]),
-    "tuning": (["src/fedrepro/configure/tuning.py"], ["test_tuning.py"]),
+    "parts": (
+        ["src/fedrepro/parts.py"],
+        ["ground/test_parts.py", "algorithms/test_oracles.py", "algorithms/test_baselines.py"],
+    ),
+    "report_paper": (
+        ["src/fedrepro/report/paper.py"],
+        ["algorithms/test_oracles.py", "configure/test_paper_params.py", "report/test_claims.py"],
+    ),
+    "tuning": (["src/fedrepro/configure/tuning.py"], ["configure/test_tuning.py"]),
     "partitions": (
         ["src/fedrepro/partitions/[!r]*.py"],
-        ["test_partition.py", "test_partition_oracle.py", "test_pachinko.py"],
+        ["inputs/test_partition.py", "inputs/test_partition_oracle.py", "inputs/test_pachinko.py"],
     ),
     "fedopt": (
         [ALG + n for n in ("fedadam.py", "fedyogi.py", "fedams.py", "fedavgm.py", "fedadagrad.py")],
-        ["test_oracles.py", "test_baselines.py", "test_fedadagrad.py"],
+        ["algorithms/test_oracles.py", "algorithms/test_baselines.py", "algorithms/test_fedadagrad.py"],
     ),
     "client_corrections": (
         [ALG + n for n in ("fedprox.py", "scaffold.py", "feddyn.py", "fedcm.py")],
-        ["test_baselines.py"],
+        ["algorithms/test_baselines.py"],
     ),
-    "fednova": ([ALG + "fednova.py"], ["test_fednova.py"]),
-    "fedaware": ([ALG + "fedaware.py", ALG + "aware.py"], ["test_fedaware.py", "test_fedaware_na.py"]),
+    "fednova": ([ALG + "fednova.py"], ["algorithms/test_fednova.py"]),
+    "fedaware": (
+        [ALG + "fedaware.py", ALG + "aware.py"],
+        ["algorithms/test_fedaware.py", "algorithms/test_fedaware_na.py"],
+    ),
     "fedlaw": (
         [ALG + n for n in ("fedlaw.py", "proxy.py", "feddf.py", "fedbe.py", "serverft.py")],
-        ["test_fedlaw.py", "test_fedlaw_baselines.py"],
+        ["algorithms/test_fedlaw.py", "algorithms/test_fedlaw_baselines.py"],
     ),
-    "ima": ([ALG + "ima.py"], ["test_ima.py", "test_oracles.py"]),
-    "ima_baselines": ([ALG + n for n in ("fedasam.py", "fedgma.py", "fedfa.py")], ["test_ima_baselines.py"]),
+    "ima": ([ALG + "ima.py"], ["algorithms/test_ima.py", "algorithms/test_oracles.py"]),
+    "ima_baselines": ([ALG + n for n in ("fedasam.py", "fedgma.py", "fedfa.py")], ["algorithms/test_ima_baselines.py"]),
     "client_draws": (
         [ALG + "random_epochs.py", ALG + "random_batch.py"],
-        ["test_oracles.py", "test_client_protocol.py"],
+        ["algorithms/test_oracles.py", "run/test_client_protocol.py"],
     ),
 }
 

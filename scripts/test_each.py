@@ -3,7 +3,7 @@ another file imported a module, seeded a generator or set a global fails here.
 
     python scripts/test_each.py [--workers N] [--fresh] [FILE ...] [-- PYTEST_ARGS ...]
 
-Without files: every tests/test_*.py, the end-to-end ones first. Prints one line per file (result, seconds),
+Without files: every tests/**/test_*.py, the end-to-end ones first. Prints one line per file (result, seconds),
 the output of each failing file, and exits non-zero when any failed. `make test-each` and CI (.ci/run) run it.
 
 Each file's process is forked from this one after it has imported the heavy third-party libraries the tests
@@ -108,11 +108,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="files run at once (default 2)")
     parser.add_argument("--fresh", action="store_true", help="a new interpreter per file instead of a fork")
-    parser.add_argument("files", nargs="*", help="test files (default: every tests/test_*.py)")
+    parser.add_argument("files", nargs="*", help="test files (default: every tests/**/test_*.py)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers {args.workers}: at least 1")
-    files = args.files or sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    files = args.files or sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
     missing = [f for f in files if not (ROOT / f).is_file()]
     if missing:
         parser.error(f"no such test file: {', '.join(missing)}")

@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -181,7 +182,7 @@ def make_partition(data_root: Path, out: Path, num_clients: int = 4, kind: str =
 
 def free_port() -> int:
     """A port free a moment ago. Another process may take it before a server binds it, so a caller
-    that starts a server on it retries with another port when the bind fails (tests/test_tracking.py)."""
+    that starts a server on it retries with another port when the bind fails (tests/tracking/test_tracking.py)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -221,6 +222,13 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
 def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
     """snakemake on the project's Snakefile, run in another working directory."""
     return [str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
+
+
+def run_snakemake(workdir: Path, *args: str, env=None, timeout=900) -> subprocess.CompletedProcess:
+    """``snakemake_cmd`` run to its end, its output captured (by default in ``subprocess_env()``)."""
+    return subprocess.run(
+        snakemake_cmd(workdir, *args), capture_output=True, text=True, env=env or subprocess_env(), timeout=timeout
+    )
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -499,3 +507,58 @@ def method_section(algorithm: str) -> dict:
     from fedrepro.configure.settings import resolve
 
     return resolve({"algorithm": algorithm, "evaluation": {"proxy_holdout": 100}})[algorithm]
+
+
+def fabricate(run, runs_dir: Path, final_acc: float, rounds: int = 12, status: str = "finished") -> None:
+    """A finished run's folder written without training (``run`` a ``fedrepro.configure.settings.Run``): its
+    metrics.csv, whose last 10 rounds all have test accuracy ``final_acc``, and its summary.json."""
+    import pandas as pd
+
+    out = runs_dir / run.id
+    out.mkdir(parents=True)
+    acc = np.r_[np.linspace(0.1, final_acc, rounds - 10), np.full(10, final_acc)]
+    pd.DataFrame(
+        {
+            "round": np.arange(1, rounds + 1),
+            "test_acc": acc,
+            "test_loss": 1 - acc,
+            "train_loss": 1 - acc,
+            "e_lud": 2.0,
+            "lr": 0.01,
+            "seconds": 0.1,
+        }
+    ).to_csv(out / "metrics.csv", index=False)
+    summary = {
+        "run": run.id,
+        "status": status,
+        "setting": run.setting,
+        "final_acc": final_acc,
+        "best_acc": final_acc,
+        "e_ludd": 2.0,
+        "runtime_s": 1.0,
+        "device": "cpu",
+        "git_commit": "abc",
+        "rounds_done": rounds,
+        "versions": {"torch": "x"},
+    }
+    (out / "summary.json").write_text(json.dumps(summary))
+
+
+def mlp_proxy_problem(k: int = 3, seed: int = 0):
+    """A server step's inputs in float64 on a tiny tanh MLP (4 -> 5 -> 3): the module, a flat global point x,
+    the round's updates from k <= 3 clients of sizes 10, 30 and 60, and a 20-sample proxy set (x, y)."""
+    import torch
+    from torch import nn
+
+    from fedrepro.parts import RoundUpdates
+
+    g = torch.Generator().manual_seed(seed)
+    module = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    dim = sum(p.numel() for p in module.parameters())
+    x = torch.randn(dim, generator=g, dtype=torch.float64)
+    deltas = 0.3 * torch.randn(k, dim, generator=g, dtype=torch.float64)
+    sizes = torch.tensor([10.0, 30.0, 60.0][:k], dtype=torch.float64)
+    updates = RoundUpdates(0, torch.arange(k), deltas, sizes, torch.ones(k), torch.zeros(k), 0.1)
+    proxy_x = torch.randn(20, 4, generator=g, dtype=torch.float64)
+    proxy_y = torch.randint(0, 3, (20,), generator=g)
+    return module, x, updates, proxy_x, proxy_y

@@ -114,7 +114,7 @@ def _named(name: str, mtime_ns: int, size: int) -> frozenset[str]:
 
 
 def named_imports(name: str) -> frozenset[str]:
-    """The package files ``name`` imports by name (the import graph tests/test_import_rules.py checks)."""
+    """The package files ``name`` imports by name (the import graph tests/project/test_import_rules.py checks)."""
     return _named(name, *_stamp(name))
 
 

@@ -1,6 +1,6 @@
 """``fedrepro check-gpu``: is the engine correct on this device, and what does it cost there.
 
-Each check takes a device and raises AssertionError on a wrong result; tests/test_gpu.py runs them
+Each check takes a device and raises AssertionError on a wrong result; tests/ops/test_gpu.py runs them
 on CUDA (marker ``gpu``) and at CI size on the CPU. The command runs them all on CUDA without
 pytest, then the benchmark with several runs per GPU, and writes everything to one JSON file
 (results/bench/gpu_check.json) that docs/benchmark.md cites. It imports only torch, numpy and the package
@@ -28,7 +28,7 @@ from fedrepro.run.trainer import Trainer
 
 OUT = Path("results/bench/gpu_check.json")
 
-# Settings a method needs to run at this size (as in tests/test_resume.py).
+# Settings a method needs to run at this size (as in tests/workflow/test_resume.py).
 _PROXY = {"proxy_size": 20, "server_epochs": 2}  # proxy samples come out of the 100 test samples
 _HOLDOUT = {"evaluation": {"proxy_holdout": 20}}  # the comparison's hold-out the proxy methods train on
 METHOD_EXTRAS = {

@@ -9,7 +9,7 @@ from fedrepro.partitions.base import PartitionError, draw
 # CIFAR-100's superclass of each fine label (fine labels in torchvision's order, i.e. the archive's
 # alphabetical ``fine_label_names``; superclasses in the order of its ``coarse_label_names``). It is
 # the fine->coarse map that the archive's per-sample ``coarse_labels`` encode, and agrees with the
-# superclass table of https://www.cs.toronto.edu/~kriz/cifar.html (tests/test_pachinko.py checks it
+# superclass table of https://www.cs.toronto.edu/~kriz/cifar.html (tests/inputs/test_pachinko.py checks it
 # name by name). torchvision's CIFAR100 loader keeps the fine labels only, so the map lives here.
 CIFAR100_COARSE = np.array(
     [

@@ -1,6 +1,6 @@
 """The numbers the explanations of evidence/explanations.yaml state, checked against their sources: every number
 with two decimals an explanation states must be cited, and every cite must equal what its kept runs, the paper's
-table or a kept file give (``check_cites``; tests/test_verification.py runs it on the real evidence)."""
+table or a kept file give (``check_cites``; tests/report/test_verification.py runs it on the real evidence)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Lanczos iteration on Hessian-vector products: the Hessian is never formed.
 Lanczos with full re-orthogonalisation builds an orthonormal basis Q of the Krylov space of H from a random
 start; the eigenvalues of the small tridiagonal T = Q^T H Q (Ritz values) converge to H's extreme eigenvalues
 first (Golub and Van Loan, Matrix Computations, 10.1). With as many steps as parameters they are H's
-eigenvalues exactly (tests/test_hessian.py checks against the explicit Hessian of a tiny model).
+eigenvalues exactly (tests/run/test_hessian.py checks against the explicit Hessian of a tiny model).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from its own run's model and BatchNorm statistics; every other run its own round
 * **Streams.** torch's global generator is each run's own: its state is put back when the run takes its turn
   and kept when it hands it on, so a run draws (dropout, augmentation, a server part's draws) exactly as alone.
 * **Equal to alone.** A stacked row is the batched path's computation on the same numbers, so a run's result
-  equals the run trained alone within the bound batched and sequential agree within (tests/test_packed.py).
+  equals the run trained alone within the bound batched and sequential agree within (tests/run/test_packed.py).
 * **Stops alone.** A run that diverges, fails or finishes ends its loop and leaves the turn order; the pack goes
   on with the others. A killed pack resumes each run from its own checkpoint (the loop is ``Trainer.run``).
 """

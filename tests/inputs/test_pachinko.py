@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from fedrepro import identity, partitions
 from fedrepro.configure import expansion, paramsfile, schema, settings
 from fedrepro.partitions import pachinko
@@ -175,11 +176,9 @@ def test_settings_resolve_name_and_check_pachinko():
 
 
 def test_ima_cifar100_runs_are_pachinko_and_join_the_papers_pa_rows():
-    from pathlib import Path
-
     from fedrepro.report import paper
 
-    params = paramsfile.load_params(Path(__file__).resolve().parents[1] / "params" / "ima.yaml")
+    params = paramsfile.load_params(ROOT / "params" / "ima.yaml")
     params["only"] = "ima_table1_cifar100_*"
     from fedrepro.ops import plan
 

@@ -8,10 +8,9 @@ import math
 
 import pytest
 import torch
-from test_fedlaw import problem as mlp_problem
 from torch import nn
 
-from conftest import make_partition
+from conftest import make_partition, mlp_proxy_problem
 from fedrepro.algorithms.fedbe import BayesianEnsembleDistillation, swag_sample
 from fedrepro.algorithms.feddf import EnsembleDistillation
 from fedrepro.algorithms.fedlaw import LearnedAggregation
@@ -207,7 +206,7 @@ def test_swag_sample_on_constructed_deltas():
 
 
 def test_swa_averages_the_lambda_iterates_after_swa_start_then_learns_gamma():
-    module, x, updates, px, py = mlp_problem()
+    module, x, updates, px, py = mlp_proxy_problem()
     agg = LearnedAggregation(module, px, py, FEDLAW)
     agg.trace = []
     x_new = x - agg(x, updates)
@@ -234,7 +233,7 @@ def test_swa_averages_the_lambda_iterates_after_swa_start_then_learns_gamma():
 
 
 def test_swa_in_the_papers_order_and_with_too_few_epochs():
-    module, x, updates, px, py = mlp_problem()
+    module, x, updates, px, py = mlp_proxy_problem()
     agg = LearnedAggregation(module, px, py, {**FEDLAW, "swa_order": "gamma_first"})
     agg.trace = []
     agg(x, updates)

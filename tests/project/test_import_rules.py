@@ -48,7 +48,7 @@ def _layer(name: str) -> str:
     for layer, members in LAYERS.items():
         if name in members or any(m.endswith("/*") and name.startswith(m[:-1]) for m in members):
             return layer
-    raise AssertionError(f"{name}: in no layer of tests/test_import_rules.py; place it in one")
+    raise AssertionError(f"{name}: in no layer of tests/project/test_import_rules.py; place it in one")
 
 
 def graph() -> dict[str, set[str]]:

@@ -14,7 +14,7 @@ The engine and the plain loop both run in float64 (the ``float64_engine`` fixtur
 the order of additions only: ``rounding_gap`` derives the tolerance from u64 and the operation count, about 1e-12
 of the update's size here, while each method's extra terms move the update by more than 1e-2 of its size (checked
 in each test). In float32 a rounding difference can flip a ReLU whose input lies within it of zero, which moves a
-weight by a sample's gradient and has no bound from rounding alone (tests/test_batchnorm.py met one on AVX-512).
+weight by a sample's gradient and has no bound from rounding alone (tests/run/test_batchnorm.py met one on AVX-512).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, snakemake_cmd, subprocess_env
 from fedrepro import cli
 
-HOSTILE = Path(__file__).parent / "hostile_params"
+HOSTILE = ROOT / "tests" / "hostile_params"
 BAD_FILES = sorted(HOSTILE.glob("*.yaml"))
 GOOD = "experiments:\n  a: {base: {num_clients: 4, rounds: 2}, grid: {seed: [1]}}\n"
 
@@ -413,7 +413,7 @@ def test_overwritten_labels_after_download_are_found_before_training(tmp_path, f
 
 # ------------------------------------------------------------------ corrupt results are named, and stop nothing else
 
-from test_report import fabricate  # noqa: E402
+from conftest import fabricate  # noqa: E402
 
 
 def _two_params_files(tmp_path):

@@ -3,6 +3,7 @@ third-party imports only, so a file that leans on another file's import of a fed
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -37,3 +38,17 @@ def test_the_runner_imports_no_fedrepro_module_before_forking():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.WARM_IMPORTS and not [m for m in module.WARM_IMPORTS if m.split(".")[0] in ("fedrepro", "conftest")]
+
+
+def test_no_test_file_imports_another():
+    """A helper two files share lives in conftest.py: a file importing another test file runs that file's
+    module-level code and binds the two files' folders together."""
+    files = sorted((ROOT / "tests").rglob("test_*.py"))
+    stems = {p.stem for p in files}
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in stems]
+    assert len(files) > 50 and not found, found

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
-GOLDEN_MODULE = Path(__file__).parent / "golden" / "ids.py"
+from conftest import ROOT
+
+GOLDEN_MODULE = ROOT / "tests" / "golden" / "ids.py"
 
 
 def _golden():

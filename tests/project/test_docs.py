@@ -106,7 +106,17 @@ def test_tests_readme_maps_every_module_to_test_files_that_exist():
     modules |= {p.name + "/" for p in src.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     missing = sorted(m for m in modules if f"`{m}" not in text)
     assert not missing, f"tests/README.md does not map: {missing}"
-    named = set(re.findall(r"`(test_\w+\.py)`", text))
+    named = set(re.findall(r"`((?:\w+/)?test_\w+\.py)`", text))  # under its wing's folder, or not found
     assert named and all((ROOT / "tests" / n).is_file() for n in named), sorted(
         n for n in named if not (ROOT / "tests" / n).is_file()
     )
+
+
+def test_tests_readme_names_every_folder_of_test_files():
+    """The folder table of tests/README.md lists exactly the folders that hold test files: one per wing, none
+    at the top."""
+    text = (ROOT / "tests" / "README.md").read_text()
+    table = text.split("## Folders", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(\w+)/` \|", table, re.M))
+    holding = {p.parent.relative_to(ROOT / "tests").as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
+    assert listed == holding, f"listed, no test files: {sorted(listed - holding)}; unlisted: {sorted(holding - listed)}"

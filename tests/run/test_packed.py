@@ -5,17 +5,17 @@ checkpoint.
 A run of a pack trains its clients either in its own batched round (a method with client terms, a model with
 dropout) or stacked with other runs' clients in one vmapped computation: the batched path's per-row computation
 on more rows. Against the sequential reference a stacked round's updates agree within the bound batched and
-sequential agree within (``tests/test_batched.py::rounding_bound``); against the run trained alone through the
-batched path, on CPU, a whole run agrees bit for bit (a vmapped CPU kernel computes a row as it does among fewer
-rows), which the CUDA check measures instead of assuming on a GPU.
+sequential agree within (``conftest.rounding_bound``, as tests/run/test_batched.py); against the run trained alone
+through the batched path, on CPU, a whole run agrees bit for bit (a vmapped CPU kernel computes a row as it does
+among fewer rows), which the CUDA check measures instead of assuming on a GPU.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_batched import rounding_bound  # noqa: E402 (tests/ is on the path)
 
+from conftest import rounding_bound
 from fedrepro import partitions
 from fedrepro.configure.settings import resolve
 from fedrepro.ops import gpucheck
@@ -57,7 +57,7 @@ def _alone(method, seed, run_dir, datasets, **extra):
 @pytest.mark.parametrize("method", ["fedavg", "fedavg+random_batch", "fedavg+random_epochs"])
 def test_a_stacked_step_equals_the_sequential_path_within_the_rounding_bound(tmp_path, method):
     """One round of three runs (their own seeds, partitions and models) trained as one computation: each run's
-    client updates against its own sequential reference, within tests/test_batched.py's derived bound."""
+    client updates against its own sequential reference, within tests/run/test_batched.py's derived bound."""
     datasets = gpucheck.tiny_fmnist()
     runs = [_run(method, seed, tmp_path / f"p{seed}", datasets) for seed in (1, 2, 3)]
     pack = PackedRuns(runs)

@@ -9,10 +9,9 @@ import torch
 from torch import nn
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
-from conftest import method_section  # noqa: E402
+from conftest import method_section, mlp_proxy_problem  # noqa: E402
 from fedrepro.algorithms.fedlaw import LearnedAggregation
 from fedrepro.evaluation import proxy_indices
-from fedrepro.parts import RoundUpdates
 
 pytestmark = pytest.mark.floats
 
@@ -30,19 +29,6 @@ CFG = {
 }
 
 
-def problem(k=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    module = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
-    dim = sum(p.numel() for p in module.parameters())
-    x = torch.randn(dim, generator=g, dtype=torch.float64)
-    deltas = 0.3 * torch.randn(k, dim, generator=g, dtype=torch.float64)
-    sizes = torch.tensor([10.0, 30.0, 60.0][:k], dtype=torch.float64)
-    updates = RoundUpdates(0, torch.arange(k), deltas, sizes, torch.ones(k), torch.zeros(k), 0.1)
-    proxy_x = torch.randn(20, 4, generator=g, dtype=torch.float64)
-    proxy_y = torch.randint(0, 3, (20,), generator=g)
-    return module, x, updates, proxy_x, proxy_y
-
-
 def loss_through_module(module, w, proxy_x, proxy_y):
     """The proxy loss the ordinary way: copy w into a fresh module's parameters."""
     fresh = copy.deepcopy(module)
@@ -53,7 +39,7 @@ def loss_through_module(module, w, proxy_x, proxy_y):
 
 @pytest.mark.parametrize("variant,epochs", [("fixed_gamma", 1), ("fedlaw", 0), ("adaptive_gws", 0)])
 def test_no_server_steps_with_unit_gamma_is_fedavg(variant, epochs):
-    module, x, updates, px, py = problem()
+    module, x, updates, px, py = mlp_proxy_problem()
     agg = LearnedAggregation(module, px, py, {**CFG, "variant": variant, "server_epochs": epochs})
     d = agg(x, updates)
     assert torch.allclose(d, updates.weighted_mean(), rtol=0, atol=1e-12)
@@ -62,7 +48,7 @@ def test_no_server_steps_with_unit_gamma_is_fedavg(variant, epochs):
 
 
 def test_fixed_gamma_shrinks_the_fedavg_model():
-    module, x, updates, px, py = problem()
+    module, x, updates, px, py = mlp_proxy_problem()
     agg = LearnedAggregation(module, px, py, {**CFG, "variant": "fixed_gamma", "gamma": 0.9}, server_lr=0.5)
     x_new = x - agg(x, updates)
     # gamma * (x - eta_g * sum_i p_i Delta_i)
@@ -70,7 +56,7 @@ def test_fixed_gamma_shrinks_the_fedavg_model():
 
 
 def test_functional_forward_is_the_module_with_those_weights():
-    module, x, _, px, _ = problem()
+    module, x, _, px, _ = mlp_proxy_problem()
     agg = LearnedAggregation(module, px, None, CFG)
     fresh = copy.deepcopy(module)
     torch.nn.utils.vector_to_parameters(x, fresh.parameters())
@@ -83,7 +69,7 @@ def test_one_adam_step_follows_the_finite_difference_gradient(variant, monkeypat
     differences of the loss through a module (its value: Adam's first step, -lr * g / (|g| + eps),
     keeps only the sign, so a gradient off by any positive factor would pass the step check alone),
     and the step moves each learned coordinate by that."""
-    module, x, updates, px, py = problem()
+    module, x, updates, px, py = mlp_proxy_problem()
     handed = []
     adam_step = torch.optim.Adam.step
 
@@ -126,7 +112,7 @@ def test_one_adam_step_follows_the_finite_difference_gradient(variant, monkeypat
 
 
 def test_learning_lowers_the_proxy_loss():
-    module, x, updates, px, py = problem()
+    module, x, updates, px, py = mlp_proxy_problem()
     agg = LearnedAggregation(module, px, py, {**CFG, "server_epochs": 50, "server_lr": 0.05})
     before = loss_through_module(module, updates.weights @ (x - updates.deltas), px, py)
     after = loss_through_module(module, x - agg(x, updates), px, py)

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import ROOT
 from fedrepro import cli
 from fedrepro.configure import expansion, paramsfile, schema, settings
 from fedrepro.ops import plan, pricing
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _params(**base):
@@ -447,8 +446,6 @@ def _sbatch_lines(tmp_path, runs: int, *extra) -> list[str]:
     env = subprocess_env(SBATCH_RECORD=str(record))
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     targets = [f"results/runs/{run_id}/summary.json" for run_id in expanded]
-    from conftest import ROOT
-
     cmd = snakemake_cmd(
         tmp_path,
         *targets,

@@ -7,17 +7,16 @@ from __future__ import annotations
 import collections
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import ROOT
 from fedrepro import catalog
 from fedrepro.configure import expansion, paramsfile, registry, schema, settings
 from fedrepro.report import claims, paper
 
-ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT.parent / "shared" / "specs"
 
 # experiment -> runs (before de-duplication across experiments); the arithmetic is in the comments

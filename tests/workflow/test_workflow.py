@@ -19,16 +19,9 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import BIN, ROOT, job_counts, snakemake_cmd, subprocess_env, write_yaml
+from conftest import BIN, ROOT, job_counts, run_snakemake, snakemake_cmd, subprocess_env, write_yaml
 from fedrepro import identity
 from fedrepro.configure import expansion, paramsfile
-
-
-def _snakemake(workdir: Path, *args: str, env=None, timeout=900) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        snakemake_cmd(workdir, *args), capture_output=True, text=True, env=env or subprocess_env(), timeout=timeout
-    )
-    return proc
 
 
 def _expected_counts(params_file: Path) -> dict[str, int]:
@@ -50,7 +43,7 @@ def _expected_counts(params_file: Path) -> dict[str, int]:
 
 def test_default_dag_dry_run_job_counts(tmp_path):
     default = ROOT / "params" / "default.yaml"
-    proc = _snakemake(tmp_path, "-n", "--configfile", str(default))
+    proc = run_snakemake(tmp_path, "-n", "--configfile", str(default))
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = job_counts(proc.stdout + proc.stderr)
     expected = _expected_counts(default)
@@ -91,7 +84,7 @@ def test_the_workflow_and_fedrepro_manifest_agree_on_the_manifest(tmp_path):
     (one library function), also with --config values, and refuses a name its content does not hash to."""
     default = ROOT / "params" / "default.yaml"
     only = sorted(paramsfile.load_params(default)["experiments"])[0]
-    proc = _snakemake(tmp_path, "-n", "--configfile", str(default), "--config", f"only={only}")
+    proc = run_snakemake(tmp_path, "-n", "--configfile", str(default), "--config", f"only={only}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = re.search(r"results/manifests/default-\w+\.json", proc.stdout).group(0)
     out = tmp_path / path
@@ -133,7 +126,7 @@ def tiny_run(tmp_path_factory, fmnist_data):
     params = fmnist_data.params_file(TEST_CONFIG, tmp_path_factory.mktemp("params"))
     uri = f"sqlite:///{work / 'mlflow.db'}"
     env = subprocess_env(uri, fmnist=fmnist_data)
-    proc = _snakemake(
+    proc = run_snakemake(
         work,
         "--configfile",
         str(params),
@@ -302,7 +295,7 @@ def test_e2e_snakemake_report_packs_the_figures_with_their_captions(tiny_run):
     figures = sorted(p.name for p in (tiny_run["work"] / "reports" / "tiny_figures").iterdir())
     assert "tiny_e2e.curves.png" in figures and any(f.startswith("tiny_e2e.partition-") for f in figures)
     out = tiny_run["work"] / "packed.zip"
-    proc = _snakemake(
+    proc = run_snakemake(
         tiny_run["work"], "--report", str(out), "--configfile", str(tiny_run["params"]), env=tiny_run["env"]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -319,7 +312,7 @@ def test_e2e_snakemake_report_packs_the_figures_with_their_captions(tiny_run):
 @pytest.mark.slow
 def test_e2e_nothing_to_do_afterwards_even_after_touching(tiny_run):
     args = ("-n", "--configfile", str(tiny_run["params"]), "--workflow-profile", str(ROOT / "workflow/profiles/ci"))
-    proc = _snakemake(tiny_run["work"], *args, env=tiny_run["env"])
+    proc = run_snakemake(tiny_run["work"], *args, env=tiny_run["env"])
     assert proc.returncode == 0
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
     # new mtimes, same content (as after a copy or a dvc pull): still nothing to do
@@ -328,7 +321,7 @@ def test_e2e_nothing_to_do_afterwards_even_after_touching(tiny_run):
         os.utime(path, (later, later))
     for path in (tiny_run["work"] / "results" / "partitions").rglob("*"):
         os.utime(path, (later + 5, later + 5))
-    proc = _snakemake(tiny_run["work"], *args, env=tiny_run["env"])
+    proc = run_snakemake(tiny_run["work"], *args, env=tiny_run["env"])
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
 
 
@@ -342,7 +335,7 @@ def test_e2e_changed_grid_and_mirrors_schedule_exactly_the_new_work(tiny_run, tm
     changed["experiments"]["tiny_e2e"]["grid"]["seed"] = [1, 2, 3]
     (tiny_run["work"] / "changed").mkdir()
     params = write_yaml(tiny_run["work"] / "changed" / "tiny.yaml", changed)  # same name: same report
-    proc = _snakemake(
+    proc = run_snakemake(
         tiny_run["work"],
         "-n",
         "--configfile",
@@ -440,9 +433,9 @@ def forked_grid(tmp_path_factory, fmnist_data):
         work = tmp_path_factory.mktemp(name)
         # --config takes every word after it: the targets come first
         args = ("--configfile", str(params), *CI_PROFILE, *_train_targets(runs), *extra)
-        dry = _snakemake(work, "-n", "-p", *args, env=env)
+        dry = run_snakemake(work, "-n", "-p", *args, env=env)
         assert dry.returncode == 0, dry.stderr[-3000:]
-        done = _snakemake(work, "--cores", "2", *args, env=env)
+        done = run_snakemake(work, "--cores", "2", *args, env=env)
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
         grids[name] = {"work": work, "dry": dry.stdout + dry.stderr, "args": args}
     return {"runs": runs, "forks": shared, **grids}
@@ -466,7 +459,9 @@ def test_forks_each_job_asks_for_the_runtime_of_the_rounds_it_trains(tmp_path):
     minutes = lambda run_id, rounds: plan.run_minutes({**runs[run_id].setting, "rounds": rounds}, costs)  # noqa: E731
     rounds = {run_id: run.setting["rounds"] for run_id, run in runs.items()}
     for extra in ((), ("--config", "share_prefixes=false")):
-        proc = _snakemake(tmp_path, "-n", "--configfile", str(FORKS_CONFIG), *CI_PROFILE, *_train_targets(runs), *extra)
+        proc = run_snakemake(
+            tmp_path, "-n", "--configfile", str(FORKS_CONFIG), *CI_PROFILE, *_train_targets(runs), *extra
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         asked = {}
         for rule, job in _jobs(proc.stdout + proc.stderr):
@@ -525,7 +520,7 @@ def test_forks_reruns_follow_the_tree(forked_grid):
     work, args = forked_grid["shared"]["work"], forked_grid["shared"]["args"]
     runs = forked_grid["runs"]
     for toggle in ((), ("--config", "share_prefixes=false")):
-        proc = _snakemake(work, "-n", *args, *toggle)
+        proc = run_snakemake(work, "-n", *args, *toggle)
         assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
     params = paramsfile.read_yaml(FORKS_CONFIG)
     for edit, expected in (
@@ -541,7 +536,7 @@ def test_forks_reruns_follow_the_tree(forked_grid):
         folder.mkdir()
         path = write_yaml(folder / "forks.yaml", changed)
         targets = _train_targets(expansion.unique_runs(expansion.expand(paramsfile.load_params(path))))
-        proc = _snakemake(work, "-n", "--configfile", str(path), *CI_PROFILE, *targets)
+        proc = run_snakemake(work, "-n", "--configfile", str(path), *CI_PROFILE, *targets)
         assert proc.returncode == 0, proc.stderr[-3000:]
         counts = dict(collections.Counter(rule for rule, _ in _jobs(proc.stdout + proc.stderr)))
         assert counts == expected, proc.stdout[-3000:]
@@ -577,7 +572,7 @@ def test_a_figure_waits_for_every_run_of_its_experiment_also_one_another_experim
     shared = next(r.id for r in runs if r.experiment == "first")
     assert expansion.unique_runs(runs)[shared].experiment == "second"  # the run is listed under one experiment only
     assert expansion.runs_by_experiment(runs)["first"] == [shared]
-    proc = _snakemake(
+    proc = run_snakemake(
         tmp_path,
         "-n",
         "results/figures/shared/fig_first.png",
@@ -601,7 +596,7 @@ DRY_JOB = re.compile(r"^(?:local)?rule (\w+):\n((?:    .*\n)+)Shell command: (.*
 def _job_inputs(work: Path, params: Path) -> dict[str, tuple]:
     """Every job of the params file's DAG by its output: (rule, inputs, shell command with its params filled in),
     what Snakemake's rerun triggers compare with the record of the job that made the output."""
-    proc = _snakemake(work, "-n", "-F", "-p", "--configfile", str(params))
+    proc = run_snakemake(work, "-n", "-F", "-p", "--configfile", str(params))
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = {}
     for rule, body, shell in DRY_JOB.findall(proc.stdout + proc.stderr):

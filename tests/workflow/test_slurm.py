@@ -278,7 +278,7 @@ def test_tiny_workflow_runs_through_sbatch(slurm, tmp_path, fmnist_data):
     train_lines = [line for line in sbatch_lines if "rule_trainbatch_train" in line]
     assert len(train_lines) == 1, "both training runs share one submission (group trainbatch)"
     # device: cpu runs ask for no GPU (each would be an srun step waiting for the submission's one GPU);
-    # the GPU request of device: auto/cuda runs is rendered in tests/test_plan.py
+    # the GPU request of device: auto/cuda runs is rendered in tests/ops/test_plan.py
     assert "--gpus" not in train_lines[0]
     logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
     assert logs, "the slurm executor's job logs exist"

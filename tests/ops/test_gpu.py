@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_partition, train_args
+from conftest import ROOT, make_partition, train_args
 from fedrepro import cli, identity
 from fedrepro.configure import settings
 from fedrepro.ops import slots
 from fedrepro.run.process import pick_device
 
-ROOT = Path(__file__).resolve().parents[1]
 BASE = {
     "dataset": "fmnist",
     "model": "mlp",

@@ -4,46 +4,14 @@ import json
 import re
 import shutil
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
-from fedrepro.configure import expansion, paramsfile, settings, tuning
+from conftest import fabricate
+from fedrepro.configure import expansion, paramsfile, tuning
 from fedrepro.configure.paramsfile import ROOT
 from fedrepro.report import page, plots
-
-
-def fabricate(run: settings.Run, runs_dir, final_acc: float, rounds: int = 12, status: str = "finished") -> None:
-    """A run whose last 10 rounds all have test accuracy ``final_acc``."""
-    out = runs_dir / run.id
-    out.mkdir(parents=True)
-    acc = np.r_[np.linspace(0.1, final_acc, rounds - 10), np.full(10, final_acc)]
-    pd.DataFrame(
-        {
-            "round": np.arange(1, rounds + 1),
-            "test_acc": acc,
-            "test_loss": 1 - acc,
-            "train_loss": 1 - acc,
-            "e_lud": 2.0,
-            "lr": 0.01,
-            "seconds": 0.1,
-        }
-    ).to_csv(out / "metrics.csv", index=False)
-    summary = {
-        "run": run.id,
-        "status": status,
-        "setting": run.setting,
-        "final_acc": final_acc,
-        "best_acc": final_acc,
-        "e_ludd": 2.0,
-        "runtime_s": 1.0,
-        "device": "cpu",
-        "git_commit": "abc",
-        "rounds_done": rounds,
-        "versions": {"torch": "x"},
-    }
-    (out / "summary.json").write_text(json.dumps(summary))
 
 
 @pytest.fixture

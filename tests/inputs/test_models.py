@@ -39,7 +39,7 @@ def summed_inputs(model, x) -> int:
     return total[0]
 
 
-# Pretrained models (Pythia) need their weights; tests/test_agnews.py covers them with a tiny local config.
+# Pretrained models (Pythia) need their weights; tests/inputs/test_agnews.py covers them with a tiny local config.
 BUILT_HERE = {name: spec for name, spec in catalog.MODELS.items() if not spec.get("pretrained")}
 CASES = [(name, dataset) for name, spec in BUILT_HERE.items() for dataset in spec["datasets"]]
 # Heavy models on 2 shared cores: one dataset each is enough for forward/backward.

@@ -735,14 +735,12 @@ def test_attentive_law_logs_lambda_per_client_and_after_an_early_stop_aggregates
 
 
 def test_the_quick_default_draws_figures_of_every_paper(tmp_path):
-    from test_workflow import _snakemake
-
-    from conftest import ROOT, job_counts
+    from conftest import ROOT, job_counts, run_snakemake
 
     params = paramsfile.load_params(ROOT / "params" / "default.yaml")
     specs = figures.check(params["figures"], params["experiments"])
     assert {figures.family(s["kind"]) for s in specs.values()} == {"ima", "fedlaw", "fedaware", "fednova"}
-    proc = _snakemake(tmp_path, "-n", "--configfile", str(ROOT / "params" / "default.yaml"))
+    proc = run_snakemake(tmp_path, "-n", "--configfile", str(ROOT / "params" / "default.yaml"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert job_counts(proc.stdout + proc.stderr)["figure"] == len(specs)
 
@@ -772,12 +770,10 @@ WORKFLOW = {
 
 @pytest.mark.slow
 def test_figure_rules_run_on_a_tiny_workflow_and_the_page_embeds_them(tmp_path, fmnist_data):
-    from test_workflow import _snakemake
-
-    from conftest import subprocess_env, write_yaml
+    from conftest import run_snakemake, subprocess_env, write_yaml
 
     params = write_yaml(tmp_path / "tiny.yaml", fmnist_data.params(WORKFLOW))
-    proc = _snakemake(tmp_path, "--configfile", str(params), "--cores", "2", env=subprocess_env(fmnist=fmnist_data))
+    proc = run_snakemake(tmp_path, "--configfile", str(params), "--cores", "2", env=subprocess_env(fmnist=fmnist_data))
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in WORKFLOW["figures"]:
         record = json.loads((tmp_path / "results" / "figures" / "tiny" / f"{name}.json").read_text())

@@ -110,7 +110,7 @@ def test_a_run_reports_eval_mode_accuracy_and_trains_in_train_mode(tmp_path):
 
 def test_a_dropout_model_trains_with_the_same_masks_batched_or_not(tmp_path):
     """cohort_mode "on" with a dropout model trains batched, drawing each client's masks as when it trains
-    alone (tests/test_batched.py compares the updates): the runs agree to float rounding and the global
+    alone (tests/run/test_batched.py compares the updates): the runs agree to float rounding and the global
     generator ends in the same state."""
     rows, states = {}, {}
     bound = rounding_bound(_trainer(tmp_path, "bound"), 2 * 3, 0.05, 0.5)  # 2 rounds of 3 steps (40 samples)
@@ -124,7 +124,7 @@ def test_a_dropout_model_trains_with_the_same_masks_batched_or_not(tmp_path):
         assert bool(trainer.batched and trainer.batched.rounds_trained) == (mode == "on")
     assert torch.equal(states["off"], states["on"])
     for off, on in zip(rows["off"], rows["on"]):
-        assert on["train_loss"] == pytest.approx(off["train_loss"], abs=10 * bound)  # as tests/test_batched.py
+        assert on["train_loss"] == pytest.approx(off["train_loss"], abs=10 * bound)  # as tests/run/test_batched.py
         # a count, not a rounding: one of the 128 test samples may sit within rounding of a tie
         assert on["test_acc"] == pytest.approx(off["test_acc"], abs=1 / 128)
 

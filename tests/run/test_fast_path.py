@@ -136,7 +136,7 @@ def test_tolerance_catches_a_wrong_batch_order(tmp_path):
 
 def test_unequal_sizes_train_together(tmp_path):
     """Unequal client sizes (unequal step counts and last batches) no longer force the sequential path
-    (their equality with it: tests/test_batched.py)."""
+    (their equality with it: tests/run/test_batched.py)."""
     trainer = _trainer(tmp_path, "mlp", [40, 40, 41, 40], mode="on")
     cohort = sample_cohort(1, 0, 4, 4)
     assert trainer.train_together(cohort)

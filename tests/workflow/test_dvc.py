@@ -114,8 +114,7 @@ def test_metrics_plots_and_params_are_per_variant_and_per_params_file(tmp_path):
     `dvc params diff` sees an edit to a paper's params file, not only to the default one."""
     import re
 
-    from test_report import fabricate
-
+    from conftest import fabricate
     from fedrepro.configure import expansion, paramsfile
     from fedrepro.report import frames
 

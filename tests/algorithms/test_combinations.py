@@ -243,7 +243,7 @@ def plain_feddyn(c, setting):
 
 # The server step of each method whose server is not trained, written out. FedProx, FedNova (equal local
 # steps here: equal sizes, one epoch), SCAFFOLD (eta_g = 1), FedASAM, FedFA and FedCM differ from FedAvg on
-# the clients (their local rounds: tests/test_local_objectives_sgd.py, test_baselines.py, test_ima_baselines.py)
+# the clients (their local rounds: tests/run/test_local_objectives_sgd.py, test_baselines.py, test_ima_baselines.py)
 # and aggregate as it does.
 SERVER_STEP = {
     **{
