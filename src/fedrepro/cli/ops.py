@@ -104,6 +104,18 @@ def add_check_gpu(sub) -> None:
         metavar="R",
         help="runs side by side on the GPU to measure (1 is always measured)",
     )
+    p.add_argument(
+        "--packed-out",
+        default="results/bench/packed_steps-cuda.json",
+        type=_output("file"),
+        help="where the packed step costs (runs x clients stacked, at 1, 4, 16, 64 runs) go",
+    )
+    p.add_argument(
+        "--packed-budget",
+        type=_number(float, 1),
+        default=90.0,
+        help="seconds the packed step measurement may take (the papers' most used settings first)",
+    )
     p.add_argument("--skip-bench", action="store_true", help="the correctness checks only")
     p.set_defaults(func=cmd_check_gpu)
     finish(p, EXAMPLES["check-gpu"])
@@ -112,4 +124,14 @@ def add_check_gpu(sub) -> None:
 def cmd_check_gpu(args) -> None:
     from fedrepro.ops import gpucheck
 
-    raise SystemExit(gpucheck.main(args.out, args.data_root, args.rounds, tuple(args.throughput), args.skip_bench))
+    raise SystemExit(
+        gpucheck.main(
+            args.out,
+            args.data_root,
+            args.rounds,
+            tuple(args.throughput),
+            args.skip_bench,
+            packed_out=args.packed_out,
+            packed_budget=args.packed_budget,
+        )
+    )
