@@ -261,6 +261,19 @@ def test_the_measurement_stops_at_its_budget_and_names_what_it_left(tmp_path):
     assert record["skipped"] == {"fmnist/mlp:8": "not measured: the budget of 0 s was spent"}
 
 
+def test_the_gpu_checks_measurement_reads_the_params_files_there_are(tmp_path):
+    """scripts/gpu_check.sh measures the papers' settings (gpucheck.PAPER_PARAMS) the most used first; here a
+    one-setting file and an absent one, on the CPU."""
+    config = tmp_path / "p.yaml"
+    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "batch_size": 8}
+    config.write_text(yaml.safe_dump({"experiments": {"e": {"base": base, "grid": {"seed": [1, 2]}}}}))
+    out = tmp_path / "packed.json"
+    record = packed_bench.measure_params(
+        [str(config), str(tmp_path / "absent.yaml")], "cpu", out, 60, lambda line: None
+    )
+    assert list(record["packed_steps"]) == ["fmnist/mlp:8"] and json.loads(out.read_text()) == record
+
+
 def test_cli_plan_measures_the_packed_step_and_prices_with_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     config = tmp_path / "p.yaml"
