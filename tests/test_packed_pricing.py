@@ -284,3 +284,12 @@ def test_cli_plan_measures_the_packed_step_and_prices_with_it(tmp_path, monkeypa
     assert (tmp_path / "results/bench/packed_steps-cpu.json").is_file()
     assert "priced by: packed steps (packed_steps-cpu.json)" in out
     assert "fmnist/mlp:8, 2 clients a round:" in out and "no packed step costs" not in out
+
+
+def test_the_benchmark_measures_the_packed_step_of_its_settings(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cli.main(["bench", "--settings", "fmnist_mlp", "--device", "cpu", "--quick", "--rounds", "1", "--packed"])
+    record = json.loads((tmp_path / packed_pricing.OWN_FILE.format(device="cpu")).read_text())
+    # the quick FedLAW MLP setting: 4 clients, all of them each round, batch 64
+    entry = record["packed_steps"]["fmnist/mlp:64"]
+    assert entry["clients"] == 4 and [p["runs"] for p in entry["points"]] == list(packed_bench.RUNS["cpu"])

@@ -52,6 +52,12 @@ def add_bench(sub) -> None:
         "device-hour with R runs side by side on one device (1 is always measured), and extrapolate "
         "IMA Table 1's FMNIST rows",
     )
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="also the packed step (runs x clients stacked) of each setting at a few pack sizes, per device, into "
+        "results/bench/packed_steps-<device>.json (what fedrepro plan prices the packed path with)",
+    )
     p.set_defaults(func=cmd_bench)
     finish(p, EXAMPLES["bench"])
 
@@ -79,6 +85,14 @@ def cmd_bench(args) -> None:
         bench.write(report, args.out)
     if args.html:
         bench.html(report, args.html)
+    if args.packed:
+        from fedrepro.ops import packed_bench, packed_pricing
+        from fedrepro.ops.bench_settings import SETTINGS
+
+        chosen = [SETTINGS[name].quick() if args.quick else SETTINGS[name] for name in args.settings]
+        for device in devices:
+            settings = [bench.engine_setting(setting, device) for setting in chosen]
+            packed_bench.measure(settings, device, packed_pricing.OWN_FILE.format(device=device))
 
 
 def add_check_gpu(sub) -> None:
