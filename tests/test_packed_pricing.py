@@ -262,7 +262,7 @@ def test_the_measurement_stops_at_its_budget_and_names_what_it_left(tmp_path):
 
 
 def test_the_gpu_checks_measurement_reads_the_params_files_there_are(tmp_path):
-    """scripts/gpu_check.sh measures the papers' settings (gpucheck.PAPER_PARAMS) the most used first; here a
+    """scripts/gpu_check.sh measures the papers' settings (gpucheck.PAPER_PARAMS) in by_compute's order; here a
     one-setting file and an absent one, on the CPU."""
     config = tmp_path / "p.yaml"
     base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "batch_size": 8}
@@ -293,3 +293,35 @@ def test_the_benchmark_measures_the_packed_step_of_its_settings(tmp_path, monkey
     # the quick FedLAW MLP setting: 4 clients, all of them each round, batch 64
     entry = record["packed_steps"]["fmnist/mlp:64"]
     assert entry["clients"] == 4 and [p["runs"] for p in entry["points"]] == list(packed_bench.RUNS["cpu"])
+
+
+def test_measuring_on_cuda_without_one_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "p.yaml"
+    base = {"dataset": "fmnist", "model": "mlp", "num_clients": 4, "participation": 0.5, "batch_size": 8}
+    config.write_text(yaml.safe_dump({"experiments": {"e": {"base": base}}}))
+    with pytest.raises(SystemExit, match="--device cuda was asked for, but torch sees no CUDA device"):
+        cli.main(["plan", "--configfile", str(config), "--measure-packed", "--device", "cuda"])
+    assert not (tmp_path / "results").exists()
+
+
+def test_ima_table1_fmnist_is_measured_first_then_the_most_compute(tmp_path, monkeypatch):
+    """A measurement cut short by its budget keeps what weighs most: FIRST, then by sequential compute. Priced
+    by a hand-written step-cost table: 2 runs of MLP at 1 s a step outweigh 3 of the LeNet at 0.001 s."""
+    from types import SimpleNamespace
+
+    from fedrepro.ops import pricing
+
+    monkeypatch.chdir(tmp_path)
+    table = tmp_path / pricing.STEP_COSTS_FILE
+    table.parent.mkdir(parents=True)
+    table.write_text(json.dumps({"device": "cuda", "step_seconds": {"fmnist/mlp:8": 1.0, "fmnist/lenet5:8": 0.001}}))
+    runs = [SimpleNamespace(setting=_tiny(model=m, seed=s)) for m, s in [("lenet5", 1), ("lenet5", 2), ("lenet5", 3)]]
+    runs += [SimpleNamespace(setting=_tiny(seed=s)) for s in (1, 2)]
+    runs += [SimpleNamespace(setting=_tiny(model="cnn", batch_size=50))]
+    order = [pricing.step_key(s) for s in packed_bench.by_compute(runs, "cuda")]
+    assert order == ["fmnist/cnn:50", "fmnist/mlp:8", "fmnist/lenet5:8"]

@@ -121,7 +121,7 @@ def cmd_plan(args) -> None:
         from fedrepro.configure import expansion
         from fedrepro.ops import packed_bench, packed_pricing
 
-        runs = packed_bench.by_use(expansion.expand(params))
+        runs = packed_bench.by_compute(expansion.expand(params), device)
         packed_bench.measure(runs, device, packed_pricing.OWN_FILE.format(device=device), log=log)
     result = plan.plan(params, args.bench, args.runs_dir, device)
     if args.walltime:  # Slurm: group size that keeps each submission within the site's walltime

@@ -170,21 +170,32 @@ def measure(
     return record
 
 
-def by_use(runs) -> list[dict]:
-    """The settings of ``runs`` (expanded runs), one per (dataset, model, batch size), the most used first."""
-    count: dict[str, int] = {}
+# IMA Table 1's FMNIST rows: the table a GPU slot extrapolates, so its setting is measured first
+FIRST = ("fmnist/cnn:50",)
+
+
+def by_compute(runs, device: str = "cuda") -> list[dict]:
+    """The settings of ``runs`` (expanded runs), one per (dataset, model, batch size): FIRST, then the most
+    compute on the sequential path first (local steps x the device's step cost; unpriced ones last), so that a
+    measurement cut short by its budget has the settings that weigh most in a plan."""
+    from fedrepro.ops.pricing import local_steps, step_costs
+
+    costs = step_costs(device)
+    weight: dict[str, float] = {}
     first: dict[str, dict] = {}
     for run in runs:
         key = step_key(run.setting)
-        count[key] = count.get(key, 0) + 1
         first.setdefault(key, run.setting)
-    return [first[k] for k in sorted(count, key=lambda k: (-count[k], k))]
+        seconds = costs.seconds(run.setting)
+        weight[key] = weight.get(key, 0.0) + (0.0 if seconds is None else local_steps(run.setting) * seconds)
+    order = sorted(first, key=lambda k: (k not in FIRST, -weight[k], k))
+    return [first[k] for k in order]
 
 
 def measure_params(paths: list[str], device: str, out: str | Path, budget: float, log=print) -> dict:
-    """The packed step curves of the (dataset, model, batch size)s of these params files (those present), the
-    most used first, within ``budget`` seconds (scripts/gpu_check.sh: the four papers' files)."""
+    """The packed step curves of the (dataset, model, batch size)s of these params files (those present), in
+    by_compute's order, within ``budget`` seconds (scripts/gpu_check.sh: the four papers' files)."""
     from fedrepro.configure import expansion, paramsfile
 
     runs = [r for path in paths if Path(path).exists() for r in expansion.expand(paramsfile.load_params_files([path]))]
-    return measure(by_use(runs), device, out, budget=budget, log=log)
+    return measure(by_compute(runs, device), device, out, budget=budget, log=log)

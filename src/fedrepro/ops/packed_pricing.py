@@ -165,6 +165,7 @@ class PackedCosts:
     curves: dict[str, PackedCurve]
     source: str  # the record's file and machine, or "" when there is none
     looked_in: tuple[str, ...]
+    file: str = ""  # the record's file
 
     def curve(self, setting: dict) -> PackedCurve | None:
         return self.curves.get(step_key(setting))
@@ -176,7 +177,7 @@ class PackedCosts:
             return None
         where = f"no packed step costs on {self.device}"
         if self.curves:
-            where += f" for {', '.join(lacking)} in {self.source.split(' ')[0]}"
+            where += f" for {', '.join(lacking)} in {self.file}"
         else:
             where += f" ({' or '.join(self.looked_in)})"
         return f"{where}: priced on the sequential path (one client at a time); `{command}` measures them" + (
@@ -212,7 +213,7 @@ def packed_costs(device: str, paths: list[Path] | None = None) -> PackedCosts:
             continue
         gpu = record.get("machine", {}).get("gpu") if device == "cuda" else record.get("machine", {}).get("cpu")
         source = f"{path} (measured on {gpu or device} at {record.get('measured_at', 'an unrecorded time')})"
-        return PackedCosts(device, curves_of(record, source), source, shown)
+        return PackedCosts(device, curves_of(record, source), source, shown, str(path))
     return PackedCosts(device, {}, "", shown)
 
 

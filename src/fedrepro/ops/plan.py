@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
 from fedrepro import schedule
@@ -97,7 +98,7 @@ def plan(
     shared = forks.of_params(params, list(expansion.unique_runs(runs).values()))
     costs = step_costs(device, bench)
     packed = packed_pricing.packed_costs(device) if packed is None else packed
-    packed_label = f"packed steps ({Path(packed.source.split(' ')[0]).name})"
+    packed_label = f"packed steps ({Path(packed.file).name})"
     packing, packed_runs, sequential_keys = {}, defaultdict(int), []
     seen: set[str] = set()
     rows = defaultdict(lambda: {**dict.fromkeys(SUMMED, 0), "unknown": set(), "priced_by": set()})
@@ -125,7 +126,7 @@ def plan(
         if curve is not None:
             clients = schedule.cohort_size(run.setting)
             name = f"{step_key(run.setting)}, {clients} clients a round"
-            packing[name] = vars(packed_pricing.pack_size(curve, clients))
+            packing[name] = asdict(packed_pricing.pack_size(curve, clients))
             packed_runs[name] += 1
             row["priced_by"].add(packed_label)
             row["seconds"] += packed_pricing.run_seconds(run.setting, curve, start)
