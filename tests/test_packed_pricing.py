@@ -248,6 +248,7 @@ def test_the_packed_step_is_measured_on_a_cpu_into_a_well_formed_record(tmp_path
     entry = record["packed_steps"]["fmnist/mlp:8"]
     assert entry["clients"] == 2 and [(p["runs"], p["stacked"]) for p in entry["points"]] == [(1, 2), (2, 4)]
     assert all(p["seconds_per_step"] > 0 and p["peak_bytes"] is None for p in entry["points"])
+    assert all(p["peak_bytes_per_model"] is None for p in entry["points"]), "a CPU reports no peak memory"
     costs = packed_pricing.packed_costs("cpu", [out])
     choice = packed_pricing.pack_size(costs.curve(_tiny()), 2)
     assert choice.runs in (1, 2) and "memory not measured on this device" in choice.why

@@ -11,7 +11,8 @@ would take longer than ``point_budget`` seconds, judged from the last one, is le
 
 The record (``packed_pricing`` reads it) is one device's, like the sequential step costs:
 ``{"device", "machine", "measured_at", "total_memory_bytes", "memory", "packed_steps": {key: {"clients",
-"points": [{"runs", "stacked", "seconds_per_step", "peak_bytes"}], ...}}, "skipped": {key: why}}``.
+"points": [{"runs", "stacked", "seconds_per_step", "peak_bytes", "peak_bytes_per_model"}], ...}},
+"skipped": {key: why}}``.
 """
 
 from __future__ import annotations
@@ -120,7 +121,16 @@ def measure_curve(
             break
         seconds = (clock() - tic) / steps
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
-        entry["points"].append({"runs": r, "stacked": stacked, "seconds_per_step": seconds, "peak_bytes": peak})
+        per_model = None if peak is None else peak / stacked  # the data set's copy on the device included
+        entry["points"].append(
+            {
+                "runs": r,
+                "stacked": stacked,
+                "seconds_per_step": seconds,
+                "peak_bytes": peak,
+                "peak_bytes_per_model": per_model,
+            }
+        )
         last = (stacked, seconds)
         log(
             f"packed {step_key(setting)} on {device}: {r} runs x {clients} clients, {seconds * 1e3:.2f} ms a step"
