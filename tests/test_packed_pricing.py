@@ -100,7 +100,9 @@ def test_a_hand_written_record_prices_a_run_in_its_pack(tmp_path):
     assert result["packing"][name]["runs"] == 16 and result["packing"][name]["bound"] == "knee"
     assert result["packed_runs"] == {name: 4} and result["packed_missing"] is None
     text = plan.format_plan(result)
-    assert f"{name}: 16 runs a pack (160 stacked models, bound by knee); its 4 runs: pack: {{packs: 1}}" in text
+    assert (
+        f"{name}: 16 runs a pack on one GPU (160 stacked models, bound by knee); its 4 runs: pack: {{packs: 1}}" in text
+    )
     assert "knee at 160 stacked models: 640 add +0% runs per device-hour (at most 10%)" in text
 
 

@@ -217,13 +217,15 @@ def packed_costs(device: str, paths: list[Path] | None = None) -> PackedCosts:
     return PackedCosts(device, {}, "", shown)
 
 
-def packing_lines(packing: dict, runs_of: dict) -> list[str]:
-    """The plan's lines on packing: per (setting, clients a round), runs a pack, the packs to ask for, and why."""
+def packing_lines(packing: dict, runs_of: dict, device: str) -> list[str]:
+    """The plan's lines on packing: per (setting, clients a round), runs a pack on one device, the packs to ask
+    for, and why."""
     lines = []
     for name, choice in packing.items():
         n = runs_of[name]
         lines.append(
-            f"  {name}: {choice['runs']} runs a pack ({choice['stacked']} stacked models, bound by "
+            f"  {name}: {choice['runs']} runs a pack on one {'GPU' if device == 'cuda' else device.upper()} "
+            f"({choice['stacked']} stacked models, bound by "
             f"{choice['bound']}); its {n} runs: pack: {{packs: {math.ceil(n / choice['runs'])}}}. {choice['why']}"
         )
     return lines

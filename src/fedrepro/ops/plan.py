@@ -231,7 +231,7 @@ def format_plan(result: dict) -> str:
             "packed path (runs x clients as one computation; runs with client terms, augmentation or client "
             "momentum train their own round in a pack, priced here as stacked; docs/benchmark.md):"
         )
-        lines += packed_pricing.packing_lines(result["packing"], result["packed_runs"])
+        lines += packed_pricing.packing_lines(result["packing"], result["packed_runs"], result["device"])
     if result.get("packed_missing"):
         lines.append(result["packed_missing"])
     if result.get("share_prefixes", True):
