@@ -3,6 +3,8 @@
 #   scripts/gpu_check.sh                 # CUDA checks + benchmark (a few minutes), -> evidence/gpu/gpu_check-<commit>.json
 #   scripts/gpu_check.sh --skip-bench    # the checks only (among them: batched = sequential for every method)
 # The log goes beside the JSON (evidence/gpu/gpu_check-<commit>.log); cite both with the GPU model they name.
+# The packed step costs (runs x clients stacked at 1, 4, 16, 64 runs, at most 90 s) go to
+# evidence/gpu/packed_steps-<commit>.json, where `fedrepro plan` reads them (fedrepro.ops.packed_pricing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -17,12 +19,15 @@ if [ -n "$missing" ]; then
   echo "gpu_check: missing Python modules: $missing (pip install --user pyyaml jsonschema pandas tqdm)" >&2
   exit 2
 fi
-# Everything under evidence/gpu/, named by the commit: the JSON (checks, step costs, benchmark) and the log.
+# Everything under evidence/gpu/, named by the commit: the JSON (checks, step costs, benchmark), the packed step
+# costs and the log.
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 mkdir -p evidence/gpu
+packed=(--packed-out "evidence/gpu/packed_steps-$commit.json")
+case " $* " in *" --packed-out "*) packed=() ;; esac
 case " $* " in
-  *" --out "*) python -m fedrepro.cli check-gpu "$@" 2>&1 | tee "evidence/gpu/gpu_check-$commit.log" ;;
-  *) python -m fedrepro.cli check-gpu --out "evidence/gpu/gpu_check-$commit.json" "$@" 2>&1 \
+  *" --out "*) python -m fedrepro.cli check-gpu ${packed[@]+"${packed[@]}"} "$@" 2>&1 | tee "evidence/gpu/gpu_check-$commit.log" ;;
+  *) python -m fedrepro.cli check-gpu --out "evidence/gpu/gpu_check-$commit.json" ${packed[@]+"${packed[@]}"} "$@" 2>&1 \
        | tee "evidence/gpu/gpu_check-$commit.log" ;;
 esac
 exit "${PIPESTATUS[0]}"

@@ -106,6 +106,8 @@ def _cases(folder: str) -> list[tuple[list[str], str]]:
         (["bench", "--html", folder], "--html"),
         (["check-gpu", "--out", "/proc/g.json"], "--out"),
         (["check-gpu", "--rounds", "0"], "--rounds"),
+        (["check-gpu", "--packed-out", "/proc/p.json"], "--packed-out"),
+        (["check-gpu", "--packed-budget", "0"], "--packed-budget"),
         (["evidence", "keep", "--configfile", params, "--name", "a b"], "--name"),
         (["evidence", "keep", "--configfile", params, "--name", "k", "--root", "/proc/e"], "--root"),
         (["evidence", "matrix", "--root", "/dev/null"], "--root"),

@@ -68,6 +68,13 @@ def add_plan(sub) -> None:
         help="first time a few steps of each (dataset, model, batch) of the params file on --device, and keep them",
     )
     p.add_argument(
+        "--measure-packed",
+        action="store_true",
+        help="first time the packed step (runs x clients stacked) of each (dataset, model, batch) of the params "
+        "file at a few pack sizes on --device, into results/bench/packed_steps-<device>.json: the batched and "
+        "packed path's prices and the runs a pack holds",
+    )
+    p.add_argument(
         "--device",
         choices=["cuda", "cpu"],
         help="the device the runs will train on: only its "
@@ -101,13 +108,21 @@ def cmd_plan(args) -> None:
     if args.only:
         params["only"] = args.only
     device = args.device or "cuda"  # a cluster user plans for the GPUs the runs will get
-    if args.measure:
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    if args.measure or args.measure_packed:
         import torch
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")  # plan what was measured
-        pricing.measure(
-            params, device, args.bench or pricing.STEP_COSTS_FILE, log=lambda line: print(line, file=sys.stderr)
-        )
+        if device == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("fedrepro plan: --device cuda was asked for, but torch sees no CUDA device to measure")
+    if args.measure:
+        pricing.measure(params, device, args.bench or pricing.STEP_COSTS_FILE, log=log)
+    if args.measure_packed:
+        from fedrepro.configure import expansion
+        from fedrepro.ops import packed_bench, packed_pricing
+
+        runs = packed_bench.by_compute(expansion.expand(params), device)
+        packed_bench.measure(runs, device, packed_pricing.OWN_FILE.format(device=device), log=log)
     result = plan.plan(params, args.bench, args.runs_dir, device)
     if args.walltime:  # Slurm: group size that keeps each submission within the site's walltime
         runs_per_gpu = args.runs_per_gpu or plan.measured_runs_per_gpu()[0]

@@ -52,6 +52,12 @@ def add_bench(sub) -> None:
         "device-hour with R runs side by side on one device (1 is always measured), and extrapolate "
         "IMA Table 1's FMNIST rows",
     )
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="also the packed step (runs x clients stacked) of each setting at a few pack sizes, per device, into "
+        "results/bench/packed_steps-<device>.json (what fedrepro plan prices the packed path with)",
+    )
     p.set_defaults(func=cmd_bench)
     finish(p, EXAMPLES["bench"])
 
@@ -79,6 +85,14 @@ def cmd_bench(args) -> None:
         bench.write(report, args.out)
     if args.html:
         bench.html(report, args.html)
+    if args.packed:
+        from fedrepro.ops import packed_bench, packed_pricing
+        from fedrepro.ops.bench_settings import SETTINGS
+
+        chosen = [SETTINGS[name].quick() if args.quick else SETTINGS[name] for name in args.settings]
+        for device in devices:
+            settings = [bench.engine_setting(setting, device) for setting in chosen]
+            packed_bench.measure(settings, device, packed_pricing.OWN_FILE.format(device=device))
 
 
 def add_check_gpu(sub) -> None:
@@ -104,6 +118,19 @@ def add_check_gpu(sub) -> None:
         metavar="R",
         help="runs side by side on the GPU to measure (1 is always measured)",
     )
+    p.add_argument(
+        "--packed-out",
+        default="results/bench/packed_steps-cuda.json",
+        type=_output("file"),
+        help="where the packed step costs (runs x clients stacked, at 1, 4, 16, 64 runs) go",
+    )
+    p.add_argument(
+        "--packed-budget",
+        type=_number(float, 1),
+        default=90.0,
+        help="seconds the packed step measurement may take (IMA Table 1 FMNIST's setting first, then those "
+        "with the most compute)",
+    )
     p.add_argument("--skip-bench", action="store_true", help="the correctness checks only")
     p.set_defaults(func=cmd_check_gpu)
     finish(p, EXAMPLES["check-gpu"])
@@ -112,4 +139,14 @@ def add_check_gpu(sub) -> None:
 def cmd_check_gpu(args) -> None:
     from fedrepro.ops import gpucheck
 
-    raise SystemExit(gpucheck.main(args.out, args.data_root, args.rounds, tuple(args.throughput), args.skip_bench))
+    raise SystemExit(
+        gpucheck.main(
+            args.out,
+            args.data_root,
+            args.rounds,
+            tuple(args.throughput),
+            args.skip_bench,
+            packed_out=args.packed_out,
+            packed_budget=args.packed_budget,
+        )
+    )

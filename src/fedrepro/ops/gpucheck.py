@@ -340,6 +340,8 @@ def main(
     concurrency: tuple[int, ...] = (2, 4, 8),
     skip_bench: bool = False,
     log=print,
+    packed_out: str | Path = "results/bench/packed_steps-cuda.json",
+    packed_budget: float = 90.0,
 ) -> int:
     from fedrepro.ops import bench
 
@@ -363,6 +365,10 @@ def main(
         from fedrepro.ops import pricing
 
         report["step_costs"] = measure_step_costs(device, pricing.STEP_COSTS_FILE, log)
+        out.write_text(json.dumps(report, indent=2, default=str))
+        from fedrepro.ops import packed_bench  # the packed step at 1, 4, 16, 64 runs, for fedrepro plan
+
+        report["packed_steps"] = packed_bench.measure_params(PAPER_PARAMS, device, packed_out, packed_budget, log)
         out.write_text(json.dumps(report, indent=2, default=str))
         report["bench"] = bench.run(
             ["fmnist_cnn", "fmnist_mlp"],

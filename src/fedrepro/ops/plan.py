@@ -16,9 +16,12 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
+from fedrepro import schedule
 from fedrepro.configure import expansion, settings
+from fedrepro.ops import packed_pricing
 from fedrepro.ops.pricing import (
     BENCH_FILE,
     H200_BENCH_FILE,
@@ -28,6 +31,7 @@ from fedrepro.ops.pricing import (
     run_device,
     step_costs,
     step_costs_by_device,
+    step_key,
     step_seconds,
 )
 from fedrepro.run.rundir import RunDir
@@ -70,14 +74,21 @@ SUMMED = (
 
 
 def plan(
-    params: dict, bench: str | Path | None = None, runs_dir: str | Path = "results/runs", device: str = "cuda"
+    params: dict,
+    bench: str | Path | None = None,
+    runs_dir: str | Path = "results/runs",
+    device: str = "cuda",
+    packed: packed_pricing.PackedCosts | None = None,
 ) -> dict:
     """Runs, rounds, local steps and seconds left to train on ``device`` per experiment, and the step-cost
     tables that priced each (``priced_by``, described in ``sources``); ``*_unshared`` as if every run
     trained from round 0 (``share_prefixes: false``), the others with shared prefixes trained once;
     ``rounds_tuning*``: the part of the rounds that the tuning stage's runs train (counted in rounds too). The
     final runs of a tuning (fedrepro.configure.tuning) are counted with the chosen value, or the tune grid's first
-    candidate before the choice, and share prefixes among themselves as the workflow has them do."""
+    candidate before the choice, and share prefixes among themselves as the workflow has them do. A run whose
+    setting has measured packed steps on ``device`` (``packed``, default packed_pricing.packed_costs(device)) is
+    priced on the packed path, in packs of packed_pricing.pack_size runs (``packing``: how many and why); the
+    others on the sequential path (``packed_missing`` names the measurement that would price them packed)."""
     from fedrepro.configure import forks
 
     tunings: dict = {}
@@ -86,6 +97,9 @@ def plan(
     runs += finals
     shared = forks.of_params(params, list(expansion.unique_runs(runs).values()))
     costs = step_costs(device, bench)
+    packed = packed_pricing.packed_costs(device) if packed is None else packed
+    packed_label = f"packed steps ({Path(packed.file).name})"
+    packing, packed_runs, sequential_keys = {}, defaultdict(int), []
     seen: set[str] = set()
     rows = defaultdict(lambda: {**dict.fromkeys(SUMMED, 0), "unknown": set(), "priced_by": set()})
     for run in runs:
@@ -108,6 +122,17 @@ def plan(
             row["rounds_tuning_unshared"] += run.setting["rounds"]
         row["steps"] += steps
         row["steps_unshared"] += unshared
+        curve = packed.curve(run.setting)
+        if curve is not None:
+            clients = schedule.cohort_size(run.setting)
+            name = f"{step_key(run.setting)}, {clients} clients a round"
+            packing[name] = asdict(packed_pricing.pack_size(curve, clients))
+            packed_runs[name] += 1
+            row["priced_by"].add(packed_label)
+            row["seconds"] += packed_pricing.run_seconds(run.setting, curve, start)
+            row["seconds_unshared"] += packed_pricing.run_seconds(run.setting, curve)
+            continue
+        sequential_keys.append(step_key(run.setting))
         priced = costs.price(run.setting)
         if priced is None:
             row["unknown"].add(run.setting["model"])
@@ -116,17 +141,23 @@ def plan(
             row["priced_by"].add(table.label)
             row["seconds"] += steps * sec
             row["seconds_unshared"] += unshared * sec
-    in_order = [table.label for table in costs.tables]
+    in_order = [packed_label] + [table.label for table in costs.tables]
     experiments = {
         name: {**row, "unknown": sorted(row["unknown"]), "priced_by": sorted(row["priced_by"], key=in_order.index)}
         for name, row in rows.items()
     }
     total = {k: sum(r[k] for r in experiments.values()) for k in SUMMED}
     used = [t for t in costs.tables if any(t.label in row["priced_by"] for row in experiments.values())]
+    sources = {packed_label: f"measured in {packed.source}"} if packing else {}
+    sources.update({t.label: t.description for t in used})
+    command = f"fedrepro plan --configfile <params file> --measure-packed --device {device}"
     return {
         "device": device,
-        "source": "; ".join(t.description for t in used) or "nothing to price",
-        "sources": {t.label: t.description for t in used},
+        "source": "; ".join(sources.values()) or "nothing to price",
+        "sources": sources,
+        "packing": packing,
+        "packed_runs": dict(packed_runs),
+        "packed_missing": packed.missing_line(sequential_keys, command),
         "guessed": [t.label for t in used if t.guess],
         "experiments": experiments,
         "total": total,
@@ -195,6 +226,14 @@ def format_plan(result: dict) -> str:
         "min-norm)."
     )
     lines += sources_lines(result)
+    if result.get("packing"):
+        lines.append(
+            "packed path (runs x clients as one computation; runs with client terms, augmentation or client "
+            "momentum train their own round in a pack, priced here as stacked; docs/benchmark.md):"
+        )
+        lines += packed_pricing.packing_lines(result["packing"], result["packed_runs"], result["device"])
+    if result.get("packed_missing"):
+        lines.append(result["packed_missing"])
     if result.get("share_prefixes", True):
         lines.append(sharing_line(result["total"], result.get("forked_runs", 0)))
     else:
