@@ -33,7 +33,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["src/fedrepro/server_optim.py"],
         ["algorithms/test_oracles.py", "algorithms/test_baselines.py", "algorithms/test_fedadagrad.py"],
     ),
-    "server": (["src/fedrepro/server.py"], ["algorithms/test_oracles.py", "algorithms/test_baselines.py"]),
+    "server": (
+        ["src/fedrepro/server.py"],
+        ["algorithms/test_oracles.py", "algorithms/test_baselines.py", "run/test_rows.py"],
+    ),
     "minnorm": (
         ["src/fedrepro/minnorm.py"],
         ["algorithms/test_fedaware.py", "algorithms/test_fedaware_na.py", "ground/test_minnorm_size.py"],
