@@ -5,7 +5,7 @@ import torch
 
 from fedrepro.algorithms import ima
 from fedrepro.configure import schema, settings
-from fedrepro.parts import Algorithm, RoundUpdates
+from fedrepro.parts import Algorithm, ClientPlan, RoundUpdates
 from fedrepro.run import checkpoint
 from fedrepro.server import ServerSGD, WeightedMean
 
@@ -138,3 +138,58 @@ def test_before_the_start_round_ima_keeps_the_hosts_whole_lr_schedule_milestones
     algo = algorithms.build(setting, 4, 3, torch.device("cpu"), torch.ones(4))
     assert algo.client_plan.lr_schedule(49) == lr_schedule(setting)(49) == 0.1
     assert algo.client_plan.lr_schedule(50) == lr_schedule(setting)(50) == pytest.approx(0.01)
+
+
+def test_the_applied_window_averages_from_the_start_round_and_logs_active_and_shift():
+    (hook,) = applied(setting(start_round=4, window=3)).post_steps  # window and start from the setting
+    seen = aggregates(8)
+    for t, w in enumerate(seen):
+        updates = at_round(t)
+        out = hook(w, updates)
+        if t < 4:
+            assert torch.equal(out, w) and "ima_active" not in updates.info and "ima_shift" not in updates.info
+            continue
+        expected = sum(seen[t - 2 : t + 1]) / 3  # float64: a mean of three, rounding far below 1e-14
+        assert torch.allclose(out, expected, rtol=0, atol=1e-14)
+        assert updates.info["ima_active"] == 1
+        assert updates.info["ima_shift"] == pytest.approx(float((expected - w).norm()), rel=1e-12)
+
+
+def test_the_cyclic_phase_counts_from_the_start_round():
+    # 2 t_s is no multiple of the cycle here, so counting from -t_s or +t_s would give another phase
+    cyclic = applied(setting(start_round=61, decay="cyclic", cycle_rounds=4, cyclic_lr_max=0.01))
+    top, low = 0.01, 5e-5
+    assert [cyclic.client_plan.lr_schedule(t) for t in range(61, 66)] == pytest.approx(
+        [0.75 * top + 0.25 * low, 0.5 * top + 0.5 * low, 0.25 * top + 0.75 * low, low, 0.75 * top + 0.25 * low]
+    )
+
+
+def test_an_unknown_decay_scheme_is_named():
+    schedule = ima.lr_schedule(lambda t: 0.1, {"decay": "bogus"}, 0)
+    with pytest.raises(ValueError, match=r"ima.decay = 'bogus' is unknown"):
+        schedule(1)
+
+
+def test_epoch_decay_takes_from_the_hosts_own_epochs_of_each_round_and_client():
+    host = lambda t, client: 2 + client + t % 3  # noqa: E731 - a host plan that varies by round and client
+    algorithm = Algorithm("fedavg", WeightedMean(), ServerSGD(1.0), client_plan=ClientPlan(local_epochs=host))
+    ima.apply(algorithm, setting(start_round=60, decay="epoch", cycle_rounds=20), None)
+    for t in (10, 59, 60, 79, 80, 101, 140):
+        drop = 0 if t < 60 else (t - 60) // 20
+        for client in (0, 4):
+            assert algorithm.client_plan.local_epochs(t, client) == max(1, host(t, client) - drop)
+
+
+def test_a_fork_needs_exactly_the_hosts_last_window_minus_one_models():
+    seen = aggregates(8)
+    forked = ima.WindowAverage(4, 5)
+    forked.start_from_fork(seen[2:5])  # exactly P - 1 = 3 models: enough
+    through = ima.WindowAverage(4, 5)
+    for t in range(5):
+        through(seen[t], at_round(t))
+    for t in range(5, 8):
+        assert torch.equal(forked(seen[t], at_round(t)), through(seen[t], at_round(t)))
+    with pytest.raises(
+        ValueError, match=r"window 4 needs the host's last 3 models at the fork round; the fork state holds 2"
+    ):
+        ima.WindowAverage(4, 5).start_from_fork(seen[3:5])
