@@ -58,6 +58,17 @@ def start_fresh(path: str, extra: list[str], log) -> int:
     return proc.pid
 
 
+def _die_with_parent() -> None:
+    """SIGTERM when the runner dies (Linux's PR_SET_PDEATHSIG), so a killed `make test` leaves no file running."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the file runs on to its end
+        pass
+
+
 def start_forked(path: str, extra: list[str], log) -> int:
     """A fork of this process that runs pytest on the file; returns its pid."""
     pid = os.fork()
@@ -65,6 +76,7 @@ def start_forked(path: str, extra: list[str], log) -> int:
         return pid
     code = 70  # EX_SOFTWARE, if pytest itself raises
     try:
+        _die_with_parent()
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         import pytest
