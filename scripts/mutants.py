@@ -67,7 +67,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         [ALG + n for n in ("fedprox.py", "scaffold.py", "feddyn.py", "fedcm.py")],
         ["algorithms/test_baselines.py"],
     ),
-    "fednova": ([ALG + "fednova.py"], ["algorithms/test_fednova.py"]),
+    "fednova": ([ALG + "fednova.py"], ["algorithms/test_fednova.py", "run/test_batched.py"]),  # VR batched too
     "fedaware": (
         [ALG + "fedaware.py", ALG + "aware.py"],
         ["algorithms/test_fedaware.py", "algorithms/test_fedaware_na.py"],

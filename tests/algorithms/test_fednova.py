@@ -440,3 +440,62 @@ def test_vr_refuses_partial_participation_before_any_work():
     )
     with pytest.raises(RuntimeError, match="participation"):
         vr.end_round(updates)
+
+
+# --------------------------------------------------------------------------- the setting wired to the parts
+
+
+def _round_updates(t, lr, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.tensor([10.0, 30.0, 20.0], dtype=torch.float64)
+    deltas = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    return RoundUpdates(t, torch.arange(3), deltas, sizes, torch.tensor(steps, dtype=torch.float64), torch.zeros(3), lr)
+
+
+def test_build_hands_momentum_tau_eff_and_server_momentum_to_the_papers_step():
+    """Client momentum rho with unequal steps (a_i = sum_k (1 - rho^k) / (1 - rho), the paper's closed form),
+    tau_eff = sum p_i tau_i as asked, and the code's lr-scaled server momentum over two rounds of different lr."""
+    rho, beta, eta_g, steps = 0.5, 0.9, 2.0, [2, 5, 3]
+    method = fednova.build(setting(momentum=rho, tau_eff="steps", server_momentum=beta, lr=eta_g), ctx(4, 3))
+    assert method.name == "fednova" and not method.corrections  # mu = 0, no VR: FedNova with momentum alone
+    a = torch.tensor([sum((1 - rho**k) / (1 - rho) for k in range(1, tau + 1)) for tau in steps], dtype=torch.float64)
+    p = torch.tensor([1 / 6, 3 / 6, 2 / 6], dtype=torch.float64)
+    tau_eff = float(p @ torch.tensor(steps, dtype=torch.float64))
+    x, v = torch.zeros(4, dtype=torch.float64), None
+    expected = x.clone()
+    for t, lr in enumerate((0.1, 0.05)):
+        updates = _round_updates(t, lr, steps, seed=t)
+        x = method.server_step(x, updates)
+        d = (tau_eff * p / a) @ updates.deltas
+        v = d / lr if v is None else beta * v + d / lr
+        expected = expected - eta_g * lr * v
+        torch.testing.assert_close(x, expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(updates.info["weights"], p, rtol=1e-15, atol=0)
+        torch.testing.assert_close(updates.info["a_norm"], a, rtol=1e-12, atol=0)
+        torch.testing.assert_close(updates.info["nova_scale"], tau_eff * p / a, rtol=1e-12, atol=0)
+        assert updates.info["tau_eff"] == pytest.approx(tau_eff, rel=1e-12)
+
+
+def test_build_hands_mu_and_an_explicit_tau_eff_to_the_aggregator():
+    """FedNova-Prox with tau_eff = sum p_i a_i asked for (its 'auto' would take the steps):
+    a_i = (1 - (1 - lr mu)^tau_i) / (lr mu)."""
+    mu, lr, steps = 0.1, 0.2, [2, 5, 3]
+    method = fednova.build(setting(mu=mu, tau_eff="a_norm"), ctx(4, 3))
+    a = torch.tensor([(1 - (1 - lr * mu) ** tau) / (lr * mu) for tau in steps], dtype=torch.float64)
+    p = torch.tensor([1 / 6, 3 / 6, 2 / 6], dtype=torch.float64)
+    updates = _round_updates(0, lr, steps, seed=3)
+    x = method.server_step(torch.zeros(4, dtype=torch.float64), updates)
+    torch.testing.assert_close(x, -((p @ a) * p / a) @ updates.deltas, rtol=1e-12, atol=1e-12)
+
+
+def test_vr_logs_the_weighted_size_of_next_rounds_corrections():
+    vr = CrossClientVR(3, 2)
+    vr.d_clients = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]], dtype=torch.float64)
+    vr.d_mean = torch.zeros(2, dtype=torch.float64)
+    updates = _round_updates(0, 0.1, [1, 1, 1], seed=0)
+    vr.end_round(updates)
+    p = [1 / 6, 3 / 6, 2 / 6]
+    mean = [sum(p[i] * float(vr.d_clients[i, k]) for i in range(3)) for k in range(2)]
+    assert vr.d_mean.tolist() == pytest.approx(mean, rel=1e-12)
+    spread = sum(p[i] * sum((float(vr.d_clients[i, k]) - mean[k]) ** 2 for k in range(2)) ** 0.5 for i in range(3))
+    assert updates.info["vr_correction_norm"] == pytest.approx(spread, rel=1e-12)

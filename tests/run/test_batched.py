@@ -182,6 +182,19 @@ METHODS = {
         ("correction0", "d_clients"),
         1 / 0.05,
     ),
+    # momentum or a proximal term (never both with VR) make ||a_i||_1 depend on rho or mu: the end hook reads each
+    "fednova_vr_momentum": (
+        {"algorithm": "fednova", "fednova": {"vr": True}, "client": {"momentum": 0.5}},
+        1,
+        ("correction0", "d_clients"),
+        1 / 0.05,
+    ),
+    "fednova_vr_prox": (
+        {"algorithm": "fednova", "fednova": {"vr": True, "mu": 0.5}, "client": {"momentum": 0.0}},
+        1,
+        ("correction1", "d_clients"),
+        1 / 0.05,
+    ),
     "fedasam": ({"algorithm": "fedasam", "fedasam": {"rho": 0.7, "eta": 0.2}}, 2, None, 0),
 }
 

@@ -13,6 +13,9 @@ from fedrepro.parts import RoundUpdates
 from fedrepro.run.rows import update_row
 from fedrepro.server import ServerSGD, UniformMean, WeightedMean
 
+# compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
+pytestmark = pytest.mark.floats
+
 SIZES = [10.0, 30.0, 60.0]  # unequal, so data-size and uniform weights differ
 SHARES = [[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]]  # each client's class distribution
 
