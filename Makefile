@@ -12,14 +12,15 @@ setup: $(VENV)/.installed fmnist-data
 
 # Every package at the version and with the hashes requirements.lock names (the test tools included), then
 # fedrepro itself with nothing more, installed by uv (itself pinned by hash in requirements-uv.lock): it
-# fetches and unpacks wheels in parallel, a minute for the lock where pip took six. torch comes as PyPI's default wheel (with its CUDA libraries; it runs
+# fetches and unpacks wheels in parallel, a minute for the lock where pip took six. --compile-bytecode as pip
+# does: without it, where PYTHONDONTWRITEBYTECODE is set every process compiles torch's modules again. torch comes as PyPI's default wheel (with its CUDA libraries; it runs
 # on CPU too). The lock was made for CPython 3.11 on x86-64 Linux.
 LOCK := requirements.lock
 UV_LOCK := requirements-uv.lock
 $(VENV)/.installed: $(LOCK) $(UV_LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --require-hashes -r $(UV_LOCK)
-	$(BIN)/uv pip install --python $(BIN)/python -q --require-hashes -r $(LOCK)
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode --require-hashes -r $(LOCK)
 	$(BIN)/uv pip install --python $(BIN)/python -q --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -73,7 +73,7 @@ def test_make_setup_installs_from_the_lock_only():
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile[makefile.index("$(VENV)/.installed:") :].split("\n\n")[0]
     assert "pip install -q --require-hashes -r $(UV_LOCK)" in recipe  # the installer, by hash
-    assert "uv pip install --python $(BIN)/python -q --require-hashes -r $(LOCK)" in recipe
+    assert "uv pip install --python $(BIN)/python -q --compile-bytecode --require-hashes -r $(LOCK)" in recipe
     assert "--no-deps" in recipe and "-e ." in recipe
     assert "'.[test]'" not in recipe  # resolving again would bypass the lock
 
