@@ -27,6 +27,7 @@ import torch
 
 from fedrepro import catalog, models, schedule
 from fedrepro.data.base import TensorDataset
+from fedrepro.errors import FedreproError
 from fedrepro.flat import learnt_buffers
 from fedrepro.ops.pricing import step_key
 from fedrepro.run.batchable import dropout_layers
@@ -42,7 +43,7 @@ PACK_MAX_TOGETHER = inspect.signature(PackedRuns.__init__).parameters["max_toget
 SAMPLES = 2048  # generated samples the batches index into
 
 
-class NotMeasurable(Exception):
+class NotMeasurable(FedreproError):
     """A setting the packed path does not stack (its reason is recorded)."""
 
 
