@@ -122,3 +122,79 @@ def test_the_shim_keeps_checkouts_apart_and_restores_cuda(tmp_path):
 def test_ima_resnet18_is_our_resnet18_gn2_with_the_codes_init():
     (row,) = parity_models.compare("ima", IMA, inits=2, only=("resnet18_gn2",))[:1]
     assert row["status"] == "equal", row
+
+
+def _fednova_pipeline_written_out(root):
+    """FedNova's CIFAR-10 pipeline as its paper and code state it (the oracle when no checkout is given): random
+    32x32 crop of the 4-padded image, horizontal flip, ToTensor, Normalize with its constants."""
+    import torchvision
+    from torchvision import transforms
+
+    augment = transforms.Compose(
+        [
+            transforms.RandomCrop(32, padding=4),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+        ]
+    )
+    return torchvision.datasets.CIFAR10(str(root), train=True, transform=augment)
+
+
+def _fednova_gap(tmp_path):
+    from fedrepro import data
+    from fedrepro.parity import generated, pipeline
+
+    sums = generated.write(tmp_path)
+    with generated.on_generated(tmp_path, sums):
+        code = _fednova_pipeline_written_out("/a/folder/the/code/names")
+        ours = data.load("cifar10", tmp_path, train=True, preprocess={"normalize": "cifar_fednova", "augment": "none"})
+        return pipeline._compare_split(code, ours, augment=True)
+
+
+def test_the_data_check_pins_the_codes_crops_and_fails_on_a_wrong_constant_or_flip(tmp_path, monkeypatch):
+    from fedrepro.data import cifar
+
+    row = _fednova_gap(tmp_path / "right")
+    assert row["max_gap"] == 0.0 and row["labels_differing"] == 0 and row["pinned_draws"] == row["samples"] == 60
+    monkeypatch.setitem(cifar.NORMALIZE, "cifar_fednova", ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2011)))
+    assert _fednova_gap(tmp_path / "constant")["max_gap"] > 0
+    monkeypatch.undo()
+    crop_flip = cifar.crop_flip
+    monkeypatch.setattr(cifar, "crop_flip", lambda x, dy, dx, flip, pad=4: crop_flip(x, dy, dx, flip, pad).flip(2))
+    assert _fednova_gap(tmp_path / "mirrored")["max_gap"] > 0
+
+
+def test_generated_files_are_read_by_torchvision_from_any_named_folder_and_everything_is_restored(tmp_path):
+    import torchvision.datasets as tvd
+
+    from fedrepro.parity import generated
+
+    init, md5 = tvd.CIFAR10.__init__, tvd.CIFAR100.train_list
+    sums = generated.write(tmp_path)
+    with generated.on_generated(tmp_path, sums):
+        c100 = tvd.CIFAR100(root="/home/Dataset/cifar/", train=False)
+        fmnist = tvd.FashionMNIST("./datasets/fmnist/", train=True, download=True)
+        assert len(c100) == generated.SIZES["test"] and len(fmnist) == generated.SIZES["train"]
+        assert set(fmnist.targets.tolist()) == set(range(10)) and len(set(c100.targets)) > 10
+    assert tvd.CIFAR10.__init__ is init and tvd.CIFAR100.train_list is md5
+    with pytest.raises(RuntimeError):  # torchvision's md5 check is back
+        tvd.CIFAR100(str(tmp_path), train=False)
+
+
+def test_the_draw_law_check_fails_when_ours_draws_from_another_law(monkeypatch):
+    from fedrepro.data import cifar
+    from fedrepro.parity import pipeline
+
+    assert pipeline.draw_laws(3000)["equal"]
+    draws = cifar.crop_flip_draws
+    monkeypatch.setattr(cifar, "crop_flip_draws", lambda n, pad, device, gen=None: draws(n, pad - 1, device, gen))
+    assert not pipeline.draw_laws(3000)["equal"]
+
+
+@pytest.mark.skipif(not FEDNOVA, reason="FEDREPRO_FEDNOVA_CHECKOUT (a checkout of JYWa/FedNova) is not set")
+def test_fednovas_own_data_pipeline_gives_our_inputs():
+    from fedrepro.parity import pipeline
+
+    rows = pipeline.compare("fednova", FEDNOVA)
+    assert [r["status"] for r in rows if "preprocess" in r or r["dataset"] == "*"] == ["equal", "equal"], rows

@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkout", help="path of a checkout of the paper's official repository (read only)")
     p.add_argument("--out", default=str(records.FOLDER), help="folder of the records (default: %(default)s)")
     p.add_argument("--inits", type=int, default=3, help="fresh models a side in the initialisation test")
+    p.add_argument(
+        "--checks",
+        default="",
+        help="comma-separated checks to run (models, pipeline, partitions, servers), kept beside the record's others",
+    )
     p.add_argument("--matrix", action="store_true", help="rewrite docs/parity.md's matrix from the records")
     args = p.parse_args(argv)
     if args.matrix:
@@ -28,7 +33,11 @@ def main(argv: list[str] | None = None) -> None:
         p.error("give PAPER and --checkout PATH (or --matrix)")
     if not Path(args.checkout).is_dir():
         p.error(f"--checkout {args.checkout}: no such folder")
-    path = records.run(args.paper, args.checkout, Path(args.out), args.inits, sys.argv)
+    only = tuple(c for c in args.checks.split(",") if c)
+    try:
+        path = records.run(args.paper, args.checkout, Path(args.out), args.inits, sys.argv, only)
+    except ValueError as err:
+        p.error(str(err))
     print(f"wrote {path}")
 
 

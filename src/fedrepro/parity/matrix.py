@@ -52,11 +52,31 @@ def _model_cell(paper: str, row: dict) -> str:
     return f"differs ({'; '.join(parts) or 'parameters unmatched'}; {why})"
 
 
+def _pipeline_text(row: dict) -> str:
+    pre = row["preprocess"]
+    train, test = row["train"], row["test"]
+    how = f"normalize {pre.get('normalize', 'none')}, augment {pre.get('augment', 'none')}"
+    if train["pinned_draws"]:
+        how += " with the code's draws pinned"
+    if row["status"] == "equal":
+        return f"equal ({train['samples']} + {test['samples']} samples, inputs and labels bit for bit; {how})"
+    return (
+        f"differs ({how}: largest input gap {max(train['max_gap'], test['max_gap']):.2g}, "
+        f"{train['labels_differing'] + test['labels_differing']} labels; unexplained)"
+    )
+
+
 def _data_cell(record: dict, dataset: str) -> str:
-    rows = [r for r in record["checks"].get("partitions", []) if r["dataset"] == dataset]
-    if not rows:
-        return NOT_BUILT
-    return "; ".join(f"{r['status']}: {r['check']} ({r['clients_equal']}/{r['clients']} client sets)" for r in rows)
+    checks = record["checks"]
+    texts = []
+    for row in [r for r in checks.get("pipeline", []) if r["dataset"] == dataset]:
+        texts.append(_pipeline_text(row) if "preprocess" in row else f"not compared ({row['why']})")
+    laws = [r for r in checks.get("pipeline", []) if r["dataset"] == "*"]
+    if laws and any(r.get("train", {}).get("pinned_draws") for r in checks["pipeline"] if r["dataset"] == dataset):
+        texts.append(f"crop and flip laws {laws[0]['status']} (chi-square, level 1e-3)")
+    for row in [r for r in checks.get("partitions", []) if r["dataset"] == dataset]:
+        texts.append(f"{row['status']}: {row['check']} ({row['clients_equal']}/{row['clients']} client sets)")
+    return "; ".join(texts) or NOT_BUILT
 
 
 def _server_cell(record: dict) -> str:
@@ -69,6 +89,21 @@ def _server_cell(record: dict) -> str:
     text = f"equal in {len(equal)} of {len(rows)} cases ({', '.join(equal)}; their largest gap {worst:.1e})"
     paper = record["paper"]
     return text + "".join(f"; differs: {c} ({SERVER_RESOLUTIONS.get((paper, c), 'unexplained')})" for c in differs)
+
+
+def _check_runs(record: dict) -> str:
+    """Checks run together are named together: 'models, servers: fedrepro 8e8d8e0, 943 s; pipeline: ...'."""
+    runs = record.get("check_runs") or {
+        name: {**{k: record[k] for k in ("fedrepro_commit", "wall_seconds")}, "with": sorted(record["checks"])}
+        for name in record["checks"]
+    }
+    groups: dict[tuple, list[str]] = {}
+    for name, run in sorted(runs.items()):
+        key = (run["fedrepro_commit"], run["wall_seconds"], tuple(run.get("with", [name])))
+        groups.setdefault(key, []).append(name)
+    return "; ".join(
+        f"{', '.join(names)}: fedrepro `{commit}`, {wall} s wall" for (commit, wall, _), names in groups.items()
+    )
 
 
 def render(folder: Path) -> str:
@@ -85,14 +120,13 @@ def render(folder: Path) -> str:
                 f"{_data_cell(rec, row['dataset'])} | {NOT_BUILT} | {_server_cell(rec)} | {NOT_BUILT} |"
             )
     lines.append("")
-    lines.append("Records (code commit, command, shim, this project's commit, wall time):")
+    lines.append("Records (code commit, command, shim; per check this project's commit and wall time):")
     lines.append("")
     for paper in [p for p in PAPER_ORDER if p in recs]:
         rec = recs[paper]
         lines.append(
-            f"- {paper}: `{rec['repository']}` @`{rec['commit']}`, fedrepro `{rec['fedrepro_commit']}`, "
-            f"torch {rec['torch']}, {rec['wall_seconds']} s wall on {rec['machine']} "
-            f"(`evidence/official_code/parity/{paper}.json`)"
+            f"- {paper}: `{rec['repository']}` @`{rec['commit']}`, torch {rec['torch']} on {rec['machine']}; "
+            f"{_check_runs(rec)} (`evidence/official_code/parity/{paper}.json`)"
         )
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fedrepro.parity import models, partitions, servers
+from fedrepro.parity import models, partitions, pipeline, servers
 from fedrepro.parity.shim import commit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +26,10 @@ SHIM = (
     "fedrepro.parity.shim.checkout_on_path: the checkout first on sys.path while its modules load (same-named "
     "modules of another checkout cleared), .cuda() and torch.cuda.set_device no-ops; FedNova: mpi4py and "
     "models.LogisticRegression placeholders (util_v4 imports both; HEAD defines no LogisticRegression); IMA: "
-    "utils.tSNE and leaf.dataloader placeholders (utils.global_test imports both; HEAD ships neither)"
+    "utils.tSNE and leaf.dataloader placeholders (utils.global_test imports both; HEAD ships neither); data checks "
+    "(parity.generated.on_generated): every torchvision CIFAR and (Fashion-)MNIST opened reads the generated "
+    "folder and accepts its md5; FedAWARE: FedLab's modules (not installed) placeholders, its partitioned-data "
+    "classes keeping the arguments the code passes them; IMA: the notebook's data cell run by a driver"
 )
 
 
@@ -36,31 +39,65 @@ def _project_commit() -> str:
     return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
 
 
-def run(paper: str, checkout, out: Path, inits: int, argv: list[str]) -> Path:
-    started = time.time()
-    cpu = time.process_time()
-    checks = {"models": models.compare(paper, checkout, inits)}
-    if paper == "fednova":
-        checks["partitions"] = partitions.compare_fednova(checkout)
-        checks["servers"] = servers.compare_fednova(checkout)
-    if paper == "ima":
-        checks["servers"] = servers.compare_ima(checkout)
-    record = {
-        "paper": paper,
-        "repository": REPOSITORIES[paper],
-        "commit": commit(checkout),
-        "command": f"python -m fedrepro.parity {paper} --checkout <checkout of {REPOSITORIES[paper]}> --inits {inits}",
-        "shim": SHIM,
-        "fedrepro_commit": _project_commit(),
-        "torch": torch.__version__,
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, CPU only",
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "wall_seconds": round(time.time() - started),
-        "cpu_seconds_main_process": round(time.process_time() - cpu),
-        "checks": checks,
+def checks(paper: str) -> dict:
+    """The checks the harness has for one paper's code: name -> function(checkout, inits) -> rows."""
+    found = {
+        "models": lambda checkout, inits: models.compare(paper, checkout, inits),
+        "pipeline": lambda checkout, inits: pipeline.compare(paper, checkout),
     }
-    out.mkdir(parents=True, exist_ok=True)
+    if paper == "fednova":
+        found["partitions"] = lambda checkout, inits: partitions.compare_fednova(checkout)
+        found["servers"] = lambda checkout, inits: servers.compare_fednova(checkout)
+    if paper == "ima":
+        found["servers"] = lambda checkout, inits: servers.compare_ima(checkout)
+    return found
+
+
+def run(paper: str, checkout, out: Path, inits: int, argv: list[str], only: tuple[str, ...] = ()) -> Path:
+    """Run the paper's checks (``only``: these, kept beside the record's other checks, which must come from the
+    same commit of the code) and write its record."""
+    available = checks(paper)
+    unknown = sorted(set(only) - set(available))
+    if unknown:
+        raise ValueError(f"--checks {','.join(unknown)}: {paper} has the checks {', '.join(available)}")
     path = out / f"{paper}.json"
+    code_commit = commit(checkout)
+    record = {"checks": {}, "check_runs": {}}
+    if only and path.exists():
+        record = json.loads(path.read_text())
+        if record["commit"] != code_commit:
+            raise ValueError(
+                f"{path}: made from {record['repository']} @{record['commit'][:12]}, the checkout is at "
+                f"{code_commit[:12]}; run every check (no --checks) to record another commit"
+            )
+        if "check_runs" not in record:  # a record of one run of every check: each check keeps that run's facts
+            ran = {k: record[k] for k in ("fedrepro_commit", "started_utc", "wall_seconds")}
+            record["check_runs"] = {name: {**ran, "with": sorted(record["checks"])} for name in record["checks"]}
+    started = time.time()
+    for name in only or available:
+        began = time.time()
+        record["checks"][name] = available[name](checkout, inits)
+        record["check_runs"][name] = {
+            "fedrepro_commit": _project_commit(),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)),
+            "wall_seconds": round(time.time() - began),
+        }
+    command = f"python -m fedrepro.parity {paper} --checkout <checkout of {REPOSITORIES[paper]}> --inits {inits}"
+    record.update(
+        {
+            "paper": paper,
+            "repository": REPOSITORIES[paper],
+            "commit": code_commit,
+            "command": command + (f" --checks {','.join(only)}" if only else ""),
+            "shim": SHIM,
+            "fedrepro_commit": _project_commit(),
+            "torch": torch.__version__,
+            "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, CPU only",
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "wall_seconds": round(time.time() - started),
+        }
+    )
+    out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path
 
