@@ -198,3 +198,78 @@ def test_fednovas_own_data_pipeline_gives_our_inputs():
 
     rows = pipeline.compare("fednova", FEDNOVA)
     assert [r["status"] for r in rows if "preprocess" in r or r["dataset"] == "*"] == ["equal", "equal"], rows
+
+
+FEDLAW = os.environ.get("FEDREPRO_FEDLAW_CHECKOUT")
+
+# A client step written from the papers' equations, in the layout of FedLAW's code (its function names and
+# arguments), so the harness's client check runs without a checkout: SGD with momentum and weight decay
+# (torch.optim.SGD), FedProx's gradient g + mu (x - x_global), the rate times the decay before every round but
+# the first.
+_CLIENT_STEP_FROM_THE_PAPERS = {
+    "utils.py": """
+import torch
+def init_optimizer(num_id, model, args):
+    return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.local_wd_rate)
+def lr_scheduler(rounds, nodes, args):
+    if rounds:
+        args.lr *= 0.99
+        for node in nodes.values():
+            node.optimizer.param_groups[0]["lr"] = args.lr
+""",
+    "client_funct.py": """
+import copy
+import torch
+import torch.nn.functional as F
+def Client_update(args, nodes, central):
+    start = [p.detach().clone() for p in central.model.parameters()]
+    for node in nodes.values():
+        node.model.load_state_dict(copy.deepcopy(central.model.state_dict()))
+        node.model.train()
+        for _ in range(args.E):
+            for x, y in node.local_data:
+                node.optimizer.zero_grad()
+                F.cross_entropy(node.model(x), y).backward()
+                if args.client_method == "fedprox":
+                    with torch.no_grad():
+                        for p, p0 in zip(node.model.parameters(), start):
+                            p.grad += args.mu * (p - p0)
+                node.optimizer.step()
+    return nodes, 0.0
+""",
+}
+
+
+def _client_rows(checkout, method, strong=False):
+    from fedrepro.parity import clients
+
+    setting = clients.fedlaw_code_settings()[method]
+    if strong:
+        setting = clients._merged(setting, clients.STRONG[method])
+    rows = clients.code(checkout, setting, clients.ours(setting))
+    return max(r["relative_gap"] / clients.bound(r["steps"]) for r in rows), rows
+
+
+def test_the_client_check_holds_a_step_from_the_papers_equations_and_fails_on_a_wrong_term(tmp_path, monkeypatch):
+    from fedrepro.algorithms import fedprox
+
+    for name, text in _CLIENT_STEP_FROM_THE_PAPERS.items():
+        (tmp_path / name).write_text(text)
+    worst, rows = _client_rows(tmp_path, "fedavg")
+    assert worst == 0 and all(r["lr_code"] == pytest.approx(r["lr_ours"], rel=1e-12) for r in rows)
+    assert {r["round"] for r in rows} == {0, 1, 2} and len({r["steps"] for r in rows}) > 1  # unequal clients
+    assert _client_rows(tmp_path, "fedprox", strong=True)[0] <= 1
+    monkeypatch.setattr(
+        fedprox.ProximalTerm,
+        "__call__",
+        lambda self, g, run: g.add_(run.model.flat - run.x_global, alpha=self.mu * 1.01),
+    )
+    assert _client_rows(tmp_path, "fedprox", strong=True)[0] > 1  # mu 1% off is seen (at the code's 0.001 it is not)
+
+
+@pytest.mark.skipif(not FEDLAW, reason="FEDREPRO_FEDLAW_CHECKOUT (a checkout of ZexiLee/ICML-2023-FedLAW) is not set")
+def test_fedlaws_own_clients_train_as_ours_on_the_same_batches():
+    from fedrepro.parity import clients
+
+    rows = clients.compare_fedlaw(FEDLAW)
+    assert [r["status"] for r in rows] == ["equal"] * 5, [(r["case"], r["gap_over_bound"]) for r in rows]

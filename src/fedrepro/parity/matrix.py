@@ -31,6 +31,7 @@ SERVER_RESOLUTIONS = {
     ("ima", "window 3, t_s 1"): "the code averages only once its window has filled; no setting has t_s < P",
 }
 NOT_BUILT = "not checked yet (below)"
+CLIENT_PAIR = {"fedlaw": ("fmnist", "mlp")}  # the (dataset, model) the client check trains, per paper
 
 
 def _model_cell(paper: str, row: dict) -> str:
@@ -79,6 +80,19 @@ def _data_cell(record: dict, dataset: str) -> str:
     return "; ".join(texts) or NOT_BUILT
 
 
+def _client_cell(record: dict, dataset: str, model: str) -> str:
+    rows = record["checks"].get("clients", [])
+    if not rows:
+        return NOT_BUILT
+    if (dataset, model) != CLIENT_PAIR.get(record["paper"]):
+        return f"not checked yet (compared on {CLIENT_PAIR[record['paper']][1]}; the step does not depend on the model)"
+    equal = [r["case"] for r in rows if r["status"] == "equal"]
+    differs = [r["case"] for r in rows if r["status"] != "equal"]
+    worst = max((r["gap_over_bound"] for r in rows), default=0.0)
+    text = f"equal in {len(equal)} of {len(rows)} cases ({'; '.join(equal)}; the largest gap {worst:.2f} of its bound)"
+    return text + "".join(f"; differs: {c} (unexplained)" for c in differs)
+
+
 def _server_cell(record: dict) -> str:
     rows = record["checks"].get("servers", [])
     if not rows:
@@ -117,7 +131,8 @@ def render(folder: Path) -> str:
         for row in rec["checks"]["models"]:
             lines.append(
                 f"| {paper} | {row['dataset']} | `{row['model']}` | {_model_cell(paper, row)} | "
-                f"{_data_cell(rec, row['dataset'])} | {NOT_BUILT} | {_server_cell(rec)} | {NOT_BUILT} |"
+                f"{_data_cell(rec, row['dataset'])} | {_client_cell(rec, row['dataset'], row['model'])} | "
+                f"{_server_cell(rec)} | {NOT_BUILT} |"
             )
     lines.append("")
     lines.append("Records (code commit, command, shim; per check this project's commit and wall time):")

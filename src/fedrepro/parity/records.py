@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fedrepro.parity import models, partitions, pipeline, servers
+from fedrepro.parity import clients, models, partitions, pipeline, servers
 from fedrepro.parity.shim import commit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,6 +45,8 @@ def checks(paper: str) -> dict:
         "models": lambda checkout, inits: models.compare(paper, checkout, inits),
         "pipeline": lambda checkout, inits: pipeline.compare(paper, checkout),
     }
+    if paper == "fedlaw":
+        found["clients"] = lambda checkout, inits: clients.compare_fedlaw(checkout)
     if paper == "fednova":
         found["partitions"] = lambda checkout, inits: partitions.compare_fednova(checkout)
         found["servers"] = lambda checkout, inits: servers.compare_fednova(checkout)
