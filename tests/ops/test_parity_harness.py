@@ -273,3 +273,35 @@ def test_fedlaws_own_clients_train_as_ours_on_the_same_batches():
 
     rows = clients.compare_fedlaw(FEDLAW)
     assert [r["status"] for r in rows] == ["equal"] * 5, [(r["case"], r["gap_over_bound"]) for r in rows]
+
+
+def test_a_stubbed_package_of_the_checkout_keeps_its_files_below_it_and_leaves_nothing_behind(tmp_path):
+    """IMA's partial FedLab copy: ``fedlab/utils/__init__.py`` imports modules HEAD lacks, its partitioners are
+    there. A stub of the package stands in for its __init__ only."""
+    package = tmp_path / "lib" / "utils"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from .missing import Thing\n")
+    (package / "parts.py").write_text("VALUE = 3\n")
+    with shim.checkout_on_path(tmp_path, stubs=("lib.utils", "a_module_nobody_installs")):
+        from lib.utils.parts import VALUE
+
+        assert VALUE == 3
+        exec("from a_module_nobody_installs import *", {})  # IMA's server_se1 star-imports a stub
+    assert not [m for m in sys.modules if m == "lib" or m.startswith("lib.")]
+
+
+@pytest.mark.skipif(not IMA, reason="FEDREPRO_IMA_CHECKOUT (a checkout of TailinZhou/FedIMA) is not set")
+def test_imas_own_rounds_run_as_ours_and_a_wrong_decay_rate_is_seen(monkeypatch):
+    from fedrepro.algorithms import ima
+    from fedrepro.parity import rounds
+
+    settings = rounds.ima_settings()
+    monkeypatch.setattr(rounds, "ima_settings", lambda: {d: settings[d] for d in ("exponential", "epoch")})
+    exponential, epoch = rounds.compare_ima(IMA)
+    assert exponential["status"] == "equal" and exponential["client_gap_over_bound"] == 0, exponential
+    assert epoch["rounds_rates_differ"] == [4, 5, 6, 7] and not epoch["rounds_epochs_differ"]  # the code's quirk
+    schedule = ima.lr_schedule  # ours decays by 0.971 where the setting (and the code) say 0.97
+    monkeypatch.setattr(ima, "lr_schedule", lambda base, cfg, start: schedule(base, {**cfg, "lr_decay": 0.971}, start))
+    monkeypatch.setattr(rounds, "ima_settings", lambda: {"exponential": settings["exponential"]})
+    (wrong,) = rounds.compare_ima(IMA)
+    assert wrong["status"] == "differs" and wrong["rounds_rates_differ"] == [5, 6, 7]

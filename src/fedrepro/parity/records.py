@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fedrepro.parity import clients, models, partitions, pipeline, servers
+from fedrepro.parity import clients, models, partitions, pipeline, rounds, servers
 from fedrepro.parity.shim import commit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,7 +29,13 @@ SHIM = (
     "utils.tSNE and leaf.dataloader placeholders (utils.global_test imports both; HEAD ships neither); data checks "
     "(parity.generated.on_generated): every torchvision CIFAR and (Fashion-)MNIST opened reads the generated "
     "folder and accepts its md5; FedAWARE: FedLab's modules (not installed) placeholders, its partitioned-data "
-    "classes keeping the arguments the code passes them; IMA: the notebook's data cell run by a driver"
+    "classes keeping the arguments the code passes them; IMA: the notebook's data cell run by a driver; IMA "
+    "rounds (parity.rounds): Server.fedavg in a scratch folder with its output folder made, placeholders for "
+    "utils.bias_var_covar_analysis, pynvml and the package __init__ of its partial FedLab copy (which imports "
+    "four modules HEAD lacks), and by names in its modules: client.DataLoader hands out fedrepro's batches, "
+    "server_se1.dispatch loads fedrepro's global model of the round first, server_se1.aggregation and "
+    "torch.optim.SGD record what the code computed; FedLAW clients (parity.clients): client nodes as "
+    "SimpleNamespaces holding the code's optimisers and fedrepro's batches"
 )
 
 
@@ -52,6 +58,7 @@ def checks(paper: str) -> dict:
         found["servers"] = lambda checkout, inits: servers.compare_fednova(checkout)
     if paper == "ima":
         found["servers"] = lambda checkout, inits: servers.compare_ima(checkout)
+        found["rounds"] = lambda checkout, inits: rounds.compare_ima(checkout)
     return found
 
 

@@ -27,12 +27,16 @@ def _top_level_names(checkout: Path) -> set[str]:
     }
 
 
-def _stub(name: str) -> types.ModuleType:
+def _stub(name: str, checkout: Path) -> types.ModuleType:
     """A placeholder for a module the code imports at the top but the compared path never calls (FedNova's
     util_v4 imports mpi4py's MPI; IMA's utils.global_test imports utils.tSNE and leaf.dataloader, which its HEAD
-    does not ship): every name imported from it is a placeholder that refuses to be called."""
+    does not ship): every name imported from it is a placeholder that refuses to be called. A stub of a package
+    whose folder the checkout has (IMA's partial copy of FedLab, whose ``fedlab/utils/__init__.py`` imports four
+    modules HEAD lacks) stands in for its ``__init__`` only: its submodules load from the checkout's files."""
     module = types.ModuleType(name)
-    module.__path__ = []  # a package, so a submodule import finds the stub registered below it
+    folder = checkout / name.replace(".", "/")
+    module.__path__ = [str(folder)] if folder.is_dir() else []  # a package: submodules resolve below it
+    module.__all__ = []  # ``from stub import *`` (IMA's server_se1) imports nothing
     module.__getattr__ = lambda attr: _placeholder(f"{name}.{attr}") if not attr.startswith("__") else None
     return module
 
@@ -76,7 +80,7 @@ def checkout_on_path(checkout: str | Path, stubs: tuple[str, ...] = (), placehol
                     ".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) not in sys.modules
                 ]
         for part in chain:
-            sys.modules[part] = _stub(part)
+            sys.modules[part] = _stub(part, checkout)
             added.append(part)
     sys.path.insert(0, str(checkout))
     torch.nn.Module.cuda = lambda self, *a, **k: self
@@ -92,7 +96,7 @@ def checkout_on_path(checkout: str | Path, stubs: tuple[str, ...] = (), placehol
     finally:
         sys.path.remove(str(checkout))
         clear()
-        for name in added:
-            sys.modules.pop(name, None)
+        for name in [m for m in sys.modules if any(m == a or m.startswith(a + ".") for a in added)]:
+            del sys.modules[name]  # a stub and what loaded below it (the checkout's files under a stubbed package)
         torch.nn.Module.cuda, torch.Tensor.cuda = saved["module_cuda"], saved["tensor_cuda"]
         torch.cuda.set_device = saved["set_device"]
