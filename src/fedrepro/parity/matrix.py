@@ -29,6 +29,21 @@ RESOLUTIONS = {
 }
 SERVER_RESOLUTIONS = {
     ("ima", "window 3, t_s 1"): "the code averages only once its window has filled; no setting has t_s < P",
+    (
+        "fedlaw",
+        "FedLAW (SWA), gamma first (paper's order)",
+    ): "the code trains lambda with SWA first, then gamma; the paper (section 6.1) gamma first; switch: "
+    "`fedlaw.swa_order: lambda_first` (the official-protocol subset), as the case before it shows",
+    (
+        "fedlaw",
+        "FedDyn server state (paper's form)",
+    ): "the code's server state and mean weight the cohort by data size, FedDyn's paper by 1/N and 1/|S|; switch: "
+    "`feddyn.form: fedlaw_code` (the official-protocol subset)",
+    (
+        "fedaware",
+        "FedAWARE, uploads credited to their senders (paper; assignment: per_client)",
+    ): "the code credits upload j to the j-th id of the sampler's unsorted draw; switch: `cohort.assignment: code` "
+    "(the official-protocol subset), as the case before it shows",
 }
 NOT_BUILT = "not checked yet (below)"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fedrepro.parity import models, partitions, servers
+from fedrepro.parity import models, partitions, servers, servers_fedaware, servers_fedlaw
 from fedrepro.parity.shim import commit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +26,11 @@ SHIM = (
     "fedrepro.parity.shim.checkout_on_path: the checkout first on sys.path while its modules load (same-named "
     "modules of another checkout cleared), .cuda() and torch.cuda.set_device no-ops; FedNova: mpi4py and "
     "models.LogisticRegression placeholders (util_v4 imports both; HEAD defines no LogisticRegression); IMA: "
-    "utils.tSNE and leaf.dataloader placeholders (utils.global_test imports both; HEAD ships neither)"
+    "utils.tSNE and leaf.dataloader placeholders (utils.global_test imports both; HEAD ships neither); FedLAW: "
+    "torch.tensor(..., device='cuda') on the CPU, the central node's proxy loader yielding fedrepro's batch order, "
+    "FedBE's torch.randn_like draws fedrepro's; FedAWARE: fedaware.py's definitions only (not its script part), "
+    "settings and agnews_dataset, pynvml and torch.utils.tensorboard placeholders, model.LinearReg placeholder, "
+    "FeedbackSampler's shuffled list fedrepro's warmup permutation, FedLab 1.3.0 from PyPI"
 )
 
 
@@ -37,6 +41,8 @@ def _project_commit() -> str:
 
 
 def run(paper: str, checkout, out: Path, inits: int, argv: list[str]) -> Path:
+    if paper == "fedaware":
+        servers_fedaware.require_fedlab()  # before the model checks' minutes
     started = time.time()
     cpu = time.process_time()
     checks = {"models": models.compare(paper, checkout, inits)}
@@ -45,6 +51,10 @@ def run(paper: str, checkout, out: Path, inits: int, argv: list[str]) -> Path:
         checks["servers"] = servers.compare_fednova(checkout)
     if paper == "ima":
         checks["servers"] = servers.compare_ima(checkout)
+    if paper == "fedlaw":
+        checks["servers"] = servers_fedlaw.compare_fedlaw(checkout)
+    if paper == "fedaware":
+        checks["servers"] = servers_fedaware.compare_fedaware(checkout)
     record = {
         "paper": paper,
         "repository": REPOSITORIES[paper],
