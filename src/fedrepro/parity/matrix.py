@@ -75,13 +75,15 @@ def _data_cell(record: dict, dataset: str) -> str:
 
 
 def _server_cell(record: dict) -> str:
+    """One cell per paper (its cases are the paper's methods, run on one small model: the step is a function of the
+    parameter vector); the differing cases each with their reason, the equal ones counted (the records name them)."""
     rows = record["checks"].get("servers", [])
     if not rows:
         return NOT_BUILT
-    equal = [r["case"] for r in rows if r["status"] == "equal"]
+    equal = [r for r in rows if r["status"] == "equal"]
     differs = [r["case"] for r in rows if r["status"] != "equal"]
-    worst = max((r["relative_gap"] for r in rows if r["status"] == "equal"), default=float("nan"))
-    text = f"equal in {len(equal)} of {len(rows)} cases ({', '.join(equal)}; their largest gap {worst:.1e})"
+    worst = max((r["relative_gap"] for r in equal), default=float("nan"))
+    text = f"equal in {len(equal)} of {len(rows)} cases (within their bounds; largest gap {worst:.1e})"
     paper = record["paper"]
     return text + "".join(f"; differs: {c} ({SERVER_RESOLUTIONS.get((paper, c), 'unexplained')})" for c in differs)
 

@@ -20,15 +20,14 @@ round's ``swag`` stream). Everything runs in float64.
 
 Bounds. FedAvg and FedDyn are the same arithmetic up to the order of sums: 1e-12 relative, as servers.py. The
 other methods run an optimiser loop (Adam on FedLAW's gamma and lambda logits, SGD on the distilled or
-fine-tuned model) of S <= 40 steps (20 epochs x 2 batches). Per step the two programs' gradients differ only by
-the order of their sums: at most n u relative, n <= 784 terms (the first layer's dot products), u = 1.1e-16 in
-float64, so about 1e-13. A step maps a gradient error delta to a parameter error of at most about lr delta /
-(1 - beta1) (SGD with momentum beta1 = 0.9; Adam's normalised step likewise, where |g| >> its eps), and the loop
-carries earlier errors through the loss's curvature; over S steps that is about S lr delta / (1 - beta1) times the
-growth of the loop, under 1e-10 when the loop grows errors by less than 10. The bound, 1e-9 of the model's
-largest entry, leaves a factor 100 for that growth and lies far below any real difference (the SWA order moves
-the model by about 1e-3 of its scale). Each loop case also records its rounding floor: fedrepro against itself
-with the cohort in reverse order, the same step with other sums, which shows how far rounding alone moves it."""
+fine-tuned model) of S <= 40 steps (20 epochs x 2 batches). Per step the two programs' updates differ only by the
+order of their sums: at most n u of the step, n <= 784 terms (the first layer's dot products), u = 1.1e-16 in
+float64, so about 1e-13 of a step no larger than the model's scale here. Over S steps these add to at most
+S x 1e-13 = 4e-12 of the model's scale, before the loop carries earlier errors on through the loss's curvature
+(and Adam's normalisation). The bound, 1e-9 of the model's largest entry, leaves a factor 250 for that growth and
+lies far below any real difference (the SWA order moves the model by about 1e-2 of its scale). Each loop case also
+records its rounding floor: fedrepro against itself with the cohort in reverse order, the same step with other
+sums, which shows how far rounding alone moves it."""
 
 from __future__ import annotations
 
@@ -159,7 +158,7 @@ def _code_round(code, args, central, x, clients, images, labels, generator, seed
     method, sizes = args.server_method, [n / sum(SIZES) for n in SIZES]
     nodes = {i: SimpleNamespace(model=_set(code.init_model("MLP", args), w)) for i, w in enumerate(clients)}
     select = list(range(len(clients)))
-    central.validate_set = PinnedBatches(images, labels, 128, generator)
+    central.validate_set = PinnedBatches(images, labels, 128, generator)  # args.py's validate_batchsize
     if method == "fedbe":
         return _with_our_swag_draws(code, args, central, nodes, select, sizes, x, seed_round)
     if method == "fedlaw":
@@ -257,9 +256,8 @@ def run_case(checkout, name: str, perturb=None) -> dict:
             if perturb is not None:
                 ours_x = perturb(ours_x)
             gaps.append(_relative(code_x, ours_x))
-            steps.append(
-                _relative(code_x, x)
-            )  # how far the code's step moved the model: a case that moves nothing proves nothing
+            # how far the code's step moved the model: a case that moves nothing proves nothing
+            steps.append(_relative(code_x, x))
             if learned is not None:
                 gamma_gaps.append(abs(learned[0] - gamma) / abs(learned[0]))
                 weight_gaps.append(float(np.abs(learned[1] - weights.numpy()).max()))
