@@ -67,6 +67,14 @@ CASES = {
     "FedBE (code's protocol)": ("fedbe", None, {}, "fedbe", {}),
     "Server-FT (code's protocol)": ("serverft", None, {}, "finetune", {}),
     "FedDyn server state (code's form)": ("feddyn", None, {}, "feddyn", {"client_method": "feddyn"}),
+    # in no table of the paper; its server lr as the code's comment suggests (its default, 1, steps by 1 per entry)
+    "FedAdam, server lr 0.01 (no table runs it)": (
+        "fedadam",
+        None,
+        {"server": {"lr": 0.01}},
+        "fedadam",
+        {"fedadam_server_lr": 0.01},
+    ),
     "FedDyn server state (paper's form)": (
         "feddyn",
         None,
@@ -95,10 +103,16 @@ def _protocol_settings() -> dict:
 
 
 def our_setting(algorithm: str, variant, overrides: dict) -> dict:
-    setting = copy.deepcopy(_protocol_settings()[(algorithm, variant)])
+    """The protocol's setting of the method; a method no table of the paper runs (FedAdam) takes FedAvg's,
+    resolved again under its own name."""
+    from fedrepro.configure import settings
+
+    known = (algorithm, variant) in _protocol_settings()
+    setting = copy.deepcopy(_protocol_settings()[(algorithm, variant) if known else ("fedavg", None)])
+    setting["algorithm"] = algorithm
     for section, values in overrides.items():
         setting[section].update(values)
-    return setting
+    return setting if known else settings.resolve(setting)
 
 
 def code_args(method: str, extra: dict, setting: dict) -> SimpleNamespace:
@@ -238,10 +252,11 @@ def run_case(checkout, name: str, perturb=None) -> dict:
         torch.manual_seed(0)
         central_model = code.init_model("MLP", args)
         central = SimpleNamespace(model=central_model, optimizer=code.init_optimizer(-1, central_model, args))
-        if method == "feddyn":
-            central.server_state = copy.deepcopy(central_model)
-            for p in central.server_state.parameters():
+        for state in {"feddyn": ["server_state"], "fedadam": ["m", "v"]}.get(method, []):
+            zeros = copy.deepcopy(central_model)  # as the code's Node builds them: the model's copy, zeroed
+            for p in zeros.parameters():
                 p.data = torch.zeros_like(p.data)
+            setattr(central, state, zeros)
         ours = _build_ours(setting, models.build("mlp", "fmnist").double(), images, labels)
         floor = _build_ours(setting, models.build("mlp", "fmnist").double(), images, labels)
         x = _flat(central.model)
