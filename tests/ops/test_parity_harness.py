@@ -160,6 +160,9 @@ def test_fedlaws_weight_learning_is_the_codes_and_the_harness_sees_a_perturbatio
         ("Server-FT (code's protocol)", "equal"),
         ("FedBE (code's protocol)", "equal"),
         ("FedDyn server state (code's form)", "equal"),
+        ("FedDyn server state (paper's form)", "differs"),
+        ("FedDF (code's protocol)", "equal"),
+        ("FedAdam, server lr 0.01 (no table runs it)", "equal"),
     ],
 )
 def test_fedlaws_server_steps_against_the_code(float64, name, status):

@@ -56,9 +56,8 @@ PLACEHOLDERS = {"model": ["LinearReg"]}  # utils.py imports it; HEAD's model.py 
 @functools.lru_cache(maxsize=1)
 def our_setting() -> dict:
     from fedrepro.configure import expansion, paramsfile
-    from fedrepro.parity.records import ROOT
 
-    runs = expansion.expand(paramsfile.load_params_files([str(ROOT / p) for p in PROTOCOL]))
+    runs = expansion.expand(paramsfile.load_params_files([str(paramsfile.ROOT / p) for p in PROTOCOL]))
     return next(
         r.setting
         for r in runs

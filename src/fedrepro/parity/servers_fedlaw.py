@@ -18,7 +18,7 @@ stream) once per server epoch; here it iterates the batches fedrepro draws for t
 FedBE's SWAG sample draws ``torch.randn_like`` per parameter tensor; those draws are ours (the slices of the
 round's ``swag`` stream). Everything runs in float64.
 
-Bounds. FedAvg and FedDyn are the same arithmetic up to the order of sums: 1e-12 relative, as servers.py. The
+Bounds. FedAvg, FedDyn and FedAdam are the same arithmetic up to the order of sums: 1e-12 relative, as servers.py. The
 other methods run an optimiser loop (Adam on FedLAW's gamma and lambda logits, SGD on the distilled or
 fine-tuned model) of S <= 40 steps (20 epochs x 2 batches). Per step the two programs' updates differ only by the
 order of their sums: at most n u of the step, n <= 784 terms (the first layer's dot products), u = 1.1e-16 in
@@ -90,9 +90,8 @@ LOOPS = {"fedlaw", "feddf", "fedbe", "serverft"}
 def _protocol_settings() -> dict:
     """Our resolved settings of Table 3's FMNIST MLP cell under the code's protocol, by (algorithm, variant)."""
     from fedrepro.configure import expansion, paramsfile
-    from fedrepro.parity.records import ROOT
 
-    runs = expansion.expand(paramsfile.load_params_files([str(ROOT / p) for p in PROTOCOL]))
+    runs = expansion.expand(paramsfile.load_params_files([str(paramsfile.ROOT / p) for p in PROTOCOL]))
     out = {}
     for r in runs:
         s = r.setting
