@@ -1,7 +1,9 @@
 """The parity harness (fedrepro.parity, docs/parity.md): its matrix is the records' rendering, it stays outside
 every run's hashed code, and FedNova's legacy Dirichlet draw is the code's recipe. The checks that import an
 authors' checkout run only where its path is given: FEDREPRO_FEDNOVA_CHECKOUT (JYWa/FedNova),
-FEDREPRO_IMA_CHECKOUT (TailinZhou/FedIMA)."""
+FEDREPRO_IMA_CHECKOUT (TailinZhou/FedIMA), FEDREPRO_FEDLAW_CHECKOUT (ZexiLee/ICML-2023-FedLAW),
+FEDREPRO_FEDAWARE_CHECKOUT (dunzeng/FedAWARE; FedLab importable). The server steps of FedLAW and FedAWARE also
+have oracles that need no checkout: the codes' recipes written out."""
 
 from __future__ import annotations
 
@@ -305,3 +307,190 @@ def test_imas_own_rounds_run_as_ours_and_a_wrong_decay_rate_is_seen(monkeypatch)
     monkeypatch.setattr(rounds, "ima_settings", lambda: {"exponential": settings["exponential"]})
     (wrong,) = rounds.compare_ima(IMA)
     assert wrong["status"] == "differs" and wrong["rounds_rates_differ"] == [5, 6, 7]
+
+
+# ------------------------------------------------------------------- server steps: FedLAW's and FedAWARE's codes
+
+FEDAWARE = os.environ.get("FEDREPRO_FEDAWARE_CHECKOUT")
+
+
+@pytest.fixture
+def float64():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.skipif(not FEDLAW, reason="FEDREPRO_FEDLAW_CHECKOUT (a checkout of ZexiLee/ICML-2023-FedLAW) is not set")
+def test_fedlaws_weight_learning_is_the_codes_and_the_harness_sees_a_perturbation(float64):
+    from fedrepro.parity import servers_fedlaw
+
+    name = "FedLAW, gamma and lambda (code's protocol)"
+    row = servers_fedlaw.run_case(FEDLAW, name)
+    assert row["status"] == "equal" and row["gamma_relative_gap"] <= servers_fedlaw.LOOP, row
+    nudged = servers_fedlaw.run_case(FEDLAW, name, perturb=lambda x: x * (1 + 1e-8))
+    assert nudged["status"] == "differs", nudged
+
+
+@pytest.mark.skipif(not FEDLAW, reason="FEDREPRO_FEDLAW_CHECKOUT (a checkout of ZexiLee/ICML-2023-FedLAW) is not set")
+@pytest.mark.parametrize(
+    "name, status",
+    [
+        ("FedLAW (SWA), lambda first (code's order)", "equal"),
+        ("FedLAW (SWA), gamma first (paper's order)", "differs"),
+        ("FedAvg", "equal"),
+        ("Server-FT (code's protocol)", "equal"),
+        ("FedBE (code's protocol)", "equal"),
+        ("FedDyn server state (code's form)", "equal"),
+        ("FedDyn server state (paper's form)", "differs"),
+        ("FedDF (code's protocol)", "equal"),
+        ("FedAdam, server lr 0.01 (no table runs it)", "equal"),
+    ],
+)
+def test_fedlaws_server_steps_against_the_code(float64, name, status):
+    from fedrepro.parity import servers_fedlaw
+
+    row = servers_fedlaw.run_case(FEDLAW, name)
+    assert row["status"] == status and row["smallest_step"] > 1e-6, row
+
+
+@pytest.mark.skipif(not FEDAWARE, reason="FEDREPRO_FEDAWARE_CHECKOUT (a checkout of dunzeng/FedAWARE) is not set")
+def test_fedawares_server_step_is_the_codes_with_its_pairing(float64):
+    from fedrepro.parity import servers_fedaware
+
+    servers_fedaware.require_fedlab()
+    code = servers_fedaware.run(FEDAWARE, "code")
+    assert code["equal"], code["rows"]
+    assert [r["pairing_equal"] for r in code["rows"]][:3] == [True] * 3
+    assert sum(r["min_norm"] for r in code["rows"]) == 2  # two min-norm steps after the exploration
+    nudged = servers_fedaware.run(FEDAWARE, "code", perturb=lambda x: x + 1e-9)
+    assert not nudged["equal"]
+    assert not servers_fedaware.run(FEDAWARE, "per_client")["equal"]
+
+
+def _fedlaw_recipe(module, models, sizes, batches, epochs, lr):
+    """FedLAW's server step as its code computes it (main_fedlaw.py, fedlaw_optimization with
+    whether_swa none, server_funct exp), written out from the paper's Eq. 8-9: one tensor [z, theta] from
+    [log p_i, 0], Adam(betas 0.5, 0.999), StepLR(20, 0.5) per epoch, the global model built client by client as
+    exp(theta) softmax(z)_i w_i; returns gamma sum_i lambda_i w_i."""
+    from torch.func import functional_call
+
+    opt_var = torch.tensor([float(np.log(n / sum(sizes))) for n in sizes] + [0.0], requires_grad=True)
+    opt = torch.optim.Adam([opt_var], lr=lr, betas=(0.5, 0.999))
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.5)
+    shapes = [(n, p.shape, p.numel()) for n, p in module.named_parameters()]
+
+    def forward(w, x):
+        params, offset = {}, 0
+        for name, shape, n in shapes:
+            params[name] = w[offset : offset + n].view(shape)
+            offset += n
+        return functional_call(module, params, (x,))
+
+    def combined():
+        weights = torch.softmax(opt_var[:-1], 0)
+        total = None
+        for i in range(len(models)):
+            term = torch.exp(opt_var[-1]) * weights[i] * models[i]
+            total = term if total is None else total + term
+        return total
+
+    for _ in range(epochs):
+        for x, y in batches():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(forward(combined(), x), y).backward()
+            opt.step()
+        schedule.step()
+    with torch.no_grad():
+        return combined()
+
+
+def test_fedlaws_server_step_is_the_recipe_written_out(float64):
+    """Without a checkout: our FedLAW (built from the code's protocol setting the harness uses) against the
+    code's recipe written out, on a tiny model, the same batches; an optimiser loop of 24 steps in float64,
+    so the bound of the harness (1e-9 relative) holds; a perturbed lr must leave it."""
+    from fedrepro.algorithms import BuildContext, fedlaw
+    from fedrepro.algorithms.proxy import epoch_batches, round_generator
+    from fedrepro.parity import servers_fedlaw
+    from fedrepro.parts import RoundUpdates
+
+    setting = servers_fedlaw.our_setting("fedlaw", "fedlaw", {})
+    setting["fedlaw"].update(proxy_size=30, batch_size=8, server_epochs=6)
+    g = torch.Generator().manual_seed(3)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    x = torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+    sizes = (30, 80, 15)
+    models = x + 0.3 * torch.randn(3, len(x), generator=g)
+    px, py = torch.randn(30, 4, generator=g), torch.arange(3).repeat(10)
+
+    def ours(cfg_lr):
+        setting["fedlaw"]["server_lr"] = cfg_lr
+        ctx = BuildContext(3, len(x), torch.device("cpu"), torch.tensor(sizes, dtype=torch.float64), module, (px, py))
+        updates = RoundUpdates(
+            0,
+            torch.arange(3),
+            x - models,
+            torch.tensor(sizes, dtype=torch.float64),
+            torch.zeros(3),
+            torch.zeros(3),
+            0.1,
+        )
+        return fedlaw.build(setting, ctx).server_step(x, updates)
+
+    generator = round_generator(setting["seed"], 0)
+    code = _fedlaw_recipe(
+        module,
+        models,
+        sizes,
+        lambda: [(px[i], py[i]) for i in epoch_batches(30, 8, generator, "cpu")],
+        6,
+        setting["fedlaw"]["server_lr"],
+    )
+    lr = setting["fedlaw"]["server_lr"]
+    assert float((code - ours(lr)).abs().max() / code.abs().max()) <= servers_fedlaw.LOOP
+    assert float((code - ours(lr * 1.01)).abs().max() / code.abs().max()) > servers_fedlaw.LOOP
+
+
+def test_fedawares_code_pairing_recipe_written_out(float64):
+    """Without a checkout: the code's global_update written out (momentum of the id the upload is credited to,
+    FedAvg with the credited ids' data-size weights until every client is seen), on uploads in ascending id
+    order credited to an unsorted draw, against our FedAWARE with cohort.assignment: code; crediting the senders
+    instead (per_client) must give other momenta."""
+    from fedrepro.parity import servers_fedaware
+    from fedrepro.parts import RoundUpdates
+
+    setting = servers_fedaware.our_setting()
+    alpha, dim = setting["fedaware"]["alpha"], 7
+    sizes = np.array(servers_fedaware.SIZES, dtype=float)
+    n = len(sizes)
+    draws = [[4, 1, 0], [2, 11, 3], [5, 0, 2]]  # unsorted, as the sampler's last_sampled
+    g = torch.Generator().manual_seed(0)
+    uploads = [torch.randn(3, dim, generator=g) for _ in draws]
+
+    def code(credit_sorted):
+        momenta, seen, out = torch.zeros(n, dim), set(), []
+        for draw, deltas in zip(draws, uploads):
+            credited = sorted(draw) if credit_sorted else draw
+            for delta, i in zip(deltas, credited):
+                momenta[i] = (1 - alpha) * momenta[i] + alpha * delta
+            seen |= set(draw)
+            w = torch.tensor(sizes[credited] / sizes[credited].sum())
+            out.append((momenta.clone(), (w[:, None] * deltas).sum(0) if len(seen) < n else None))
+        return out
+
+    def ours(assignment):
+        algorithm = servers_fedaware._ours({**setting, "cohort": {**setting["cohort"], "assignment": assignment}}, dim)
+        out = []
+        for t, (draw, deltas) in enumerate(zip(draws, uploads)):
+            credited = draw if assignment == "code" else sorted(draw)
+            updates = RoundUpdates(
+                t, torch.tensor(credited), deltas, torch.tensor(sizes[credited]), torch.zeros(3), torch.zeros(3), 0.1
+            )
+            d = algorithm.aggregator(torch.zeros(dim), updates)
+            out.append((algorithm.aggregator.momenta.momenta.clone(), d if updates.info["aware_warmup"] else None))
+        return out
+
+    for (cm, cd), (om, od) in zip(code(False), ours("code")):
+        assert float((cm - om).abs().max()) <= 1e-12 * float(cm.abs().max())
+        assert (cd is None) == (od is None) and (cd is None or float((cd - od).abs().max()) <= 1e-12)
+    assert not torch.allclose(code(False)[0][0], ours("per_client")[0][0])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fedrepro.parity import clients, models, partitions, pipeline, rounds, servers
+from fedrepro.parity import clients, models, partitions, pipeline, rounds, servers, servers_fedaware, servers_fedlaw
 from fedrepro.parity.shim import commit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,7 +35,11 @@ SHIM = (
     "four modules HEAD lacks), and by names in its modules: client.DataLoader hands out fedrepro's batches, "
     "server_se1.dispatch loads fedrepro's global model of the round first, server_se1.aggregation and "
     "torch.optim.SGD record what the code computed; FedLAW clients (parity.clients): client nodes as "
-    "SimpleNamespaces holding the code's optimisers and fedrepro's batches"
+    "SimpleNamespaces holding the code's optimisers and fedrepro's batches; FedLAW servers: "
+    "torch.tensor(..., device='cuda') on the CPU, the central node's proxy loader yielding fedrepro's batch order, "
+    "FedBE's torch.randn_like draws fedrepro's; FedAWARE servers: fedaware.py's definitions only (not its "
+    "script part), settings and agnews_dataset, pynvml and torch.utils.tensorboard placeholders, model.LinearReg placeholder, "
+    "FeedbackSampler's shuffled list fedrepro's warmup permutation, FedLab 1.3.0 from PyPI"
 )
 
 
@@ -53,6 +57,9 @@ def checks(paper: str) -> dict:
     }
     if paper == "fedlaw":
         found["clients"] = lambda checkout, inits: clients.compare_fedlaw(checkout)
+        found["servers"] = lambda checkout, inits: servers_fedlaw.compare_fedlaw(checkout)
+    if paper == "fedaware":
+        found["servers"] = lambda checkout, inits: servers_fedaware.compare_fedaware(checkout)
     if paper == "fednova":
         found["partitions"] = lambda checkout, inits: partitions.compare_fednova(checkout)
         found["servers"] = lambda checkout, inits: servers.compare_fednova(checkout)
@@ -69,6 +76,8 @@ def run(paper: str, checkout, out: Path, inits: int, argv: list[str], only: tupl
     unknown = sorted(set(only) - set(available))
     if unknown:
         raise ValueError(f"--checks {','.join(unknown)}: {paper} has the checks {', '.join(available)}")
+    if paper == "fedaware" and "servers" in (only or available):
+        servers_fedaware.require_fedlab()  # before the other checks' minutes
     path = out / f"{paper}.json"
     code_commit = commit(checkout)
     record = {"checks": {}, "check_runs": {}}

@@ -5,6 +5,7 @@ and the few things its HEAD needs that this machine lacks (CUDA, mpi4py) shimmed
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import subprocess
 import sys
@@ -49,12 +50,16 @@ def _placeholder(name: str) -> type:
 
 
 @contextlib.contextmanager
-def checkout_on_path(checkout: str | Path, stubs: tuple[str, ...] = (), placeholders: dict | None = None):
+def checkout_on_path(
+    checkout: str | Path, stubs: tuple[str, ...] = (), placeholders: dict | None = None, replace: tuple[str, ...] = ()
+):
     """Import from ``checkout`` inside the block: modules are loaded from it (cleared of any same-named module
-    first), ``.cuda()`` and ``torch.cuda.set_device`` are no-ops, the named ``stubs`` are placeholders where the
-    module is not installed, and ``placeholders`` ({module: [names]}) adds names a checkout's module lacks but
-    another of its modules imports (FedNova's util_v4 imports ``LogisticRegression`` from its ``models``, which
-    HEAD does not define). Everything is restored on leaving."""
+    first), ``.cuda()``, ``torch.cuda.set_device`` and ``torch.tensor(..., device='cuda')`` stay on the CPU, the
+    named ``stubs`` are placeholders where the module is not installed, ``replace`` names modules of the checkout
+    itself that become placeholders (FedAWARE's ``settings`` and ``agnews_dataset``, which load data sets and
+    tokenizers the server step never calls), and ``placeholders`` ({module: [names]}) adds names a checkout's
+    module lacks but another of its modules imports (FedNova's util_v4 imports ``LogisticRegression`` from its
+    ``models``, which HEAD does not define). Everything is restored on leaving."""
     checkout = Path(checkout).resolve()
     if not checkout.is_dir():
         raise FileNotFoundError(f"checkout {checkout}: no such folder (give the path of the authors' repository)")
@@ -64,9 +69,17 @@ def checkout_on_path(checkout: str | Path, stubs: tuple[str, ...] = (), placehol
         for name in [m for m in sys.modules if m.split(".")[0] in names]:
             del sys.modules[name]
 
-    saved = {"module_cuda": torch.nn.Module.cuda, "tensor_cuda": torch.Tensor.cuda, "set_device": torch.cuda.set_device}
+    saved = {
+        "module_cuda": torch.nn.Module.cuda,
+        "tensor_cuda": torch.Tensor.cuda,
+        "set_device": torch.cuda.set_device,
+        "tensor": torch.tensor,
+    }
     clear()
     added = []
+    for name in replace:
+        sys.modules[name] = _stub(name)
+        added.append(name)
     for name in stubs:  # after clearing: a stub may sit below one of the checkout's own packages (utils.tSNE)
         parts = name.split(".")
         if parts[0] in names:  # the checkout's package lacks this module at HEAD
@@ -86,6 +99,7 @@ def checkout_on_path(checkout: str | Path, stubs: tuple[str, ...] = (), placehol
     torch.nn.Module.cuda = lambda self, *a, **k: self
     torch.Tensor.cuda = lambda self, *a, **k: self
     torch.cuda.set_device = lambda *a, **k: None
+    torch.tensor = functools.partial(_on_cpu, saved["tensor"])
     try:
         for module, attrs in (placeholders or {}).items():
             loaded = importlib.import_module(module)
@@ -99,4 +113,12 @@ def checkout_on_path(checkout: str | Path, stubs: tuple[str, ...] = (), placehol
         for name in [m for m in sys.modules if any(m == a or m.startswith(a + ".") for a in added)]:
             del sys.modules[name]  # a stub and what loaded below it (the checkout's files under a stubbed package)
         torch.nn.Module.cuda, torch.Tensor.cuda = saved["module_cuda"], saved["tensor_cuda"]
-        torch.cuda.set_device = saved["set_device"]
+        torch.cuda.set_device, torch.tensor = saved["set_device"], saved["tensor"]
+
+
+def _on_cpu(tensor, *args, **kwargs):
+    """torch.tensor with a CUDA device argument placed on the CPU (FedLAW's fedlaw_optimization builds its
+    weights with ``device='cuda'``)."""
+    if str(kwargs.get("device", "")).startswith("cuda"):
+        kwargs["device"] = "cpu"
+    return tensor(*args, **kwargs)
