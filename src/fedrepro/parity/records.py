@@ -38,8 +38,8 @@ SHIM = (
     "SimpleNamespaces holding the code's optimisers and fedrepro's batches; FedLAW servers: "
     "torch.tensor(..., device='cuda') on the CPU, the central node's proxy loader yielding fedrepro's batch order, "
     "FedBE's torch.randn_like draws fedrepro's; FedAWARE servers: fedaware.py's definitions only (not its "
-    "script part), settings and agnews_dataset, pynvml and torch.utils.tensorboard placeholders, model.LinearReg placeholder, "
-    "FeedbackSampler's shuffled list fedrepro's warmup permutation, FedLab 1.3.0 from PyPI"
+    "script part), settings and agnews_dataset, pynvml and torch.utils.tensorboard placeholders, model.LinearReg "
+    "placeholder, FeedbackSampler's shuffled list fedrepro's warmup permutation, FedLab 1.3.0 from PyPI"
 )
 
 
