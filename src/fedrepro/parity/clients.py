@@ -50,7 +50,7 @@ LR_RELATIVE = 1e-12  # the code multiplies its rate by the decay each round, fed
 def fedlaw_code_settings() -> dict[str, dict]:
     """The Table 3 FMNIST MLP setting of each case under the code's protocol, shrunk (SHRUNK)."""
     from fedrepro.configure import expansion, paramsfile
-    from fedrepro.parity.records import ROOT
+    from fedrepro.configure.paramsfile import ROOT
 
     files = [str(ROOT / "params" / "fedlaw.yaml"), str(ROOT / "params" / "subsets" / "fedlaw_official_protocol.yaml")]
     found = {}

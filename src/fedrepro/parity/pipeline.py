@@ -166,7 +166,7 @@ def _recorded_draws():
 def our_preprocess(paper: str) -> dict:
     """The preprocessing fedrepro's params file gives each dataset of the paper's runs (one per dataset)."""
     from fedrepro.configure import expansion, paramsfile
-    from fedrepro.parity.records import ROOT
+    from fedrepro.configure.paramsfile import ROOT
 
     runs = expansion.expand(paramsfile.load_params_files([str(ROOT / "params" / f"{paper}.yaml")]))
     found: dict[str, list] = {}

@@ -52,7 +52,7 @@ STUBS = ("utils.tSNE", "leaf.dataloader", "utils.bias_var_covar_analysis", "fedl
 
 def ima_settings() -> dict[str, dict]:
     from fedrepro.configure import expansion, paramsfile
-    from fedrepro.parity.records import ROOT
+    from fedrepro.configure.paramsfile import ROOT
 
     for run in expansion.expand(paramsfile.load_params_files([str(ROOT / "params" / "ima.yaml")])):
         s = run.setting
