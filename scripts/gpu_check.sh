@@ -3,8 +3,9 @@
 #   scripts/gpu_check.sh                 # CUDA checks + benchmark (a few minutes), -> evidence/gpu/gpu_check-<commit>.json
 #   scripts/gpu_check.sh --skip-bench    # the checks only (among them: batched = sequential for every method)
 # The log goes beside the JSON (evidence/gpu/gpu_check-<commit>.log); cite both with the GPU model they name.
-# The packed step costs (runs x clients stacked at 1, 4, 16, 64 runs, at most 90 s) go to
-# evidence/gpu/packed_steps-<commit>.json, where `fedrepro plan` reads them (fedrepro.ops.packed_pricing).
+# The packed step costs (runs x clients stacked at 1, 4, 16, 64 runs, at most 90 s; then with step_graph compile,
+# CUDA graphs, at most 150 s, --graph-budget) go to evidence/gpu/packed_steps-<commit>.json, where `fedrepro plan`
+# reads them (fedrepro.ops.packed_pricing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

@@ -50,13 +50,22 @@ OUTSIDE_RUNS = frozenset(
 )
 RUN_ENTRY = "run/jobs.py"  # what a training job executes: training a run and keeping a parent's fork state
 # Modules of the run wing that a run executes only when its setting asks for them: the batched path (a round's
-# clients as one computation, taken on CUDA, so never by a run of device: cpu) and the Hessian estimate
+# clients as one computation, taken on CUDA, so never by a run of device: cpu unless its step_graph asks for the
+# static-shape step), the static-shape step (step_graph static or compile) and the Hessian estimate
 # (hessian.every > 0). Another run's name does not hash them, so an edit there renames only the runs that
 # can execute them. Each entry: the files, and whether a setting can execute them.
 OPTIONAL_RUN_CODE = {
-    "batched": (("run/batched.py", "run/batchable.py", "run/batched_draws.py"), lambda s: s.get("device") != "cpu"),
+    "batched": (
+        ("run/batched.py", "run/batchable.py", "run/batched_draws.py"),
+        lambda s: s.get("device") != "cpu" or _step_graph(s),
+    ),
+    "step_graph": (("run/static_step.py",), lambda s: _step_graph(s)),
     "hessian": (("run/hessian.py",), lambda s: bool(s.get("hessian", {}).get("every"))),
 }
+
+
+def _step_graph(setting: dict) -> bool:
+    return setting.get("step_graph", "none") != "none"
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:
@@ -332,6 +341,7 @@ def identity_setting(setting: dict) -> dict:
     neutral = {
         "hessian": not out.get("hessian", {}).get("every"),  # off
         "log_cohort_classes": not out.get("log_cohort_classes"),  # off
+        "step_graph": not _step_graph(out),  # the batched path's step as it is
         "corruption": not out.get("corruption", {}).get("fraction"),  # no corrupted client
         "snapshots": not any(out.get("snapshots", {}).get(k) for k in ("rounds", "cosine_rounds")),  # none kept
         "preprocess": not DATASETS[out["dataset"]].get("preprocess"),  # only CIFAR has per-paper transforms

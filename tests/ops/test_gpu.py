@@ -201,6 +201,14 @@ def test_every_method_trains_batched_as_sequential_on_cuda(method):
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("step_graph", ["static", "compile"])
+def test_the_static_step_trains_as_sequential_on_cuda(step_graph):
+    """step_graph compile on CUDA: inductor with mode reduce-overhead, replayed as CUDA graphs."""
+    assert gpucheck.check_batched_matches_sequential("fedavg", "cuda", step_graph=step_graph)["path"] == "batched"
+
+
+@pytest.mark.gpu
+@cuda
 def test_exact_resume_on_cuda():
     gpucheck.check_exact_resume("cuda")
 
@@ -237,6 +245,9 @@ def test_batched_check_holds_on_cpu():
     assert len(set(scaffold["steps"])) > 1  # unequal clients: masked steps
     fedfa = gpucheck.check_batched_matches_sequential("fedfa", "cpu")
     assert fedfa["path"] == "batched" and fedfa["relative_gap"] < 1e-4
+    # the static-shape step's device check (compile on CUDA; not compiled here: inductor takes minutes on a CPU)
+    static = gpucheck.check_batched_matches_sequential("fedavg", "cpu", step_graph="static")
+    assert static["path"] == "batched" and len(set(static["steps"])) > 1
 
 
 @pytest.mark.slow

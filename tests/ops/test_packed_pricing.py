@@ -328,3 +328,47 @@ def test_ima_table1_fmnist_is_measured_first_then_the_most_compute(tmp_path, mon
     runs += [SimpleNamespace(setting=_tiny(model="cnn", batch_size=50))]
     order = [pricing.step_key(s) for s in packed_bench.by_compute(runs, "cuda")]
     assert order == ["fmnist/cnn:50", "fmnist/mlp:8", "fmnist/lenet5:8"]
+
+
+# --------------------------------------------------------------------------- step_graph compile (CUDA graphs)
+
+
+def test_a_step_graph_run_is_priced_from_its_own_curve_when_the_record_has_one(tmp_path):
+    """The record's step_graph curve at half the plain step's seconds (same knee, 16 runs): a run of step_graph
+    compile costs half (300 x 60 x 0.03 / 16 = 33.75 s), a run of the plain step as before (67.5 s)."""
+    record = _record(KNEE_AT_16, BIG)
+    graphs = _record([(r, s / 2, m) for r, s, m in KNEE_AT_16], BIG)
+    record["step_graph"] = {"mode": "compile", "packed_steps": graphs["packed_steps"], "skipped": {}}
+    costs = _costs(tmp_path, record)
+    compiled = schema.validate(_params(), "params.schema.yaml", "test")
+    compiled["experiments"]["t1"]["base"]["step_graph"] = "compile"
+    result = plan.plan(compiled, None, tmp_path, "cuda", packed=costs)
+    assert result["total"]["seconds"] == pytest.approx(4 * 33.75, rel=1e-12)
+    assert list(result["packing"]) == [f"{KEY}, 10 clients a round, step_graph compile"]
+    plain = plan.plan(_params(), None, tmp_path, "cuda", packed=costs)
+    assert plain["total"]["seconds"] == pytest.approx(4 * 67.5, rel=1e-12)
+    # a record without a step_graph curve prices a compile run from the plain step's
+    fallback = plan.plan(compiled, None, tmp_path, "cuda", packed=_costs(tmp_path, _record(KNEE_AT_16, BIG)))
+    assert fallback["total"]["seconds"] == pytest.approx(4 * 67.5, rel=1e-12)
+
+
+def test_on_a_cpu_the_step_graph_is_not_measured_and_the_record_says_why(tmp_path):
+    lines = []
+    record = packed_bench.measure([_tiny()], "cpu", tmp_path / "p.json", runs=(1,), steps=1, log=lines.append)
+    graphs = record["step_graph"]
+    assert graphs["mode"] == "compile" and "packed_steps" not in graphs
+    assert graphs["not_measured"].startswith("on cpu: step_graph compile is measured on CUDA only")
+    assert any(line.startswith("packed step_graph=compile: not measured on cpu") for line in lines)
+    assert packed_pricing.packed_costs("cpu", [tmp_path / "p.json"]).graph_curves == {}
+
+
+def test_the_static_step_is_measured_by_the_same_curve(tmp_path):
+    """The curve code the GPU runs for step_graph compile, here with the uncompiled static step (same shapes):
+    its warm-up timed apart; a deadline already past measures nothing and says so."""
+    lines = []
+    entry = packed_bench.measure_curve(_tiny(), "cpu", (1, 2), 1, log=lines.append, step_graph="static")
+    assert [p["stacked"] for p in entry["points"]] == [2, 4]
+    assert all(p["seconds_per_step"] > 0 and p["warmup_seconds"] > 0 for p in entry["points"])
+    assert lines[0].startswith("packed step_graph=static fmnist/mlp:8 on cpu: 1 runs x 2 clients")
+    late = packed_bench.measure_curve(_tiny(), "cpu", (1,), 1, log=lines.append, step_graph="static", deadline=0)
+    assert late["points"] == [] and late["not_measured"] == "1 runs and more: the budget was spent"

@@ -131,6 +131,12 @@ def add_check_gpu(sub) -> None:
         help="seconds the packed step measurement may take (IMA Table 1 FMNIST's setting first, then those "
         "with the most compute)",
     )
+    p.add_argument(
+        "--graph-budget",
+        type=_number(float, 1),
+        default=150.0,
+        help="seconds the same measurement with step_graph compile (CUDA graphs) may take, compiling included",
+    )
     p.add_argument("--skip-bench", action="store_true", help="the correctness checks only")
     p.set_defaults(func=cmd_check_gpu)
     finish(p, EXAMPLES["check-gpu"])
@@ -148,5 +154,6 @@ def cmd_check_gpu(args) -> None:
             args.skip_bench,
             packed_out=args.packed_out,
             packed_budget=args.packed_budget,
+            graph_budget=args.graph_budget,
         )
     )

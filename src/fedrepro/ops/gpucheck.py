@@ -160,13 +160,13 @@ def _unequal_parts(n_train: int) -> list[np.ndarray]:
     return [order[bounds[i] : bounds[i + 1]] for i in range(len(UNEQUAL_SIZES))]
 
 
-def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) -> dict:
+def check_batched_matches_sequential(method: str, device: str, rounds: int = 3, step_graph: str = "none") -> dict:
     """One method (or FedAvg with one plug-in) on unequal clients, every client each round: the first
     rounds one client after another in two trainers (so the method's state, c_i, l_i, momenta, anchors,
     is not trivial), then the last round's local training batched (run/batched.py) in one and sequential in the
     other, from the same state: the same client updates up to float rounding. Returns the path taken and
     the largest difference of the updates relative to the largest update; a method without a batched form
-    reports the sequential path and why."""
+    reports the sequential path and why. ``step_graph``: the batched step's (static, compile: run/static_step.py)."""
     algorithm, *plugins = method.split("+")
     setting = {
         **BASE,
@@ -177,6 +177,7 @@ def check_batched_matches_sequential(method: str, device: str, rounds: int = 3) 
         "algorithm": algorithm,
         "plugins": plugins,
         **METHOD_EXTRAS.get(method, {}),
+        "step_graph": step_graph,
     }
     datasets = tiny_fmnist()
     last = rounds - 1
@@ -289,6 +290,10 @@ def run_checks(device: str, log=print) -> dict:
             f"batched_vs_sequential:{m}": (lambda m=m: check_batched_matches_sequential(m, device))
             for m in method_names()
         },
+        **{
+            f"static_vs_sequential:{g}": (lambda g=g: check_batched_matches_sequential("fedavg", device, 3, g))
+            for g in ("static", "compile")
+        },
         "exact_resume": lambda: check_exact_resume(device),
         "fork_child": lambda: check_fork_child(device),
         "eval_mode": lambda: check_eval_mode(device),
@@ -342,6 +347,7 @@ def main(
     log=print,
     packed_out: str | Path = "results/bench/packed_steps-cuda.json",
     packed_budget: float = 90.0,
+    graph_budget: float = 150.0,
 ) -> int:
     from fedrepro.ops import bench
 
@@ -368,7 +374,10 @@ def main(
         out.write_text(json.dumps(report, indent=2, default=str))
         from fedrepro.ops import packed_bench  # the packed step at 1, 4, 16, 64 runs, for fedrepro plan
 
-        report["packed_steps"] = packed_bench.measure_params(PAPER_PARAMS, device, packed_out, packed_budget, log)
+        # with and without step_graph compile (CUDA graphs): both in the one record
+        report["packed_steps"] = packed_bench.measure_params(
+            PAPER_PARAMS, device, packed_out, packed_budget, log, graph_budget
+        )
         out.write_text(json.dumps(report, indent=2, default=str))
         report["bench"] = bench.run(
             ["fmnist_cnn", "fmnist_mlp"],

@@ -16,13 +16,15 @@ device, with the peak device memory where the device reports it. From such a rec
   proportion above the largest (what a flat throughput means).
 
 Where a device has no record for a setting, the plan prices it on the sequential path (``pricing.py``) and says so.
+A run of ``step_graph: compile`` is priced from the record's curves of that step (``"step_graph"``) where it has
+one for the setting, else from the plain packed step's.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedrepro import schedule
@@ -166,9 +168,13 @@ class PackedCosts:
     source: str  # the record's file and machine, or "" when there is none
     looked_in: tuple[str, ...]
     file: str = ""  # the record's file
+    graph_curves: dict[str, PackedCurve] = field(default_factory=dict)  # the step of step_graph: compile
 
     def curve(self, setting: dict) -> PackedCurve | None:
-        return self.curves.get(step_key(setting))
+        key = step_key(setting)
+        if setting.get("step_graph") == "compile" and key in self.graph_curves:
+            return self.graph_curves[key]
+        return self.curves.get(key)
 
     def missing_line(self, keys: list[str], command: str) -> str | None:
         """One line naming the measurement missing for ``keys`` (None: nothing missing)."""
@@ -213,7 +219,9 @@ def packed_costs(device: str, paths: list[Path] | None = None) -> PackedCosts:
             continue
         gpu = record.get("machine", {}).get("gpu") if device == "cuda" else record.get("machine", {}).get("cpu")
         source = f"{path} (measured on {gpu or device} at {record.get('measured_at', 'an unrecorded time')})"
-        return PackedCosts(device, curves_of(record, source), source, shown, str(path))
+        graphs = {**record.get("step_graph", {}), "total_memory_bytes": record.get("total_memory_bytes")}
+        graph_curves = curves_of(graphs, f"{source}, step_graph compile")
+        return PackedCosts(device, curves_of(record, source), source, shown, str(path), graph_curves)
     return PackedCosts(device, {}, "", shown)
 
 

@@ -126,6 +126,8 @@ def plan(
         if curve is not None:
             clients = schedule.cohort_size(run.setting)
             name = f"{step_key(run.setting)}, {clients} clients a round"
+            if curve is packed.graph_curves.get(step_key(run.setting)):  # a step_graph compile run, its own curve
+                name += ", step_graph compile"
             packing[name] = asdict(packed_pricing.pack_size(curve, clients))
             packed_runs[name] += 1
             row["priced_by"].add(packed_label)

@@ -43,16 +43,31 @@ class BatchedRounds:
         shuffle: Callable[[int, int], torch.Generator | None],
         client_momentum: torch.Tensor | None = None,
         max_together: int = 64,
+        step_graph: str = "none",
     ):
         """``shuffle(t, client)``: the client's batch-order stream in round t (None: its stored order);
-        ``client_momentum``: (N, P) kept client momentum, read and written in place (None: fresh each round)."""
+        ``client_momentum``: (N, P) kept client momentum, read and written in place (None: fresh each round);
+        ``step_graph``: the setting of that name (none: ``BatchedSGD``; else ``run/static_step.py``'s step)."""
         hooks = [*corrections, *([objective] if objective is not None else [])]
         check_declared(hooks)
         self.why_not = unsupported(module, clients.train, corrections, objective)
         self.clients, self.corrections, self.objective = clients, list(corrections), objective
         self.shuffle, self.client_momentum = shuffle, client_momentum
-        self.sgd = BatchedSGD(module, rule, max_together)
+        self.step_graph = step_graph
+        if step_graph != "none":
+            from fedrepro.run import static_step  # only runs that ask for it execute it (identity.OPTIONAL_RUN_CODE)
+
+            self.why_not += static_step.unsupported(corrections, objective)
+        self.sgd = self.sgd_like(module, rule, max_together)
         self.rounds_trained = 0
+
+    def sgd_like(self, module: nn.Module, rule: LocalSGD, max_together: int) -> BatchedSGD:
+        """An engine of this run's step (``step_graph``) for ``module``: a pack's stacked engine is its runs'."""
+        if self.step_graph == "none":
+            return BatchedSGD(module, rule, max_together)
+        from fedrepro.run import static_step
+
+        return static_step.StaticStepSGD(module, rule, max_together, self.step_graph)
 
     @property
     def ready(self) -> bool:

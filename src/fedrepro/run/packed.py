@@ -191,14 +191,16 @@ class PackedRuns:
             str(trainer.device),
             trainer.local.momentum,
             trainer.local.weight_decay,
+            trainer.setting["step_graph"],  # a run's step is part of what it is: only runs of one step stack
             plan.lr,
         )
 
     def _stacked(self, key: tuple, members: list[_Member]) -> None:
         first = members[0].trainer
-        if key[0] not in self._engines:
-            self._engines[key[0]] = BatchedSGD(first.model.module, first.local, self.max_together)
-        engine = self._engines[key[0]]
+        engine_key = (key[0], key[-2])  # the architecture and the step_graph
+        if engine_key not in self._engines:
+            self._engines[engine_key] = first.batched.sgd_like(first.model.module, first.local, self.max_together)
+        engine = self._engines[engine_key]
         engine.rule = first.local
         plans = [
             p for m in members for p in m.trainer.batched.plans(m.plan.t, m.plan.cohort, m.plan.epochs, m.plan.batches)

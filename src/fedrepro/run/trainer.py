@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedrepro import algorithms, data, external, identity, models
+from fedrepro.errors import FedreproError
 from fedrepro.flat import FlatModel
 from fedrepro.identity import partition_id, stable_hash
 from fedrepro.parts import ClientRun, RoundUpdates
@@ -79,6 +80,11 @@ class Trainer:
         self.cohort_mode = "auto"
         self.batched: BatchedRounds | None = None  # built from the run's declared inputs when first asked
         self.pack = None  # the PackedRuns this run trains in (run/packed.py); None: alone
+        if setting["step_graph"] != "none":  # refused before training when the static-shape step cannot take it
+            self.train_together(np.arange(2))
+            if self.batched.why_not:
+                raise FedreproError(f"step_graph: {setting['step_graph']} needs the batched path, but "
+                                  f"{'; '.join(self.batched.why_not)}; use step_graph: none")
         self.k = cohort_size(setting)
         self.snapshots, self.cosines, self.metrics = Snapshots(setting), Cosines(setting), MetricsRows()
         self.forks, self.checkpoints = forks or ForkStates(), Checkpoints()
@@ -159,13 +165,15 @@ class Trainer:
     def train_together(self, cohort: np.ndarray) -> bool:
         """The batched path (batched.py) takes the round unless the model, data or method has no batched
         form; "auto" takes it on CUDA, where it measurably pays."""
-        if self.cohort_mode == "off" or (self.cohort_mode == "auto" and self.device.type != "cuda"):
+        static = self.setting["step_graph"] != "none"  # a static-shape step is asked for on every device
+        if self.cohort_mode == "off" or (self.cohort_mode == "auto" and self.device.type != "cuda" and not static):
             return False
         if self.batched is None:
             self.batched = BatchedRounds(
                 self.model.module, self.local, ClientData(self.inputs.train, self.inputs.client_index,
                                                           self.inputs.client_sizes),
-                self.algorithm.corrections, self.algorithm.objective, self.shuffle_generator, self.client_momentum)
+                self.algorithm.corrections, self.algorithm.objective, self.shuffle_generator, self.client_momentum,
+                step_graph=self.setting["step_graph"])
         return len(cohort) > 1 and self.batched.ready
 
     def aggregate(self, plan: RoundPlan, updates: RoundUpdates) -> torch.Tensor:
