@@ -562,3 +562,166 @@ def mlp_proxy_problem(k: int = 3, seed: int = 0):
     proxy_x = torch.randn(20, 4, generator=g, dtype=torch.float64)
     proxy_y = torch.randint(0, 3, (20,), generator=g)
     return module, x, updates, proxy_x, proxy_y
+
+
+# --------------------------------------------------------------------------- the batched and packed paths' problems
+# (tests/run/test_batched.py, test_packed.py and test_static_step.py share them)
+
+BATCHED_BATCH = 16
+# unequal sizes, as a Dir(0.1) split gives: different step counts and last batches of 8, 7, 7, 0 (full), 5
+BATCHED_SIZES = [40, 7, 23, 64, 37]
+PACKED_ROUNDS = 3
+
+
+def batched_data(sizes, channels=1, side=28):
+    import torch
+
+    from fedrepro import data
+
+    gen = torch.Generator().manual_seed(0)
+    n = sum(sizes)
+    images = torch.randint(0, 256, (n, channels, side, side), dtype=torch.uint8, generator=gen)
+    labels = torch.randint(0, 10, (n,), generator=gen)
+    # normalisation on: the batched path must apply it too
+    return data.TensorDataset(images, labels, 0.2860, 0.3530), data.TensorDataset(
+        images[:64], labels[:64], 0.2860, 0.3530
+    )
+
+
+def batched_trainer(
+    tmp_path, mode: str, sizes=BATCHED_SIZES, model="mlp", module=None, datasets=None, **extra
+) -> "fedrepro.run.trainer.Trainer":  # noqa: F821
+    import torch
+
+    from fedrepro import models
+    from fedrepro.configure.settings import resolve
+    from fedrepro.run.trainer import Trainer
+
+    datasets = datasets or batched_data(sizes)
+    bounds = np.cumsum([0] + list(sizes))
+    parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
+    setting = {
+        "model": model,
+        "num_clients": len(sizes),
+        "participation": 1.0,
+        "local_epochs": 2,
+        "batch_size": BATCHED_BATCH,
+        "device": "cpu",
+        "rounds": 4,
+        "eval_every": 1,
+        "client": {"lr": 0.05, "momentum": 0.5, "weight_decay": 1e-3},
+    }
+    for key, value in extra.items():
+        setting[key] = {**setting.get(key, {}), **value} if isinstance(value, dict) else value
+    torch.manual_seed(3)
+    module = module() if module is not None else models.build(model, "fmnist")
+    trainer = Trainer(
+        resolve(setting), tmp_path / f"run-{mode}", None, None, datasets=datasets, parts=parts, module=module
+    )
+    trainer.cohort_mode = mode
+    return trainer
+
+
+def local_round(trainer, t=0, x=None):
+    """One round's local training from ``x`` (default: the initial model; the sequential loop leaves the
+    last client's parameters in the shared model, so a second call must not start from there)."""
+    from fedrepro.run.cohorts import sample_cohort
+
+    cohort = sample_cohort(trainer.setting["seed"], t, trainer.setting["num_clients"], trainer.k)
+    if not hasattr(trainer, "x0"):
+        trainer.x0 = trainer.model.flat.clone()
+    return trainer.train_cohort(trainer.plan(t, cohort, (trainer.x0 if x is None else x).clone(), trainer.client_lr(t)))
+
+
+def assert_updates_equal(plain, fast, bound):
+    import torch
+
+    assert torch.equal(plain.clients, fast.clients)
+    assert torch.equal(plain.steps, fast.steps)
+    assert plain.deltas.abs().max() > 1000 * bound, "the bound does not separate moving from not moving"
+    gap = float((fast.deltas - plain.deltas).abs().max())
+    assert gap <= bound, f"batched and sequential updates differ by {gap:.3e} > {bound:.3e}"
+
+
+def bn_module():
+    """A conv, a BatchNorm with running statistics and a linear head."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, stride=2),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
+
+
+def cifar_like(sizes, augment=True):
+    import torch
+
+    from fedrepro.data import cifar
+
+    gen = torch.Generator().manual_seed(0)
+    n = sum(sizes)
+    images = torch.randint(0, 256, (n, 3, 12, 12), dtype=torch.uint8, generator=gen)
+    labels = torch.randint(0, 10, (n,), generator=gen)
+    mean, std = torch.tensor([0.49, 0.48, 0.45]), torch.tensor([0.25, 0.24, 0.26])
+    return (
+        cifar.ImageDataset(images, labels, mean, std, augment),
+        cifar.ImageDataset(images[:32], labels[:32], mean, std, False),
+    )
+
+
+def small_cnn():
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(0.2), nn.Linear(16, 10)
+    )
+
+
+def from_one_global_seed(trainers, seed: int):
+    """Each trainer's local round started from the same global generator state, and the state it leaves."""
+    import torch
+
+    results, states = [], []
+    for trainer in trainers:
+        torch.manual_seed(seed)
+        results.append(local_round(trainer))
+        states.append(torch.get_rng_state())
+    return results, states
+
+
+def packed_trainer(method: str, seed: int, run_dir, datasets, **extra) -> "fedrepro.run.trainer.Trainer":  # noqa: F821
+    from fedrepro import partitions
+    from fedrepro.configure.settings import resolve
+    from fedrepro.ops import gpucheck
+    from fedrepro.run.trainer import Trainer
+
+    algorithm, *plugins = method.split("+")
+    setting = resolve(
+        {
+            **gpucheck.BASE,
+            "rounds": PACKED_ROUNDS,
+            "algorithm": algorithm,
+            "plugins": plugins,
+            "seed": seed,
+            **gpucheck.METHOD_EXTRAS.get(method, {}),
+            **extra,
+            "device": "cpu",
+        }
+    )
+    # each run its own partition draw
+    parts = partitions.make(
+        datasets[0].labels.numpy(),
+        {"kind": "iid", "seed": seed, "num_clients": setting["num_clients"], "dataset": "fmnist"},
+    )
+    return Trainer(setting, run_dir, None, None, datasets=datasets, parts=parts)
+
+
+def packed_alone(method, seed, run_dir, datasets, **extra):
+    trainer = packed_trainer(method, seed, run_dir, datasets, **extra)
+    trainer.cohort_mode = "on"
+    summary = trainer.run(checkpoint_every=0, progress=False)
+    return trainer, summary

@@ -16,80 +16,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import rounding_bound
-from fedrepro import data, models
-from fedrepro.configure.settings import resolve
-from fedrepro.data import cifar
+from conftest import (
+    BATCHED_BATCH,
+    BATCHED_SIZES,
+    assert_updates_equal,
+    batched_data,
+    batched_trainer,
+    bn_module,
+    cifar_like,
+    from_one_global_seed,
+    local_round,
+    rounding_bound,
+    small_cnn,
+)
 from fedrepro.parts import ClientObjective
 from fedrepro.run.batchable import unsupported
-from fedrepro.run.cohorts import sample_cohort
-from fedrepro.run.trainer import Trainer
 
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
 EPS32 = torch.finfo(torch.float32).eps
-BATCH = 16
-# unequal sizes, as a Dir(0.1) split gives: different step counts and last batches of 8, 7, 7, 0 (full), 5
-SIZES = [40, 7, 23, 64, 37]
-
-
-def _data(sizes, channels=1, side=28):
-    gen = torch.Generator().manual_seed(0)
-    n = sum(sizes)
-    images = torch.randint(0, 256, (n, channels, side, side), dtype=torch.uint8, generator=gen)
-    labels = torch.randint(0, 10, (n,), generator=gen)
-    # normalisation on: the batched path must apply it too
-    return data.TensorDataset(images, labels, 0.2860, 0.3530), data.TensorDataset(
-        images[:64], labels[:64], 0.2860, 0.3530
-    )
-
-
-def _trainer(tmp_path, mode: str, sizes=SIZES, model="mlp", module=None, datasets=None, **extra) -> Trainer:
-    datasets = datasets or _data(sizes)
-    bounds = np.cumsum([0] + list(sizes))
-    parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
-    setting = {
-        "model": model,
-        "num_clients": len(sizes),
-        "participation": 1.0,
-        "local_epochs": 2,
-        "batch_size": BATCH,
-        "device": "cpu",
-        "rounds": 4,
-        "eval_every": 1,
-        "client": {"lr": 0.05, "momentum": 0.5, "weight_decay": 1e-3},
-    }
-    for key, value in extra.items():
-        setting[key] = {**setting.get(key, {}), **value} if isinstance(value, dict) else value
-    torch.manual_seed(3)
-    module = module() if module is not None else models.build(model, "fmnist")
-    trainer = Trainer(
-        resolve(setting), tmp_path / f"run-{mode}", None, None, datasets=datasets, parts=parts, module=module
-    )
-    trainer.cohort_mode = mode
-    return trainer
-
-
-def _local(trainer, t=0, x=None):
-    """One round's local training from ``x`` (default: the initial model; the sequential loop leaves the
-    last client's parameters in the shared model, so a second call must not start from there)."""
-    cohort = sample_cohort(trainer.setting["seed"], t, trainer.setting["num_clients"], trainer.k)
-    if not hasattr(trainer, "x0"):
-        trainer.x0 = trainer.model.flat.clone()
-    return trainer.train_cohort(trainer.plan(t, cohort, (trainer.x0 if x is None else x).clone(), trainer.client_lr(t)))
 
 
 def _pair(tmp_path, **kw):
-    return _trainer(tmp_path, "off", **kw), _trainer(tmp_path, "on", **kw)
-
-
-def _assert_updates_equal(plain, fast, bound):
-    assert torch.equal(plain.clients, fast.clients)
-    assert torch.equal(plain.steps, fast.steps)
-    assert plain.deltas.abs().max() > 1000 * bound, "the bound does not separate moving from not moving"
-    gap = float((fast.deltas - plain.deltas).abs().max())
-    assert gap <= bound, f"batched and sequential updates differ by {gap:.3e} > {bound:.3e}"
+    return batched_trainer(tmp_path, "off", **kw), batched_trainer(tmp_path, "on", **kw)
 
 
 # ------------------------------------------------------------------ masked steps
@@ -98,11 +48,11 @@ def _assert_updates_equal(plain, fast, bound):
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_unequal_clients_train_together_as_one_after_another(tmp_path, model):
     plain, fast = _pair(tmp_path, model=model)
-    a, b = _local(plain), _local(fast)
+    a, b = local_round(plain), local_round(fast)
     assert fast.batched.rounds_trained, "the batched path was not taken"
-    assert a.steps.tolist() == [2 * math.ceil(n / BATCH) for n in SIZES]  # unequal: 6, 2, 4, 8, 6
+    assert a.steps.tolist() == [2 * math.ceil(n / BATCHED_BATCH) for n in BATCHED_SIZES]  # unequal: 6, 2, 4, 8, 6
     bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
-    _assert_updates_equal(a, b, bound)
+    assert_updates_equal(a, b, bound)
     torch.testing.assert_close(b.losses, a.losses, rtol=0, atol=bound)
 
 
@@ -110,24 +60,24 @@ def test_per_client_epochs_train_together(tmp_path):
     """FedNova's random epochs: every client its own epoch count, drawn per round."""
     plain, fast = _pair(tmp_path, plugins=["random_epochs"], random_epochs={"low": 1, "high": 3})
     for t in range(2):
-        a, b = _local(plain, t), _local(fast, t)
+        a, b = local_round(plain, t), local_round(fast, t)
         assert len(set(a.steps.tolist())) > 2
-        _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
+        assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
 
 
 def test_per_client_batch_sizes_train_together(tmp_path):
     """+random_batch: every client its own batch size (one vmapped call per size at each step)."""
     plain, fast = _pair(tmp_path, plugins=["random_batch"], random_batch={"low": 3})
-    a, b = _local(plain), _local(fast)
-    _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
+    a, b = local_round(plain), local_round(fast)
+    assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
 
 
 def test_whole_runs_agree_metric_for_metric(tmp_path):
     rows = {}
     for mode in ("off", "on"):
-        trainer = _trainer(tmp_path, mode, participation=0.6, local_epochs=1)
+        trainer = batched_trainer(tmp_path, mode, participation=0.6, local_epochs=1)
         rows[mode] = [trainer.round(t) for t in range(3)]
-    bound = rounding_bound(_trainer(tmp_path, "x"), 3 * 4, 0.05, 0.5)
+    bound = rounding_bound(batched_trainer(tmp_path, "x"), 3 * 4, 0.05, 0.5)
     for plain, fast in zip(rows["off"], rows["on"]):
         for key in ("train_loss", "global_norm", "step_norm", "update_norm_mean", "test_loss"):
             assert fast[key] == pytest.approx(plain[key], abs=10 * bound), key
@@ -137,8 +87,8 @@ def test_a_finished_client_gets_exactly_its_own_steps(tmp_path):
     """The client with 7 samples takes 2 steps while others take up to 8; trained alone (a cohort of one,
     sequential, with its own shuffling stream) it ends where its row of the batched round ends."""
     _, fast = _pair(tmp_path)
-    b = _local(fast)
-    alone = _trainer(tmp_path, "off", sizes=[7], datasets=_data(SIZES))
+    b = local_round(fast)
+    alone = batched_trainer(tmp_path, "off", sizes=[7], datasets=batched_data(BATCHED_SIZES))
     alone.inputs.client_index = [fast.inputs.client_index[1]]
     alone.shuffle_generator = lambda t, c: fast.shuffle_generator(t, 1)
     one = alone.train_cohort(alone.plan(0, np.array([0]), fast.x0.clone(), 0.05))
@@ -147,11 +97,11 @@ def test_a_finished_client_gets_exactly_its_own_steps(tmp_path):
 
 
 def test_modes_and_fallbacks(tmp_path):
-    auto = _trainer(tmp_path, "auto")
+    auto = batched_trainer(tmp_path, "auto")
     assert not auto.train_together(np.arange(5))  # CPU: sequential unless asked
-    fast = _trainer(tmp_path, "on")
+    fast = batched_trainer(tmp_path, "on")
     assert fast.train_together(np.arange(5))
-    unbatched = _trainer(tmp_path, "on")
+    unbatched = batched_trainer(tmp_path, "on")
     unbatched.algorithm.corrections.append(type("Unbatched", (ClientObjective.__base__,), {})())
     assert not unbatched.train_together(np.arange(5))  # decided once, from the declared forms
     assert unbatched.batched.why_not == ["Unbatched has no batched form"]
@@ -217,10 +167,10 @@ def test_methods_client_terms_train_together(tmp_path, name):
     assert torch.equal(plain.model.flat, fast.model.flat)
     fast.cohort_mode = "on"
     x = plain.model.flat.clone()
-    a, b = _local(plain, 1, x), _local(fast, 1, x)
+    a, b = local_round(plain, 1, x), local_round(fast, 1, x)
     assert fast.batched.rounds_trained, "the batched path was not taken"
     bound = rounding_bound(plain, int(a.steps.max()), 0.05, plain.setting["client"]["momentum"], passes)
-    _assert_updates_equal(a, b, bound)
+    assert_updates_equal(a, b, bound)
     if kept is not None:
         part, attribute = kept
         before = getattr(_parts(plain)[part], attribute)
@@ -243,34 +193,22 @@ def test_kept_client_momentum_trains_together(tmp_path):
     fast.cohort_mode = "on"
     assert torch.equal(plain.client_momentum, fast.client_momentum) and plain.client_momentum.abs().max() > 0
     x = plain.model.flat.clone()
-    a, b = _local(plain, 1, x), _local(fast, 1, x)
+    a, b = local_round(plain, 1, x), local_round(fast, 1, x)
     bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.9)
-    _assert_updates_equal(a, b, bound)
+    assert_updates_equal(a, b, bound)
     # a buffer is a sum of gradients with weights mu^k: its rounding gap is the update's divided by lr
     torch.testing.assert_close(fast.client_momentum, plain.client_momentum, rtol=0, atol=bound / 0.05)
     assert (fast.client_momentum - plain.client_momentum).abs().max() < 1e-3 * plain.client_momentum.abs().max()
 
 
-def _bn_module():
-    """A conv, a BatchNorm with running statistics and a linear head."""
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, stride=2),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(2),
-        nn.Flatten(),
-        nn.Linear(16, 10),
-    )
-
-
 def test_batchnorm_statistics_per_client(tmp_path):
     """Every client starts from the global running statistics and moves its own; the engine's average of the
     final ones is the next global statistics, as after the sequential loop; the batch counter too."""
-    plain, fast = _pair(tmp_path, module=_bn_module)
+    plain, fast = _pair(tmp_path, module=bn_module)
     assert len(plain.model.buffers)
-    a, b = _local(plain), _local(fast)
+    a, b = local_round(plain), local_round(fast)
     bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
-    _assert_updates_equal(a, b, bound)
+    assert_updates_equal(a, b, bound)
     assert a.buffers is not None and b.buffers is not None
     # the statistics are means of activations the parameters' rounding gap moves by at most ~ bound times
     # the activations' size per unit of weight (the inputs are normalised, of order 1)
@@ -292,7 +230,7 @@ def test_the_first_step_s_batchnorm_statistics_are_the_same_numbers(tmp_path):
     a mean is off by about sqrt(R + 10) eps32 mean(s), a variance by 2 sqrt(R + 10) eps32 mean(s^2); the
     running statistics take 0.1 of that (BatchNorm's momentum), and a factor 2 covers the two sums'
     roundings added. Bit-equality holds on some CPUs' kernels only (not on every x86-64 one)."""
-    plain, fast = _pair(tmp_path, module=_bn_module, sizes=[16, 16, 9], local_epochs=1)
+    plain, fast = _pair(tmp_path, module=bn_module, sizes=[16, 16, 9], local_epochs=1)
     sizes = []
 
     def measure(conv, inputs, _):
@@ -300,9 +238,9 @@ def test_the_first_step_s_batchnorm_statistics_are_the_same_numbers(tmp_path):
         sizes.append(max(float(s.mean((0, 2, 3)).max()), float((s * s).mean((0, 2, 3)).max())))
 
     hook = plain.model.module[0].register_forward_hook(measure)
-    a = _local(plain)
+    a = local_round(plain)
     hook.remove()
-    b = _local(fast)
+    b = local_round(fast)
     assert a.steps.tolist() == b.steps.tolist() == [1, 1, 1]
     bound = 2 * 0.1 * 2 * math.sqrt(16 * 13 * 13 + 10) * EPS32 * max(sizes)
     gap = float((a.buffers - b.buffers).abs().max())
@@ -324,58 +262,30 @@ def _dropout_mlp():
     )
 
 
-def _from_one_global_seed(trainers, seed: int):
-    """Each trainer's local round started from the same global generator state, and the state it leaves."""
-    results, states = [], []
-    for trainer in trainers:
-        torch.manual_seed(seed)
-        results.append(_local(trainer))
-        states.append(torch.get_rng_state())
-    return results, states
-
-
 @pytest.mark.parametrize("method", ["fedavg", "fedasam"])
 def test_dropout_masks_are_each_clients_own(tmp_path, method):
     """Each client sees the masks it draws when trained alone (FedASAM: two a step), and the global generator
     ends where the sequential loop leaves it."""
     extra = {"algorithm": method, **({"fedasam": {"rho": 0.7, "eta": 0.2}} if method == "fedasam" else {})}
     plain, fast = _pair(tmp_path, module=_dropout_mlp, **extra)
-    (a, b), states = _from_one_global_seed((plain, fast), 11)
-    _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5, 2 if method == "fedasam" else 1))
+    (a, b), states = from_one_global_seed((plain, fast), 11)
+    assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5, 2 if method == "fedasam" else 1))
     assert torch.equal(states[0], states[1])
-
-
-def _cifar_like(sizes, augment=True):
-    gen = torch.Generator().manual_seed(0)
-    n = sum(sizes)
-    images = torch.randint(0, 256, (n, 3, 12, 12), dtype=torch.uint8, generator=gen)
-    labels = torch.randint(0, 10, (n,), generator=gen)
-    mean, std = torch.tensor([0.49, 0.48, 0.45]), torch.tensor([0.25, 0.24, 0.26])
-    return (
-        cifar.ImageDataset(images, labels, mean, std, augment),
-        cifar.ImageDataset(images[:32], labels[:32], mean, std, False),
-    )
-
-
-def _small_cnn():
-    return nn.Sequential(
-        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(0.2), nn.Linear(16, 10)
-    )
 
 
 def test_augmentation_draws_are_each_clients_own(tmp_path):
     """Crops and flips (and a dropout layer after them) as when each client trains alone; the global
     generator ends where the sequential loop leaves it."""
-    datasets = _cifar_like(SIZES)
-    plain, fast = _pair(tmp_path, module=_small_cnn, datasets=datasets, dataset="cifar10", model="cnn")
+    datasets = cifar_like(BATCHED_SIZES)
+    plain, fast = _pair(tmp_path, module=small_cnn, datasets=datasets, dataset="cifar10", model="cnn")
     assert fast.inputs.train.augment and fast.train_together(np.arange(5))
-    (a, b), states = _from_one_global_seed((plain, fast), 12)
-    _assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
+    (a, b), states = from_one_global_seed((plain, fast), 12)
+    assert_updates_equal(a, b, rounding_bound(plain, int(a.steps.max()), 0.05, 0.5))
     assert torch.equal(states[0], states[1])
 
 
 def test_drawn_ahead_crops_are_the_crops_batch_draws():
-    train, _ = _cifar_like([20])
+    train, _ = cifar_like([20])
     index = torch.tensor([[3, 1, 4], [15, 9, 2]])
     torch.manual_seed(5)
     expected = [train.batch(row) for row in index]
@@ -395,7 +305,7 @@ def _feature_gain(trainer) -> float:
     a layer whose output sums R inputs (a Linear's fan-in, a convolution's patch), a gap delta in every weight
     moves an output by sqrt(R) delta max|input| (+ delta, its bias), and an input gap g by sqrt(R) max|w| g;
     ReLU and pooling do not enlarge a gap. Measured on the sequential path's first batch, in this process."""
-    module, index = trainer.model.module, trainer.inputs.client_index[0][:BATCH]
+    module, index = trainer.model.module, trainer.inputs.client_index[0][:BATCHED_BATCH]
     x, _ = trainer.inputs.train.batch(index)
     layers = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv2d))][:-1]  # up to the features
     largest = []
@@ -419,11 +329,11 @@ def test_fedfa_trains_together(tmp_path, calibration_start):
     plain, fast = _pair(tmp_path, **setting)
     for t in range(2):
         x = plain.model.flat.clone()
-        a, b = _local(plain, t, x), _local(fast, t, x)
+        a, b = local_round(plain, t, x), local_round(fast, t, x)
         assert fast.batched.rounds_trained, "the batched path was not taken"
         # calibration's Adam moves each classifier entry by at most its lr a step, in both paths alike
         bound = rounding_bound(plain, int(a.steps.max()), 0.05, 0.5)
-        _assert_updates_equal(a, b, bound)
+        assert_updates_equal(a, b, bound)
         mine, theirs = plain.algorithm.objective, fast.algorithm.objective
         # an anchor is a mean of features, each moved by at most the feature gain times the parameter gap
         anchor_bound = _feature_gain(plain) * bound
@@ -441,7 +351,7 @@ def test_fedfa_trains_together(tmp_path, calibration_start):
 
 def test_a_declared_form_must_be_defined(tmp_path):
     """A part that declares a batched form it does not define is refused when the run's batched path is built."""
-    trainer = _trainer(tmp_path, "on")
+    trainer = batched_trainer(tmp_path, "on")
     trainer.algorithm.corrections.append(type("Claims", (ClientObjective.__base__,), {"batched_forms": {"step"}})())
     with pytest.raises(TypeError, match="Claims declares batched forms it does not define: batched"):
         trainer.train_together(np.arange(5))

@@ -15,43 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import rounding_bound
-from fedrepro import partitions
-from fedrepro.configure.settings import resolve
+from conftest import PACKED_ROUNDS, packed_alone, packed_trainer, rounding_bound
 from fedrepro.ops import gpucheck
 from fedrepro.run.packed import PackedRuns
-from fedrepro.run.trainer import Trainer
-
-ROUNDS = 3
-
-
-def _run(method: str, seed: int, run_dir, datasets, **extra) -> Trainer:
-    algorithm, *plugins = method.split("+")
-    setting = resolve(
-        {
-            **gpucheck.BASE,
-            "rounds": ROUNDS,
-            "algorithm": algorithm,
-            "plugins": plugins,
-            "seed": seed,
-            **gpucheck.METHOD_EXTRAS.get(method, {}),
-            **extra,
-            "device": "cpu",
-        }
-    )
-    # each run its own partition draw
-    parts = partitions.make(
-        datasets[0].labels.numpy(),
-        {"kind": "iid", "seed": seed, "num_clients": setting["num_clients"], "dataset": "fmnist"},
-    )
-    return Trainer(setting, run_dir, None, None, datasets=datasets, parts=parts)
-
-
-def _alone(method, seed, run_dir, datasets, **extra):
-    trainer = _run(method, seed, run_dir, datasets, **extra)
-    trainer.cohort_mode = "on"
-    summary = trainer.run(checkpoint_every=0, progress=False)
-    return trainer, summary
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedavg+random_batch", "fedavg+random_epochs"])
@@ -59,14 +25,14 @@ def test_a_stacked_step_equals_the_sequential_path_within_the_rounding_bound(tmp
     """One round of three runs (their own seeds, partitions and models) trained as one computation: each run's
     client updates against its own sequential reference, within tests/run/test_batched.py's derived bound."""
     datasets = gpucheck.tiny_fmnist()
-    runs = [_run(method, seed, tmp_path / f"p{seed}", datasets) for seed in (1, 2, 3)]
+    runs = [packed_trainer(method, seed, tmp_path / f"p{seed}", datasets) for seed in (1, 2, 3)]
     pack = PackedRuns(runs)
     for m in pack.members:
         m.plan = m.trainer.configure_round(0)
     pack._train_pending(pack.members)
     assert pack.stacked_rounds == 1, "the runs did not train as one computation"
     for seed, m in zip((1, 2, 3), pack.members):
-        reference = _run(method, seed, tmp_path / f"s{seed}", datasets)
+        reference = packed_trainer(method, seed, tmp_path / f"s{seed}", datasets)
         reference.cohort_mode = "off"
         plain = reference.train_cohort(reference.configure_round(0))
         assert torch.equal(plain.clients, m.result.clients) and torch.equal(plain.steps, m.result.steps)
@@ -80,16 +46,16 @@ def test_a_stacked_step_equals_the_sequential_path_within_the_rounding_bound(tmp
 @pytest.mark.parametrize("method", gpucheck.method_names())
 def test_every_method_packed_equals_alone(tmp_path, method):
     datasets = gpucheck.tiny_fmnist()
-    pack = PackedRuns([_run(method, seed, tmp_path / f"pack-{seed}", datasets) for seed in (1, 2)])
+    pack = PackedRuns([packed_trainer(method, seed, tmp_path / f"pack-{seed}", datasets) for seed in (1, 2)])
     outcomes = pack.run(checkpoint_every=0)
     for seed, (trainer, outcome) in zip((1, 2), zip([m.trainer for m in pack.members], outcomes)):
         assert isinstance(outcome, dict) and outcome["status"] == "finished", outcome
-        alone, summary = _alone(method, seed, tmp_path / f"alone-{seed}", datasets)
+        alone, summary = packed_alone(method, seed, tmp_path / f"alone-{seed}", datasets)
         # on CPU a vmapped kernel computes each row as it computes it among fewer rows: the same numbers
         assert torch.equal(trainer.model.flat, alone.model.flat), f"{method} seed {seed}: packed != alone"
         assert [r["train_loss"] for r in trainer.rows] == [r["train_loss"] for r in alone.rows]
     if not (pack.members[0].trainer.algorithm.corrections or pack.members[0].trainer.algorithm.objective):
-        assert pack.stacked_rounds == ROUNDS, "the runs did not train as one computation"
+        assert pack.stacked_rounds == PACKED_ROUNDS, "the runs did not train as one computation"
 
 
 def test_a_diverging_run_stops_alone(tmp_path):
@@ -97,15 +63,15 @@ def test_a_diverging_run_stops_alone(tmp_path):
     itself trained alone."""
     datasets = gpucheck.tiny_fmnist()
     runs = [
-        _run("fedavg", 1, tmp_path / "a", datasets),
-        _run("fedavg", 2, tmp_path / "b", datasets, client={"lr": 1e30}),
-        _run("fedavgm", 3, tmp_path / "c", datasets),
+        packed_trainer("fedavg", 1, tmp_path / "a", datasets),
+        packed_trainer("fedavg", 2, tmp_path / "b", datasets, client={"lr": 1e30}),
+        packed_trainer("fedavgm", 3, tmp_path / "c", datasets),
     ]
     outcomes = PackedRuns(runs).run(checkpoint_every=0)
     assert [o["status"] for o in outcomes] == ["finished", "diverged", "finished"]
-    assert outcomes[1]["rounds_done"] == 1 and outcomes[0]["rounds_done"] == ROUNDS
+    assert outcomes[1]["rounds_done"] == 1 and outcomes[0]["rounds_done"] == PACKED_ROUNDS
     for trainer, (method, seed) in ((runs[0], ("fedavg", 1)), (runs[2], ("fedavgm", 3))):
-        alone, _ = _alone(method, seed, tmp_path / f"alone-{seed}", datasets)
+        alone, _ = packed_alone(method, seed, tmp_path / f"alone-{seed}", datasets)
         assert torch.equal(trainer.model.flat, alone.model.flat)
 
 
@@ -114,13 +80,13 @@ def test_a_killed_pack_resumes_each_run_from_its_own_checkpoint(tmp_path):
     each run resumes from its own checkpoint and ends where the uninterrupted pack ends, bit for bit."""
     datasets = gpucheck.tiny_fmnist()
     methods = [("fedavg", 1), ("scaffold", 2), ("fedavg", 3)]
-    whole = PackedRuns([_run(m, s, tmp_path / f"whole-{s}", datasets) for m, s in methods])
+    whole = PackedRuns([packed_trainer(m, s, tmp_path / f"whole-{s}", datasets) for m, s in methods])
     whole.run(checkpoint_every=0)
-    first = PackedRuns([_run(m, s, tmp_path / f"cut-{s}", datasets) for m, s in methods])
+    first = PackedRuns([packed_trainer(m, s, tmp_path / f"cut-{s}", datasets) for m, s in methods])
     assert {o["status"] for o in first.run(checkpoint_every=0, stop_after=2)} == {"stopped"}
-    again = PackedRuns([_run(m, s, tmp_path / f"cut-{s}", datasets) for m, s in methods])
+    again = PackedRuns([packed_trainer(m, s, tmp_path / f"cut-{s}", datasets) for m, s in methods])
     outcomes = again.run(checkpoint_every=0)
     assert all(o["status"] == "finished" and o["resumed"] for o in outcomes)
     for a, b in zip(whole.members, again.members):
         assert torch.equal(a.trainer.model.flat, b.trainer.model.flat)
-        assert len(b.trainer.rows) == ROUNDS  # the metrics rows of rounds 0-1 came back with the checkpoint
+        assert len(b.trainer.rows) == PACKED_ROUNDS  # the metrics rows of rounds 0-1 came back with the checkpoint
