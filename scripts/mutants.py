@@ -65,7 +65,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "client_corrections": (
         [ALG + n for n in ("fedprox.py", "scaffold.py", "feddyn.py", "fedcm.py")],
-        ["algorithms/test_baselines.py"],
+        ["algorithms/test_baselines.py", "run/test_batched.py"],  # the batched forms too
     ),
     "fednova": ([ALG + "fednova.py"], ["algorithms/test_fednova.py", "run/test_batched.py"]),  # VR batched too
     "fedaware": (

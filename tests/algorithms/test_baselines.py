@@ -371,3 +371,108 @@ def test_fedprox_mean_weighs_by_data_size_or_uniformly(mean):
     x_new = algo.server_step(torch.zeros(2), updates)
     expected = torch.tensor([-0.5, -0.5]) if mean == "uniform" else torch.tensor([-0.25, -0.75])
     torch.testing.assert_close(x_new, expected)
+
+
+# --------------------------------------------------------------------------- every term over several rounds
+
+
+def _rounds(algo: Algorithm, x, plan, lr=0.1):
+    """Rounds of quadratic clients (F_i(x) = 1/2 ||x - target_i||^2) with each client's own step count and data
+    size: plan = [(cohort, steps, sizes), ...]. Returns the global models and each round's updates."""
+    path, logs = [], []
+    for cohort, steps, sizes in plan:
+        locals_ = [local_gd(algo.corrections, c, x, TARGETS[c], lr, s) for c, s in zip(cohort, steps)]
+        updates = RoundUpdates(
+            len(path),
+            torch.tensor(cohort),
+            torch.stack([x - xi for xi in locals_]),
+            vec(*sizes),
+            vec(*map(float, steps)),
+            torch.zeros(len(cohort)),
+            lr,
+        )
+        x = algo.server_step(x, updates)
+        path.append(x.clone())
+        logs.append(updates)
+    return path, logs
+
+
+# clients 0 and 1 come back, with other step counts and sizes; the first global model is not zero, so no term
+# of the form x - x_global or x + x_global can hide behind x_global = 0
+PLAN = [([0, 2], [2, 3], [1.0, 3.0]), ([0, 1], [3, 1], [2.0, 1.0]), ([1, 2, 0], [2, 2, 1], [1.0, 4.0, 2.0])]
+X0 = vec(0.3, -0.2)
+
+
+@pytest.mark.parametrize("form", ["paper", "fedlaw_code"])
+def test_feddyn_over_three_rounds_is_the_papers_recursion(form):
+    """FedDyn (Acar et al., Algorithm 1), written out here: client i descends F_i - <l_i, x> + alpha/2 ||x - x_g||^2
+    (FedLAW's code: alpha/2 ||x - x_g||, a unit vector's gradient), then l_i <- l_i - alpha (x_i - x_g); the server
+    h <- h + (alpha/N) sum_S Delta_i and x <- mean_S x_i - h/alpha (FedLAW's code: data-size weights p_i for the
+    mean, h <- h + alpha sum_S p_i Delta_i)."""
+    alpha, lr, n = 0.1, 0.1, 3
+    algo = as_f64(feddyn.build({**SETTING, "feddyn": {"alpha": alpha, "form": form}}, ctx()))
+    path, logs = _rounds(algo, X0.clone(), PLAN, lr)
+    state, h, x = torch.zeros(n, 2, dtype=F64), torch.zeros(2, dtype=F64), X0.clone()
+    for (cohort, steps, sizes), got, updates in zip(PLAN, path, logs):
+        ends = []
+        for c, s in zip(cohort, steps):
+            xi = x.clone()
+            for _ in range(s):
+                offset = xi - x
+                pull = alpha * offset if form == "paper" else alpha / 2 * offset / max(float(offset.norm()), 1e-30)
+                xi = xi - lr * ((xi - TARGETS[c]) - state[c] + pull)
+            state[c] = state[c] - alpha * (xi - x)
+            ends.append(xi)
+        deltas = torch.stack([x - xi for xi in ends])
+        if form == "paper":
+            h = h + alpha / n * deltas.sum(0)
+            x = x - (deltas.mean(0) + h / alpha)
+        else:
+            p = vec(*sizes) / sum(sizes)
+            h = h + alpha * (p @ deltas)
+            x = x - (p @ deltas + h / alpha)
+        torch.testing.assert_close(got, x, rtol=1e-12, atol=1e-14)
+        assert updates.info["feddyn_h_norm"] == pytest.approx(float(h.norm()), rel=1e-12)
+    torch.testing.assert_close(algo.corrections[0].grad_state, state, rtol=1e-12, atol=1e-14)
+
+
+def test_scaffold_over_three_rounds_is_the_papers_recursion():
+    """SCAFFOLD option II (Karimireddy et al., Algorithm 1), written out here, with each client's own step count:
+    g <- g - c_i + c; c_i+ = c_i - c + (x - x_i) / (tau_i lr); c <- c + (1/N) sum_S (c_i+ - c_i) after the round;
+    x <- x - (1/|S|) sum_S Delta_i."""
+    lr, n = 0.1, 3
+    algo = as_f64(scaffold.build(SETTING, ctx()))
+    path, logs = _rounds(algo, X0.clone(), PLAN, lr)
+    c, c_i, x = torch.zeros(2, dtype=F64), torch.zeros(n, 2, dtype=F64), X0.clone()
+    for (cohort, steps, _), got, updates in zip(PLAN, path, logs):
+        ends, change = [], torch.zeros(2, dtype=F64)
+        for k, s in zip(cohort, steps):
+            xi = x.clone()
+            for _ in range(s):
+                xi = xi - lr * ((xi - TARGETS[k]) - c_i[k] + c)
+            new = c_i[k] - c + (x - xi) / (s * lr)
+            change, c_i[k] = change + new - c_i[k], new
+            ends.append(xi)
+        c = c + change / n
+        x = torch.stack(ends).mean(0)
+        torch.testing.assert_close(got, x, rtol=1e-12, atol=1e-14)
+        assert updates.info["control_norm"] == pytest.approx(float(c.norm()), rel=1e-12)
+    torch.testing.assert_close(algo.corrections[0].c_clients, c_i, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("method", ["fedprox", "scaffold", "feddyn", "fedcm"])
+def test_each_method_is_built_under_its_own_name(method):
+    """The name is the one its checkpoints, logs and the registry know it by."""
+    module = {"fedprox": fedprox, "scaffold": scaffold, "feddyn": feddyn, "fedcm": fedcm}[method]
+    assert module.build(SETTING, ctx()).name == method
+
+
+def test_feddyns_parts_default_to_the_papers_form():
+    """Built directly, without the form's flags: the squared penalty and FedDyn's uniform 1/|S| mean."""
+    reg = feddyn.DynamicRegulariser(0.1, 3, 2)
+    g = torch.zeros(2)
+    reg(g, ClientRun(0, 0, SimpleNamespace(flat=torch.tensor([3.0, 0.0])), torch.tensor([1.0, 0.0]), 0.1))
+    torch.testing.assert_close(g, torch.tensor([0.2, 0.0]))  # alpha (x - x_g), not alpha/2 times a unit vector
+    agg = feddyn.DynamicAggregate(0.1, 3, 2)
+    updates = updates_with(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), sizes=torch.tensor([1.0, 3.0]))
+    torch.testing.assert_close(agg(torch.zeros(2), updates), torch.tensor([0.5, 0.5]) + agg.h / 0.1)
