@@ -460,11 +460,28 @@ def test_scaffold_over_three_rounds_is_the_papers_recursion():
     torch.testing.assert_close(algo.corrections[0].c_clients, c_i, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("method", ["fedprox", "scaffold", "feddyn", "fedcm"])
+@pytest.mark.parametrize(
+    "method", ["fedavgm", "fedprox", "scaffold", "feddyn", "fedcm", "fedadam", "fedyogi", "fedams", "fedadagrad"]
+)
 def test_each_method_is_built_under_its_own_name(method):
     """The name is the one its checkpoints, logs and the registry know it by."""
-    module = {"fedprox": fedprox, "scaffold": scaffold, "feddyn": feddyn, "fedcm": fedcm}[method]
-    assert module.build(SETTING, ctx()).name == method
+    from fedrepro import algorithms
+
+    setting = settings.resolve({"algorithm": method, "num_clients": 3})
+    assert algorithms.build(setting, 3, 2, torch.device("cpu"), torch.ones(3)).name == method
+
+
+def test_fedadagrads_server_defaults_are_its_declared_defaults():
+    """ServerAdagrad built with its own defaults steps as the one the resolved setting builds (beta1 0.9,
+    tau 1e-5, v0 0), two steps (the first moment and the sum of squares both carry over)."""
+    from fedrepro.algorithms.fedadagrad import ServerAdagrad
+
+    c = settings.resolve({"algorithm": "fedadagrad", "num_clients": 3})["fedadagrad"]
+    declared, default = ServerAdagrad(0.1, c["beta1"], c["tau"], c["v0"]), ServerAdagrad(0.1)
+    x_a = x_b = vec(0.5, -0.5, 1.0)
+    for d in (D1, D2):
+        x_a, x_b = declared(x_a, d, updates_with(d[None])), default(x_b, d, updates_with(d[None]))
+    assert torch.equal(x_a, x_b)
 
 
 def test_feddyns_parts_default_to_the_papers_form():
