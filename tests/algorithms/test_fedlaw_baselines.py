@@ -513,3 +513,130 @@ def test_fedbe_codes_fedavg_and_swag_teachers_use_batch_statistics():
     torch.testing.assert_close(agg.teacher, expected, rtol=0, atol=1e-12)
     assert all(torch.equal(a, b) for a, b in zip(before, module.buffers()))
     assert module.training  # the module's mode is left as it was
+
+
+# --------------------------------------------------------------------------- the proxy set's sampling and the wiring
+
+
+def test_balanced_sampling_draws_every_class_equally_often_with_replacement():
+    """FedLAW Table 6's "BS": each draw picks a class uniformly, then a sample of it uniformly (a class-balanced
+    sampler with replacement), on the generator it is given."""
+    from fedrepro.algorithms.proxy import epoch_batches
+
+    labels = torch.tensor([0] * 90 + [1] * 9 + [2])  # 90 : 9 : 1
+    draws = torch.cat(
+        [torch.cat(epoch_batches(100, 32, torch.Generator().manual_seed(s), "cpu", labels)) for s in range(60)]
+    )
+    counts = torch.bincount(labels[draws], minlength=3).double()
+    expected = len(draws) / 3
+    assert ((counts - expected).abs() < 5 * math.sqrt(expected)).all(), counts  # 5 standard errors
+    assert (draws == 99).sum() > 0.2 * expected  # the single sample of class 2 is drawn again and again
+    one = epoch_batches(100, 32, torch.Generator().manual_seed(3), "cpu", labels)
+    again = epoch_batches(100, 32, torch.Generator().manual_seed(3), "cpu", labels)
+    other = epoch_batches(100, 32, torch.Generator().manual_seed(4), "cpu", labels)
+    assert all(torch.equal(a, b) for a, b in zip(one, again)) and not torch.equal(torch.cat(one), torch.cat(other))
+    assert [len(b) for b in one] == [32, 32, 32, 4]
+
+
+@pytest.mark.parametrize("cls", [ProxyFineTune, EnsembleDistillation, BayesianEnsembleDistillation, LearnedAggregation])
+@pytest.mark.parametrize("balanced", [False, True])
+def test_proxy_batches_come_from_the_rounds_stream_and_balance_only_when_asked(cls, balanced, monkeypatch):
+    """Every server epoch draws its batches from the round's generator of the method's stream, balanced by the
+    proxy labels only with balanced_sampling (the batches a resumed run repeats)."""
+    from fedrepro.algorithms import fedlaw, proxy
+
+    calls = []
+    original = proxy.epoch_batches
+
+    def recorded(n, batch_size, generator, device, balance=None):
+        calls.append((generator.initial_seed(), balance))
+        return original(n, batch_size, generator, device, balance)
+
+    monkeypatch.setattr(proxy, "epoch_batches", recorded)
+    monkeypatch.setattr(fedlaw, "epoch_batches", recorded)
+    module, x, updates, px, py = problem(round_=2)
+    if cls is LearnedAggregation:
+        agg = LearnedAggregation(module, px, py, {**FEDLAW, "variant": "fedlaw", "balanced_sampling": balanced}, 1.0, 7)
+        stream = "proxy"
+    else:
+        agg = make(cls, module, px, py, {"balanced_sampling": balanced, "server_epochs": 2}, seed=7)
+        stream = agg.stream
+    agg(x, updates)
+    assert calls and all(seed == round_generator(7, 2, stream).initial_seed() for seed, _ in calls)
+    assert all((balance is py) if balanced else balance is None for _, balance in calls)
+
+
+def test_the_proxy_loss_and_the_server_step_are_logged_as_defined():
+    """proxy_loss: the mean loss over the last server epoch's samples (batches of 3, 3 and 2 weigh by their size);
+    server_step_norm: ||w - x_avg||; weights: the data-size weights of the FedAvg start."""
+    module, x, updates, px, py = problem()
+    px, py = torch.cat([px, px[:4]]), torch.cat([py, py.flip(0)])  # 8 samples
+    agg = make(ProxyFineTune, module, px, py, {"batch_size": 3, "server_epochs": 1}, {"lr": 0.0, "momentum": 0.0})
+    x_avg = x - updates.weighted_mean()
+    d = agg(x, updates)
+    loss = torch.nn.functional.cross_entropy(linear_logits(x_avg, px), py)  # lr 0: every batch at x_avg
+    assert updates.info["proxy_loss"] == pytest.approx(float(loss), rel=1e-12)
+    assert updates.info["server_step_norm"] == pytest.approx(float((x - d - x_avg).norm()), abs=1e-15)
+    torch.testing.assert_close(updates.info["weights"], updates.weights)
+    moving = make(ProxyFineTune, module, px, py, {"batch_size": 3, "server_epochs": 1})
+    updates.info = {}
+    w = x - moving(x, updates)
+    assert (
+        updates.info["server_step_norm"] == pytest.approx(float((w - x_avg).norm()), rel=1e-12)
+        and float((w - x_avg).norm()) > 1e-3
+    )
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_server_optimiser_is_built_with_every_setting(optimizer, monkeypatch):
+    """The server optimiser gets the section's lr, momentum or betas, and weight decay (the paper's and codes'
+    non-default values), and keeps its state across rounds only with keep_state."""
+    built = []
+    for name in ("SGD", "Adam"):
+        original = getattr(torch.optim, name)
+
+        def recorder(params, _original=original, **kwargs):
+            built.append(kwargs)
+            return _original(params, **kwargs)
+
+        monkeypatch.setattr(torch.optim, name, recorder)
+    module, x, updates, px, py = problem()
+    optim = {"optimizer": optimizer, "lr": 0.02, "momentum": 0.7, "weight_decay": 0.003, "betas": (0.5, 0.99)}
+    agg = make(ProxyFineTune, module, px, py, {"keep_state": False}, optim)
+    agg(x, updates)
+    expected = {
+        "lr": 0.02,
+        "weight_decay": 0.003,
+        **({"momentum": 0.7} if optimizer == "sgd" else {"betas": (0.5, 0.99)}),
+    }
+    assert built == [expected]
+    assert agg.opt_state == {}  # nothing kept without keep_state
+
+
+class _Held:
+    """The engine's held-out proxy set, as algorithms.build reads it."""
+
+    def __init__(self, inputs, labels):
+        self.inputs, self.labels = inputs, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def batch(self, index):
+        return self.inputs[index], self.labels[index]
+
+
+@pytest.mark.parametrize("name", ["feddf", "fedbe", "serverft"])
+def test_a_proxy_method_is_built_with_the_runs_server_lr_seed_and_name(name):
+    from fedrepro import algorithms
+
+    setting = settings.resolve(
+        {"algorithm": name, "seed": 5, "server": {"lr": 0.5}, "evaluation": {"proxy_holdout": 20},
+         name: {"proxy_size": 20}}
+    )  # fmt: skip
+    module, x, updates, px, py = problem()
+    proxy = _Held(px.repeat(5, 1), py.repeat(5))  # the 20-sample hold-out the engine hands a proxy method
+    algo = algorithms.build(setting, 3, 8, torch.device("cpu"), torch.ones(3), module=module, proxy=proxy)
+    assert algo.name == name and algo.aggregator.server_lr == 0.5 and algo.aggregator.seed == 5
+    x_new = algo.server_step(x, updates)
+    torch.testing.assert_close(x_new, x - algo.aggregator(x, updates))  # a unit server step: w is the new model
