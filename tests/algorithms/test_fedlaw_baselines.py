@@ -640,3 +640,32 @@ def test_a_proxy_method_is_built_with_the_runs_server_lr_seed_and_name(name):
     assert algo.name == name and algo.aggregator.server_lr == 0.5 and algo.aggregator.seed == 5
     x_new = algo.server_step(x, updates)
     torch.testing.assert_close(x_new, x - algo.aggregator(x, updates))  # a unit server step: w is the new model
+
+
+def test_swags_variance_is_per_coordinate():
+    """Two unit directions (1, 0) and (0.6, 0.8): mean (0.8, 0.4), E[u^2] (0.68, 0.32), variance (0.04, 0.16),
+    per coordinate (their mean over all coordinates would give 0.5 - m^2 instead)."""
+    module = nn.Linear(2, 1, bias=False).double()
+    slices = list(FunctionalModel(module).slices())
+    x = torch.zeros(2, dtype=torch.float64)
+    models = torch.tensor([[1.0, 0.0], [0.6, 0.8]], dtype=torch.float64)  # both of norm 1
+    eps = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    expected = torch.tensor([0.8 + 0.1 * 0.2, 0.4 + 0.1 * 0.4], dtype=torch.float64)
+    torch.testing.assert_close(swag_sample(x, models, slices, 0.1, eps), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["feddf", "fedbe", "serverft"])
+def test_a_proxy_method_without_the_runs_model_or_holdout_says_what_it_holds(name):
+    from fedrepro.algorithms import BuildContext
+    from fedrepro.algorithms.proxy import build_proxy_algorithm, proxy_samples
+
+    module, _, _, px, py = problem()
+    held = BuildContext(3, 8, torch.device("cpu"), torch.ones(3), module, (px, py))
+    with pytest.raises(ValueError, match=rf"^{name}\.proxy_size = 30 but the run holds out 4 proxy samples"):
+        proxy_samples(held, name, 30)
+    with pytest.raises(ValueError, match=rf"^{name}\.proxy_size = 30 but the run holds out 0 proxy samples"):
+        proxy_samples(BuildContext(3, 8, torch.device("cpu"), torch.ones(3), module, None), name, 30)
+    setting = settings.resolve({"algorithm": name, "evaluation": {"proxy_holdout": 20}, name: {"proxy_size": 20}})
+    no_model = BuildContext(3, 8, torch.device("cpu"), torch.ones(3), None, (px, py))
+    with pytest.raises(ValueError, match=rf"^{name} needs the run's model"):
+        build_proxy_algorithm(name, ProxyFineTune, setting, no_model)
