@@ -669,3 +669,6 @@ def test_a_proxy_method_without_the_runs_model_or_holdout_says_what_it_holds(nam
     no_model = BuildContext(3, 8, torch.device("cpu"), torch.ones(3), None, (px, py))
     with pytest.raises(ValueError, match=rf"^{name} needs the run's model"):
         build_proxy_algorithm(name, ProxyFineTune, setting, no_model)
+    four = BuildContext(3, 8, torch.device("cpu"), torch.ones(3), module, (px, py))  # 4 held out, 20 asked
+    with pytest.raises(ValueError, match=rf"^{name}\.proxy_size = 20 but the run holds out 4"):
+        build_proxy_algorithm(name, ProxyFineTune, setting, four)
