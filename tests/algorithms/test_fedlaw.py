@@ -254,6 +254,8 @@ def test_fedlaw_is_built_from_the_runs_setting():
     torch.testing.assert_close(algo.server_step(x, updates), 0.9 * (x - 0.5 * updates.weighted_mean()))
     with pytest.raises(ValueError, match="^fedlaw needs the run's model"):
         algorithms.build(setting, 3, len(x), torch.device("cpu"), torch.ones(3))
-    learned = settings.resolve({"algorithm": "fedlaw", "evaluation": {"proxy_holdout": 20}, "fedlaw": {"proxy_size": 20}})
+    learned = settings.resolve(
+        {"algorithm": "fedlaw", "evaluation": {"proxy_holdout": 20}, "fedlaw": {"proxy_size": 20}}
+    )
     with pytest.raises(ValueError, match=r"^fedlaw\.proxy_size = 20 but the run holds out 0"):
         algorithms.build(learned, 3, len(x), torch.device("cpu"), torch.ones(3), module=module)
