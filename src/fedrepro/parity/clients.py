@@ -82,6 +82,28 @@ def _problem(seed: int = 0):
     return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def record_local_training(trainer, log: list) -> None:
+    """Wrap the trainer's local training so every client's run is appended to ``log``: its round and client, the
+    model it started from, its rate, the batches it drew (epoch by epoch, as tensors) and the model it ended with."""
+    local_train = trainer.local.train
+
+    def recorded(run, data, index, epochs, batch_size, *args, **kwargs):
+        drawn, batch = [], data.batch
+        data.batch = lambda idx: (drawn.append(idx.clone()), batch(idx))[1]
+        start, lr = run.x_global.clone(), run.lr
+        try:
+            result = local_train(run, data, index, epochs, batch_size, *args, **kwargs)
+        finally:
+            del data.batch
+        per_epoch = -(-len(index) // batch_size)
+        batches = [[batch(i) for i in drawn[e * per_epoch : (e + 1) * per_epoch]] for e in range(epochs)]
+        log.append({"round": run.round, "client": run.client, "start": start, "lr": lr, "batches": batches,
+                    "end": run.model.flat.clone()})  # fmt: skip
+        return result
+
+    trainer.local.train = recorded
+
+
 def ours(setting: dict) -> list[dict]:
     """fedrepro's trainer on the problem; every client's local training as recorded."""
     from fedrepro import models
@@ -93,23 +115,7 @@ def ours(setting: dict) -> list[dict]:
         module = models.build(setting["model"], setting["dataset"])
         trainer = Trainer(setting, tmp, None, None, datasets=(train, test), parts=parts, module=module)
         trainer.cohort_mode = "off"  # the sequential path: the reference the batched path is tested against
-        local_train = trainer.local.train
-
-        def recorded(run, data, index, epochs, batch_size, *args, **kwargs):
-            drawn, batch = [], data.batch
-            data.batch = lambda idx: (drawn.append(idx.clone()), batch(idx))[1]
-            start, lr = run.x_global.clone(), run.lr
-            try:
-                result = local_train(run, data, index, epochs, batch_size, *args, **kwargs)
-            finally:
-                del data.batch
-            per_epoch = -(-len(index) // batch_size)
-            batches = [[batch(i) for i in drawn[e * per_epoch : (e + 1) * per_epoch]] for e in range(epochs)]
-            log.append({"round": run.round, "client": run.client, "start": start, "lr": lr, "batches": batches,
-                        "end": run.model.flat.clone()})  # fmt: skip
-            return result
-
-        trainer.local.train = recorded
+        record_local_training(trainer, log)
         trainer.run(progress=False)
     return log
 

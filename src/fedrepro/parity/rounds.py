@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from fedrepro.parity.clients import EPS32, LR_RELATIVE, _EpochBatches, bound
+from fedrepro.parity.clients import EPS32, LR_RELATIVE, _EpochBatches, bound, record_local_training
 from fedrepro.parity.shim import checkout_on_path
 
 SIZES = (37, 52, 23)
@@ -87,28 +87,15 @@ def ours(setting: dict):
     with tempfile.TemporaryDirectory(prefix="fedrepro-parity-rounds-") as tmp:
         trainer = Trainer(setting, tmp, None, None, datasets=(train, test), parts=parts, module=module)
         trainer.cohort_mode = "off"
-        local_train, round_ = trainer.local.train, trainer.round
-
-        def recorded(run, data, index, epochs, batch_size, *args, **kwargs):
-            drawn, batch = [], data.batch
-            data.batch = lambda idx: (drawn.append(idx.clone()), batch(idx))[1]
-            start, lr = run.x_global.clone(), run.lr
-            try:
-                result = local_train(run, data, index, epochs, batch_size, *args, **kwargs)
-            finally:
-                del data.batch
-            per_epoch = -(-len(index) // batch_size)
-            batches = [[batch(i) for i in drawn[e * per_epoch : (e + 1) * per_epoch]] for e in range(epochs)]
-            log.append({"round": run.round, "client": run.client, "start": start, "lr": lr, "batches": batches,
-                        "end": run.model.flat.clone()})  # fmt: skip
-            return result
+        round_ = trainer.round
+        record_local_training(trainer, log)
 
         def round_and_global(t):
             row = round_(t)
             globals_.append(trainer.model.flat.clone())
             return row
 
-        trainer.local.train, trainer.round = recorded, round_and_global
+        trainer.round = round_and_global
         trainer.run(progress=False)
     return initial, log, globals_
 
