@@ -178,6 +178,7 @@ EXAMPLES = {
     "collect": "fedrepro collect --manifest results/manifests/default.json --metrics results/metrics/default "
     "--curves results/curves/default",
     "bench": "fedrepro bench --quick --settings fmnist_mlp --device cpu --rounds 1",
+    "bench-table": "fedrepro bench-table --configfile params/ima.yaml --only ima_table1_fmnist --seconds 180",
     "check-gpu": "fedrepro check-gpu --out results/bench/gpu_check.json --throughput 2 4 8",
     "tables": "fedrepro tables --configfile params/fedlaw.yaml "
     "params/subsets/fedlaw_table3_fmnist_mlp_dir0.1_seed8.yaml --format latex",

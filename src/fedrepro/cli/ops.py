@@ -1,14 +1,39 @@
-"""``fedrepro bench`` and ``fedrepro check-gpu``: timings and the GPU check."""
+"""``fedrepro bench``, ``fedrepro bench-table`` and ``fedrepro check-gpu``: timings and the GPU check."""
 
 from __future__ import annotations
 
-from fedrepro.cli.common import EXAMPLES, _absent_or, _number, _output, finish
+from fedrepro.cli.common import EXAMPLES, _absent_or, _existing, _number, _output, finish
 
 
 def add_parsers(sub) -> None:
-    """bench, check-gpu."""
+    """bench, bench-table, check-gpu."""
     add_bench(sub)
+    add_bench_table(sub)
     add_check_gpu(sub)
+
+
+def add_bench_table(sub) -> None:
+    """A table's own runs as one pack for a fixed time (ops/table_pack.py)."""
+    p = sub.add_parser(
+        "bench-table",
+        help="train a table's round-0 runs as one pack for a fixed time: the packed round measured on the "
+        "table's own settings, the table's time extrapolated",
+    )
+    p.add_argument("--configfile", nargs="+", default=["params/ima.yaml"], type=_existing("file"))
+    p.add_argument("--only", default="ima_table1_fmnist", help="the experiment (as --config only=...)")
+    p.add_argument("--seconds", type=_number(float, 1), default=180.0, help="the time box, data loading included")
+    p.add_argument("--max-runs", type=_number(int, 0), default=0, help="pack at most this many runs (0: all)")
+    p.add_argument("--data-root", default="data", help="the folder holding <dataset>/ (after fedrepro download)")
+    p.add_argument("--root", default="results/table_pack", type=_output("folder"), help="the pack's run folders")
+    p.add_argument("--out", default="results/bench/table_pack.json", type=_output("file"))
+    p.set_defaults(func=cmd_bench_table)
+    finish(p, EXAMPLES["bench-table"])
+
+
+def cmd_bench_table(args) -> None:
+    from fedrepro.ops import table_pack
+
+    table_pack.measure(args.configfile, args.only, args.seconds, args.out, args.root, args.data_root, args.max_runs)
 
 
 def add_bench(sub) -> None:
@@ -138,6 +163,13 @@ def add_check_gpu(sub) -> None:
         help="seconds the same measurement with step_graph compile (CUDA graphs) may take, compiling included",
     )
     p.add_argument("--skip-bench", action="store_true", help="the correctness checks only")
+    p.add_argument(
+        "--skip",
+        nargs="+",
+        default=[],
+        choices=["step_costs", "packed", "bench"],
+        help="leave these measurements out (a short GPU slot: the checks and the packed steps, say)",
+    )
     p.set_defaults(func=cmd_check_gpu)
     finish(p, EXAMPLES["check-gpu"])
 
@@ -155,5 +187,6 @@ def cmd_check_gpu(args) -> None:
             packed_out=args.packed_out,
             packed_budget=args.packed_budget,
             graph_budget=args.graph_budget,
+            skip=tuple(args.skip),
         )
     )

@@ -348,6 +348,7 @@ def main(
     packed_out: str | Path = "results/bench/packed_steps-cuda.json",
     packed_budget: float = 90.0,
     graph_budget: float = 150.0,
+    skip: tuple[str, ...] = (),
 ) -> int:
     from fedrepro.ops import bench
 
@@ -370,15 +371,18 @@ def main(
     if not skip_bench:
         from fedrepro.ops import pricing
 
-        report["step_costs"] = measure_step_costs(device, pricing.STEP_COSTS_FILE, log)
-        out.write_text(json.dumps(report, indent=2, default=str))
+        if "step_costs" not in skip:
+            report["step_costs"] = measure_step_costs(device, pricing.STEP_COSTS_FILE, log)
+            out.write_text(json.dumps(report, indent=2, default=str))
         from fedrepro.ops import packed_bench  # the packed step at 1, 4, 16, 64 runs, for fedrepro plan
 
         # with and without step_graph compile (CUDA graphs): both in the one record
-        report["packed_steps"] = packed_bench.measure_params(
-            PAPER_PARAMS, device, packed_out, packed_budget, log, graph_budget
-        )
-        out.write_text(json.dumps(report, indent=2, default=str))
+        if "packed" not in skip:
+            report["packed_steps"] = packed_bench.measure_params(
+                PAPER_PARAMS, device, packed_out, packed_budget, log, graph_budget
+            )
+            out.write_text(json.dumps(report, indent=2, default=str))
+    if not skip_bench and "bench" not in skip:
         report["bench"] = bench.run(
             ["fmnist_cnn", "fmnist_mlp"],
             ["cuda"],
