@@ -23,6 +23,15 @@ def add_bench_table(sub) -> None:
     p.add_argument("--only", default="ima_table1_fmnist", help="the experiment (as --config only=...)")
     p.add_argument("--seconds", type=_number(float, 1), default=180.0, help="the time box, data loading included")
     p.add_argument("--max-runs", type=_number(int, 0), default=0, help="pack at most this many runs (0: all)")
+    p.add_argument("--algorithms", nargs="+", default=[], metavar="NAME", help="pack only the runs of these methods")
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        type=_override,
+        help="set a top-level setting in every run (precision=tf32, step_graph=compile): other runs, timed alike",
+    )
     p.add_argument("--data-root", default="data", help="the folder holding <dataset>/ (after fedrepro download)")
     p.add_argument("--root", default="results/table_pack", type=_output("folder"), help="the pack's run folders")
     p.add_argument("--out", default="results/bench/table_pack.json", type=_output("file"))
@@ -33,7 +42,27 @@ def add_bench_table(sub) -> None:
 def cmd_bench_table(args) -> None:
     from fedrepro.ops import table_pack
 
-    table_pack.measure(args.configfile, args.only, args.seconds, args.out, args.root, args.data_root, args.max_runs)
+    table_pack.measure(
+        args.configfile,
+        args.only,
+        args.seconds,
+        args.out,
+        args.root,
+        args.data_root,
+        args.max_runs,
+        tuple(args.algorithms),
+        dict(args.set),
+    )
+
+
+def _override(text: str) -> tuple[str, str]:
+    """KEY=VALUE, the value a string (precision and step_graph are names)."""
+    import argparse
+
+    key, sep, value = text.partition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"'{text}' is not KEY=VALUE (precision=tf32, step_graph=compile)")
+    return key, value
 
 
 def add_bench(sub) -> None:

@@ -30,12 +30,17 @@ from fedrepro.run.rundir import RunDir
 GRACE_S = 120.0  # after SIGTERM: the round in flight ends and every run writes its checkpoint
 
 
-def table_runs(configfiles: list[str], only: str) -> tuple[list, dict]:
-    """The experiment's final runs (no tuning runs) and the forks among them (child id -> Fork)."""
+def table_runs(configfiles: list[str], only: str) -> tuple[list, list, dict]:
+    """The experiment's final runs (a tuned one with the chosen value, or the tune grid's first before the
+    choice, as ``fedrepro plan`` counts them), its tuning runs, and the forks among them (child id -> Fork)."""
+    from fedrepro.ops.plan import final_runs
+
     params = paramsfile.load_params_files(configfiles)
     params["only"] = only
-    runs = list(expansion.unique_runs(expansion.expand(params)).values())
-    return [r for r in runs if not r.tuning], forks.of_params(params, runs)
+    tunings: dict = {}
+    runs = expansion.expand(params, tunings)
+    runs = list(expansion.unique_runs(runs + final_runs(tunings, "results/runs")[0]).values())
+    return [r for r in runs if not r.tuning], [r for r in runs if r.tuning], forks.of_params(params, runs)
 
 
 def _partitions(runs, data_root: str, log) -> dict[str, str]:
@@ -78,8 +83,7 @@ def extrapolate(runs, fork_of: dict, pack_round_s: float, pack_runs: int) -> dic
         "run_round_s": run_round,
         "minutes": run_round * rounds / 60,
         "packs_of_this_size": math.ceil(len(runs) / pack_runs),
-        "how": "the table's run-rounds (a forked run's from its fork round) x the measured packed round / the "
-        "runs in the pack; tuning runs not counted",
+        "how": "the run-rounds (a forked run's from its fork round) x the measured packed round / the runs in the pack",
     }
 
 
@@ -91,19 +95,27 @@ def measure(
     root: str = "results/table_pack",
     data_root: str = "data",
     max_runs: int = 0,
+    algorithms: tuple[str, ...] = (),
+    overrides: dict | None = None,
     log=print,
 ) -> dict:
-    """Train the table's round-0 runs as one pack for ``seconds``; write and return the record (module doc)."""
-    runs, fork_of = table_runs(configfiles, only)
+    """Train the table's round-0 runs (of ``algorithms`` only, if given; with ``overrides`` set in every
+    setting, a precision say, which makes them other runs) as one pack for ``seconds``; write and return the
+    record (module doc)."""
+    runs, tuning_runs, fork_of = table_runs(configfiles, only)
     if not runs:
         raise SystemExit(f"fedrepro bench-table: --only {only} names no runs of {', '.join(configfiles)}")
     base = sorted((r for r in runs if r.id not in fork_of), key=lambda r: r.id)
+    if algorithms:
+        base = [r for r in base if r.setting["algorithm"] in algorithms]
     if max_runs:
         base = base[:max_runs]
+    if not base:
+        raise SystemExit(f"fedrepro bench-table: no round-0 run of {only} is of {', '.join(algorithms)}")
     partition_of = _partitions(base, data_root, log)
     members = [
         {
-            "setting": r.setting,
+            "setting": {**r.setting, **(overrides or {})},
             "out": f"{root}/runs/{r.id}",
             "partition": partition_of[r.id],
             "data_root": f"{data_root}/{r.setting['dataset']}",
@@ -148,6 +160,8 @@ def measure(
         "machine": machine(),
         "configfiles": configfiles,
         "experiment": only,
+        "algorithms": list(algorithms),
+        "overrides": overrides or {},
         "time_box_s": seconds,
         "wall_s": round(wall, 1),
         "stopped": stopped,
@@ -158,6 +172,7 @@ def measure(
     }
     if pack_round is not None:
         record["table"] = extrapolate(runs, fork_of, pack_round, len(base))
+        record["tuning"] = extrapolate(tuning_runs, fork_of, pack_round, len(base)) if tuning_runs else None
         t = record["table"]
         log(
             f"bench-table: a packed round of {len(base)} runs {pack_round:.3f} s ({t['run_round_s'] * 1e3:.1f} ms "
