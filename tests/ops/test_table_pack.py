@@ -32,3 +32,17 @@ def test_the_table_is_priced_from_each_run_s_own_start():
     assert t["run_round_s"] == 2.0
     assert t["minutes"] == pytest.approx(2.0 * 675 / 60)
     assert (t["runs"], t["forked_runs"], t["packs_of_this_size"]) == (3, 1, 2)
+
+
+def test_a_run_with_a_setting_overridden_trains_in_its_own_id_s_folder():
+    from fedrepro import identity
+
+    runs, _, forks = table_pack.table_runs(["params/ima.yaml"], "ima_table1_fmnist")
+    base = [r for r in runs if r.id not in forks][:2]
+    partition_of = {r.id: "p" for r in base}
+    plain = table_pack.pack_members(base, partition_of, "data", "root", None)
+    assert [m["out"] for m in plain] == [f"root/runs/{r.id}" for r in base]
+    tf32 = table_pack.pack_members(base, partition_of, "data", "root", {"precision": "tf32"})
+    for r, m in zip(base, tf32):
+        assert m["setting"]["precision"] == "tf32"
+        assert m["out"] == f"root/runs/{identity.run_id(m['setting'])}" != f"root/runs/{r.id}"

@@ -57,6 +57,23 @@ def _partitions(runs, data_root: str, log) -> dict[str, str]:
     return folders
 
 
+def pack_members(base, partition_of: dict, data_root: str, root: str, overrides: dict | None) -> list[dict]:
+    """``fedrepro train-pack``'s members, each in a folder named by its setting's id (with the overrides set,
+    another run than the table's, as train-pack checks)."""
+    members = []
+    for r in base:
+        setting = {**r.setting, **(overrides or {})}
+        members.append(
+            {
+                "setting": setting,
+                "out": f"{root}/runs/{identity.run_id(setting)}",
+                "partition": partition_of[r.id],
+                "data_root": f"{data_root}/{r.setting['dataset']}",
+            }
+        )
+    return members
+
+
 def round_rows(run_dir: Path) -> list[dict]:
     """A run's rows so far: its metrics.csv once finished, else those its checkpoint holds (a stopped run)."""
     paths = RunDir(run_dir)
@@ -113,15 +130,8 @@ def measure(
     if not base:
         raise SystemExit(f"fedrepro bench-table: no round-0 run of {only} is of {', '.join(algorithms)}")
     partition_of = _partitions(base, data_root, log)
-    members = [
-        {
-            "setting": {**r.setting, **(overrides or {})},
-            "out": f"{root}/runs/{r.id}",
-            "partition": partition_of[r.id],
-            "data_root": f"{data_root}/{r.setting['dataset']}",
-        }
-        for r in base
-    ]
+    members = pack_members(base, partition_of, data_root, root, overrides)
+    folder = {r.id: m["out"] for r, m in zip(base, members)}
     Path(root).mkdir(parents=True, exist_ok=True)
     Path(root, "members.json").write_text(json.dumps(members, indent=1, sort_keys=True))
     cmd = [sys.executable, "-m", "fedrepro.cli", "train-pack", "--members", f"{root}/members.json"]
@@ -145,8 +155,9 @@ def measure(
     wall = time.monotonic() - tic
     per_run = {}
     for r in base:
-        rows = round_rows(Path(root, "runs", r.id))
+        rows = round_rows(Path(folder[r.id]))
         per_run[r.id] = {
+            "trained_as": Path(folder[r.id]).name,
             "algorithm": r.setting["algorithm"],
             "partition": r.setting["partition"]["kind"],
             "seed": r.setting["seed"],
@@ -178,6 +189,8 @@ def measure(
             f"bench-table: a packed round of {len(base)} runs {pack_round:.3f} s ({t['run_round_s'] * 1e3:.1f} ms "
             f"a run-round); {only}: {t['runs']} runs, {t['run_rounds']} run-rounds, {t['minutes']:.1f} min extrapolated"
         )
+    else:
+        log(f"bench-table: no run trained two rounds; the pack's log: {root}/train_pack.log")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(record, indent=2, default=str))
     return record
