@@ -350,7 +350,7 @@ def main(
     graph_budget: float = 150.0,
     skip: tuple[str, ...] = (),
 ) -> int:
-    from fedrepro.ops import bench
+    from fedrepro.ops import bench, packed_bench, pricing
 
     if not torch.cuda.is_available():
         raise SystemExit(
@@ -368,21 +368,16 @@ def main(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
-    if not skip_bench:
-        from fedrepro.ops import pricing
-
-        if "step_costs" not in skip:
-            report["step_costs"] = measure_step_costs(device, pricing.STEP_COSTS_FILE, log)
-            out.write_text(json.dumps(report, indent=2, default=str))
-        from fedrepro.ops import packed_bench  # the packed step at 1, 4, 16, 64 runs, for fedrepro plan
-
-        # with and without step_graph compile (CUDA graphs): both in the one record
-        if "packed" not in skip:
-            report["packed_steps"] = packed_bench.measure_params(
-                PAPER_PARAMS, device, packed_out, packed_budget, log, graph_budget
-            )
-            out.write_text(json.dumps(report, indent=2, default=str))
-    if not skip_bench and "bench" not in skip:
+    stages = set() if skip_bench else {"step_costs", "packed", "bench"} - set(skip)
+    if "step_costs" in stages:
+        report["step_costs"] = measure_step_costs(device, pricing.STEP_COSTS_FILE, log)
+        out.write_text(json.dumps(report, indent=2, default=str))
+    if "packed" in stages:  # the packed step at 1, 4, 16, 64 runs, plain and step_graph compile, for fedrepro plan
+        report["packed_steps"] = packed_bench.measure_params(
+            PAPER_PARAMS, device, packed_out, packed_budget, log, graph_budget
+        )
+        out.write_text(json.dumps(report, indent=2, default=str))
+    if "bench" in stages:
         report["bench"] = bench.run(
             ["fmnist_cnn", "fmnist_mlp"],
             ["cuda"],
