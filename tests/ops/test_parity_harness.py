@@ -278,15 +278,17 @@ def test_fedlaws_own_clients_train_as_ours_on_the_same_batches():
 
 
 @pytest.mark.skipif(not FEDLAW, reason="FEDREPRO_FEDLAW_CHECKOUT (a checkout of ZexiLee/ICML-2023-FedLAW) is not set")
-@pytest.mark.parametrize("method", ["fedavg", "fedlaw", "feddyn"])
-def test_fedlaws_main_scripts_run_rounds_as_ours_and_a_1_percent_change_of_the_term_is_far_outside(method):
+@pytest.mark.parametrize(
+    "method, dtype", [("fedavg", "float64"), ("fedlaw", "float64"), ("feddyn", "float64"), ("feddyn", "float32")]
+)
+def test_fedlaws_main_scripts_run_rounds_as_ours_and_a_1_percent_change_of_the_term_is_far_outside(method, dtype):
     from fedrepro.parity import rounds_fedlaw
 
-    row = rounds_fedlaw.compare_case(FEDLAW, method)
+    row = rounds_fedlaw.compare_case(FEDLAW, method, dtype=getattr(torch, dtype))
     assert row["status"] == "equal" and row["trained"] == row["trained_code"] and row["rounds"] > 2, row
     assert len(set(row["client_sizes"])) == row["clients"]  # unequal clients: every weight acts
     # ours with the method's term (FedAvg's server lr, FedLAW's server lr, FedDyn's alpha) 1% off: every round
-    assert min(row["one_percent"]["gap_over_bound_by_round"]) > 1e3, row["one_percent"]
+    assert min(row["one_percent"]["gap_over_bound_by_round"]) > 100, row["one_percent"]
 
 
 @pytest.mark.skipif(not FEDLAW, reason="FEDREPRO_FEDLAW_CHECKOUT (a checkout of ZexiLee/ICML-2023-FedLAW) is not set")

@@ -20,10 +20,10 @@ the same samples in float64); ``Client_update`` first loads fedrepro's global mo
 node, so each round starts from the same model on both sides while each side carries its own state (momentum
 buffers, FedDyn's client and server states); ``validate`` records the global model the script scores.
 
-Both programs run in float64 (torch's default dtype; fedrepro's weights and samples as the tests'
-``float64_engine``): FedLAW's server step is a loop of 40 Adam steps whose float32 rounding has no useful bound,
-while in float64 the bounds of ``parity.servers_fedlaw`` hold. Each case records how many bounds a 1% change of
-its method's term moves the global model (``one_percent``)."""
+Every case runs in float64 (torch's default dtype; fedrepro's weights and samples as the tests'
+``float64_engine``): FedLAW's server step is 40 Adam steps whose float32 rounding has no useful bound, in float64
+the bound of ``parity.servers_fedlaw``; FedAvg and FedDyn run in float32 too, as the programs train. Each case
+records how many bounds a 1% change of its method's term moves the global model (``one_percent``)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from fedrepro.parity.clients import LR_RELATIVE, _EpochBatches, record_local_tra
 from fedrepro.parity.servers_fedlaw import LOOP
 from fedrepro.parity.shim import checkout_on_path
 
-EPS64 = float(torch.finfo(torch.float64).eps)
+EPS = {torch.float64: float(torch.finfo(torch.float64).eps), torch.float32: float(torch.finfo(torch.float32).eps)}
 TRAIN, TEST = 300, 400  # generated samples; the code's proxy is server_valid_ratio of the test set
 VALID_RATIO = 0.5  # 200 of 400: the code's 200-image proxy (2% of FMNIST's 10,000) on the generated test set
 DIRICHLET = {"alpha": 0.1, "seed": 10}  # Table 3's Dir(0.1) and its seed 10: the code splits 300 samples 209, 62, 29
@@ -60,6 +60,8 @@ CASES = {
 # the switches between the paper's protocol and the code's each case runs at the code's value
 COMMON = [("client", "keep_momentum"), ("client", "holdout"), ("evaluation", "proxy_holdout")]
 SWITCHES = {"fedavg": COMMON, "fedlaw": COMMON + [("fedlaw", "server_epochs")], "feddyn": COMMON + [("feddyn", "form")]}
+# as the programs train: in float32 the methods whose server step has a rounding bound (FedLAW's Adam loop has none)
+FLOAT32 = ("fedavg", "feddyn")
 # ours at the paper's value of a switch, against the code: what the switch does over whole rounds
 PAPER_FORMS = {
     "fedavg, momentum reset every round (paper; client.keep_momentum: false)": (
@@ -116,11 +118,14 @@ def _float64_dataset(images, labels):
     return Float64Dataset(images, labels, 0.0, 1.0)
 
 
-def _read(root: Path, prefix: str):
+def _read(root: Path, prefix: str, dtype):
+    from fedrepro.data import TensorDataset
+
     raw = Path(root) / "FashionMNIST" / "raw"
     images = np.frombuffer((raw / f"{prefix}-images-idx3-ubyte").read_bytes()[16:], np.uint8).reshape(-1, 1, 28, 28)
     labels = np.frombuffer((raw / f"{prefix}-labels-idx1-ubyte").read_bytes()[8:], np.uint8).astype(np.int64)
-    return _float64_dataset(torch.from_numpy(images.copy()), torch.from_numpy(labels))
+    made = _float64_dataset if dtype == torch.float64 else lambda x, y: TensorDataset(x, y, 0.0, 1.0)
+    return made(torch.from_numpy(images.copy()), torch.from_numpy(labels))
 
 
 def code_partition(checkout, root: Path) -> list[np.ndarray]:
@@ -140,8 +145,8 @@ def code_partition(checkout, root: Path) -> list[np.ndarray]:
 _NO_CIFAR = {"cifar10": {}, "cifar100": {}}  # on_generated's CIFAR checksums: none written here
 
 
-def ours(setting: dict, root: Path, parts: list[np.ndarray]) -> dict:
-    """fedrepro's run in float64: every client's local training, the global model after every round and the
+def ours(setting: dict, root: Path, parts: list[np.ndarray], dtype=torch.float64) -> dict:
+    """fedrepro's run in ``dtype``: every client's local training, the global model after every round and the
     proxy batches FedLAW drew, epoch by epoch."""
     from fedrepro import models
     from fedrepro.algorithms import fedlaw as fedlaw_module
@@ -153,7 +158,7 @@ def ours(setting: dict, root: Path, parts: list[np.ndarray]) -> dict:
 
     def build_float64(*args, **kwargs):
         inputs = build(*args, **kwargs)
-        inputs.client_sizes = inputs.client_sizes.double()
+        inputs.client_sizes = inputs.client_sizes.to(dtype)
         return inputs
 
     def recorded_draw(*args, **kwargs):
@@ -162,13 +167,13 @@ def ours(setting: dict, root: Path, parts: list[np.ndarray]) -> dict:
         return batches
 
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
+    torch.set_default_dtype(dtype)
     trainer_module.run_inputs.build, fedlaw_module.epoch_batches = build_float64, recorded_draw
     try:
         with tempfile.TemporaryDirectory(prefix="fedrepro-parity-fedlaw-rounds-") as tmp:
             torch.manual_seed(setting["seed"])
             module = models.build(setting["model"], setting["dataset"])
-            datasets = (_read(root, "train"), _read(root, "t10k"))
+            datasets = (_read(root, "train", dtype), _read(root, "t10k", dtype))
             trainer = trainer_module.Trainer(setting, tmp, None, None, datasets=datasets, parts=parts, module=module)
             trainer.cohort_mode = "off"  # the sequential path: the reference the batched path is tested against
             record_local_training(trainer, log)
@@ -197,16 +202,13 @@ def ours(setting: dict, root: Path, parts: list[np.ndarray]) -> dict:
 
 
 class _InDefaultDtype:
-    """One of the code's evaluation loaders, its inputs in torch's default dtype (float64 here)."""
+    """One of the code's evaluation loaders, its inputs in torch's default dtype."""
 
     def __init__(self, loader):
         self.loader, self.dataset = loader, loader.dataset
 
     def __iter__(self):
         return ((x.to(torch.get_default_dtype()), y) for x, y in self.loader)
-
-    def __len__(self):
-        return len(self.loader)
 
 
 def code_argv(script: str, method_args: list[str], setting: dict) -> list[str]:
@@ -234,18 +236,14 @@ def _global_state():
     try:
         yield
     finally:
-        torch.set_rng_state(saved[0])
-        np.random.set_state(saved[1])
-        random.setstate(saved[2])
-        torch.backends.cudnn.deterministic = saved[3]
+        torch.set_rng_state(saved[0]), np.random.set_state(saved[1]), random.setstate(saved[2])
+        torch.backends.cudnn.deterministic, sys.argv[:] = saved[3], saved[5]
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        if saved[4] is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved[4]
-        sys.argv[:] = saved[5]
+        os.environ.update({} if saved[4] is None else {"CUDA_VISIBLE_DEVICES": saved[4]})
         torch.set_default_dtype(saved[6])
 
 
-def code(checkout, setting: dict, root: Path, run: dict) -> dict:
+def code(checkout, setting: dict, root: Path, run: dict, dtype=torch.float64) -> dict:
     """The code's main script on fedrepro's batches and round-start models; what it computed, round by round."""
     script, method_args, _ = CASES[setting["algorithm"]]
     record = {"globals": [], "clients": [], "rates": {}, "trained": {}, "proxy_size": None}
@@ -300,7 +298,7 @@ def code(checkout, setting: dict, root: Path, run: dict) -> dict:
         nodes.Node = client_funct.Node = PinnedNode
         client_funct.Client_update = update_from_ours
         utils.validate = client_funct.validate = validate_recorded
-        torch.set_default_dtype(torch.float64)
+        torch.set_default_dtype(dtype)
         sys.argv[:] = code_argv(script, method_args, setting)
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
@@ -310,8 +308,8 @@ def code(checkout, setting: dict, root: Path, run: dict) -> dict:
     return record
 
 
-def bounds(setting: dict, log: list[dict]) -> list[float]:
-    """Per round, the float64 gap the two programs' global models can reach, relative to the largest entry.
+def bounds(setting: dict, log: list[dict], eps: float) -> list[float]:
+    """Per round, the gap the two programs' global models can reach, relative to the largest entry.
 
     Clients: the same SGD on the same batches from the same start, each side rounding a method's term in its own
     order (``parity.clients.bound``'s argument, 4 u a step), over every step the client has taken so far (its
@@ -324,11 +322,11 @@ def bounds(setting: dict, log: list[dict]) -> list[float]:
         for e in log:
             if e["round"] == t:
                 steps[e["client"]] = steps.get(e["client"], 0) + sum(len(b) for b in e["batches"])
-        client = 4 * max(steps.values()) * EPS64
+        client = 4 * max(steps.values()) * eps
         if setting["algorithm"] == "fedlaw":
             server = LOOP
         else:
-            server = (4 * k + 4) * EPS64 + ((t + 1) * (3 * k + 2) * EPS64 if setting["algorithm"] == "feddyn" else 0)
+            server = (4 * k + 4 + ((t + 1) * (3 * k + 2) if setting["algorithm"] == "feddyn" else 0)) * eps
         rows.append(client + server)
     return rows
 
@@ -337,35 +335,35 @@ def _gaps(code_globals, our_globals) -> list[float]:
     return [float((c - o).abs().max() / o.abs().max()) for c, o in zip(code_globals, our_globals)]
 
 
-def compare_case(checkout, method: str, overrides: dict | None = None, name: str | None = None, nudge=True) -> dict:
-    """One method's rounds on both sides. ``overrides`` ({section: {key: value}}) changes our setting alone (the
-    case then records no 1% change, nor with ``nudge`` false)."""
-    one_percent = nudge and not overrides
-    setting = code_protocol_settings()[method]
+def compare_case(checkout, method: str, overrides=None, name=None, nudge=True, dtype=torch.float64) -> dict:
+    """One method's rounds on both sides in ``dtype``. ``overrides`` ({section: {key: value}}) changes our setting
+    alone (the case then records no 1% change, nor with ``nudge`` false)."""
+    one_percent, setting = nudge and not overrides, code_protocol_settings()[method]
     with tempfile.TemporaryDirectory(prefix="fedrepro-parity-fedlaw-data-") as tmp:
         root = Path(tmp)
         write_fmnist(root)
         parts = code_partition(checkout, root)
-        mine = ours(setting, root, parts)
-        got = code(checkout, setting, root, mine)
+        mine = ours(setting, root, parts, dtype)
+        got = code(checkout, setting, root, mine, dtype)
         ours_setting = copy.deepcopy(setting)
         for section, values in (overrides or {}).items():
             ours_setting[section].update(values)
-        run = mine if not overrides else ours(ours_setting, root, parts)
-        limit = bounds(setting, mine["log"])
+        run = mine if not overrides else ours(ours_setting, root, parts, dtype)
+        limit = bounds(setting, mine["log"], EPS[dtype])
         gaps = _gaps(got["globals"], run["globals"])
         section, key = CASES[method][2]
         moved = None
         if one_percent:
             nudged = copy.deepcopy(ours_setting)
             nudged[section][key] *= 1.01
-            moved = [g / b for g, b in zip(_gaps(got["globals"], ours(nudged, root, parts)["globals"]), limit)]
+            moved = [g / b for g, b in zip(_gaps(got["globals"], ours(nudged, root, parts, dtype)["globals"]), limit)]
     client_ratio, steps = 0.0, {}
     for e in sorted(run["log"], key=lambda e: e["round"]):
         steps[e["client"]] = steps.get(e["client"], 0) + sum(len(b) for b in e["batches"])
         if e["round"] < len(got["clients"]):
             gap = float((got["clients"][e["round"]][e["client"]] - e["end"]).abs().max() / e["end"].abs().max())
-            client_ratio = max(client_ratio, gap / (4 * steps[e["client"]] * EPS64))
+            client_ratio = max(client_ratio, gap / (4 * steps[e["client"]] * EPS[dtype]))
+    wide = dtype == torch.float64
     rates_differ = sorted(
         t for e in run["log"] for t in [e["round"]]
         if abs(got["rates"][t][e["client"]] - e["lr"]) > LR_RELATIVE * e["lr"]
@@ -374,7 +372,8 @@ def compare_case(checkout, method: str, overrides: dict | None = None, name: str
     ratio = max(g / b for g, b in zip(gaps, limit)) if len(gaps) == setting["rounds"] else float("inf")
     equal = ratio <= 1 and client_ratio <= 1 and not rates_differ and sizes_equal
     return {
-        "case": name or f"{method} ({CASES[method][0]}), code protocol",
+        "case": name or f"{method} ({CASES[method][0]}), code protocol" + ("" if wide else ", float32"),
+        "dtype": str(dtype).removeprefix("torch."),
         "code_argv": got["argv"],
         "switches": {f"{s}.{k}": ours_setting[s][k] for s, k in SWITCHES[method]},
         "rounds": setting["rounds"],
@@ -396,4 +395,5 @@ def compare_case(checkout, method: str, overrides: dict | None = None, name: str
 
 def compare_fedlaw(checkout) -> list[dict]:
     rows = [compare_case(checkout, method) for method in CASES]
+    rows += [compare_case(checkout, method, dtype=torch.float32) for method in FLOAT32]
     return rows + [compare_case(checkout, method, overrides, name) for name, (method, overrides) in PAPER_FORMS.items()]
