@@ -363,7 +363,6 @@ def compare_case(checkout, method: str, overrides=None, name=None, nudge=True, d
         if e["round"] < len(got["clients"]):
             gap = float((got["clients"][e["round"]][e["client"]] - e["end"]).abs().max() / e["end"].abs().max())
             client_ratio = max(client_ratio, gap / (4 * steps[e["client"]] * EPS[dtype]))
-    wide = dtype == torch.float64
     rates_differ = sorted(
         t for e in run["log"] for t in [e["round"]]
         if abs(got["rates"][t][e["client"]] - e["lr"]) > LR_RELATIVE * e["lr"]
@@ -372,7 +371,7 @@ def compare_case(checkout, method: str, overrides=None, name=None, nudge=True, d
     ratio = max(g / b for g, b in zip(gaps, limit)) if len(gaps) == setting["rounds"] else float("inf")
     equal = ratio <= 1 and client_ratio <= 1 and not rates_differ and sizes_equal
     return {
-        "case": name or f"{method} ({CASES[method][0]}), code protocol" + ("" if wide else ", float32"),
+        "case": name or f"{method} ({CASES[method][0]}), code protocol, " + str(dtype).removeprefix("torch."),
         "dtype": str(dtype).removeprefix("torch."),
         "code_argv": got["argv"],
         "switches": {f"{s}.{k}": ours_setting[s][k] for s, k in SWITCHES[method]},
