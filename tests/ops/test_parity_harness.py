@@ -277,6 +277,37 @@ def test_fedlaws_own_clients_train_as_ours_on_the_same_batches():
     assert [r["status"] for r in rows] == ["equal"] * 5, [(r["case"], r["gap_over_bound"]) for r in rows]
 
 
+@pytest.mark.skipif(not FEDLAW, reason="FEDREPRO_FEDLAW_CHECKOUT (a checkout of ZexiLee/ICML-2023-FedLAW) is not set")
+@pytest.mark.parametrize(
+    "method, dtype", [("fedavg", "float64"), ("fedlaw", "float64"), ("feddyn", "float64"), ("feddyn", "float32")]
+)
+def test_fedlaws_main_scripts_run_rounds_as_ours_and_a_1_percent_change_of_the_term_is_far_outside(method, dtype):
+    from fedrepro.parity import rounds_fedlaw
+
+    row = rounds_fedlaw.compare_case(FEDLAW, method, dtype=getattr(torch, dtype))
+    assert row["status"] == "equal" and row["trained"] == row["trained_code"] and row["rounds"] > 2, row
+    assert len(set(row["client_sizes"])) == row["clients"]  # unequal clients: every weight acts
+    # ours with the method's term (FedAvg's server lr, FedLAW's server lr, FedDyn's alpha) 1% off: every round
+    assert min(row["one_percent"]["gap_over_bound_by_round"]) > 100, row["one_percent"]
+
+
+@pytest.mark.skipif(not FEDLAW, reason="FEDREPRO_FEDLAW_CHECKOUT (a checkout of ZexiLee/ICML-2023-FedLAW) is not set")
+def test_fedlaws_rounds_see_one_of_our_data_size_weights_1_percent_off(monkeypatch):
+    from fedrepro.parity import rounds_fedlaw
+    from fedrepro.run import inputs
+
+    build = inputs.build
+
+    def heavier_first_client(*args, **kwargs):
+        built = build(*args, **kwargs)
+        built.client_sizes[0] *= 1.01
+        return built
+
+    monkeypatch.setattr(inputs, "build", heavier_first_client)
+    row = rounds_fedlaw.compare_case(FEDLAW, "fedavg", name="weight 1% off", nudge=False)
+    assert row["status"] == "differs" and row["global_gap_over_bound"] > 1e3, row
+
+
 def test_a_stubbed_package_of_the_checkout_keeps_its_files_below_it_and_leaves_nothing_behind(tmp_path):
     """IMA's partial FedLab copy: ``fedlab/utils/__init__.py`` imports modules HEAD lacks, its partitioners are
     there. A stub of the package stands in for its __init__ only."""

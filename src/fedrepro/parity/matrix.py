@@ -54,6 +54,11 @@ ROUND_RESOLUTIONS = {
     ): "the code's ED branch gives the rate the exponent t - t_s, so it jumps back to lr_0 at t_s (a code quirk, "
     "specs/ima.md 1.3 note 2); fedrepro keeps the schedule, as the paper's 'decaying one local epoch per 20 "
     "rounds'; the epochs drop alike",
+    ("fedlaw", "client.keep_momentum: false"): "the code builds each client's optimiser once, so its momentum "
+    "persists across rounds (round 1 agrees, later rounds do not); switch: `client.keep_momentum` (the "
+    "official-protocol subset)",
+    ("fedlaw", "feddyn.form: paper"): "the code's server state and mean weight the cohort by data size, FedDyn's "
+    "paper by 1/N and 1/|S|; switch: `feddyn.form: fedlaw_code` (the official-protocol subset)",
 }
 
 
@@ -118,7 +123,7 @@ def _client_cell(record: dict, dataset: str, model: str) -> str:
     elsewhere = _elsewhere(record, dataset, model)
     if elsewhere:
         return elsewhere
-    if whole:  # the whole-round check compares every client step too
+    if whole and not rows:  # the whole-round check compares every client step too
         exact = [r for r in whole if r["client_gap_over_bound"] == 0]
         return f"equal, bit for bit, in {len(exact)} of {len(whole)} cases of the round check" + (
             "" if len(exact) == len(whole) else " (the others: see rounds)"

@@ -35,7 +35,11 @@ SHIM = (
     "four modules HEAD lacks), and by names in its modules: client.DataLoader hands out fedrepro's batches, "
     "server_se1.dispatch loads fedrepro's global model of the round first, server_se1.aggregation and "
     "torch.optim.SGD record what the code computed; FedLAW clients (parity.clients): client nodes as "
-    "SimpleNamespaces holding the code's optimisers and fedrepro's batches; FedLAW servers: "
+    "SimpleNamespaces holding the code's optimisers and fedrepro's batches; FedLAW rounds (parity.rounds_fedlaw): "
+    "main_fedlaw.py and main_baselines.py run as scripts on generated idx files, in float64, by names in their "
+    "modules: nodes.Node (client_funct's too) a subclass handing its clients fedrepro's batches and its central "
+    "node fedrepro's proxy batches, client_funct.Client_update loading fedrepro's global model of the round "
+    "first, utils.validate recording the scored global model; FedLAW servers: "
     "torch.tensor(..., device='cuda') on the CPU, the central node's proxy loader yielding fedrepro's batch order, "
     "FedBE's torch.randn_like draws fedrepro's; FedAWARE servers: fedaware.py's definitions only (not its "
     "script part), settings and agnews_dataset, pynvml and torch.utils.tensorboard placeholders, model.LinearReg "
@@ -58,6 +62,9 @@ def checks(paper: str) -> dict:
     if paper == "fedlaw":
         found["clients"] = lambda checkout, inits: clients.compare_fedlaw(checkout)
         found["servers"] = lambda checkout, inits: servers_fedlaw.compare_fedlaw(checkout)
+        from fedrepro.parity import rounds_fedlaw
+
+        found["rounds"] = lambda checkout, inits: rounds_fedlaw.compare_fedlaw(checkout)
     if paper == "fedaware":
         found["servers"] = lambda checkout, inits: servers_fedaware.compare_fedaware(checkout)
     if paper == "fednova":
