@@ -11,7 +11,17 @@ from pathlib import Path
 
 import torch
 
-from fedrepro.parity import clients, models, partitions, pipeline, rounds, servers, servers_fedaware, servers_fedlaw
+from fedrepro.parity import (
+    clients,
+    clients_fednova,
+    models,
+    partitions,
+    pipeline,
+    rounds,
+    servers,
+    servers_fedaware,
+    servers_fedlaw,
+)
 from fedrepro.parity.shim import commit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -62,6 +72,7 @@ def checks(paper: str) -> dict:
         found["servers"] = lambda checkout, inits: servers_fedaware.compare_fedaware(checkout)
     if paper == "fednova":
         found["partitions"] = lambda checkout, inits: partitions.compare_fednova(checkout)
+        found["clients"] = lambda checkout, inits: clients_fednova.compare_fednova(checkout)
         found["servers"] = lambda checkout, inits: servers.compare_fednova(checkout)
     if paper == "ima":
         found["servers"] = lambda checkout, inits: servers.compare_ima(checkout)
