@@ -88,18 +88,21 @@ def _problem(seed: int = 2):
     return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def ours(setting: dict):
-    """fedrepro's run: (every client's local training, per round what its FedNova aggregation computed)."""
+def ours(setting: dict, problem=None, module=None, wrap=None):
+    """fedrepro's run: (every client's local training, per round what its FedNova aggregation computed).
+    ``problem``: (train, test, parts), default ``_problem()``; ``wrap(trainer)`` runs before training."""
     from fedrepro import models
     from fedrepro.run.trainer import Trainer
 
-    train, test, parts = _problem()
+    train, test, parts = problem or _problem()
     log, rounds = [], []
     with tempfile.TemporaryDirectory(prefix="fedrepro-parity-fednova-") as tmp:
-        module = models.build(setting["model"], setting["dataset"])
+        module = models.build(setting["model"], setting["dataset"]) if module is None else module
         trainer = Trainer(setting, tmp, None, None, datasets=(train, test), parts=parts, module=module)
         trainer.cohort_mode = "off"
         record_local_training(trainer, log)
+        if wrap is not None:
+            wrap(trainer)
         aggregate = trainer.aggregate
 
         def recorded(plan, updates):
