@@ -277,8 +277,8 @@ def compare_case(checkout, setting: dict, code_setting: dict | None = None) -> d
                            / ((k + 2) * EPS32))  # fmt: skip
     equal = steps_equal and ranks_agree and all(v <= 1 for v in worst.values())
     return {
-        "rounds": setting["rounds"], "clients": k, "steps": sorted({r["steps"] for r in rows}),
-        "steps_equal": steps_equal, "ranks_agree": ranks_agree,
+        "rounds": setting["rounds"], "clients": k, "model": setting["model"],
+        "steps": sorted({r["steps"] for r in rows}), "steps_equal": steps_equal, "ranks_agree": ranks_agree,
         **{f"{name}_gap_over_bound": value for name, value in worst.items()},
         "rows": rows, "status": "equal" if equal else "differs",
     }  # fmt: skip
