@@ -152,9 +152,11 @@ class ThreadAllReduce:
             t.join()
 
 
-def code(checkout, setting: dict, log: list[dict], rounds: list[dict]) -> list[dict]:
+def code(checkout, setting: dict, log: list[dict], rounds: list[dict], on_client=None, sizes=SIZES) -> list[dict]:
     """The code's FedNova optimisers on fedrepro's batches from fedrepro's round-start models; per round what they
-    computed: each client's end model, steps and a_i, the tau_eff and shares they all-reduced, the new model."""
+    computed: each client's end model, steps and a_i, the tau_eff and shares they all-reduced, the new model.
+    In torch's default dtype (the round check's float64 oracle sets float64); ``on_client(c)`` before each
+    client's local steps."""
     from fedrepro import models
 
     cl, nova = setting["client"], setting["fednova"]
@@ -172,7 +174,7 @@ def code(checkout, setting: dict, log: list[dict], rounds: list[dict]) -> list[d
         for c in range(k):
             model = copy.deepcopy(template)
             opt = fednova_module.FedNova(
-                model.parameters(), ratio=SIZES[c] / sum(SIZES), gmf=0, mu=nova["mu"], lr=cl["lr"],
+                model.parameters(), ratio=sizes[c] / sum(sizes), gmf=0, mu=nova["mu"], lr=cl["lr"],
                 momentum=cl["momentum"], weight_decay=cl["weight_decay"],
             )  # fmt: skip
             nodes.append(SimpleNamespace(model=model, opt=opt))
@@ -182,7 +184,10 @@ def code(checkout, setting: dict, log: list[dict], rounds: list[dict]) -> list[d
             got = {"clients": {}, "x_new": None}
             for e in entries:
                 node = nodes[e["client"]]
-                torch.nn.utils.vector_to_parameters(e["start"], node.model.parameters())
+                if on_client is not None:
+                    on_client(e["client"])
+                start = e["start"].to(torch.get_default_dtype())
+                torch.nn.utils.vector_to_parameters(start, node.model.parameters())
                 for group in node.opt.param_groups:
                     group["lr"] = e["lr"]
                     for p in group["params"]:
@@ -191,6 +196,7 @@ def code(checkout, setting: dict, log: list[dict], rounds: list[dict]) -> list[d
                 node.model.train()
                 for epoch in e["batches"]:
                     for x, y in epoch:
+                        x = x.to(torch.get_default_dtype())
                         loss = torch.nn.functional.cross_entropy(node.model(x), y)
                         loss.backward()
                         node.opt.step()

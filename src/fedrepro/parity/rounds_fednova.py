@@ -37,11 +37,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedrepro.parity import clients_fednova
 from fedrepro.parity.clients import LR_RELATIVE
 from fedrepro.parity.clients_fednova import A_RELATIVE, client_bound, global_bound, ours
 from fedrepro.parity.shim import checkout_on_path
 
 SIZES = (30, 18, 45)
+# Where the float32 bounds do not hold (their premise, lr L < 1, fails for VGG-11 at lr 0.05 on random labels: a
+# rounding difference grows from step to step), the case is judged against the code's optimiser run in float64 on
+# the same batches: fedrepro's float32 run must be no farther from it than ORACLE_FACTOR times the code's own.
+ORACLE_FACTOR = 2.0
 SHRUNK = {"num_clients": len(SIZES), "participation": 1.0, "rounds": 4, "local_epochs": 2, "batch_size": 16,
           "device": "cpu"}  # fmt: skip
 
@@ -63,11 +68,22 @@ def fednova_settings() -> dict[str, dict]:
 def _problem(seed: int = 3):
     from fedrepro.data import TensorDataset
 
+    class InDefaultDtype(TensorDataset):
+        """Batches in torch's default dtype: float64 in the float64 rerun (uint8 / 255 rounded to float32 first,
+        the same inputs on both sides)."""
+
+        def batch(self, index):
+            x, y = super().batch(index)
+            return x.to(torch.get_default_dtype()), y
+
+        def to(self, device):
+            return InDefaultDtype(self.images.to(device), self.labels.to(device), self.mean, self.std)
+
     rng = np.random.default_rng(seed)
     n = sum(SIZES)
     images = torch.from_numpy(rng.integers(0, 256, (n + 16, 3, 32, 32), dtype=np.uint8))
     labels = torch.from_numpy(rng.integers(0, 10, n + 16))
-    train, test = TensorDataset(images[:n], labels[:n], 0.0, 1.0), TensorDataset(images[n:], labels[n:], 0.0, 1.0)
+    train, test = InDefaultDtype(images[:n], labels[:n], 0.0, 1.0), InDefaultDtype(images[n:], labels[n:], 0.0, 1.0)
     bounds = np.cumsum((0,) + SIZES)
     return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -135,6 +151,7 @@ def _rank(rank: int, world: int, checkout: str, folder: str, setting: dict) -> N
     """One client of the code: train_LocalSGD's own init_processes and run, pinned as the module says."""
     torch.set_num_threads(1)
     pinned = torch.load(Path(folder) / f"pinned{rank}.pt")
+    torch.set_default_dtype(pinned["initial"].dtype)  # the code's model and tensors in the dtype fedrepro ran
     masks = pinned["masks"]
     torch.nn.functional.dropout = _masked_dropout(lambda input, p: masks.pop(0))
     cl, nova = setting["client"], setting["fednova"]
@@ -212,6 +229,22 @@ def code(checkout, setting: dict, initial, log, masks, test) -> list[dict]:
         return [torch.load(Path(tmp) / f"code{c}.pt")["rounds"] for c in range(world)]
 
 
+def _oracle(checkout, setting: dict, log: list[dict], rounds: list[dict], masks: dict) -> list[dict]:
+    """The code's FedNova optimiser in float64 (``clients_fednova.code``: in-process, fedrepro's VGG-11, the same
+    function as the code's) on the same batches, round starts, rates and dropout masks."""
+    queues, current = {c: list(m) for c, m in masks.items()}, {"client": None}
+    original, dtype = torch.nn.functional.dropout, torch.get_default_dtype()
+    torch.nn.functional.dropout = _masked_dropout(lambda input, p: queues[current["client"]].pop(0).to(input.dtype))
+    torch.set_default_dtype(torch.float64)
+    try:
+        return clients_fednova.code(
+            checkout, setting, log, rounds, on_client=lambda c: current.update(client=c), sizes=SIZES
+        )
+    finally:
+        torch.nn.functional.dropout = original
+        torch.set_default_dtype(dtype)
+
+
 def compare_case(checkout, setting: dict, code_setting: dict | None = None) -> dict:
     """One case: fedrepro at ``setting``, the code at ``code_setting`` (default the same; a test breaks one term
     on one side only)."""
@@ -242,13 +275,31 @@ def compare_case(checkout, setting: dict, code_setting: dict | None = None) -> d
         ranks_agree &= all(torch.equal(got[c][t]["global"], code_global) for c in range(len(SIZES)))
         worst["global"] = max(worst["global"], float((code_global - mine["x_new"]).abs().max()) / xmax / gb)
     equal = all(v <= 1 for v in worst.values()) and not rates_differ and not steps_differ and ranks_agree
+    oracle = {}
+    if not equal and not rates_differ and not steps_differ and ranks_agree:
+        exact = _oracle(checkout, code_setting or setting, log, rounds, masks)
+        oracle = {"ours_client": 0.0, "code_client": 0.0, "ours_global": 0.0, "code_global": 0.0}
+        for t, mine in enumerate(rounds):
+            for c in mine["clients"]:
+                e = next(e for e in log if e["round"] == t and e["client"] == c)
+                x64 = exact[t]["clients"][c]["end"]
+                scale = float(x64.abs().max())
+                for side, x in (("ours", e["end"]), ("code", got[c][t]["client"])):
+                    gap = float((x.double() - x64).abs().max()) / scale
+                    oracle[f"{side}_client"] = max(oracle[f"{side}_client"], gap)
+            x64 = exact[t]["x_new"]
+            for side, x in (("ours", mine["x_new"]), ("code", got[0][t]["global"])):
+                gap = float((x.double() - x64).abs().max()) / float(x64.abs().max())
+                oracle[f"{side}_global"] = max(oracle[f"{side}_global"], gap)
+        # fedrepro no farther from the exact computation than twice the code's own float32 run
+        equal = all(oracle[f"ours_{k}"] <= ORACLE_FACTOR * oracle[f"code_{k}"] for k in ("client", "global"))
     return {
         "rounds": setting["rounds"], "clients": len(SIZES), "model": setting["model"],
         "client_gap_over_bound": worst["client"], "global_gap_over_bound": worst["global"],
         "a_gap_over_bound": worst["a"], "rounds_rates_differ": sorted(rates_differ),
         "rounds_steps_differ": sorted(steps_differ), "ranks_agree": ranks_agree,
         "rates": [[got[0][t]["lr"], next(e["lr"] for e in log if e["round"] == t)] for t in range(setting["rounds"])],
-        "status": "equal" if equal else "differs",
+        **({"float64_oracle": oracle} if oracle else {}), "status": "equal" if equal else "differs",
     }  # fmt: skip
 
 
