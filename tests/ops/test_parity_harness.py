@@ -525,3 +525,54 @@ def test_fedawares_code_pairing_recipe_written_out(float64):
         assert float((cm - om).abs().max()) <= 1e-12 * float(cm.abs().max())
         assert (cd is None) == (od is None) and (cd is None or float((cd - od).abs().max()) <= 1e-12)
     assert not torch.allclose(code(False)[0][0], ours("per_client")[0][0])
+
+
+@pytest.mark.skipif(not FEDNOVA, reason="FEDREPRO_FEDNOVA_CHECKOUT (a checkout of JYWa/FedNova) is not set")
+def test_fednovas_own_optimiser_trains_and_normalises_as_our_clients():
+    from fedrepro.parity import clients_fednova
+
+    rows = clients_fednova.compare_fednova(FEDNOVA)
+    assert [r["status"] for r in rows] == ["equal"] * len(rows) and len(rows) == 4
+    assert all(len(r["steps"]) > 2 for r in rows)  # unequal step counts across clients and rounds
+
+
+@pytest.mark.skipif(not FEDNOVA, reason="FEDREPRO_FEDNOVA_CHECKOUT (a checkout of JYWa/FedNova) is not set")
+@pytest.mark.parametrize(
+    "broken",
+    [{"fednova": {"mu": 0.505}}, {"client": {"momentum": 0.89}}, {"client": {"weight_decay": 0.0105}}],
+    ids=["mu 1% off", "momentum 0.89", "weight decay 5% off"],
+)
+def test_the_fednova_client_check_sees_one_broken_term_on_our_side(broken):
+    """The code keeps the case's settings, fedrepro runs with one term changed: the check must say so."""
+    from fedrepro.parity import clients_fednova
+
+    settings = clients_fednova.fednova_settings()
+    strong = next(s for label, s in settings.items() if label.startswith("every term up"))
+    row = clients_fednova.compare_case(FEDNOVA, clients_fednova.merged(strong, broken), strong)
+    assert row["status"] == "differs" and row["client_gap_over_bound"] > 1
+
+
+def _fednova_round_case():
+    from fedrepro.parity import rounds_fednova
+
+    settings = rounds_fednova.fednova_settings()
+    return rounds_fednova, next(s for label, s in settings.items() if "momentum 0.9" in label)
+
+
+@pytest.mark.skipif(not FEDNOVA, reason="FEDREPRO_FEDNOVA_CHECKOUT (a checkout of JYWa/FedNova) is not set")
+def test_fednovas_own_training_script_runs_rounds_as_ours():
+    """train_LocalSGD.py's run loop in gloo processes, its momentum case (the record holds all three)."""
+    rounds_fednova, setting = _fednova_round_case()
+    row = rounds_fednova.compare_case(FEDNOVA, setting)
+    assert row["status"] == "equal" and row["client_gap_over_bound"] <= 1 and row["global_gap_over_bound"] <= 1
+    assert [r[0] for r in row["rates"]] == pytest.approx([0.02, 0.02, 0.002, 0.0002], rel=1e-12)
+
+
+@pytest.mark.skipif(not FEDNOVA, reason="FEDREPRO_FEDNOVA_CHECKOUT (a checkout of JYWa/FedNova) is not set")
+def test_the_fednova_round_check_sees_another_rate_schedule_on_our_side():
+    """fedrepro drops its rate by 1/5 at the milestones, the code by 1/10: rates and models must differ."""
+    rounds_fednova, setting = _fednova_round_case()
+    broken = {**setting, "client": {**setting["client"], "lr_milestone_factor": 0.2}}
+    row = rounds_fednova.compare_case(FEDNOVA, broken, setting)
+    assert row["status"] == "differs" and row["rounds_rates_differ"] == [2, 3]
+    assert row["client_gap_over_bound"] > 1

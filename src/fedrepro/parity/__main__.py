@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--checks",
         default="",
-        help="comma-separated checks to run (models, pipeline, partitions, servers), kept beside the record's others",
+        help="comma-separated checks to run (models, pipeline, partitions, clients, servers, rounds), kept beside "
+        "the record's others",
     )
     p.add_argument("--matrix", action="store_true", help="rewrite docs/parity.md's matrix from the records")
     args = p.parse_args(argv)

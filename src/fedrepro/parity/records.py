@@ -11,7 +11,18 @@ from pathlib import Path
 
 import torch
 
-from fedrepro.parity import clients, models, partitions, pipeline, rounds, servers, servers_fedaware, servers_fedlaw
+from fedrepro.parity import (
+    clients,
+    clients_fednova,
+    models,
+    partitions,
+    pipeline,
+    rounds,
+    rounds_fednova,
+    servers,
+    servers_fedaware,
+    servers_fedlaw,
+)
 from fedrepro.parity.shim import commit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,7 +54,14 @@ SHIM = (
     "torch.tensor(..., device='cuda') on the CPU, the central node's proxy loader yielding fedrepro's batch order, "
     "FedBE's torch.randn_like draws fedrepro's; FedAWARE servers: fedaware.py's definitions only (not its "
     "script part), settings and agnews_dataset, pynvml and torch.utils.tensorboard placeholders, model.LinearReg "
-    "placeholder, FeedbackSampler's shuffled list fedrepro's warmup permutation, FedLab 1.3.0 from PyPI"
+    "placeholder, FeedbackSampler's shuffled list fedrepro's warmup permutation, FedLab 1.3.0 from PyPI; FedNova "
+    "clients (parity.clients_fednova): one distoptim.FedNova per client, its parameters and old_init set to "
+    "fedrepro's global model each round, its rate fedrepro's, the name dist in its module an all-reduce over one "
+    "thread per client; FedNova rounds (parity.rounds_fednova): train_LocalSGD.py's init_processes and run in one "
+    "spawned gloo process per client, its argv set, util_v4.partition_dataset handing out fedrepro's batches, "
+    "util_v4.select_model the code's vgg11 with fedrepro's initial weights, update_learning_rate loading "
+    "fedrepro's global model of the round first, its FedNova name a recording subclass, "
+    "torch.nn.functional.dropout replaying fedrepro's masks"
 )
 
 
@@ -69,6 +87,8 @@ def checks(paper: str) -> dict:
         found["servers"] = lambda checkout, inits: servers_fedaware.compare_fedaware(checkout)
     if paper == "fednova":
         found["partitions"] = lambda checkout, inits: partitions.compare_fednova(checkout)
+        found["clients"] = lambda checkout, inits: clients_fednova.compare_fednova(checkout)
+        found["rounds"] = lambda checkout, inits: rounds_fednova.compare_fednova(checkout)
         found["servers"] = lambda checkout, inits: servers.compare_fednova(checkout)
     if paper == "ima":
         found["servers"] = lambda checkout, inits: servers.compare_ima(checkout)

@@ -1,0 +1,307 @@
+"""Whole rounds of FedNova's code and of fedrepro, compared round by round: the rate schedule, every client's
+local training and the normalised average, on the code's own VGG-11.
+
+fedrepro's side is its real trainer (the sequential path) at FedNova Table I's E_i = 2 settings of FedNova
+(params/fednova.yaml: plain SGD, local momentum, proximal term), shrunk: three clients of unequal sizes (so
+unequal step counts and partial last batches), all of them every round, 4 rounds (the rate drops /10 at round 2
+and /100 at round 3, as at the paper's 100 rounds: milestones at whole rounds), two epochs of batches of 16, on
+generated CIFAR-shaped inputs. Every client's start model, rate, batches and end model, the aggregation's
+tau_eff and scales, and the global model after every round are recorded.
+
+The code's side is ``train_LocalSGD.py`` itself, unchanged: its module is imported with its command line in
+``sys.argv`` (``--optimizer fednova --pattern constant --backend gloo``, the case's rate, momentum and mu) and its
+own ``init_processes(rank, size, run)`` runs in one spawned process per client on the CPU, so its ``run`` loop
+does everything a real run does: the rate schedule (``update_learning_rate``), the local epochs, ``train`` with
+the code's ``FedNova`` optimiser (weight decay 1e-4, fixed in the script), ``average()`` through gloo's
+all-reduce, and ``evaluate``. Pinned from outside, by names in its modules (never its files): ``util_v4``'s
+``partition_dataset`` returns a loader that hands out fedrepro's batches for the rank's client, epoch by epoch, a
+one-batch test loader and the ratios n_i / n (the data pipeline and partition are compared apart);
+``util_v4.select_model`` returns the code's own ``models.vgg11()`` holding fedrepro's initial weights (the same
+parameter order; the model check compares the functions); ``update_learning_rate`` first loads fedrepro's global
+model of the round into the parameters and the optimiser's ``old_init``, so each round starts from the same model
+on both sides; the script's ``FedNova`` name is a subclass that records the client model, rate, steps and a_i
+before ``average()`` and the global model after. Dropout (VGG-11's two layers): ``torch.nn.functional.dropout``
+draws its masks in fedrepro's run and replays them, in the same order, in the code's ranks.
+
+Compared per round: rates (1e-12 relative), steps (equal), a_i (float64 recursions, 1e-12), each client's model
+(``clients_fednova.client_bound``) and the global model (``clients_fednova.global_bound``)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedrepro.parity import clients_fednova
+from fedrepro.parity.clients import LR_RELATIVE
+from fedrepro.parity.clients_fednova import A_RELATIVE, client_bound, global_bound, ours
+from fedrepro.parity.shim import checkout_on_path
+
+SIZES = (30, 18, 45)
+# Where the float32 bounds do not hold (their premise, lr L < 1, fails for VGG-11 at lr 0.05 on random labels: a
+# rounding difference grows from step to step), the case is judged against the code's optimiser run in float64 on
+# the same batches: fedrepro's float32 run must be no farther from it than ORACLE_FACTOR times the code's own.
+ORACLE_FACTOR = 2.0
+SHRUNK = {"num_clients": len(SIZES), "participation": 1.0, "rounds": 4, "local_epochs": 2, "batch_size": 16,
+          "device": "cpu"}  # fmt: skip
+
+
+def fednova_settings() -> dict[str, dict]:
+    from fedrepro.configure import expansion, paramsfile
+    from fedrepro.configure.paramsfile import ROOT
+
+    found = {}
+    for run in expansion.expand(paramsfile.load_params_files([str(ROOT / "params" / "fednova.yaml")])):
+        s = run.setting
+        if run.experiment == "fednova_table1_e2" and s["algorithm"] == "fednova":
+            c = s["client"]
+            label = f"FedNova, lr {c['lr']:g}, momentum {c['momentum']:g}, mu {s['fednova']['mu']:g}"
+            found.setdefault(label, {**copy.deepcopy(s), **SHRUNK})
+    return found
+
+
+def _problem(seed: int = 3):
+    from fedrepro.data import TensorDataset
+
+    class InDefaultDtype(TensorDataset):
+        """Batches in torch's default dtype: float64 in the float64 rerun (uint8 / 255 rounded to float32 first,
+        the same inputs on both sides)."""
+
+        def batch(self, index):
+            x, y = super().batch(index)
+            return x.to(torch.get_default_dtype()), y
+
+        def to(self, device):
+            return InDefaultDtype(self.images.to(device), self.labels.to(device), self.mean, self.std)
+
+    rng = np.random.default_rng(seed)
+    n = sum(SIZES)
+    images = torch.from_numpy(rng.integers(0, 256, (n + 16, 3, 32, 32), dtype=np.uint8))
+    labels = torch.from_numpy(rng.integers(0, 10, n + 16))
+    train, test = InDefaultDtype(images[:n], labels[:n], 0.0, 1.0), InDefaultDtype(images[n:], labels[n:], 0.0, 1.0)
+    bounds = np.cumsum((0,) + SIZES)
+    return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _masked_dropout(next_mask):
+    """F.dropout as both programs run it here: input * mask / (1 - p), the mask from ``next_mask(input, p)``."""
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return input
+        return input * next_mask(input, p) * (1.0 / (1.0 - p))
+
+    return dropout
+
+
+def _ours(setting: dict):
+    """fedrepro's run with every dropout mask a client drew kept: (initial vector, log, rounds, masks per client)."""
+    from fedrepro import models
+
+    torch.manual_seed(setting["seed"])
+    module = models.build(setting["model"], setting["dataset"])
+    initial = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+    masks = {c: [] for c in range(len(SIZES))}
+    current, gen = {"client": None}, torch.Generator().manual_seed(7)
+
+    def draw(input, p):
+        mask = (torch.rand(input.shape, generator=gen) >= p).to(input.dtype)
+        masks[current["client"]].append(mask)
+        return mask
+
+    def wrap(trainer):
+        train = trainer.local.train
+
+        def tracked(run, *args, **kwargs):
+            current["client"] = run.client
+            try:
+                return train(run, *args, **kwargs)
+            finally:
+                current["client"] = None
+
+        trainer.local.train = tracked
+
+    original = torch.nn.functional.dropout
+    torch.nn.functional.dropout = _masked_dropout(draw)
+    try:
+        log, rounds = ours(setting, _problem(), module, wrap)
+    finally:
+        torch.nn.functional.dropout = original
+    return initial, log, rounds, masks
+
+
+class _Batches:
+    def __init__(self, epochs):
+        self.epochs, self.current = epochs, epochs[0]
+
+    def __iter__(self):
+        self.current = self.epochs.pop(0)
+        return iter(self.current)
+
+    def __len__(self):
+        return len(self.current)
+
+
+def _rank(rank: int, world: int, checkout: str, folder: str, setting: dict) -> None:
+    """One client of the code: train_LocalSGD's own init_processes and run, pinned as the module says."""
+    torch.set_num_threads(1)
+    pinned = torch.load(Path(folder) / f"pinned{rank}.pt")
+    torch.set_default_dtype(pinned["initial"].dtype)  # the code's model and tensors in the dtype fedrepro ran
+    masks = pinned["masks"]
+    torch.nn.functional.dropout = _masked_dropout(lambda input, p: masks.pop(0))
+    cl, nova = setting["client"], setting["fednova"]
+    sys.argv = ["train_LocalSGD.py", "--backend", "gloo", "--initmethod", f"file://{folder}/init", "--size",
+                str(world), "--rank", str(rank), "--optimizer", "fednova", "--model", "VGG", "--lr", repr(cl["lr"]),
+                "--momentum", repr(cl["momentum"]), "--mu", repr(nova["mu"]), "--gmf", repr(nova["server_momentum"]),
+                "--bs", str(setting["batch_size"]), "--localE", str(setting["local_epochs"]), "--rounds",
+                str(setting["rounds"]), "--pattern", "constant", "--savepath", f"{folder}/", "--name", "parity",
+                "--NIID", "-p", "--seed", str(setting["seed"])]  # fmt: skip
+    with checkout_on_path(checkout, stubs=("mpi4py",), placeholders={"models": ["LogisticRegression"]}):
+        import models as code_models
+        import train_LocalSGD
+        import util_v4
+
+        record = {"rounds": []}
+
+        def partition_dataset(rank_, size, args):
+            return _Batches(pinned["batches"]), [pinned["test"]], pinned["ratios"]
+
+        def select_model(num_class, args):
+            model = code_models.vgg11()
+            shapes = [p.shape for p in model.parameters()]
+            if [tuple(s) for s in shapes] != pinned["shapes"]:
+                raise RuntimeError("the code's vgg11 and fedrepro's vgg11 hold parameters of other shapes or order")
+            torch.nn.utils.vector_to_parameters(pinned["initial"], model.parameters())
+            return model
+
+        update_learning_rate = train_LocalSGD.update_learning_rate
+
+        def start_from_ours(optimizer, rnd, target_lr):
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            with torch.no_grad():
+                torch.nn.utils.vector_to_parameters(pinned["starts"][rnd], params)
+                for p in params:
+                    if "old_init" in optimizer.state[p]:
+                        optimizer.state[p]["old_init"].copy_(p)
+            return update_learning_rate(optimizer, rnd, target_lr)
+
+        class Recorded(train_LocalSGD.FedNova):
+            def average(self, *args, **kwargs):
+                params = [p for g in self.param_groups for p in g["params"]]
+                entry = {"client": torch.nn.utils.parameters_to_vector(params).detach().clone(),
+                         "lr": self.param_groups[0]["lr"], "steps": self.local_steps,
+                         "a": float(self.local_normalizing_vec)}  # fmt: skip
+                out = super().average(*args, **kwargs)
+                entry["global"] = torch.nn.utils.parameters_to_vector(params).detach().clone()
+                record["rounds"].append(entry)
+                return out
+
+        util_v4.partition_dataset, util_v4.select_model = partition_dataset, select_model
+        train_LocalSGD.update_learning_rate, train_LocalSGD.FedNova = start_from_ours, Recorded
+        os.makedirs(f"{folder}/parity", exist_ok=True)
+        train_LocalSGD.init_processes(rank, world, train_LocalSGD.run)
+        torch.distributed.destroy_process_group()
+    torch.save(record, Path(folder) / f"code{rank}.pt")
+
+
+def code(checkout, setting: dict, initial, log, masks, test) -> list[dict]:
+    """The code's run, one spawned process per client; per client, its recorded rounds."""
+    import torch.multiprocessing as mp
+
+    from fedrepro import models
+
+    shapes = [tuple(p.shape) for p in models.build(setting["model"], setting["dataset"]).parameters()]
+    world = len(SIZES)
+    with tempfile.TemporaryDirectory(prefix="fedrepro-parity-fednova-rounds-") as tmp:
+        starts = [e["start"] for e in sorted(log, key=lambda e: e["round"]) if e["client"] == 0]
+        for c in range(world):
+            mine = sorted((e for e in log if e["client"] == c), key=lambda e: e["round"])
+            torch.save({"batches": [list(b) for e in mine for b in e["batches"]], "test": test, "masks": masks[c],
+                        "ratios": [n / sum(SIZES) for n in SIZES], "initial": initial, "shapes": shapes,
+                        "starts": starts}, Path(tmp) / f"pinned{c}.pt")  # fmt: skip
+        mp.start_processes(_rank, args=(world, str(checkout), tmp, setting), nprocs=world, join=True,
+                           start_method="spawn")  # fmt: skip
+        return [torch.load(Path(tmp) / f"code{c}.pt")["rounds"] for c in range(world)]
+
+
+def _oracle(checkout, setting: dict, log: list[dict], rounds: list[dict], masks: dict) -> list[dict]:
+    """The code's FedNova optimiser in float64 (``clients_fednova.code``: in-process, fedrepro's VGG-11, the same
+    function as the code's) on the same batches, round starts, rates and dropout masks."""
+    queues, current = {c: list(m) for c, m in masks.items()}, {"client": None}
+    original, dtype = torch.nn.functional.dropout, torch.get_default_dtype()
+    torch.nn.functional.dropout = _masked_dropout(lambda input, p: queues[current["client"]].pop(0).to(input.dtype))
+    torch.set_default_dtype(torch.float64)
+    try:
+        return clients_fednova.code(
+            checkout, setting, log, rounds, on_client=lambda c: current.update(client=c), sizes=SIZES
+        )
+    finally:
+        torch.nn.functional.dropout = original
+        torch.set_default_dtype(dtype)
+
+
+def compare_case(checkout, setting: dict, code_setting: dict | None = None) -> dict:
+    """One case: fedrepro at ``setting``, the code at ``code_setting`` (default the same; a test breaks one term
+    on one side only)."""
+    from fedrepro.algorithms.fednova import a_norm
+
+    initial, log, rounds, masks = _ours(setting)
+    train, test, _ = _problem()
+    got = code(checkout, code_setting or setting, initial, log, masks, test.batch(torch.arange(len(test))))
+    momentum, mu = setting["client"]["momentum"], setting["fednova"]["mu"]
+    worst = {"client": 0.0, "global": 0.0, "a": 0.0}
+    rates_differ, steps_differ, ranks_agree = set(), set(), True
+    for t, mine in enumerate(rounds):
+        xmax = float(mine["x"].abs().max())
+        for j, c in enumerate(mine["clients"]):
+            e = next(e for e in log if e["round"] == t and e["client"] == c)
+            theirs, n = got[c][t], int(mine["steps"][j])
+            if abs(theirs["lr"] - e["lr"]) > LR_RELATIVE * e["lr"]:
+                rates_differ.add(t)
+            if theirs["steps"] != n:
+                steps_differ.add(t)
+            a = a_norm(n, e["lr"], momentum, mu)
+            worst["a"] = max(worst["a"], abs(theirs["a"] - a) / a / A_RELATIVE)
+            gap = float((theirs["client"] - e["end"]).abs().max()) / float(e["end"].abs().max())
+            worst["client"] = max(worst["client"], gap / client_bound(n, momentum))
+        spread = sum(float(sh.abs().max()) for sh in mine["shares"]) / xmax
+        gb = global_bound(list(mine["scale"]) + [spread], [int(s) for s in mine["steps"]], momentum)
+        code_global = got[0][t]["global"]
+        ranks_agree &= all(torch.equal(got[c][t]["global"], code_global) for c in range(len(SIZES)))
+        worst["global"] = max(worst["global"], float((code_global - mine["x_new"]).abs().max()) / xmax / gb)
+    equal = all(v <= 1 for v in worst.values()) and not rates_differ and not steps_differ and ranks_agree
+    oracle = {}
+    if not equal and not rates_differ and not steps_differ and ranks_agree:
+        exact = _oracle(checkout, code_setting or setting, log, rounds, masks)
+        oracle = {"ours_client": 0.0, "code_client": 0.0, "ours_global": 0.0, "code_global": 0.0}
+        for t, mine in enumerate(rounds):
+            for c in mine["clients"]:
+                e = next(e for e in log if e["round"] == t and e["client"] == c)
+                x64 = exact[t]["clients"][c]["end"]
+                scale = float(x64.abs().max())
+                for side, x in (("ours", e["end"]), ("code", got[c][t]["client"])):
+                    gap = float((x.double() - x64).abs().max()) / scale
+                    oracle[f"{side}_client"] = max(oracle[f"{side}_client"], gap)
+            x64 = exact[t]["x_new"]
+            for side, x in (("ours", mine["x_new"]), ("code", got[0][t]["global"])):
+                gap = float((x.double() - x64).abs().max()) / float(x64.abs().max())
+                oracle[f"{side}_global"] = max(oracle[f"{side}_global"], gap)
+        # fedrepro no farther from the exact computation than twice the code's own float32 run
+        equal = all(oracle[f"ours_{k}"] <= ORACLE_FACTOR * oracle[f"code_{k}"] for k in ("client", "global"))
+    return {
+        "rounds": setting["rounds"], "clients": len(SIZES), "model": setting["model"],
+        "client_gap_over_bound": worst["client"], "global_gap_over_bound": worst["global"],
+        "a_gap_over_bound": worst["a"], "rounds_rates_differ": sorted(rates_differ),
+        "rounds_steps_differ": sorted(steps_differ), "ranks_agree": ranks_agree,
+        "rates": [[got[0][t]["lr"], next(e["lr"] for e in log if e["round"] == t)] for t in range(setting["rounds"])],
+        **({"float64_oracle": oracle} if oracle else {}), "status": "equal" if equal else "differs",
+    }  # fmt: skip
+
+
+def compare_fednova(checkout) -> list[dict]:
+    return [{"case": label, **compare_case(checkout, setting)} for label, setting in fednova_settings().items()]
