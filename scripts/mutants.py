@@ -77,7 +77,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["algorithms/test_fedlaw.py", "algorithms/test_fedlaw_baselines.py"],
     ),
     "ima": ([ALG + "ima.py"], ["algorithms/test_ima.py", "algorithms/test_oracles.py"]),
-    "ima_baselines": ([ALG + n for n in ("fedasam.py", "fedgma.py", "fedfa.py")], ["algorithms/test_ima_baselines.py"]),
+    "ima_baselines": (  # the batched forms are run/test_batched.py's
+        [ALG + n for n in ("fedasam.py", "fedgma.py", "fedfa.py")],
+        ["algorithms/test_ima_baselines.py", "run/test_batched.py"],
+    ),
     "client_draws": (
         [ALG + "random_epochs.py", ALG + "random_batch.py"],
         ["algorithms/test_oracles.py", "run/test_client_protocol.py"],

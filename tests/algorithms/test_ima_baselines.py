@@ -254,3 +254,97 @@ def test_cnn_runs_and_resumes_exactly(method, tiny_data_root, tiny_partition, tm
         anchors = straight.algorithm.objective.anchors
         assert not torch.equal(anchors, (anchors > 0.999).float())
         torch.testing.assert_close(resumed.algorithm.objective.anchors, anchors, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- each method as its setting builds it
+
+
+def built(setting: dict):
+    from fedrepro import algorithms
+
+    return algorithms.build(settings.resolve(setting), 3, 12, torch.device("cpu"), torch.ones(3))
+
+
+def test_fedgma_built_from_its_setting_steps_as_the_formula():
+    """x_new = x - eta_g (mean - eta_gma (1/m) sum_i M_i Delta_i), each constant from the setting, none equal."""
+    algo = built({"algorithm": "fedgma", "fedgma": {"lr": 0.3, "threshold": 0.3}, "server": {"lr": 0.5}})
+    assert algo.name == "fedgma"
+    updates = updates_with(DELTAS, SIZES)
+    x = torch.ones(4)
+    d = algo.aggregator(x, updates)
+    torch.testing.assert_close(d, MEAN - 0.3 * torch.tensor([4 / 3, 3 / 3, -5 / 3, 1 / 3]))
+    torch.testing.assert_close(algo.optimizer(x, d, updates), x - 0.5 * d)
+    # threshold 0.8 of the same setting family keeps coordinates 0 and 2 only: half of them
+    strict = built({"algorithm": "fedgma", "fedgma": {"lr": 0.3, "threshold": 0.8}})
+    strict.aggregator(x, updates)
+    assert float(updates.info["gma_kept"]) == 0.5
+    torch.testing.assert_close(updates.info["weights"], updates.weights)
+
+
+def test_gma_threshold_is_strict():
+    """|s| > eps m: with m = 3 and eps = 1/3 a coordinate whose signs sum to 1 is dropped; to 3, kept."""
+    deltas = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, -1.0]])  # s = (3, 1)
+    d = MaskedAveraging(1.0, 1 / 3)(torch.zeros(2), updates_with(deltas, torch.ones(3)))  # eps m = 1.0 exactly
+    torch.testing.assert_close(d, torch.tensor([1.0, 1 / 3]) - torch.tensor([1.0, 0.0]))
+
+
+def test_fedasam_built_from_its_setting():
+    algo = built({"algorithm": "fedasam", "model": "cnn", "fedasam": {"rho": 0.3, "eta": 0.04}, "server": {"lr": 0.5}})
+    assert algo.name == "fedasam"
+    assert (algo.objective.rho, algo.objective.eta) == (0.3, 0.04)
+    x, d = torch.ones(4), torch.full((4,), 2.0)
+    torch.testing.assert_close(algo.optimizer(x, d, updates_with(DELTAS, SIZES)), x - 0.5 * d)
+    torch.testing.assert_close(algo.aggregator(x, updates_with(DELTAS, SIZES)), MEAN)
+
+
+def test_fedfa_built_from_its_setting():
+    """lambda, the anchor momentum, calibration after calibration_start x R rounds with its lr, and the
+    anchors: one distinct one-hot row per class in the classifier's input dimension, drawn from the run's seed."""
+    from fedrepro.algorithms.fedfa import initial_anchors
+
+    setting = {"algorithm": "fedfa", "model": "cnn", "rounds": 40, "seed": 5, "server": {"lr": 0.5}}
+    setting["fedfa"] = {"lam": 0.2, "momentum": 0.7, "calibration_start": 0.5, "calibration_lr": 0.003}
+    algo = built(setting)
+    objective = algo.objective
+    assert algo.name == "fedfa"
+    assert (objective.lam, objective.momentum) == (0.2, 0.7)
+    assert (objective.calibrate_after, objective.calibration_lr) == (20.0, 0.003)
+    torch.testing.assert_close(objective.anchors, initial_anchors(10, objective.anchors.shape[1], 5))
+    x, d = torch.ones(4), torch.full((4,), 2.0)
+    torch.testing.assert_close(algo.optimizer(x, d, updates_with(DELTAS, SIZES)), x - 0.5 * d)
+
+
+@pytest.mark.parametrize("classes, dim", [(3, 5), (4, 4)])
+def test_initial_anchors_are_distinct_one_hot_rows_when_they_fit(classes, dim):
+    a = initial_anchors_of(classes, dim, seed=1)
+    assert a.shape == (classes, dim)
+    torch.testing.assert_close(a @ a.T, torch.eye(classes))  # orthonormal
+    assert set(a.unique().tolist()) == {0.0, 1.0}
+    draws = {tuple(initial_anchors_of(classes, dim, seed=s).argmax(1).tolist()) for s in range(8)}
+    assert len(draws) > 1  # the rows' positions come from the seed
+    assert torch.equal(a, initial_anchors_of(classes, dim, seed=1))
+
+
+def test_initial_anchors_are_unit_gaussian_rows_when_classes_exceed_the_dimension():
+    a = initial_anchors_of(6, 3, seed=2)
+    assert a.shape == (6, 3)
+    torch.testing.assert_close(a.norm(dim=1), torch.ones(6))
+    assert len(set(a.unique().tolist())) > 2  # not one-hot
+    assert torch.equal(a, initial_anchors_of(6, 3, seed=2)) and not torch.equal(a, initial_anchors_of(6, 3, seed=3))
+
+
+def initial_anchors_of(classes: int, dim: int, seed: int) -> torch.Tensor:
+    from fedrepro.algorithms.fedfa import initial_anchors
+
+    return initial_anchors(classes, dim, seed)
+
+
+def test_fedfa_build_names_the_model_it_cannot_split():
+    """The library's own check, for a setting that did not pass the config check (a caller of build)."""
+    from types import SimpleNamespace
+
+    from fedrepro.algorithms import fedfa
+
+    setting = settings.resolve({"algorithm": "fedfa", "model": "cnn"})
+    with pytest.raises(ValueError, match=r"model 'mlp' is not one of \[.*'cnn'"):
+        fedfa.build({**setting, "model": "mlp"}, SimpleNamespace(module=None, device="cpu"))

@@ -321,12 +321,20 @@ def _feature_gain(trainer) -> float:
     return gain
 
 
-@pytest.mark.parametrize("calibration_start", [0.25, 0.0])
-def test_fedfa_trains_together(tmp_path, calibration_start):
+@pytest.mark.parametrize(
+    "calibration_start, sizes",
+    [
+        (0.25, BATCHED_SIZES),
+        (0.0, BATCHED_SIZES),
+        (0.25, [24] * 5),
+    ],
+)
+def test_fedfa_trains_together(tmp_path, calibration_start, sizes):
     """Round 0 (cross-entropy alone) and round 1 (the anchor loss, and with calibration_start 0 the classifier's
-    Adam calibration after every step): the updates, each client's anchors and the averaged anchors."""
+    Adam calibration after every step): the updates, each client's anchors and the averaged anchors. Equal
+    sizes: every step holds every row (the step's view names no rows)."""
     setting = {"algorithm": "fedfa", "model": "cnn", "fedfa": {"calibration_start": calibration_start}}
-    plain, fast = _pair(tmp_path, **setting)
+    plain, fast = _pair(tmp_path, sizes=sizes, **setting)
     for t in range(2):
         x = plain.model.flat.clone()
         a, b = local_round(plain, t, x), local_round(fast, t, x)
