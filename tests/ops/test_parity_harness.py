@@ -247,7 +247,7 @@ def _client_rows(checkout, method, strong=False):
 
     setting = clients.fedlaw_code_settings()[method]
     if strong:
-        setting = clients._merged(setting, clients.STRONG[method])
+        setting = clients.merged(setting, clients.STRONG[method])
     rows = clients.code(checkout, setting, clients.ours(setting))
     return max(r["relative_gap"] / clients.bound(r["steps"]) for r in rows), rows
 

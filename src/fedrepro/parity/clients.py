@@ -82,6 +82,22 @@ def _problem(seed: int = 0):
     return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def generated_clients(sizes: tuple, shape: tuple, test_size: int, seed: int, dataset=None):
+    """Random uint8 images and labels: clients of ``sizes`` samples (contiguous index ranges), then a test split of
+    ``test_size`` drawn with them; ``dataset``: the TensorDataset class that holds them (one that hands out
+    another dtype, say). Returns (train, test, each client's indices)."""
+    from fedrepro.data import TensorDataset
+
+    dataset = dataset or TensorDataset
+    rng = np.random.default_rng(seed)
+    n = sum(sizes)
+    images = torch.from_numpy(rng.integers(0, 256, (n + test_size, *shape), dtype=np.uint8))
+    labels = torch.from_numpy(rng.integers(0, 10, n + test_size))
+    train, test = dataset(images[:n], labels[:n], 0.0, 1.0), dataset(images[n:], labels[n:], 0.0, 1.0)
+    bounds = np.cumsum((0, *sizes))
+    return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def record_local_training(trainer, log: list) -> None:
     """Wrap the trainer's local training so every client's run is appended to ``log``: its round and client, the
     model it started from, its rate, the batches it drew (epoch by epoch, as tensors) and the model it ended with."""
@@ -212,7 +228,7 @@ def bound(steps: int) -> float:
 def compare_fedlaw(checkout) -> list[dict]:
     results = []
     cases = [(m, s, "code protocol") for m, s in fedlaw_code_settings().items()]
-    cases += [(m, _merged(dict(cases_s), STRONG[m]), "term made large") for m, cases_s, _ in list(cases) if m in STRONG]
+    cases += [(m, merged(dict(cases_s), STRONG[m]), "term made large") for m, cases_s, _ in list(cases) if m in STRONG]
     for method, setting, label in cases:
         log = ours(setting)
         rows = code(checkout, setting, log)
@@ -237,7 +253,8 @@ def compare_fedlaw(checkout) -> list[dict]:
     return results
 
 
-def _merged(setting: dict, overrides: dict) -> dict:
+def merged(setting: dict, overrides: dict) -> dict:
+    """``setting`` with ``overrides`` laid over it, one level into nested sections."""
     out = copy.deepcopy(setting)
     for key, value in overrides.items():
         out[key] = {**out[key], **value} if isinstance(value, dict) else value

@@ -32,10 +32,9 @@ import tempfile
 import threading
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 
-from fedrepro.parity.clients import EPS32, bound, record_local_training
+from fedrepro.parity.clients import EPS32, bound, generated_clients, merged, record_local_training
 from fedrepro.parity.shim import checkout_on_path
 
 SIZES = (45, 70, 29)
@@ -69,23 +68,8 @@ def fednova_settings() -> dict[str, dict]:
     return found
 
 
-def merged(setting: dict, overrides: dict) -> dict:
-    out = copy.deepcopy(setting)
-    for key, value in overrides.items():
-        out[key] = {**out[key], **value} if isinstance(value, dict) else value
-    return out
-
-
 def _problem(seed: int = 2):
-    from fedrepro.data import TensorDataset
-
-    rng = np.random.default_rng(seed)
-    n = sum(SIZES)
-    images = torch.from_numpy(rng.integers(0, 256, (n + 40, 3, 32, 32), dtype=np.uint8))
-    labels = torch.from_numpy(rng.integers(0, 10, n + 40))
-    train, test = TensorDataset(images[:n], labels[:n], 0.0, 1.0), TensorDataset(images[n:], labels[n:], 0.0, 1.0)
-    bounds = np.cumsum((0,) + SIZES)
-    return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return generated_clients(SIZES, (3, 32, 32), 40, seed)
 
 
 def ours(setting: dict, problem=None, module=None, wrap=None):

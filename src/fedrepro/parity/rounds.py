@@ -33,10 +33,16 @@ import os
 import tempfile
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 
-from fedrepro.parity.clients import EPS32, LR_RELATIVE, _EpochBatches, bound, record_local_training
+from fedrepro.parity.clients import (
+    EPS32,
+    LR_RELATIVE,
+    _EpochBatches,
+    bound,
+    generated_clients,
+    record_local_training,
+)
 from fedrepro.parity.shim import checkout_on_path
 
 SIZES = (37, 52, 23)
@@ -63,15 +69,7 @@ def ima_settings() -> dict[str, dict]:
 
 
 def _problem(seed: int = 1):
-    from fedrepro.data import TensorDataset
-
-    rng = np.random.default_rng(seed)
-    n = sum(SIZES)
-    images = torch.from_numpy(rng.integers(0, 256, (n + 40, 1, 28, 28), dtype=np.uint8))
-    labels = torch.from_numpy(rng.integers(0, 10, n + 40))
-    train, test = TensorDataset(images[:n], labels[:n], 0.0, 1.0), TensorDataset(images[n:], labels[n:], 0.0, 1.0)
-    bounds = np.cumsum((0,) + SIZES)
-    return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return generated_clients(SIZES, (1, 28, 28), 40, seed)
 
 
 def ours(setting: dict):

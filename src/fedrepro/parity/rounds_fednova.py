@@ -34,11 +34,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from fedrepro.parity import clients_fednova
-from fedrepro.parity.clients import LR_RELATIVE
+from fedrepro.parity.clients import LR_RELATIVE, generated_clients
 from fedrepro.parity.clients_fednova import A_RELATIVE, client_bound, global_bound, ours
 from fedrepro.parity.shim import checkout_on_path
 
@@ -79,13 +78,7 @@ def _problem(seed: int = 3):
         def to(self, device):
             return InDefaultDtype(self.images.to(device), self.labels.to(device), self.mean, self.std)
 
-    rng = np.random.default_rng(seed)
-    n = sum(SIZES)
-    images = torch.from_numpy(rng.integers(0, 256, (n + 16, 3, 32, 32), dtype=np.uint8))
-    labels = torch.from_numpy(rng.integers(0, 10, n + 16))
-    train, test = InDefaultDtype(images[:n], labels[:n], 0.0, 1.0), InDefaultDtype(images[n:], labels[n:], 0.0, 1.0)
-    bounds = np.cumsum((0,) + SIZES)
-    return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return generated_clients(SIZES, (3, 32, 32), 16, seed, InDefaultDtype)
 
 
 def _masked_dropout(next_mask):
