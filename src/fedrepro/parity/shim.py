@@ -78,7 +78,7 @@ def checkout_on_path(
     clear()
     added = []
     for name in replace:
-        sys.modules[name] = _stub(name)
+        sys.modules[name] = _stub(name, checkout)
         added.append(name)
     for name in stubs:  # after clearing: a stub may sit below one of the checkout's own packages (utils.tSNE)
         parts = name.split(".")
