@@ -48,7 +48,12 @@ SERVER_RESOLUTIONS = {
 NOT_BUILT = "not checked yet (below)"
 # the pair the round check trains (and the client check, but for FedNova's, which trains a small CNN: the step
 # does not depend on the model, and VGG-11's client steps are compared inside the round check)
-CLIENT_PAIR = {"fedlaw": ("fmnist", "mlp"), "ima": ("fmnist", "cnn"), "fednova": ("cifar10", "vgg11")}
+CLIENT_PAIR = {
+    "fedaware": ("cifar10", "cnn_fedaware"),
+    "fedlaw": ("fmnist", "mlp"),
+    "ima": ("fmnist", "cnn"),
+    "fednova": ("cifar10", "vgg11"),
+}
 ROUND_RESOLUTIONS = {
     (
         "ima",
@@ -136,10 +141,13 @@ def _client_cell(record: dict, dataset: str, model: str) -> str:
     equal = [r["case"] for r in rows if r["status"] == "equal"]
     differs = [r["case"] for r in rows if r["status"] != "equal"]
     worst = max((_worst(r) for r in rows), default=0.0)
-    on = f" on `{rows[0]['model']}`" if rows[0].get("model") else ""
-    text = (
-        f"equal in {len(equal)} of {len(rows)} cases{on} ({'; '.join(equal)}; the largest gap {worst:.2f} of its bound)"
-    )
+    trained = {r.get("model") for r in rows}  # one model named once; cases on several models name their own
+    on = f" on `{rows[0]['model']}`" if len(trained) == 1 and rows[0].get("model") else ""
+    if all(r.get("bit_for_bit") for r in rows):
+        worst_text = "bit for bit"
+    else:
+        worst_text = f"the largest gap {worst:.2f} of its bound"
+    text = f"equal in {len(equal)} of {len(rows)} cases{on} ({'; '.join(equal)}; {worst_text})"
     text += "".join(f"; differs: {c} (unexplained)" for c in differs)
     return text + (f"; {in_rounds}" if in_rounds else "")
 
