@@ -105,3 +105,47 @@ def test_fedawares_own_client_trainer_trains_as_ours_and_a_rate_1_percent_off_is
     row = clients_fedaware.compare_case(FEDAWARE, *case)
     assert row["status"] == "equal" and row["bit_for_bit"], row
     assert clients_fedaware.compare_case(FEDAWARE, *case, lr_factor=1.01)["gap_over_bound"] > 100
+
+
+def test_the_min_norm_rounds_bound_holds_the_same_momenta_and_sees_two_swapped():
+    """The round check's min-norm bounds (parity.rounds_fedaware): the same momenta and weights on both sides sit
+    at no gap; the code's momenta with two clients' rows swapped (an upload credited to another client) exceed
+    the momenta's derived bound by orders of magnitude."""
+    import torch
+
+    from fedrepro.minnorm import min_norm_weights
+    from fedrepro.parity import rounds_fedaware
+
+    gen = torch.Generator().manual_seed(0)
+    momenta = (0.01 * torch.randn(5, 300, generator=gen, dtype=torch.float64) + 0.02).float().double()
+    unit = momenta / momenta.norm(dim=1, keepdim=True)
+    lam = min_norm_weights(unit @ unit.T).weights
+    ours = {"momenta": momenta.float(), "lambda": lam}
+    bounds = (3 * rounds_fedaware.EPS32 * 0.05, 3 * rounds_fedaware.EPS32 * 1.0)
+    same = rounds_fedaware._min_norm_rows({"momenta": momenta.float(), "lambda": lam.numpy()}, ours, ours, 1.0, 1.0,
+                                          bounds)  # fmt: skip
+    assert same["unit_gap"] == 0 and same["momenta_gap"] == 0 and same["fw_gap_ours"] < 1e-12
+    swapped = momenta.float()[[1, 0, 2, 3, 4]]
+    row = rounds_fedaware._min_norm_rows({"momenta": swapped, "lambda": lam.numpy()}, ours, ours, 1.0, 1.0, bounds)
+    assert row["momenta_gap"] / row["momenta_bound"] > 1e3
+
+
+@pytest.mark.skipif(not FEDAWARE, reason="FEDREPRO_FEDAWARE_CHECKOUT (a checkout of dunzeng/FedAWARE) is not set")
+@pytest.mark.parametrize("method", ["fedaware", "fedavg"])
+def test_fedawares_own_scripts_run_rounds_as_ours_and_a_1_percent_change_is_seen(method):
+    from fedrepro.parity import rounds_fedaware
+
+    row = rounds_fedaware.compare_case(FEDAWARE, method)
+    assert row["status"] == "equal" and row["client_gap_over_bound"] == 0, row
+    assert min(row["one_percent"]["server.lr"]) > 10  # every round
+    if method == "fedaware":  # alpha acts once a client's momentum holds two uploads (round 2 on)
+        assert min(row["one_percent"]["fedaware.alpha"][2:]) > 2
+
+
+@pytest.mark.skipif(not FEDAWARE, reason="FEDREPRO_FEDAWARE_CHECKOUT (a checkout of dunzeng/FedAWARE) is not set")
+def test_fedawares_rounds_see_uploads_credited_to_their_senders():
+    from fedrepro.parity import rounds_fedaware
+
+    name, (method, overrides) = next(iter(rounds_fedaware.PAPER_FORMS.items()))
+    row = rounds_fedaware.compare_case(FEDAWARE, method, overrides, name)
+    assert row["status"] == "differs" and row["momenta_gap_over_bound"] > 1e3

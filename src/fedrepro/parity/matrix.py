@@ -54,7 +54,13 @@ CLIENT_PAIR = {
     "ima": ("fmnist", "cnn"),
     "fednova": ("cifar10", "vgg11"),
 }
+# the pair the round check trains where it is not CLIENT_PAIR's (FedAWARE's code's FMNIST script: FedLab's MLP,
+# which no table of the paper pairs with a row of its own)
+ROUND_PAIR = {"fedaware": ("fmnist", "mlp")}
 ROUND_RESOLUTIONS = {
+    ("fedaware", "cohort.assignment: per_client"): "the code credits upload j to the j-th id of the sampler's "
+    "unsorted draw, so most uploads land in another client's momentum; switch: `cohort.assignment: code` (the "
+    "official-protocol subset), as the case before it shows",
     (
         "ima",
         "decay epoch",
@@ -133,7 +139,9 @@ def _client_cell(record: dict, dataset: str, model: str) -> str:
     in_rounds = ""
     if whole:  # the whole-round check compares every client step too
         exact = [r for r in whole if r["client_gap_over_bound"] == 0]
-        in_rounds = f"equal, bit for bit, in {len(exact)} of {len(whole)} cases of the round check" + (
+        pair = ROUND_PAIR.get(record["paper"])
+        on = f" (on {pair[0]} `{pair[1]}`)" if pair else ""
+        in_rounds = f"equal, bit for bit, in {len(exact)} of {len(whole)} cases of the round check{on}" + (
             "" if len(exact) == len(whole) else " (the others: see rounds)"
         )
     if not rows:
@@ -163,9 +171,16 @@ def _rounds_cell(record: dict, dataset: str, model: str) -> str:
     rows = record["checks"].get("rounds", [])
     if not rows:
         return NOT_BUILT
-    elsewhere = _elsewhere(record, dataset, model)
-    if elsewhere:
-        return elsewhere
+    pair = ROUND_PAIR.get(record["paper"])
+    prefix = ""
+    if pair is not None:  # the pair has no row: every row says what was compared on it
+        prefix = (
+            f"compared on {pair[0]} `{pair[1]}` (the code's FMNIST script; the step does not depend on the model): "
+        )
+    else:
+        elsewhere = _elsewhere(record, dataset, model)
+        if elsewhere:
+            return elsewhere
     equal = [r for r in rows if r["status"] == "equal"]
     bounded = [r for r in equal if "float64_oracle" not in r]
     worst = max((max(r["client_gap_over_bound"], r["global_gap_over_bound"]) for r in bounded), default=0.0)
@@ -182,7 +197,7 @@ def _rounds_cell(record: dict, dataset: str, model: str) -> str:
             paper = record["paper"]
             why = next((v for (p, key), v in ROUND_RESOLUTIONS.items() if p == paper and key in r["case"]), None)
             text += f"; differs: {r['case']} ({why or 'unexplained'})"
-    return text
+    return prefix + text
 
 
 def _server_cell(record: dict) -> str:

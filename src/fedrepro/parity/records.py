@@ -59,7 +59,14 @@ SHIM = (
     "clients (parity.clients_fedaware): fedaware.py's and baselines/fedavg.py's definitions only, their global args "
     "the code's settings.parse_args() of the shrunk command line, agnews_dataset a placeholder, FedLab's "
     "get_best_gpu answering the CPU, the trainer's data set a stand-in handing each client fedrepro's batches, "
-    "epoch by epoch; FedNova "
+    "epoch by epoch; FedAWARE rounds (parity.rounds_fedaware): fedaware.py and baselines/fedavg.py run as scripts "
+    "in a scratch folder (datasets/fmnist/ made, -preprocess 1) on generated idx files, pynvml a placeholder, a "
+    "SummaryWriter that writes nothing, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 for FedLab's pickled partitions, and by "
+    "names in FedLab's and the code's modules: utils.FeedbackSampler a subclass whose shuffled list is fedrepro's "
+    "warmup permutation and whose draws after the exploration are fedrepro's, SyncServerHandler.downlink_package "
+    "loading fedrepro's global model of the round first, SyncServerHandler.load recording the uploads, the new "
+    "global model, the momenta and Frank-Wolfe weights, partitioned_fmnist.MNISTPartitioner recording its split; "
+    "FedNova "
     "clients (parity.clients_fednova): one distoptim.FedNova per client, its parameters and old_init set to "
     "fedrepro's global model each round, its rate fedrepro's, the name dist in its module an all-reduce over one "
     "thread per client; FedNova rounds (parity.rounds_fednova): train_LocalSGD.py's init_processes and run in one "
@@ -91,6 +98,9 @@ def checks(paper: str) -> dict:
     if paper == "fedaware":
         found["clients"] = lambda checkout, inits: clients_fedaware.compare_fedaware(checkout)
         found["servers"] = lambda checkout, inits: servers_fedaware.compare_fedaware(checkout)
+        from fedrepro.parity import rounds_fedaware
+
+        found["rounds"] = lambda checkout, inits: rounds_fedaware.compare_fedaware(checkout)
     if paper == "fednova":
         found["partitions"] = lambda checkout, inits: partitions.compare_fednova(checkout)
         found["clients"] = lambda checkout, inits: clients_fednova.compare_fednova(checkout)
