@@ -149,3 +149,24 @@ def test_fedawares_rounds_see_uploads_credited_to_their_senders():
     name, (method, overrides) = next(iter(rounds_fedaware.PAPER_FORMS.items()))
     row = rounds_fedaware.compare_case(FEDAWARE, method, overrides, name)
     assert row["status"] == "differs" and row["momenta_gap_over_bound"] > 1e3
+
+
+@pytest.mark.skipif(not FEDAWARE, reason="FEDREPRO_FEDAWARE_CHECKOUT (a checkout of dunzeng/FedAWARE) is not set")
+def test_fedawares_baseline_servers_are_ours_and_a_term_1_percent_off_is_seen():
+    import torch
+
+    from fedrepro.parity import servers_fedaware_baselines as baselines
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        for method in baselines.CASES:
+            rows = baselines.run(FEDAWARE, method)["rows"]
+            assert max(r["model_gap"] / r["model_scale"] for r in rows) <= baselines.RELATIVE, method
+        # FedDyn's server step is free of alpha (h / alpha sums the deltas over N): its alpha is the client's
+        for method, changed in (("fedavgm", {"fedavgm": {"momentum": 0.7 * 1.01}}),
+                                ("fedams", {"fedams": {"eps": 1e-4 * 1.01}}),
+                                ("fedyogi", {"fedyogi": {"beta1": 0.9 * 1.01}})):  # fmt: skip
+            rows = baselines.run(FEDAWARE, method, changed)["rows"]
+            assert max(r["model_gap"] / r["model_scale"] for r in rows) > 1e6 * baselines.RELATIVE, method
+    finally:
+        torch.set_default_dtype(torch.float32)

@@ -66,7 +66,9 @@ SHIM = (
     "warmup permutation and whose draws after the exploration are fedrepro's, SyncServerHandler.downlink_package "
     "loading fedrepro's global model of the round first, SyncServerHandler.load recording the uploads, the new "
     "global model, the momenta and Frank-Wolfe weights, partitioned_fmnist.MNISTPartitioner recording its split; "
-    "FedNova "
+    "FedAWARE baselines' servers (parity.servers_fedaware_baselines): each baselines/ script's definitions only, "
+    "the same placeholders and utils.projection (fedams.py imports it, HEAD's utils lacks it), the handler's "
+    "sampler a namespace holding fedrepro's draw; FedNova "
     "clients (parity.clients_fednova): one distoptim.FedNova per client, its parameters and old_init set to "
     "fedrepro's global model each round, its rate fedrepro's, the name dist in its module an all-reduce over one "
     "thread per client; FedNova rounds (parity.rounds_fednova): train_LocalSGD.py's init_processes and run in one "
@@ -97,8 +99,12 @@ def checks(paper: str) -> dict:
         found["rounds"] = lambda checkout, inits: rounds_fedlaw.compare_fedlaw(checkout)
     if paper == "fedaware":
         found["clients"] = lambda checkout, inits: clients_fedaware.compare_fedaware(checkout)
-        found["servers"] = lambda checkout, inits: servers_fedaware.compare_fedaware(checkout)
-        from fedrepro.parity import rounds_fedaware
+        from fedrepro.parity import rounds_fedaware, servers_fedaware_baselines
+
+        found["servers"] = lambda checkout, inits: [
+            *servers_fedaware.compare_fedaware(checkout),
+            *servers_fedaware_baselines.compare_fedaware_baselines(checkout),
+        ]
 
         found["rounds"] = lambda checkout, inits: rounds_fedaware.compare_fedaware(checkout)
     if paper == "fednova":
