@@ -113,6 +113,8 @@ def fedlab_on_cpu():
     try:
         import fedlab.core.model_maintainer as maintainer
     except ImportError:
+        maintainer = None
+    if maintainer is None:
         yield
         return
 
