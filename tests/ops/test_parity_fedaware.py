@@ -170,3 +170,22 @@ def test_fedawares_baseline_servers_are_ours_and_a_term_1_percent_off_is_seen():
             assert max(r["model_gap"] / r["model_scale"] for r in rows) > 1e6 * baselines.RELATIVE, method
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.skipif(not FEDAWARE, reason="FEDREPRO_FEDAWARE_CHECKOUT (a checkout of dunzeng/FedAWARE) is not set")
+def test_fedawares_projection_of_its_baselines_is_ours_and_an_alpha_1_percent_off_is_seen():
+    import torch
+
+    from fedrepro.parity import servers_fedaware_baselines as baselines
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        for method in ("fedavgm", "fedyogi"):  # one host that takes x - x_i, one that takes x_i - x
+            rows = baselines.run(FEDAWARE, method, aware=True)["rows"]
+            projected = [r for r in rows if "momenta_gap" in r]
+            assert [r["round"] for r in projected] == [2, 3]  # once every client has been seen
+            assert all(r["model_gap"] <= r["bound"] and r.get("momenta_gap", 0) <= baselines.RELATIVE for r in rows)
+        rows = baselines.run(FEDAWARE, "fedavgm", {"aware": {"alpha": 0.5 * 1.01}}, aware=True)["rows"]
+        assert max(r.get("momenta_gap", 0.0) for r in rows) > 1e-3
+    finally:
+        torch.set_default_dtype(torch.float32)
