@@ -48,8 +48,19 @@ SERVER_RESOLUTIONS = {
 NOT_BUILT = "not checked yet (below)"
 # the pair the round check trains (and the client check, but for FedNova's, which trains a small CNN: the step
 # does not depend on the model, and VGG-11's client steps are compared inside the round check)
-CLIENT_PAIR = {"fedlaw": ("fmnist", "mlp"), "ima": ("fmnist", "cnn"), "fednova": ("cifar10", "vgg11")}
+CLIENT_PAIR = {
+    "fedaware": ("cifar10", "cnn_fedaware"),
+    "fedlaw": ("fmnist", "mlp"),
+    "ima": ("fmnist", "cnn"),
+    "fednova": ("cifar10", "vgg11"),
+}
+# the pair the round check trains where it is not CLIENT_PAIR's (FedAWARE's code's FMNIST script: FedLab's MLP,
+# which no table of the paper pairs with a row of its own)
+ROUND_PAIR = {"fedaware": ("fmnist", "mlp")}
 ROUND_RESOLUTIONS = {
+    ("fedaware", "cohort.assignment: per_client"): "the code credits upload j to the j-th id of the sampler's "
+    "unsorted draw, so most uploads land in another client's momentum; switch: `cohort.assignment: code` (the "
+    "official-protocol subset), as the case before it shows",
     (
         "ima",
         "decay epoch",
@@ -128,7 +139,9 @@ def _client_cell(record: dict, dataset: str, model: str) -> str:
     in_rounds = ""
     if whole:  # the whole-round check compares every client step too
         exact = [r for r in whole if r["client_gap_over_bound"] == 0]
-        in_rounds = f"equal, bit for bit, in {len(exact)} of {len(whole)} cases of the round check" + (
+        pair = ROUND_PAIR.get(record["paper"])
+        on = f" (on {pair[0]} `{pair[1]}`)" if pair else ""
+        in_rounds = f"equal, bit for bit, in {len(exact)} of {len(whole)} cases of the round check{on}" + (
             "" if len(exact) == len(whole) else " (the others: see rounds)"
         )
     if not rows:
@@ -136,10 +149,13 @@ def _client_cell(record: dict, dataset: str, model: str) -> str:
     equal = [r["case"] for r in rows if r["status"] == "equal"]
     differs = [r["case"] for r in rows if r["status"] != "equal"]
     worst = max((_worst(r) for r in rows), default=0.0)
-    on = f" on `{rows[0]['model']}`" if rows[0].get("model") else ""
-    text = (
-        f"equal in {len(equal)} of {len(rows)} cases{on} ({'; '.join(equal)}; the largest gap {worst:.2f} of its bound)"
-    )
+    trained = {r.get("model") for r in rows}  # one model named once; cases on several models name their own
+    on = f" on `{rows[0]['model']}`" if len(trained) == 1 and rows[0].get("model") else ""
+    if all(r.get("bit_for_bit") for r in rows):
+        worst_text = "bit for bit"
+    else:
+        worst_text = f"the largest gap {worst:.2f} of its bound"
+    text = f"equal in {len(equal)} of {len(rows)} cases{on} ({'; '.join(equal)}; {worst_text})"
     text += "".join(f"; differs: {c} (unexplained)" for c in differs)
     return text + (f"; {in_rounds}" if in_rounds else "")
 
@@ -155,9 +171,16 @@ def _rounds_cell(record: dict, dataset: str, model: str) -> str:
     rows = record["checks"].get("rounds", [])
     if not rows:
         return NOT_BUILT
-    elsewhere = _elsewhere(record, dataset, model)
-    if elsewhere:
-        return elsewhere
+    pair = ROUND_PAIR.get(record["paper"])
+    prefix = ""
+    if pair is not None:  # the pair has no row: every row says what was compared on it
+        prefix = (
+            f"compared on {pair[0]} `{pair[1]}` (the code's FMNIST script; the step does not depend on the model): "
+        )
+    else:
+        elsewhere = _elsewhere(record, dataset, model)
+        if elsewhere:
+            return elsewhere
     equal = [r for r in rows if r["status"] == "equal"]
     bounded = [r for r in equal if "float64_oracle" not in r]
     worst = max((max(r["client_gap_over_bound"], r["global_gap_over_bound"]) for r in bounded), default=0.0)
@@ -174,7 +197,7 @@ def _rounds_cell(record: dict, dataset: str, model: str) -> str:
             paper = record["paper"]
             why = next((v for (p, key), v in ROUND_RESOLUTIONS.items() if p == paper and key in r["case"]), None)
             text += f"; differs: {r['case']} ({why or 'unexplained'})"
-    return text
+    return prefix + text
 
 
 def _server_cell(record: dict) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from fedrepro.parity import (
     clients,
+    clients_fedaware,
     clients_fednova,
     models,
     partitions,
@@ -54,7 +55,20 @@ SHIM = (
     "torch.tensor(..., device='cuda') on the CPU, the central node's proxy loader yielding fedrepro's batch order, "
     "FedBE's torch.randn_like draws fedrepro's; FedAWARE servers: fedaware.py's definitions only (not its "
     "script part), settings and agnews_dataset, pynvml and torch.utils.tensorboard placeholders, model.LinearReg "
-    "placeholder, FeedbackSampler's shuffled list fedrepro's warmup permutation, FedLab 1.3.0 from PyPI; FedNova "
+    "placeholder, FeedbackSampler's shuffled list fedrepro's warmup permutation, FedLab 1.3.0 from PyPI; FedAWARE "
+    "clients (parity.clients_fedaware): fedaware.py's and baselines/fedavg.py's definitions only, their global args "
+    "the code's settings.parse_args() of the shrunk command line, agnews_dataset a placeholder, FedLab's "
+    "get_best_gpu answering the CPU, the trainer's data set a stand-in handing each client fedrepro's batches, "
+    "epoch by epoch; FedAWARE rounds (parity.rounds_fedaware): fedaware.py and baselines/fedavg.py run as scripts "
+    "in a scratch folder (datasets/fmnist/ made, -preprocess 1) on generated idx files, pynvml a placeholder, a "
+    "SummaryWriter that writes nothing, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 for FedLab's pickled partitions, and by "
+    "names in FedLab's and the code's modules: utils.FeedbackSampler a subclass whose shuffled list is fedrepro's "
+    "warmup permutation and whose draws after the exploration are fedrepro's, SyncServerHandler.downlink_package "
+    "loading fedrepro's global model of the round first, SyncServerHandler.load recording the uploads, the new "
+    "global model, the momenta and Frank-Wolfe weights, partitioned_fmnist.MNISTPartitioner recording its split; "
+    "FedAWARE baselines' servers (parity.servers_fedaware_baselines): each baselines/ script's definitions only, "
+    "the same placeholders and utils.projection (fedams.py imports it, HEAD's utils lacks it), the handler's "
+    "sampler a namespace holding fedrepro's draw; FedNova "
     "clients (parity.clients_fednova): one distoptim.FedNova per client, its parameters and old_init set to "
     "fedrepro's global model each round, its rate fedrepro's, the name dist in its module an all-reduce over one "
     "thread per client; FedNova rounds (parity.rounds_fednova): train_LocalSGD.py's init_processes and run in one "
@@ -84,7 +98,15 @@ def checks(paper: str) -> dict:
 
         found["rounds"] = lambda checkout, inits: rounds_fedlaw.compare_fedlaw(checkout)
     if paper == "fedaware":
-        found["servers"] = lambda checkout, inits: servers_fedaware.compare_fedaware(checkout)
+        found["clients"] = lambda checkout, inits: clients_fedaware.compare_fedaware(checkout)
+        from fedrepro.parity import rounds_fedaware, servers_fedaware_baselines
+
+        found["servers"] = lambda checkout, inits: [
+            *servers_fedaware.compare_fedaware(checkout),
+            *servers_fedaware_baselines.compare_fedaware_baselines(checkout),
+        ]
+
+        found["rounds"] = lambda checkout, inits: rounds_fedaware.compare_fedaware(checkout)
     if paper == "fednova":
         found["partitions"] = lambda checkout, inits: partitions.compare_fednova(checkout)
         found["clients"] = lambda checkout, inits: clients_fednova.compare_fednova(checkout)
@@ -103,7 +125,7 @@ def run(paper: str, checkout, out: Path, inits: int, argv: list[str], only: tupl
     unknown = sorted(set(only) - set(available))
     if unknown:
         raise ValueError(f"--checks {','.join(unknown)}: {paper} has the checks {', '.join(available)}")
-    if paper == "fedaware" and "servers" in (only or available):
+    if paper == "fedaware" and {"clients", "servers", "rounds"} & set(only or available):
         servers_fedaware.require_fedlab()  # before the other checks' minutes
     path = out / f"{paper}.json"
     code_commit = commit(checkout)

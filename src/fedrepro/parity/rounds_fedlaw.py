@@ -85,13 +85,13 @@ def code_protocol_settings() -> dict[str, dict]:
     return found
 
 
-def write_fmnist(root: Path, seed: int = 0) -> None:
-    """Fashion-MNIST idx files of TRAIN and TEST samples, every class equally often in the test set (the code's
-    class-balanced proxy needs 20 of each)."""
+def write_fmnist(root: Path, seed: int = 0, train: int = TRAIN, test: int = TEST) -> None:
+    """Fashion-MNIST idx files of ``train`` and ``test`` samples, every class equally often in the test set (the
+    code's class-balanced proxy needs 20 of each)."""
     rng = np.random.default_rng(seed)
     raw = Path(root) / "FashionMNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    for prefix, n in (("train", TRAIN), ("t10k", TEST)):
+    for prefix, n in (("train", train), ("t10k", test)):
         labels = rng.permutation(np.arange(n) % 10).astype(np.uint8)
         (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
             generated._idx(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), 3)

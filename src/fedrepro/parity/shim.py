@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import os
 import subprocess
 import sys
 import types
@@ -78,7 +79,7 @@ def checkout_on_path(
     clear()
     added = []
     for name in replace:
-        sys.modules[name] = _stub(name)
+        sys.modules[name] = _stub(name, checkout)
         added.append(name)
     for name in stubs:  # after clearing: a stub may sit below one of the checkout's own packages (utils.tSNE)
         parts = name.split(".")
@@ -122,3 +123,49 @@ def _on_cpu(tensor, *args, **kwargs):
     if str(kwargs.get("device", "")).startswith("cuda"):
         kwargs["device"] = "cpu"
     return tensor(*args, **kwargs)
+
+
+class _SummaryWriter:
+    """torch.utils.tensorboard's writer where tensorboard is absent: makes its folder (the scripts write their
+    config there), records nothing."""
+
+    def __init__(self, log_dir=None, *args, **kwargs):
+        os.makedirs(log_dir, exist_ok=True)
+
+    def add_scalar(self, *args, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+@contextlib.contextmanager
+def script_surroundings(folder: Path, folders: tuple[str, ...] = ()):
+    """What an authors' script run as ``__main__`` needs around it: ``folder`` (a scratch folder) as the working
+    directory with ``folders`` made below it (the data-set folders FedAWARE's code writes into but never makes),
+    a SummaryWriter where tensorboard is absent, torch.load with ``weights_only`` off (FedLab pickles its
+    partitions; TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD); all restored."""
+    cwd, env = os.getcwd(), os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    saved = {name: sys.modules.get(name) for name in ("torch.utils.tensorboard",)}
+    for sub in folders:
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        stand_in = types.ModuleType("torch.utils.tensorboard")
+        stand_in.SummaryWriter = _SummaryWriter
+        sys.modules["torch.utils.tensorboard"] = stand_in
+    os.chdir(folder)
+    os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+        if env is not None:
+            os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = env
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
