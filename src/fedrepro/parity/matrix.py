@@ -108,7 +108,34 @@ def _pipeline_text(row: dict) -> str:
     )
 
 
+def _text_row(record: dict, part: str, dataset: str) -> dict | None:
+    """The AGNews check's row of ``part`` (model or data), when the record has one for ``dataset``."""
+    return next((r for r in record["checks"].get("text", []) if r["part"] == part and r["dataset"] == dataset), None)
+
+
+def _text_model_cell(row: dict) -> str:
+    gap = max(row["train_gap"], row["eval_gap"])
+    facts = f"{row['checkpoint']}: {row['params_code']:,} parameters a side, logit gap {gap:.1e} in train and eval"
+    return f"{'equal' if row['status'] == 'equal' else 'differs (unexplained)'} ({facts})"
+
+
+def _text_data_cell(row: dict) -> str:
+    facts = (
+        f"{row['samples']} generated test samples, labels {row['labels_differing']} differing; token ids differ in "
+        f"{row['ids_differing']} (the code joins title and description with no space, fedrepro with one, as the "
+        f"Hugging Face copy; joined as the code joins them, {row['ids_differing_code_join']} differ; written down)"
+    )
+    return (
+        f"{'equal' if row['status'] == 'equal' else 'differs'} ({facts}); the code's padding stops without a padding "
+        f"token, and Pythia-70M's tokenizer has none; its test loader yields {row['code_test_samples']} of "
+        f"{row['samples']} samples (one batch)"
+    )
+
+
 def _data_cell(record: dict, dataset: str) -> str:
+    text = _text_row(record, "data", dataset)
+    if text:
+        return _text_data_cell(text)
     checks = record["checks"]
     texts = []
     for row in [r for r in checks.get("pipeline", []) if r["dataset"] == dataset]:
@@ -238,8 +265,10 @@ def render(folder: Path) -> str:
     for paper in [p for p in PAPER_ORDER if p in recs]:
         rec = recs[paper]
         for row in rec["checks"]["models"]:
+            text = _text_row(rec, "model", row["dataset"])
+            model_cell = _text_model_cell(text) if text else _model_cell(paper, row)
             lines.append(
-                f"| {paper} | {row['dataset']} | `{row['model']}` | {_model_cell(paper, row)} | "
+                f"| {paper} | {row['dataset']} | `{row['model']}` | {model_cell} | "
                 f"{_data_cell(rec, row['dataset'])} | {_client_cell(rec, row['dataset'], row['model'])} | "
                 f"{_server_cell(rec)} | {_rounds_cell(rec, row['dataset'], row['model'])} |"
             )

@@ -107,6 +107,9 @@ def checks(paper: str) -> dict:
         ]
 
         found["rounds"] = lambda checkout, inits: rounds_fedaware.compare_fedaware(checkout)
+        from fedrepro.parity import agnews
+
+        found["text"] = lambda checkout, inits: agnews.compare(checkout)
     if paper == "fednova":
         found["partitions"] = lambda checkout, inits: partitions.compare_fednova(checkout)
         found["clients"] = lambda checkout, inits: clients_fednova.compare_fednova(checkout)
