@@ -75,7 +75,11 @@ SHIM = (
     "spawned gloo process per client, its argv set, util_v4.partition_dataset handing out fedrepro's batches, "
     "util_v4.select_model the code's vgg11 with fedrepro's initial weights, update_learning_rate loading "
     "fedrepro's global model of the round first, its FedNova name a recording subclass, "
-    "torch.nn.functional.dropout replaying fedrepro's masks"
+    "torch.nn.functional.dropout replaying fedrepro's masks; FedAWARE AGNews (parity.agnews): settings.get_settings "
+    "in a scratch folder of generated CSV files, its from_pretrained('/data/pythia-70m') reading a tiny GPT-NeoX "
+    "checkpoint built here (its tokenizer given end-of-text as padding token after a first call without one), "
+    "torch.load unpickling as before torch's weights_only default, DataFrame.drop(columns=..., axis=1) as pandas "
+    "before 3.0"
 )
 
 
