@@ -368,3 +368,23 @@ def test_one_expansion_reads_the_code_once_and_the_next_sees_an_edit(monkeypatch
     monkeypatch.setattr(identity, "files_hash", lambda names: "edited")  # as if the code changed in between
     assert not set(r.id for r in expansion.expand(params)) & set(ids)
     assert identity.code_hash is not None and not getattr(identity.code_hash, "read_once", False)
+
+
+def test_plain_copy_and_deep_merge_leave_their_arguments_alone():
+    from collections import OrderedDict
+
+    from fedrepro.configure.schema import plain_copy
+    from fedrepro.configure.settings import deep_merge
+
+    base = {"client": {"lr": 0.1, "milestones": [10, 20]}, "seed": 1, "tags": OrderedDict(a=[1])}
+    copied = plain_copy(base)
+    assert copied == base and type(copied["tags"]) is OrderedDict
+    copied["client"]["milestones"].append(30)
+    copied["tags"]["a"].append(2)
+    assert base["client"]["milestones"] == [10, 20] and base["tags"]["a"] == [1]
+    override = {"client": {"lr": 0.2, "extra": {"k": [1]}}}
+    merged = deep_merge(base, override)
+    assert merged["client"] == {"lr": 0.2, "milestones": [10, 20], "extra": {"k": [1]}} and merged["seed"] == 1
+    merged["client"]["extra"]["k"].append(2)
+    merged["client"]["milestones"].append(3)
+    assert override["client"]["extra"]["k"] == [1] and base["client"] == {"lr": 0.1, "milestones": [10, 20]}

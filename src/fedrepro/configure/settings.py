@@ -21,7 +21,7 @@ from fedrepro.configure.checks import (
     check_data_transforms,
     check_partition_file,
 )
-from fedrepro.configure.schema import ConfigError, validate
+from fedrepro.configure.schema import ConfigError, plain_copy, validate
 from fedrepro.errors import FedreproError
 from fedrepro.identity import partition_id
 
@@ -29,13 +29,18 @@ from fedrepro.identity import partition_id
 
 
 def deep_merge(base: dict, override: dict) -> dict:
-    out = copy.deepcopy(base)
+    """A copy of ``base`` with ``override`` merged in, section by section; neither argument is changed."""
+    out = plain_copy(base)
+    _merge_into(out, override)
+    return out
+
+
+def _merge_into(out: dict, override: dict) -> None:
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+            _merge_into(out[key], value)
         else:
-            out[key] = copy.deepcopy(value)
-    return out
+            out[key] = plain_copy(value)
 
 
 def _nest(dotted: str, value: Any) -> dict:
