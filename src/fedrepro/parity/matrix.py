@@ -56,6 +56,20 @@ ROUND_RESOLUTIONS = {
     ): "the code's ED branch gives the rate the exponent t - t_s, so it jumps back to lr_0 at t_s (a code quirk, "
     "specs/ima.md 1.3 note 2); fedrepro keeps the schedule, as the paper's 'decaying one local epoch per 20 "
     "rounds'; the epochs drop alike",
+    (
+        "ima",
+        "decay cyclic",
+    ): "the code's CD branch descends from the rate at t_s for half a cycle, then restarts at lr_min + (t1 mod c) "
+    "(lr_max - lr_min) / (c/2), back at lr_max at mid-cycle and above it after (specs/ima.md 1.3 note 1); fedrepro "
+    "keeps SWA's linear saw-tooth from lr_max down to lr_min (the paper's 'decaying lr from 1e-2 to 5e-5 every 20 "
+    "rounds'), not changed here",
+    (
+        "ima",
+        "FedGMA",
+    ): "the code's masked step measures each client's update from the model the earlier clients' corrections left, "
+    "in the sampled order (`p1.data = p0.data` aliases the old global model to the new one), fedrepro's from the "
+    "round's global model as FedGMA's paper; the code's global models equal that form written out bit for bit in "
+    "float64; 2e-6 of the model's scale a round; not changed here (fedrepro's fedgma.py is hashed code)",
     ("fedlaw", "client.keep_momentum: false"): "the code builds each client's optimiser once, so its momentum "
     "persists across rounds (round 1 agrees, later rounds do not); switch: `client.keep_momentum` (the "
     "official-protocol subset)",
