@@ -49,6 +49,11 @@ NOT_BUILT = "not checked yet (below)"
 # the pair the round check trains (and the client check, but for FedNova's, which trains a small CNN: the step
 # does not depend on the model, and VGG-11's client steps are compared inside the round check)
 CLIENT_PAIR = {"fedlaw": ("fmnist", "mlp"), "ima": ("fmnist", "cnn"), "fednova": ("cifar10", "vgg11")}
+ADAPTIVE_PLACEMENT = (
+    "equal before t_s; from t_s on the code averages its window of client averages before the server step (IMA "
+    "inside the optimiser) and restarts the moments for round t_s alone, fedrepro averages the server step's new "
+    "models (docs/algorithms_papers.md, IMA's placement for adaptive servers); written down, not switched"
+)
 ROUND_RESOLUTIONS = {
     (
         "ima",
@@ -70,6 +75,14 @@ ROUND_RESOLUTIONS = {
     "in the sampled order (`p1.data = p0.data` aliases the old global model to the new one), fedrepro's from the "
     "round's global model as FedGMA's paper; the code's global models equal that form written out bit for bit in "
     "float64; 2e-6 of the model's scale a round; not changed here (fedrepro's fedgma.py is hashed code)",
+    (
+        "ima",
+        "FedAdam",
+    ): ADAPTIVE_PLACEMENT,
+    (
+        "ima",
+        "FedYogi",
+    ): ADAPTIVE_PLACEMENT,
     ("fedlaw", "client.keep_momentum: false"): "the code builds each client's optimiser once, so its momentum "
     "persists across rounds (round 1 agrees, later rounds do not); switch: `client.keep_momentum` (the "
     "official-protocol subset)",

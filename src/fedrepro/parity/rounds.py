@@ -65,6 +65,8 @@ CODE_METHODS = {
     "fedasam": ("fedsam", "ima"),
     "fedgma": ("fedavg", "gma+ima"),
     "fedfa": ("fedfa_anchorloss", "ima"),
+    "fedadam": ("fedavg", "fedadam+ima"),
+    "fedyogi": ("fedavg", "fedyogi+ima"),
 }
 # the code picks ASAM's rho and eta by ``'CNN' in args.split`` (0.7 and 0.2, else 0.2 and 0.05); the notebook's
 # default split names the CNN
@@ -351,7 +353,8 @@ def compare_case(checkout, setting: dict, dtype=torch.float32, ours_setting=None
 
 def _case_name(setting: dict) -> str:
     ima = setting["ima"]
-    method = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedasam": "FedASAM", "fedgma": "FedGMA", "fedfa": "FedFA"}
+    method = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedasam": "FedASAM", "fedgma": "FedGMA", "fedfa": "FedFA",
+              "fedadam": "FedAdam", "fedyogi": "FedYogi"}  # fmt: skip
     code_method, agg_mode = CODE_METHODS[setting["algorithm"]]
     return (
         f"{method[setting['algorithm']]} + IMA, decay {ima['decay']} (code: {DECAYS[ima['decay']]}), window "
