@@ -1,7 +1,7 @@
 """IMA's other methods over whole rounds (fedrepro.parity.rounds_ima_methods, docs/parity.md): the code's Server
-loops of FedProx, FedASAM, FedGMA and FedFA + IMA against fedrepro's trainer, and its cyclic decay. The checks that
-run the code need FEDREPRO_IMA_CHECKOUT (a checkout of TailinZhou/FedIMA); FedGMA's form and the cyclic rates have
-oracles written out here that need none."""
+loops of FedProx, FedASAM, FedGMA, FedFA, FedAdam and FedYogi + IMA against fedrepro's trainer, and its cyclic
+decay. The checks that run the code need FEDREPRO_IMA_CHECKOUT (a checkout of TailinZhou/FedIMA); the FedGMA form
+the harness writes out is checked without it, against the aliasing it describes, done on parameters."""
 
 from __future__ import annotations
 
@@ -16,32 +16,21 @@ needs_checkout = pytest.mark.skipif(
 )
 
 
-def _gma_in_the_codes_layout(x, clients, order, weights, lr, threshold):
-    """IMA's ``aggregation(..., agg_mode='gma')`` in its own layout (modules, ``parameters()``, the in-place
-    ``p1.data = p0.data``), one parameter tensor a module: the oracle of ``gma_as_the_code_runs_it``."""
-    import copy
-
-    def module(v):
-        m = torch.nn.Module()
-        m.p = torch.nn.Parameter(v.clone())
-        return m
-
-    global_model, models = module(x), {k: module(v) for k, v in clients.items()}
-    current = copy.deepcopy(global_model)
-    current.p.data = sum(weights[k] * clients[k] for k in order)
-    counter = module(torch.zeros_like(x))
+def _gma_with_an_aliased_global(x, clients, order, weights, lr, threshold):
+    """The mechanism read in IMA's ``aggregation(..., 'gma')``, on parameters: the new model starts as the weighted
+    mean, and after the first client the old global parameter's ``.data`` is the new model's storage, so every
+    in-place correction also moves the point the next client's update is measured from. The oracle of
+    ``gma_as_the_code_runs_it``, which writes it as a recurrence."""
+    old = torch.nn.Parameter(x.clone(), requires_grad=False)
+    new = torch.nn.Parameter(sum(weights[k] * clients[k] for k in order), requires_grad=False)
+    signs = sum(torch.sign(clients[k] - x) for k in order)
+    strong = signs.abs() > threshold * len(order)
     for k in order:
-        counter.p.data += torch.sign(models[k].p - global_model.p)
-    for k in order:
-        p0, p1, p2, p3 = current.p, global_model.p, models[k].p, counter.p
-        mask = torch.logical_and(
-            torch.logical_not(torch.logical_xor(1 * (p2 - p1 > 0), 1 * (p3.data > 0))),
-            1 * (torch.abs(p3.data) > threshold * len(order)),
-        )
-        new_grad = (p2 - p1) * mask
-        p1.data = p0.data
-        p1.data -= lr * new_grad / len(order)
-    return global_model.p.detach()
+        update = clients[k] - old
+        step = update * (((update > 0) == (signs > 0)) & strong) * (lr / len(order))
+        old.data = new.data
+        old.data.sub_(step)
+    return new.detach()
 
 
 def _gma_case(seed=0):
@@ -56,7 +45,7 @@ def test_fedgmas_code_form_is_the_codes_aliased_step_and_depends_on_the_order():
 
     x, clients, weights = _gma_case()
     for order in ([0, 1, 2], [2, 0, 1]):
-        code = _gma_in_the_codes_layout(x, clients, order, weights, 0.5, 0.8)
+        code = _gma_with_an_aliased_global(x, clients, order, weights, 0.5, 0.8)
         form = gma_as_the_code_runs_it(x, clients, order, weights, 0.5, 0.8)
         assert float((code - form).abs().max() / code.abs().max()) < 1e-14
     a = gma_as_the_code_runs_it(x, clients, [0, 1, 2], weights, 0.5, 0.8)
@@ -128,3 +117,20 @@ def test_the_codes_cyclic_rate_climbs_back_where_ours_decays():
     assert code[t_s] == pytest.approx(top, rel=1e-12) and code[t_s + 2] == pytest.approx(top, rel=1e-12)
     assert code[t_s + 3] > top  # the code's second half climbs past its maximum
     assert all(ours[t + 1] < ours[t] for t in range(t_s, t_s + 3)) and ours[t_s + 3] == pytest.approx(5e-5)
+
+
+@needs_checkout
+@pytest.mark.parametrize("method", ["fedadam", "fedyogi"])
+def test_imas_adaptive_servers_agree_before_t_s_and_put_ima_inside_the_step_after(method):
+    from fedrepro.parity import rounds, rounds_ima_methods
+    from fedrepro.parity.clients import merged
+
+    setting = rounds_ima_methods.method_settings()[method]
+    t_s = setting["ima"]["start_round"]
+    exact = rounds.compare_case(IMA, setting, torch.float64, extra=rounds_ima_methods.adaptive_as_the_code_runs_it)
+    by_round = exact["global_gap_over_bound_by_round"]
+    assert max(by_round[:t_s]) <= 1 and min(by_round[t_s:]) > 1e6, exact  # equal before t_s, not after
+    assert max(exact["code_form_gap_by_round"]) < 1e-14, exact  # the code's placement, written out
+    wrong = merged(setting, {"server": {"lr": setting["server"]["lr"] * 1.01}})
+    off = rounds.compare_case(IMA, setting, ours_setting=wrong)  # float32
+    assert min(off["global_gap_over_bound_by_round"][:t_s]) > 50, off

@@ -196,12 +196,13 @@ def _rounds_cell(record: dict, dataset: str, model: str) -> str:
             f"; {r['case']}: {r['client_gap_over_bound']:.1f} times the float32 bound, judged against the code's "
             f"float64 run (fedrepro {o['ours_client']:.2g} from it, the code's float32 run {o['code_client']:.2g})"
         )
+    differs: dict[str, list[str]] = {}  # the cases one reason explains (a method in two precisions), in order
     for r in rows:
         if r["status"] != "equal":
             paper = record["paper"]
             why = next((v for (p, key), v in ROUND_RESOLUTIONS.items() if p == paper and key in r["case"]), None)
-            text += f"; differs: {r['case']} ({why or 'unexplained'})"
-    return text
+            differs.setdefault(why or "unexplained", []).append(r["case"])
+    return text + "".join(f"; differs: {'; '.join(cases)} ({why})" for why, cases in differs.items())
 
 
 def _server_cell(record: dict) -> str:
