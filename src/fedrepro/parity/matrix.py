@@ -74,7 +74,7 @@ ROUND_RESOLUTIONS = {
     ): "the code's masked step measures each client's update from the model the earlier clients' corrections left, "
     "in the sampled order (`p1.data = p0.data` aliases the old global model to the new one), fedrepro's from the "
     "round's global model as FedGMA's paper; the code's global models equal that form written out bit for bit in "
-    "float64; 2e-6 of the model's scale a round; not changed here (fedrepro's fedgma.py is hashed code)",
+    "float64; 2e-6 of the model's scale a round; written down (docs/algorithms.md, FedGMA: 'Not reproduced')",
     (
         "ima",
         "FedAdam",
