@@ -134,3 +134,16 @@ def test_imas_adaptive_servers_agree_before_t_s_and_put_ima_inside_the_step_afte
     wrong = merged(setting, {"server": {"lr": setting["server"]["lr"] * 1.01}})
     off = rounds.compare_case(IMA, setting, ours_setting=wrong)  # float32
     assert min(off["global_gap_over_bound_by_round"][:t_s]) > 50, off
+
+
+@needs_checkout
+def test_imas_fednova_loop_normalises_as_ours_and_a_server_lr_1_percent_off_is_seen():
+    from fedrepro.parity import rounds, rounds_ima_methods
+    from fedrepro.parity.clients import merged
+
+    setting = rounds_ima_methods.method_settings()["fednova"]
+    row = rounds.compare_case(IMA, setting)  # float32: client models bit for bit, unequal steps (6, 8, 4)
+    assert row["status"] == "equal" and row["client_gap_over_bound"] == 0, row
+    wrong = merged(setting, {"server": {"lr": setting["server"]["lr"] * 1.01}})
+    off = rounds.compare_case(IMA, setting, ours_setting=wrong)
+    assert off["status"] == "differs" and min(off["global_gap_over_bound_by_round"]) > 50, off

@@ -67,6 +67,7 @@ CODE_METHODS = {
     "fedfa": ("fedfa_anchorloss", "ima"),
     "fedadam": ("fedavg", "fedadam+ima"),
     "fedyogi": ("fedavg", "fedyogi+ima"),
+    "fednova": ("fednova", "fednova+ima"),
 }
 # the code picks ASAM's rho and eta by ``'CNN' in args.split`` (0.7 and 0.2, else 0.2 and 0.05); the notebook's
 # default split names the CNN
@@ -252,7 +253,12 @@ def _code(checkout, setting, initial, log, anchors) -> dict:
         import client
         import server_se1
 
-        dispatch, aggregation = server_se1.dispatch, server_se1.aggregation
+        dispatch, aggregation, fednova_step = server_se1.dispatch, server_se1.aggregation, client.op.fednova_optimizer
+
+        def fednova_recorded(*args, **kwargs):  # FedNova's client models are dropped before the aggregation
+            out = fednova_step(*args, **kwargs)
+            record.setdefault("trained", {})[record["training"]] = vector(out[0])
+            return out
 
         def dispatch_from_ours(index, global_model, client_models):
             if hasattr(global_model, "anchor"):  # FedFA's anchors, sent beside the model
@@ -269,7 +275,8 @@ def _code(checkout, setting, initial, log, anchors) -> dict:
             t = len(record["globals"])
             for k, loader in record.pop("loaders", {}).items():  # the epochs the code's client took
                 record["epochs"][(t, k)] = loader.total - len(loader.epochs)
-            record["clients"].append({int(k): vector(client_models[k]) for k in index})
+            trained = record.pop("trained", None)  # FedNova's: its aggregation gets normalised updates
+            record["clients"].append(trained or {int(k): vector(client_models[k]) for k in index})
             out = aggregation(index, global_model, client_models, *args, **kwargs)
             record["globals"].append(vector(global_model))
             return out
@@ -286,7 +293,8 @@ def _code(checkout, setting, initial, log, anchors) -> dict:
         server_se1.dispatch, server_se1.aggregation, client.DataLoader = (
             dispatch_from_ours, aggregation_recorded, pinned_loader
         )  # fmt: skip
-        for folder in ("fedavg", "fedprox", "fedsam", "fedfa"):  # where each method saves its results
+        client.op.fednova_optimizer = fednova_recorded
+        for folder in ("fedavg", "fedprox", "fedsam", "fedfa", "fednova"):  # where each method saves its results
             os.makedirs(os.path.join(tmp, f"results/Test/label skew/fmnist/{folder}/seed{args.seed}"))
         cwd = os.getcwd()
         os.chdir(tmp)
@@ -354,7 +362,7 @@ def compare_case(checkout, setting: dict, dtype=torch.float32, ours_setting=None
 def _case_name(setting: dict) -> str:
     ima = setting["ima"]
     method = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedasam": "FedASAM", "fedgma": "FedGMA", "fedfa": "FedFA",
-              "fedadam": "FedAdam", "fedyogi": "FedYogi"}  # fmt: skip
+              "fedadam": "FedAdam", "fedyogi": "FedYogi", "fednova": "FedNova"}  # fmt: skip
     code_method, agg_mode = CODE_METHODS[setting["algorithm"]]
     return (
         f"{method[setting['algorithm']]} + IMA, decay {ima['decay']} (code: {DECAYS[ima['decay']]}), window "

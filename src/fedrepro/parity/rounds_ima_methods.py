@@ -9,13 +9,15 @@ the classifier calibration from round R/4 on, the clients' anchors and their dat
 anchors pinned to fedrepro's at every round start as the model is). Settings: IMA Table 1's FMNIST cell under
 the code's protocol, shrunk as ``rounds``; rounds before t_s are the bare method's, so the +IMA run covers both.
 
-FedAdam and FedYogi + IMA (``Server.fedavg`` with ``fedadam+ima``, ``fedyogi+ima``) run too: they agree before t_s
+FedNova + IMA (``Server.fednova``: its clients' a_i from their step counts and momentum, its normalised average; its
+client models, which it drops before the aggregation, recorded from ``utils.optimizer.fednova_optimizer``), FedAdam
+and FedYogi + IMA (``Server.fedavg`` with ``fedadam+ima``, ``fedyogi+ima``) run too: the last two agree before t_s
 and differ from it on, where the code puts IMA inside its server step (``adaptive_as_the_code_runs_it``).
 
 Each method runs twice: in float32, as both programs train, within the bounds ``rounds`` derives; and in float64
 (both programs' models, samples and data-size weights), where the same bounds in eps64 are 5e8 times tighter, so
 that a term 1% off on fedrepro's side, far below float32's rounding for FedProx's mu 0.01, lands far outside
-(``WRONG``; FedAdam's and FedYogi's server lr 1% off shows in float32 already). FedFA's anchors are compared
+(``WRONG``; the server lr 1% off of FedNova, FedAdam and FedYogi shows in float32 already). FedFA's anchors are compared
 after every round too: a data-size weighted mean of the clients' anchors, each a momentum average of per-epoch
 feature means taken from models within the client bound of each other (the client bound, plus a rounding per sample
 of a batch's class mean and per client of the server's mean).
@@ -38,7 +40,8 @@ from fedrepro.parity.clients import merged
 # 4e8 times the float64 bound), and a 1% change of its 1e-4 step (2e-8 of the model) cannot be told from that here;
 # its step against the code's form is checked apart (``gma_code_form_gaps``)
 WRONG = {"fedprox": ("fedprox", "mu"), "fedasam": ("fedasam", "rho"), "fedfa": ("fedfa", "lam"),
-         "fedadam": ("server", "lr"), "fedyogi": ("server", "lr")}  # fmt: skip
+         "fedadam": ("server", "lr"), "fedyogi": ("server", "lr"), "fednova": ("server", "lr")}  # fmt: skip
+SERVER_LR = ("fedadam", "fedyogi", "fednova")  # their wrong term, the server lr 1% off, shows in float32 already
 # FedAdam and FedYogi + IMA: the code averages the window of client averages before its server step (IMA inside
 # the optimiser) and restarts the moments for round t_s alone; fedrepro averages the server step's models
 # (docs/algorithms_papers.md, IMA's placement). Their rounds agree before t_s and differ from it on; the code's
@@ -137,9 +140,10 @@ def compare_methods(checkout) -> list[dict]:
         exact = rounds.compare_case(checkout, setting, torch.float64, extra=EXTRA.get(method))
         exact["case"] += ", float64"
         rows.append(exact)
-        if method in ADAPTIVE:  # the rounds before t_s compare the server step; a 1% server lr shows in float32
+        if method in ADAPTIVE:  # the rounds before t_s compare the server step
             for r in (row, exact):
                 r["global_gap_over_bound_before_start"] = max(r["global_gap_over_bound_by_round"][:IMA_START])
+        if method in SERVER_LR:  # a 1% server lr shows in float32
             row["one_percent"] = _one_percent(checkout, setting, method, torch.float32)
         elif method in WRONG:
             exact["one_percent"] = _one_percent(checkout, setting, method, torch.float64)
