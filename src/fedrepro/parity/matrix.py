@@ -57,6 +57,11 @@ CLIENT_PAIR = {
 # the pair the round check trains where it is not CLIENT_PAIR's (FedAWARE's code's FMNIST script: FedLab's MLP,
 # which no table of the paper pairs with a row of its own)
 ROUND_PAIR = {"fedaware": ("fmnist", "mlp")}
+ADAPTIVE_PLACEMENT = (
+    "equal before t_s; from t_s on the code averages its window of client averages before the server step (IMA "
+    "inside the optimiser) and restarts the moments for round t_s alone, fedrepro averages the server step's new "
+    "models (docs/algorithms_papers.md, IMA's placement for adaptive servers); written down, not switched"
+)
 ROUND_RESOLUTIONS = {
     ("fedaware", "cohort.assignment: per_client"): "the code credits upload j to the j-th id of the sampler's "
     "unsorted draw, so most uploads land in another client's momentum; switch: `cohort.assignment: code` (the "
@@ -67,6 +72,28 @@ ROUND_RESOLUTIONS = {
     ): "the code's ED branch gives the rate the exponent t - t_s, so it jumps back to lr_0 at t_s (a code quirk, "
     "specs/ima.md 1.3 note 2); fedrepro keeps the schedule, as the paper's 'decaying one local epoch per 20 "
     "rounds'; the epochs drop alike",
+    (
+        "ima",
+        "decay cyclic",
+    ): "the code's CD branch descends from the rate at t_s for half a cycle, then restarts at lr_min + (t1 mod c) "
+    "(lr_max - lr_min) / (c/2), back at lr_max at mid-cycle and above it after (specs/ima.md 1.3 note 1); fedrepro "
+    "keeps SWA's linear saw-tooth from lr_max down to lr_min (the paper's 'decaying lr from 1e-2 to 5e-5 every 20 "
+    "rounds'), not changed here",
+    (
+        "ima",
+        "FedGMA",
+    ): "the code's masked step measures each client's update from the model the earlier clients' corrections left, "
+    "in the sampled order (`p1.data = p0.data` aliases the old global model to the new one), fedrepro's from the "
+    "round's global model as FedGMA's paper; the code's global models equal that form written out bit for bit in "
+    "float64; 2e-6 of the model's scale a round; written down (docs/algorithms.md, FedGMA: 'Not reproduced')",
+    (
+        "ima",
+        "FedAdam",
+    ): ADAPTIVE_PLACEMENT,
+    (
+        "ima",
+        "FedYogi",
+    ): ADAPTIVE_PLACEMENT,
     ("fedlaw", "client.keep_momentum: false"): "the code builds each client's optimiser once, so its momentum "
     "persists across rounds (round 1 agrees, later rounds do not); switch: `client.keep_momentum` (the "
     "official-protocol subset)",
@@ -219,12 +246,13 @@ def _rounds_cell(record: dict, dataset: str, model: str) -> str:
             f"; {r['case']}: {r['client_gap_over_bound']:.1f} times the float32 bound, judged against the code's "
             f"float64 run (fedrepro {o['ours_client']:.2g} from it, the code's float32 run {o['code_client']:.2g})"
         )
+    differs: dict[str, list[str]] = {}  # the cases one reason explains (a method in two precisions), in order
     for r in rows:
         if r["status"] != "equal":
             paper = record["paper"]
             why = next((v for (p, key), v in ROUND_RESOLUTIONS.items() if p == paper and key in r["case"]), None)
-            text += f"; differs: {r['case']} ({why or 'unexplained'})"
-    return prefix + text
+            differs.setdefault(why or "unexplained", []).append(r["case"])
+    return prefix + text + "".join(f"; differs: {'; '.join(cases)} ({why})" for why, cases in differs.items())
 
 
 def _server_cell(record: dict) -> str:

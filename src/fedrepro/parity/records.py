@@ -20,6 +20,7 @@ from fedrepro.parity import (
     pipeline,
     rounds,
     rounds_fednova,
+    rounds_ima_methods,
     servers,
     servers_fedaware,
     servers_fedlaw,
@@ -42,11 +43,15 @@ SHIM = (
     "(parity.generated.on_generated): every torchvision CIFAR and (Fashion-)MNIST opened reads the generated "
     "folder and accepts its md5; FedAWARE: FedLab's modules (not installed) placeholders, its partitioned-data "
     "classes keeping the arguments the code passes them; IMA: the notebook's data cell run by a driver; IMA "
-    "rounds (parity.rounds): Server.fedavg in a scratch folder with its output folder made, placeholders for "
+    "rounds (parity.rounds, parity.rounds_ima_methods): Server.fedavg, fedprox, fedsam, fedfa_anchorloss and "
+    "fednova in a scratch folder with their output folders made, placeholders for "
     "utils.bias_var_covar_analysis, pynvml and the package __init__ of its partial FedLab copy (which imports "
-    "four modules HEAD lacks), and by names in its modules: client.DataLoader hands out fedrepro's batches, "
-    "server_se1.dispatch loads fedrepro's global model of the round first, server_se1.aggregation and "
-    "torch.optim.SGD record what the code computed; FedLAW clients (parity.clients): client nodes as "
+    "four modules HEAD lacks), args.split 2CNN_2 (the notebook's; ASAM's CNN radius), the training set's targets "
+    "given (FedFA reads them), torch's default dtype float32 or float64 per case, and by names in its modules: "
+    "client.DataLoader hands out fedrepro's batches, server_se1.dispatch loads fedrepro's global model (and FedFA's "
+    "anchors) of the round first, server_se1.aggregation, utils.optimizer.fednova_optimizer and torch.optim.SGD "
+    "record what the code computed; "
+    "FedLAW clients (parity.clients): client nodes as "
     "SimpleNamespaces holding the code's optimisers and fedrepro's batches; FedLAW rounds (parity.rounds_fedlaw): "
     "main_fedlaw.py and main_baselines.py run as scripts on generated idx files, in float64, by names in their "
     "modules: nodes.Node (client_funct's too) a subclass handing its clients fedrepro's batches and its central "
@@ -121,7 +126,9 @@ def checks(paper: str) -> dict:
         found["servers"] = lambda checkout, inits: servers.compare_fednova(checkout)
     if paper == "ima":
         found["servers"] = lambda checkout, inits: servers.compare_ima(checkout)
-        found["rounds"] = lambda checkout, inits: rounds.compare_ima(checkout)
+        found["rounds"] = lambda checkout, inits: (
+            rounds.compare_ima(checkout) + rounds_ima_methods.compare_methods(checkout)
+        )
     return found
 
 
