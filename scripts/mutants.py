@@ -57,7 +57,14 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "tuning": (["src/fedrepro/configure/tuning.py"], ["configure/test_tuning.py"]),
     "partitions": (
         ["src/fedrepro/partitions/[!r]*.py"],
-        ["inputs/test_partition.py", "inputs/test_partition_oracle.py", "inputs/test_pachinko.py"],
+        [
+            "inputs/test_partition.py",
+            "inputs/test_partition_oracle.py",
+            "inputs/test_pachinko.py",
+            "inputs/test_partition_file.py",  # the file kind
+            "inputs/test_domains.py",  # natural, per-domain and label-quantity splits
+            "ops/test_parity_harness.py",  # dirichlet_legacy against the FedNova code's own recipe
+        ],
     ),
     "fedopt": (
         [ALG + n for n in ("fedadam.py", "fedyogi.py", "fedams.py", "fedavgm.py", "fedadagrad.py")],
