@@ -214,3 +214,68 @@ def test_pachinko_equals_the_tff_recipe_on_the_same_draws(alpha, beta, clients, 
     got = pachinko.split(labels, coarse, clients, np.random.default_rng(7), alpha, beta, per)
     want = tff_pachinko(labels, coarse, clients, np.random.default_rng(7), alpha, beta, per)
     assert [p.tolist() for p in got] == want
+
+
+# Each kind's `make` hands every key of its setting to its `split` (which the oracles above check): the same
+# lists as `split` called with those values by name, and a change of any one key changes the lists, so a key
+# dropped, swapped with its neighbour or read as another's cannot pass.
+WIRING = [
+    (
+        "dirichlet",
+        {"alpha": 0.1, "min_size": 2, "balance": True},
+        {"alpha": 0.5, "min_size": 25, "balance": False},
+        lambda labels, rng, s: dirichlet.split(
+            labels, s["num_clients"], rng, alpha=s["alpha"], min_size=s["min_size"], balance=s["balance"]
+        ),
+    ),
+    (
+        "hybrid",
+        {"alpha_balanced": 100.0, "alpha": 0.1, "min_size": 2, "balance": True},
+        {"alpha_balanced": 0.5, "alpha": 1.0, "min_size": 25, "balance": False},
+        lambda labels, rng, s: __import__("fedrepro.partitions.hybrid", fromlist=["split"]).split(
+            labels,
+            s["num_clients"],
+            rng,
+            alpha_balanced=s["alpha_balanced"],
+            alpha=s["alpha"],
+            min_size=s["min_size"],
+            balance=s["balance"],
+        ),  # fmt: skip
+    ),
+    (
+        "shards",
+        {"classes_per_client": 2, "distinct": True},
+        {"classes_per_client": 3, "distinct": False},
+        lambda labels, rng, s: shards.split(
+            labels, s["num_clients"], rng, classes_per_client=s["classes_per_client"], distinct=s["distinct"]
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("kind, setting, changed, by_name", WIRING, ids=[w[0] for w in WIRING])
+def test_make_hands_every_key_to_its_split(kind, setting, changed, by_name):
+    from fedrepro import partitions
+
+    labels = _labels(600, 10, seed=5)
+    full = {"kind": kind, "num_clients": 10, "seed": 1, **setting}
+    made = partitions.make(labels, full)
+    expected = by_name(labels, np.random.default_rng(1), full)
+    assert len(made) == len(expected) and all(np.array_equal(a, b) for a, b in zip(made, expected))
+    for key, value in changed.items():
+        other = partitions.make(labels, {**full, key: value})
+        assert not all(np.array_equal(a, b) for a, b in zip(made, other)), f"{kind}: {key} changes nothing"
+
+
+def test_pachinko_make_hands_alpha_beta_and_the_client_size_to_its_split():
+    from fedrepro import partitions
+
+    labels = np.random.default_rng(4).permutation(np.repeat(np.arange(100), 30))
+    full = {"kind": "pachinko", "num_clients": 10, "seed": 2, "alpha": 0.1, "beta": 10.0, "samples_per_client": 200}
+    made = partitions.make(labels, full)
+    expected = pachinko.split(labels, pachinko.CIFAR100_COARSE[labels], 10, np.random.default_rng(2), alpha=0.1,
+                              beta=10.0, samples_per_client=200)  # fmt: skip
+    assert all(np.array_equal(a, b) for a, b in zip(made, expected)) and {len(p) for p in made} == {200}
+    for key, value in {"alpha": 10.0, "beta": 0.1, "samples_per_client": 150}.items():
+        other = partitions.make(labels, {**full, key: value})
+        assert not all(np.array_equal(a, b) for a, b in zip(made, other)), f"pachinko: {key} changes nothing"
