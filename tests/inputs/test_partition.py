@@ -369,3 +369,26 @@ def test_inner_dirichlet_gives_equal_clients_their_own_class_priors():
         )
     )
     assert [len(p) for p in again] == [1000 // 7] * 7
+
+
+def test_the_content_hash_is_the_sha256_of_the_client_lists_as_int64():
+    """As every partition.json and MLflow's dataset digest record it: each client's indices as int64 bytes,
+    each followed by '|', the first 16 hex digits; whatever integer type the lists come in."""
+    import hashlib
+
+    parts = [np.array([3, 1, 2], dtype=np.int32), np.array([], dtype=np.int32), np.array([7], dtype=np.int32)]
+    digest = hashlib.sha256(b"".join(np.asarray(p, dtype="<i8").tobytes() + b"|" for p in parts)).hexdigest()
+    assert content_hash(parts) == digest[:16]
+    assert content_hash([np.array([1, 2]), np.array([3])]) != content_hash([np.array([1]), np.array([2, 3])])
+
+
+def test_shards_give_every_client_every_class_when_it_asks_for_all_of_them():
+    labels = np.repeat(np.arange(10), 60)
+    parts = partitions.make(
+        labels, {"kind": "shards", "num_clients": 3, "classes_per_client": 10, "distinct": True, "seed": 1}
+    )
+    assert all(sorted(set(labels[p])) == list(range(10)) for p in parts)
+    with pytest.raises(PartitionError, match="classes_per_client = 11 exceeds the 10 classes"):
+        partitions.make(
+            labels, {"kind": "shards", "num_clients": 3, "classes_per_client": 11, "distinct": True, "seed": 1}
+        )
