@@ -392,3 +392,24 @@ def test_shards_give_every_client_every_class_when_it_asks_for_all_of_them():
         partitions.make(
             labels, {"kind": "shards", "num_clients": 3, "classes_per_client": 11, "distinct": True, "seed": 1}
         )
+
+
+def test_label_quantity_may_give_every_client_every_class_and_no_more():
+    from fedrepro.partitions import label_quantity
+
+    labels = np.repeat(np.arange(4), 30)
+    parts = label_quantity.split(labels, 3, np.random.default_rng(0), classes_per_client=4)
+    assert all(sorted(set(labels[p])) == [0, 1, 2, 3] for p in parts)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(120))
+    with pytest.raises(PartitionError, match="classes_per_client = 5 exceeds the 4 classes"):
+        label_quantity.split(labels, 3, np.random.default_rng(0), classes_per_client=5)
+
+
+def test_a_domain_split_refuses_clients_that_do_not_divide_among_the_domains():
+    from fedrepro.partitions.base import per_domain
+
+    domains = np.repeat(np.arange(3), 20)
+    with pytest.raises(PartitionError, match="num_clients = 7 must be a positive multiple of the 3 domains of digit5"):
+        per_domain(np.zeros(60, dtype=np.int64), {"num_clients": 7, "dataset": "digit5"}, domains, None)
+    with pytest.raises(PartitionError, match="num_clients = 2 must be a positive multiple"):
+        per_domain(np.zeros(60, dtype=np.int64), {"num_clients": 2, "dataset": "digit5"}, domains, None)

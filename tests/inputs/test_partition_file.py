@@ -149,3 +149,32 @@ def test_the_saved_partition_loads_for_the_same_file_at_another_path(tmp_path):
     other = _setting(_write(tmp_path / "c.npz", _lists()[::-1]))
     with pytest.raises(PartitionError, match="not this run's partition"):
         partition_records.load(tmp_path / "out", identity.partition_setting(other))
+
+
+def test_the_partition_job_checks_the_pinned_checksum_and_the_index_range_itself(tmp_path):
+    """The job reads the file again (it may have changed since the settings were resolved): a pinned SHA-256
+    of another content is refused there too; the first and last index of the training set are in range, one
+    past either end is not, and the message gives the range."""
+    lists = _lists()
+    lists[0][0], lists[1][0] = 0, N_TRAIN - 1
+    path = _write(tmp_path / "p.npz", lists)
+    setting = identity.partition_setting(_setting(path))
+    labels = np.zeros(N_TRAIN, dtype=np.int64)
+    assert [p.tolist() for p in partitions.make(labels, setting)] == lists
+    _write(tmp_path / "p.npz", lists[::-1])
+    with pytest.raises(PartitionError, match="p.npz"):
+        partitions.make(labels, setting)
+    for index in (-1, N_TRAIN):
+        bad = _write(tmp_path / "bad.json", [[index, *lists[0][1:]], *lists[1:]])
+        with pytest.raises(
+            PartitionError, match=rf"holds index {index}, outside the training set's 0\.\.{N_TRAIN - 1}"
+        ):
+            partitions.make(labels, {**setting, "path": bad, "sha256": None})
+
+
+def test_a_partition_file_of_pickled_objects_or_not_an_object_is_refused(tmp_path):
+    np.savez(tmp_path / "objects.npz", client_0=np.array([[1, 2], [3]], dtype=object), client_1=np.arange(3))
+    (tmp_path / "list.json").write_text(json.dumps([[1, 2], [3]]))
+    for name, message in [("objects.npz", "cannot be read"), ("list.json", "a JSON partition is an object")]:
+        with pytest.raises(schema.ConfigError, match=message):
+            _setting(tmp_path / name, n=2)

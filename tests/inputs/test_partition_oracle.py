@@ -279,3 +279,16 @@ def test_pachinko_make_hands_alpha_beta_and_the_client_size_to_its_split():
     for key, value in {"alpha": 10.0, "beta": 0.1, "samples_per_client": 150}.items():
         other = partitions.make(labels, {**full, key: value})
         assert not all(np.array_equal(a, b) for a, b in zip(made, other)), f"pachinko: {key} changes nothing"
+
+
+def test_the_legacy_dirichlet_hands_min_size_and_balance_to_the_recipe():
+    from fedrepro import partitions
+
+    labels = _labels(600, 10, seed=5)
+    full = {"kind": "dirichlet_legacy", "num_clients": 10, "seed": 1, "alpha": 0.1, "min_size": 2, "balance": True}
+    made = partitions.make(labels, full)
+    expected = dirichlet.split(labels, 10, np.random.RandomState(1), alpha=0.1, min_size=2, balance=True)
+    assert all(np.array_equal(a, b) for a, b in zip(made, expected))
+    for key, value in {"min_size": 25, "balance": False}.items():
+        other = partitions.make(labels, {**full, key: value})
+        assert not all(np.array_equal(a, b) for a, b in zip(made, other)), f"dirichlet_legacy: {key} changes nothing"
