@@ -482,23 +482,11 @@ def float64_engine(monkeypatch):
 
 
 def _float64_dataset():
-    """The dataset class of ``float64_engine`` (made on use: conftest imports no torch at collection)."""
-    from fedrepro import data
+    """The dataset class of ``float64_engine``, the parity harness's (made on use: conftest imports no torch at
+    collection)."""
+    from fedrepro.parity.clients import float64_dataset
 
-    class Float64Dataset(data.TensorDataset):
-        """The same samples, handed out in float64."""
-
-        def batch(self, index):
-            x, y = super().batch(index)
-            return x.double(), y
-
-        def subset(self, index):
-            return Float64Dataset(self.images[index], self.labels[index], self.mean, self.std)
-
-        def to(self, device):
-            return Float64Dataset(self.images.to(device), self.labels.to(device), self.mean, self.std)
-
-    return Float64Dataset
+    return float64_dataset()
 
 
 def method_section(algorithm: str) -> dict:

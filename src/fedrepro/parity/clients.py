@@ -25,6 +25,7 @@ again with its term at 0.5, where a wrong term shows far above the bound."""
 from __future__ import annotations
 
 import copy
+import functools
 import tempfile
 from types import SimpleNamespace
 
@@ -82,6 +83,27 @@ def _problem(seed: int = 0):
     return train, test, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+@functools.cache
+def float64_dataset():
+    """The TensorDataset class whose batches come in float64 (uint8 pixels / 255 are exact in float64): the data of
+    the float64 oracles, here and in the tests' ``float64_engine``. Made on first use, so that importing this
+    module does not import fedrepro.data."""
+    from fedrepro.data import TensorDataset
+
+    class Float64Dataset(TensorDataset):
+        def batch(self, index):
+            x, y = super().batch(index)
+            return x.double(), y
+
+        def subset(self, index):
+            return Float64Dataset(self.images[index], self.labels[index], self.mean, self.std)
+
+        def to(self, device):
+            return Float64Dataset(self.images.to(device), self.labels.to(device), self.mean, self.std)
+
+    return Float64Dataset
+
+
 def generated_clients(sizes: tuple, shape: tuple, test_size: int, seed: int, dataset=None):
     """Random uint8 images and labels: clients of ``sizes`` samples (contiguous index ranges), then a test split of
     ``test_size`` drawn with them; ``dataset``: the TensorDataset class that holds them (one that hands out
@@ -120,14 +142,17 @@ def record_local_training(trainer, log: list) -> None:
     trainer.local.train = recorded
 
 
-def ours(setting: dict) -> list[dict]:
-    """fedrepro's trainer on the problem; every client's local training as recorded."""
+def ours(setting: dict, problem=None, seed: int | None = None) -> list[dict]:
+    """fedrepro's trainer on ``problem`` ((train, test, parts); default ``_problem()``); every client's local training
+    as recorded. ``seed``: torch's global seed before the model is built, where the check wants its first draw."""
     from fedrepro import models
     from fedrepro.run.trainer import Trainer
 
-    train, test, parts = _problem()
+    train, test, parts = problem or _problem()
     log = []
     with tempfile.TemporaryDirectory(prefix="fedrepro-parity-clients-") as tmp:
+        if seed is not None:
+            torch.manual_seed(seed)
         module = models.build(setting["model"], setting["dataset"])
         trainer = Trainer(setting, tmp, None, None, datasets=(train, test), parts=parts, module=module)
         trainer.cohort_mode = "off"  # the sequential path: the reference the batched path is tested against

@@ -33,14 +33,13 @@ import copy
 import functools
 import io
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fedrepro.parity import models as model_pairs
-from fedrepro.parity.clients import LR_RELATIVE, _EpochBatches, bound, generated_clients, record_local_training
+from fedrepro.parity import clients, models as model_pairs
+from fedrepro.parity.clients import LR_RELATIVE, _EpochBatches, bound, generated_clients
 from fedrepro.parity.servers_fedaware import PLACEHOLDERS, STUBS, definitions, require_fedlab
 from fedrepro.parity.shim import checkout_on_path
 
@@ -81,20 +80,9 @@ def setting(dataset: str, algorithm: str) -> dict:
 
 
 def ours(run_setting: dict, dataset: str) -> list[dict]:
-    """fedrepro's trainer on the generated clients; every client's local training as recorded."""
-    from fedrepro import models
-    from fedrepro.run.trainer import Trainer
-
-    train, test, parts = generated_clients(SIZES, SHAPES[dataset], 60, seed=0)
-    log = []
-    with tempfile.TemporaryDirectory(prefix="fedrepro-parity-fedaware-clients-") as tmp:
-        torch.manual_seed(run_setting["seed"])
-        module = models.build(run_setting["model"], run_setting["dataset"])
-        trainer = Trainer(run_setting, tmp, None, None, datasets=(train, test), parts=parts, module=module)
-        trainer.cohort_mode = "off"  # the sequential path: the reference the batched path is tested against
-        record_local_training(trainer, log)
-        trainer.run(progress=False)
-    return log
+    """fedrepro's trainer on the generated clients, its model drawn at the run's seed; every client's local
+    training as recorded."""
+    return clients.ours(run_setting, generated_clients(SIZES, SHAPES[dataset], 60, seed=0), seed=run_setting["seed"])
 
 
 def code_argv(script: str, run_setting: dict) -> list[str]:

@@ -45,6 +45,7 @@ from fedrepro.parity.clients import (
     LR_RELATIVE,
     _EpochBatches,
     bound,
+    float64_dataset,
     generated_clients,
     record_local_training,
 )
@@ -119,10 +120,9 @@ def ima_settings() -> dict[str, dict]:
 
 
 def _problem(seed: int = 1, dtype=torch.float32):
-    from fedrepro.parity.rounds_fedlaw import _float64_dataset
-
-    float64 = None if dtype == torch.float32 else (lambda images, labels, mean, std: _float64_dataset(images, labels))
-    return generated_clients(SIZES, (1, 28, 28), 40, seed, dataset=float64)
+    return generated_clients(
+        SIZES, (1, 28, 28), 40, seed, dataset=None if dtype == torch.float32 else float64_dataset()
+    )
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from fedrepro.parity import generated
-from fedrepro.parity.clients import LR_RELATIVE, _EpochBatches, record_local_training
+from fedrepro.parity.clients import LR_RELATIVE, _EpochBatches, float64_dataset, record_local_training
 from fedrepro.parity.servers_fedlaw import LOOP
 from fedrepro.parity.shim import checkout_on_path
 
@@ -99,33 +99,14 @@ def write_fmnist(root: Path, seed: int = 0, train: int = TRAIN, test: int = TEST
         (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(generated._idx(labels, 1))
 
 
-def _float64_dataset(images, labels):
-    from fedrepro.data import TensorDataset
-
-    class Float64Dataset(TensorDataset):
-        """The same samples, handed out in float64 (uint8 pixels / 255 are exact in float64)."""
-
-        def batch(self, index):
-            x, y = super().batch(index)
-            return x.double(), y
-
-        def subset(self, index):
-            return Float64Dataset(self.images[index], self.labels[index], self.mean, self.std)
-
-        def to(self, device):
-            return Float64Dataset(self.images.to(device), self.labels.to(device), self.mean, self.std)
-
-    return Float64Dataset(images, labels, 0.0, 1.0)
-
-
 def _read(root: Path, prefix: str, dtype):
     from fedrepro.data import TensorDataset
 
     raw = Path(root) / "FashionMNIST" / "raw"
     images = np.frombuffer((raw / f"{prefix}-images-idx3-ubyte").read_bytes()[16:], np.uint8).reshape(-1, 1, 28, 28)
     labels = np.frombuffer((raw / f"{prefix}-labels-idx1-ubyte").read_bytes()[8:], np.uint8).astype(np.int64)
-    made = _float64_dataset if dtype == torch.float64 else lambda x, y: TensorDataset(x, y, 0.0, 1.0)
-    return made(torch.from_numpy(images.copy()), torch.from_numpy(labels))
+    made = float64_dataset() if dtype == torch.float64 else TensorDataset
+    return made(torch.from_numpy(images.copy()), torch.from_numpy(labels), 0.0, 1.0)
 
 
 def code_partition(checkout, root: Path) -> list[np.ndarray]:
