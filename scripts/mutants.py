@@ -78,7 +78,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "fednova": ([ALG + "fednova.py"], ["algorithms/test_fednova.py", "run/test_batched.py"]),  # VR batched too
     "fedaware": (
         [ALG + "fedaware.py", ALG + "aware.py"],
-        ["algorithms/test_fedaware.py", "algorithms/test_fedaware_na.py"],
+        ["algorithms/test_fedaware.py", "algorithms/test_fedaware_na.py", "algorithms/test_fedaware_wiring.py"],
     ),
     "fedlaw": (
         [ALG + n for n in ("fedlaw.py", "proxy.py", "feddf.py", "fedbe.py", "serverft.py")],
@@ -89,9 +89,14 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         [ALG + n for n in ("fedasam.py", "fedgma.py", "fedfa.py")],
         ["algorithms/test_ima_baselines.py", "run/test_batched.py"],
     ),
+    "schedule": (  # the client lr schedule and the cohort size every run trains with
+        ["src/fedrepro/schedule.py"],
+        ["ground/test_schedule.py", "algorithms/test_oracles.py"],
+    ),
+    "fedavg": ([ALG + "fedavg.py"], ["algorithms/test_oracles.py", "algorithms/test_baselines.py"]),
     "client_draws": (
         [ALG + "random_epochs.py", ALG + "random_batch.py"],
-        ["algorithms/test_oracles.py", "run/test_client_protocol.py"],
+        ["algorithms/test_client_draws.py", "algorithms/test_oracles.py", "run/test_client_protocol.py"],
     ),
 }
 
@@ -105,15 +110,15 @@ def prepare(module: str) -> Path:
     mutated, tests = MODULES[module]
     folder = BUILD / module
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("src", "tests", "params"):
+    for name in ("src", "tests", "params", "docs", "README.md"):  # the docs: tests check the tables they hold
         link = folder / name
         if not link.is_symlink():
-            link.symlink_to(ROOT / name, target_is_directory=True)
+            link.symlink_to(ROOT / name, target_is_directory=(ROOT / name).is_dir())
     (folder / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src/"]\n'
         f"only_mutate = {_toml_list(mutated)}\n"
-        'also_copy = ["params/"]\n'
+        'also_copy = ["params/", "docs/", "README.md"]\n'
         f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(['tests/' + t for t in tests])}\n"
     )
