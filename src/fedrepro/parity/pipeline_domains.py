@@ -18,8 +18,9 @@ The test split of PACS is the code's own draw (numpy's legacy generator seeded w
 other images at a position, which the inputs show.
 
 Shim (the code's files untouched): the package ``__init__`` of its partial FedLab copy a placeholder (it imports
-four modules HEAD lacks; the dataloaders import partitioners from below it), ``numpy.compat.long`` (NumPy 2 removed
-``numpy.compat``; ``DigitsDataset`` casts its labels with it) and the working directory."""
+four modules HEAD lacks; the dataloaders import partitioners from below it), pynvml a placeholder (that copy's
+``functional`` imports it), ``numpy.compat.long`` (NumPy 2 removed ``numpy.compat``; ``DigitsDataset`` casts its
+labels with it) and the working directory."""
 
 from __future__ import annotations
 
