@@ -4,6 +4,7 @@ server step, rounds), each cell equal / differs (why; the switch) / not comparab
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from fedrepro.parity.records import ROOT, load
@@ -135,6 +136,48 @@ def _pipeline_text(row: dict) -> str:
     )
 
 
+def _short_step(step: str) -> str:
+    """A torchvision transform's repr as the matrix names it: 'Resize([28, 28], bilinear)', 'Grayscale(3)'."""
+    name, args = step.split("(", 1)
+    values = dict(re.findall(r"(\w+)=(\[[^]]*]|\([^)]*\)|[^,)]+)", args))
+    if name == "Resize":
+        return f"Resize({values['size']}, {values['interpolation']})"
+    if name == "CenterCrop":
+        return f"CenterCrop({values['size'].strip('()').split(',')[0]})"
+    if name == "Grayscale":
+        return f"Grayscale({values['num_output_channels']})"
+    return name
+
+
+def _domains_text(row: dict) -> str:
+    """A multi-domain dataset's row (IMA's Digit-Five, PACS): its domains, the code's steps, the constants."""
+    domains = row["domains"]
+    train, test = row["train"], row["test"]
+    steps: dict[str, list[str]] = {}  # the code's steps before ToTensor -> the domains that take them
+    for d in domains:
+        before = [_short_step(t) for t in d["code_transform"]]
+        before = before[: before.index("ToTensor")] if "ToTensor" in before else before
+        steps.setdefault(", ".join(before) or "none", []).append(d["domain"])
+    by_domain = "; ".join(
+        f"{'every domain' if len(names) == len(domains) else ', '.join(names)} {how}" for how, names in steps.items()
+    )
+    mean, std = row["normalize"]["code"]
+    facts = (
+        f"{len(domains)} domains in the code's order ({', '.join(d['domain'] for d in domains)}), "
+        f"{train['samples']} + {test['samples']} samples, inputs and labels bit for bit; the code's steps before "
+        f"ToTensor: {by_domain}; normalize mean {tuple(mean)} std {tuple(std)}"
+    )
+    if "classes" in row:
+        facts += f"; classes {', '.join(row['classes']['code'])} (the code's ImageFolder)"
+    augment = row["augment"]
+    facts += "; augment none" if not augment["code"] and not augment["ours"] else f"; augment {augment}"
+    if row["status"] == "equal":
+        return f"equal ({facts} on both sides)"
+    gap = max(train["max_gap"], test["max_gap"])
+    labels = train["labels_differing"] + test["labels_differing"]
+    return f"differs ({facts}: largest input gap {gap:.2g}, {labels} labels; unexplained)"
+
+
 def _text_row(record: dict, part: str, dataset: str) -> dict | None:
     """The AGNews check's row of ``part`` (model or data), when the record has one for ``dataset``."""
     return next((r for r in record["checks"].get("text", []) if r["part"] == part and r["dataset"] == dataset), None)
@@ -166,7 +209,12 @@ def _data_cell(record: dict, dataset: str) -> str:
     checks = record["checks"]
     texts = []
     for row in [r for r in checks.get("pipeline", []) if r["dataset"] == dataset]:
-        texts.append(_pipeline_text(row) if "preprocess" in row else f"not compared ({row['why']})")
+        if "preprocess" in row:
+            texts.append(_pipeline_text(row))
+        elif "domains" in row:
+            texts.append(_domains_text(row))
+        else:
+            texts.append(f"{row['status']} ({row['why']})")
     laws = [r for r in checks.get("pipeline", []) if r["dataset"] == "*"]
     if laws and any(r.get("train", {}).get("pinned_draws") for r in checks["pipeline"] if r["dataset"] == dataset):
         texts.append(f"crop and flip laws {laws[0]['status']} (chi-square, level 1e-3)")

@@ -125,6 +125,22 @@ def _on_cpu(tensor, *args, **kwargs):
     return tensor(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def numpy_compat():
+    """``numpy.compat`` where NumPy 2 removed it, holding the one name an authors' code reads from it (IMA's
+    ``DigitsDataset`` casts its labels with ``np.compat.long``, which NumPy 1 defined as Python's ``int``)."""
+    import numpy
+
+    added = not hasattr(numpy, "compat")
+    if added:
+        numpy.compat = types.SimpleNamespace(long=int)
+    try:
+        yield
+    finally:
+        if added:
+            del numpy.compat
+
+
 class _SummaryWriter:
     """torch.utils.tensorboard's writer where tensorboard is absent: makes its folder (the scripts write their
     config there), records nothing."""
