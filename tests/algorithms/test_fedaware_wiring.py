@@ -101,10 +101,8 @@ def test_the_projection_logs_its_scale_cosine_and_the_directions_solve():
 
 
 def test_the_projection_logs_that_it_did_not_project_before_the_momenta_are_ready():
-    opt = ProjectOntoAware(
-        algorithms.build(settings.resolve({"algorithm": "fedavg", "num_clients": 3}), 3, 2, "cpu", torch.ones(3)).optimizer,
-        ClientMomenta(3, 2, "cpu", alpha=0.5, normalize=True, warmup=True),
-    )
+    host = algorithms.build(settings.resolve({"algorithm": "fedavg", "num_clients": 3}), 3, 2, "cpu", torch.ones(3))
+    opt = ProjectOntoAware(host.optimizer, ClientMomenta(3, 2, "cpu", alpha=0.5, normalize=True, warmup=True))
     u = updates_for(0, [0], torch.tensor([[1.0, 0.0]]))
     opt(torch.zeros(2), torch.tensor([1.0, 0.0]), u)
     assert u.info["aware_projected"] == 0 and "aware_lambda" not in u.info
