@@ -62,6 +62,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "inputs/test_partition_oracle.py",
             "inputs/test_pachinko.py",
             "inputs/test_partition_file.py",  # the file kind
+            "inputs/test_partition_edges.py",  # boundaries, refusals' numbers, the natural kind
             "inputs/test_domains.py",  # natural, per-domain and label-quantity splits
             # dirichlet_legacy against the FedNova code's recipe (the file's other tests read evidence/)
             "ops/test_parity_harness.py::test_dirichlet_legacy_draws_fednovas_client_sets",

@@ -461,7 +461,8 @@ def test_scaffold_over_three_rounds_is_the_papers_recursion():
 
 
 @pytest.mark.parametrize(
-    "method", ["fedavgm", "fedprox", "scaffold", "feddyn", "fedcm", "fedadam", "fedyogi", "fedams", "fedadagrad"]
+    "method",
+    ["fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "fedcm", "fedadam", "fedyogi", "fedams", "fedadagrad"],
 )
 def test_each_method_is_built_under_its_own_name(method):
     """The name is the one its checkpoints, logs and the registry know it by."""
