@@ -54,12 +54,13 @@ def test_the_aware_plugin_wraps_the_hosts_optimizer_with_its_own_section():
 def test_a_host_that_reads_the_round_gets_it_through_the_projection():
     """FedNova's server step divides by the round's client lr (d / eta_l), so the projector must hand the host
     the round's updates; one ready round of fednova+aware against the host's own step projected by hand."""
-    algo = build({"algorithm": "fednova+aware", "aware": {**SECTION, "alpha": 1.0}, "server": {"lr": 1.0}})
+    nova = {"fednova": {"server_momentum": 0.9}, "server": {"lr": 1.0}}  # the momentum form reads the round's lr
+    algo = build({"algorithm": "fednova+aware", "aware": {**SECTION, "alpha": 1.0}, **nova})
     deltas = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
     u = updates_for(0, [0, 1, 2], deltas, lr=0.25)
     x = torch.tensor([0.5, 0.5])
     d_host = algo.aggregator(x, u)
-    x_host = build({"algorithm": "fednova", "server": {"lr": 1.0}}).optimizer(x, d_host, u)
+    x_host = build({"algorithm": "fednova", **nova}).optimizer(x, d_host, u)
     d = min_norm_weights(deltas @ deltas.T, 7, 0.05).weights.float() @ deltas
     expected = x - (x - x_host).dot(d) / d.dot(d) * d
     torch.testing.assert_close(algo.optimizer(x, d_host, u), expected)
@@ -70,6 +71,22 @@ def test_projection_onto_a_zero_direction_is_no_step():
     info = {}
     assert torch.equal(project(torch.tensor([1.0, 2.0]), torch.zeros(2), info), torch.zeros(2))
     assert info["aware_scale"] == 0.0
+
+
+def test_the_projections_cosine_is_exact_for_short_vectors():
+    """The cosine's guard against 0/0 must not bound small norms: |step| |d| = 1.4e-6 here."""
+    info = {}
+    project(torch.tensor([1e-3, 0.0], dtype=torch.float64), torch.tensor([1e-3, 1e-3], dtype=torch.float64), info)
+    assert info["aware_cosine"] == pytest.approx(2**-0.5, rel=1e-12)
+    assert info["aware_scale"] == pytest.approx(0.5, rel=1e-12)
+
+
+def test_fedaware_nas_support_counts_the_clients_seen():
+    m = ClientMomenta(4, 2, "cpu", alpha=1.0, normalize=False, warmup=False, weights="static")
+    m.update(updates_for(0, [1, 3], torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([1.0, 3.0])))
+    info = {}
+    assert m.direction(info).tolist() == [0.25, 0.75]
+    assert info["support"] == 2 and info["lambda"].tolist() == [0.0, 0.25, 0.0, 0.75]
 
 
 def test_the_projection_logs_its_scale_cosine_and_the_directions_solve():
