@@ -163,7 +163,7 @@ def render(record: dict) -> str:
         f"client, partition seed 1), training seed {s['seed']}; +IMA from t_s = {s['r_ima']} with a window of "
         f"{s['window_size']}, decay {s['decay_mode']} ({s['lr_ima_decay']:g} a round). torch {record['torch']}, "
         f"{record['threads']} thread, fedrepro `{record['fedrepro_commit']}`; record "
-        f"`evidence/official_code/fullscale/ima_fmnist_c2.json`, kept {record['updated_utc']}.",
+        f"`evidence/official_code/fullscale/ima_fmnist_c2.json`, written {record['updated_utc']}.",
         "",
         "| method | the code, seed " + str(s["seed"]) + " | fedrepro, seeds 1, 2, 3 | fedrepro mean ± std | "
         "code − fedrepro | paper |",
@@ -172,7 +172,7 @@ def render(record: dict) -> str:
     for part, label in LABELS.items():
         p = record["parts"].get(part)
         if done[part] is None:
-            code = f"running ({p['rounds_done'] if p else 0} of {s['r']} rounds)"
+            code = f"running ({p['rounds_done']} of {s['r']} rounds)" if p else f"to come (from round {s['r_ima']})"
             gap = "—"
         else:
             code, gap = f"{done[part]:.2f}", f"{done[part] - np.mean(our[part]):+.2f}"
@@ -190,7 +190,9 @@ def render(record: dict) -> str:
         f"({c['hours_total_wall']:.1f} at the measured wall time); {c['rounds_left']} rounds left when the record "
         "was kept. The code's client sets (`" + part["partitioner"] + f"`): {part['clients']} clients of "
         f"{', '.join(map(str, part['client_sizes']))} samples; fedrepro's `shards` kind at the same setting draws "
-        f"{part['fedrepro_shards_equal_clients']} of them (the same recipe from another generator), and the clients "
+        f"{part['fedrepro_shards_equal_clients']} of them (the same recipe, label-sorted shards two a client with "
+        "repeats allowed, sorted by NumPy's unstable argsort and drawn from its legacy global generator in the code, "
+        "by a stable sort and `default_rng` in fedrepro), and the clients "
         f"holding 1, 2, ... classes are {_held(part, 'code')} in the code, {_held(part, 'fedrepro')} in fedrepro. "
         "Start or resume (one line, from the repository root; it saves its state every 10 rounds and skips what is "
         "saved), then keep the record and rewrite this section:",
