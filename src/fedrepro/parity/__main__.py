@@ -1,6 +1,7 @@
 """``python -m fedrepro.parity PAPER --checkout PATH``: run every check the harness has for one paper's code and
 write its record (evidence/official_code/parity/<paper>.json); ``--matrix`` rewrites docs/parity.md's matrix from
-the records instead."""
+the records instead; ``python -m fedrepro.parity ima-fmnist ...`` runs the IMA code at full scale on Table 1's
+FMNIST #C=2 cell (``parity.ima_fullscale_record``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ PAPERS = ("fedaware", "fedlaw", "ima", "fednova")
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ima-fmnist"]:  # the IMA code at full scale on FMNIST (parity.ima_fullscale_record)
+        from fedrepro.parity import ima_fullscale_record
+
+        return ima_fullscale_record.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m fedrepro.parity", description=__doc__)
     p.add_argument("paper", nargs="?", choices=PAPERS)
     p.add_argument("--checkout", help="path of a checkout of the paper's official repository (read only)")

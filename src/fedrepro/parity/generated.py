@@ -79,14 +79,21 @@ def _idx(array: np.ndarray, code: int) -> bytes:
     return struct.pack(">BBBB", 0, 0, 0x08, code) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
 
 
-def _write_fmnist(root: Path, rng) -> None:
+def _write_fmnist(root: Path, rng, sizes: dict = SIZES) -> None:
     raw = root / "FashionMNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for split, prefix in (("train", "train"), ("test", "t10k")):
-        n = SIZES[split]
+        n = sizes[split]
         images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
         (raw / f"{prefix}-images-idx3-ubyte").write_bytes(_idx(images, 3))
         (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(_idx(_labels(rng, 10, n).astype(np.uint8), 1))
+
+
+def write_fmnist(root: str | Path, train: int, test: int, seed: int = 0) -> Path:
+    """Fashion-MNIST's idx files alone under ``root``/FashionMNIST/raw, ``train`` and ``test`` samples (random
+    pixels, every class present where the sizes allow)."""
+    _write_fmnist(Path(root), np.random.default_rng(seed), {"train": train, "test": test})
+    return Path(root)
 
 
 def write_digit5(root: str | Path, seed: int = 0) -> Path:

@@ -141,6 +141,28 @@ def numpy_compat():
             del numpy.compat
 
 
+@contextlib.contextmanager
+def pandas_positional_getitem():
+    """``series[i]`` with an integer on a non-integer index read by position, as pandas before 3.0 did (with a
+    FutureWarning; 3.0 raises KeyError): IMA's ``utils.sampling.testset_sampling`` reads a client's class counts
+    as ``df.iloc[i][k]`` from a row labelled ``class0``, ``class1``, ... The rule is pandas 2's own: an integer
+    key, and an index that falls back to positions (``Index._should_fallback_to_positional``)."""
+    import pandas
+
+    original = pandas.Series.__getitem__
+
+    def getitem(self, key):
+        if pandas.api.types.is_integer(key) and self.index._should_fallback_to_positional:
+            return self._values[key]
+        return original(self, key)
+
+    pandas.Series.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        pandas.Series.__getitem__ = original
+
+
 class _SummaryWriter:
     """torch.utils.tensorboard's writer where tensorboard is absent: makes its folder (the scripts write their
     config there), records nothing."""
