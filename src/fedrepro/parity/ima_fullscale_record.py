@@ -39,9 +39,8 @@ SETTING = ("r", "r_ima", "window_size", "decay_mode", "lr_ima_decay", "K", "C", 
 LAST = 10  # Table 1: "the mean accuracy of the global model for the last 10 rounds"
 COMMAND = "python -m fedrepro.parity ima-fmnist --checkout <checkout of TailinZhou/FedIMA> --out DIR"
 START_COMMAND = (
-    "mkdir -p /work/runs/ima_code && nohup nice -n 19 env OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python -m "
-    "fedrepro.parity ima-fmnist --checkout /work/authors/TailinZhou+FedIMA --out /work/runs/ima_code "
-    ">> /work/runs/ima_code/log.txt 2>&1 &"
+    'mkdir -p "$OUT" && nohup nice -n 19 env OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python -m '
+    'fedrepro.parity ima-fmnist --checkout "$CHECKOUT" --out "$OUT" >> "$OUT/log.txt" 2>&1 &'
 )
 SHIM = (
     "fedrepro.parity.ima_fullscale: each notebook's code cells, unchanged, through the cell that calls "
@@ -194,12 +193,13 @@ def render(record: dict) -> str:
         "repeats allowed, sorted by NumPy's unstable argsort and drawn from its legacy global generator in the code, "
         "by a stable sort and `default_rng` in fedrepro), and the clients "
         f"holding 1, 2, ... classes are {_held(part, 'code')} in the code, {_held(part, 'fedrepro')} in fedrepro. "
-        "Start or resume (one line, from the repository root; it saves its state every 10 rounds and skips what is "
-        "saved), then keep the record and rewrite this section:",
+        "Start or resume (one line, from the repository root, with CHECKOUT the FedIMA checkout and OUT a folder "
+        "outside this one; it saves its state every 10 rounds and skips what is saved), then keep the record and "
+        "rewrite this section:",
         "",
         "```",
         START_COMMAND,
-        "python -m fedrepro.parity ima-fmnist --out /work/runs/ima_code --keep",
+        'python -m fedrepro.parity ima-fmnist --out "$OUT" --keep',
         "```",
     ]
     return "\n".join(lines)
