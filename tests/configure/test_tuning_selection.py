@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 
 import pytest
 
@@ -547,3 +548,21 @@ def test_the_run_table_adds_the_tuned_final_runs_and_follows_the_file(tmp_path):
     path.write_text(json.dumps({"experiments": {"e": {"runs": [{**FINAL, "id": "fin3"}]}}}))
     os.utime(path, ns=(2 * 10**18, 2 * 10**18))
     assert table.final_ids() == ["fin2"]
+
+
+def test_an_unsafe_run_or_tuning_name_is_refused_naming_which(monkeypatch):
+    # the names are made of the setting's names (an outside method's entry point may hold any character but
+    # '='); identity makes them, so a name identity would make unsafe is put in here by hand
+    p = {"seed": 1, "algorithm": "fedprox"}
+    real_run_id, real_partition_id = tuning.run_id, tuning.partition_id
+    monkeypatch.setattr(tuning, "run_id", lambda s: "my " + real_run_id(s))
+    with pytest.raises(ConfigError) as err:
+        tuning.stage(block(when={}), {**BASE, **p}, p, "e")
+    assert re.fullmatch(r"run name 'my fedprox-fmnist-iid-mlp-s7-\w+' is not allowed: use letters, digits and "
+                        r"_ \. \+ - only", str(err.value)), str(err.value)  # fmt: skip
+    monkeypatch.setattr(tuning, "run_id", real_run_id)
+    monkeypatch.setattr(tuning, "partition_id", lambda s: "fmnist-my iid-n4-" + real_partition_id(s)[-8:])
+    with pytest.raises(ConfigError) as err:
+        tuning.stage(block(when={}), {**BASE, **p}, p, "e")
+    assert re.fullmatch(r"tuning name 'tune-fedprox-fmnist-my iid-mlp-fedprox\.mu-\w+' is not allowed: use "
+                        r"letters, digits and _ \. \+ - only", str(err.value)), str(err.value)  # fmt: skip
