@@ -178,12 +178,15 @@ def write_summary(runs_dir, rid: str, body: dict) -> None:
 
 
 def test_select_reads_the_runs_summaries_and_names_the_tuning(tmp_path):
-    manifest = {"tunings": {"t1": {"selection": selection(["a1", "a2"], ["b1", "b2"])}, "t2": {}}}
+    manifest = {"tunings": {"t1": {"selection": selection(["c1"], ["a1", "a2"], ["b1", "b2"])}, "t2": {}}}
     for rid, value in (("a1", 0.5), ("a2", 0.5), ("b1", 0.75), ("b2", 0.25)):
         write_summary(tmp_path, rid, summary(value))
+    # a diverged run's summary as the trainer writes it: NaN, a token Python's json reads back
+    write_summary(tmp_path, "c1", summary(float("nan"), "diverged"))
+    assert "NaN" in (tmp_path / "c1" / "summary.json").read_text()
     choice = tuning.select(manifest, "t1", str(tmp_path))
-    assert choice["tuning"] == "t1" and choice["chosen"] == {"x": 0}  # 0.5 and 0.5: a tie, the first
-    assert [c["values"] for c in choice["candidates"]] == [[0.5, 0.5], [0.75, 0.25]]
+    assert choice["tuning"] == "t1" and choice["chosen"] == {"x": 1}  # 0.5 and 0.5: a tie, the first
+    assert [c["values"] for c in choice["candidates"]] == [[None], [0.5, 0.5], [0.75, 0.25]]
     assert set(choice) == {"tuning", "criterion", "criterion_says", "higher_is_better", "candidates", "chosen",
                            "chosen_label", "chosen_index"}  # fmt: skip
 
