@@ -397,8 +397,8 @@ def test_candidates_giving_one_run_are_named_with_the_method_that_ignores_them()
 
 
 def two_tunings():
-    """An experiment with a fedprox and a feddyn tuning (in that order), each for seeds 1 and 2."""
-    manifest, _ = expanded([PROX, DYN], {"algorithm": ["fedprox", "feddyn"], "seed": [1, 2]})
+    """An experiment with its own fedavg runs and a fedprox and a feddyn tuning (in that order), seeds 1 and 2."""
+    manifest, _ = expanded([PROX, DYN], {"algorithm": ["fedavg", "fedprox", "feddyn"], "seed": [1, 2]})
     prox, dyn = manifest["tunings"]
     assert manifest["tunings"][prox]["when"] == PROX["when"] and manifest["tunings"][dyn]["when"] == DYN["when"]
     return manifest, prox, dyn
@@ -427,7 +427,8 @@ def test_the_tuned_manifest_lists_final_runs_and_stand_ins_for_the_tunings_still
     tuned = tuning.tuned_manifest(manifest, {prox: choice})
     assert manifest == before  # a copy: the manifest itself is left alone
     own = before["experiments"]["e"]["runs"]
-    assert own == [] and tuned["experiments"]["e"]["runs"][: len(own)] == own
+    assert [r["setting"]["algorithm"] for r in own] == ["fedavg", "fedavg"]
+    assert tuned["experiments"]["e"]["runs"][: len(own)] == own  # the experiment's own runs first, as they were
     added = tuned["experiments"]["e"]["runs"][len(own) :]
     chosen = [final_setting("fedprox", s, fedprox={"mu": 0.01}) for s in (1, 2)]
     waiting = [final_setting("feddyn", s, feddyn={"alpha": 0.1}) for s in (1, 2)]  # the first candidate
