@@ -54,7 +54,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["src/fedrepro/report/paper.py"],
         ["algorithms/test_oracles.py", "configure/test_paper_params.py", "report/test_claims.py"],
     ),
-    "tuning": (["src/fedrepro/configure/tuning.py"], ["configure/test_tuning.py"]),
+    "tuning": (
+        ["src/fedrepro/configure/tuning.py"],
+        ["configure/test_tuning.py", "configure/test_tuning_selection.py"],  # the second: each part's behaviour
+    ),
     "partitions": (
         ["src/fedrepro/partitions/[!r]*.py"],
         [
