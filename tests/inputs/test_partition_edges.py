@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedrepro import partitions
-from fedrepro.partitions import dirichlet, file, hybrid, natural, pachinko, shards
+from fedrepro.partitions import dirichlet, file, hybrid, inner_dirichlet, natural, pachinko, shards
 from fedrepro.partitions.base import PartitionError, long_tail_counts
 
 # ----------------------------------------------------------------------------------------------- Dirichlet
@@ -191,3 +191,22 @@ def test_a_file_partitions_refusals_give_the_right_numbers(tmp_path):
     js.write_text("{not json")
     with pytest.raises(PartitionError, match=r"cannot be read \(JSONDecodeError: "):
         file.read_file(js, 1, 10)
+
+
+def test_natural_clients_reach_the_kind_through_make():
+    parts = partitions.make(np.zeros(4, dtype=np.int64), {"kind": "natural", "num_clients": 2}, np.array([1, 0, 1, 0]))
+    assert [p.tolist() for p in parts] == [[1, 3], [0, 2]]
+
+
+# ------------------------------------------------------------------------------------------ inner Dirichlet
+
+
+def test_inner_dirichlet_draws_a_class_of_one_sample():
+    """One client takes the whole set, so the class holding a single sample must be drawn too."""
+    parts = inner_dirichlet.split(np.array([0, 0, 0, 1]), 1, np.random.default_rng(0), 0.5)
+    assert parts[0].tolist() == [0, 1, 2, 3]
+
+
+def test_inner_dirichlet_with_fewer_samples_than_clients_gives_empty_integer_clients():
+    parts = inner_dirichlet.split(np.array([0, 1, 1]), 4, np.random.default_rng(0), 0.5)
+    assert [p.tolist() for p in parts] == [[], [], [], []] and all(p.dtype == np.int64 for p in parts)
