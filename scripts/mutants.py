@@ -127,7 +127,7 @@ def prepare(module: str) -> Path:
     mutated, tests = MODULES[module]
     folder = BUILD / module
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("src", "tests", "params", "docs", "README.md"):  # the docs: tests check the tables they hold
+    for name in ("src", "tests", "params", "docs", "README.md", "evidence"):  # tests read the docs and evidence
         link = folder / name
         if not link.is_symlink():
             link.symlink_to(ROOT / name, target_is_directory=(ROOT / name).is_dir())
@@ -135,7 +135,7 @@ def prepare(module: str) -> Path:
         "[tool.mutmut]\n"
         'source_paths = ["src/"]\n'
         f"only_mutate = {_toml_list(mutated)}\n"
-        'also_copy = ["params/", "docs/", "README.md"]\n'
+        'also_copy = ["params/", "docs/", "README.md", "evidence/"]\n'
         f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(_selection(tests))}\n"
     )
