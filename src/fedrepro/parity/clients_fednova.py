@@ -262,12 +262,25 @@ def global_bound(shares_scale: list[float], steps: list[int], momentum: float) -
     )
 
 
+def mean_bound(weights: list[float], steps: list[int], momentum: float, ends: list[float], xmax: float,
+               spread: float) -> float:  # fmt: skip
+    """The gap of FedAvg's and FedProx's new global model, relative to its largest parameter xmax. The code sums
+    fl(r_i) x_i^code over the ranks (the ratio rounded to float32, the product, K - 1 sums of partial sums at most
+    X = max_i max|x_i|: (K + 1) eps X); fedrepro computes x - sum_i p_i (x - x_i) (p_i, Delta_i and each product
+    rounded: 3 eps p_i max|Delta_i|, K - 1 sums of at most ``spread`` = sum_i p_i max|Delta_i|, the subtraction eps
+    (xmax + spread)). The client models themselves are within ``client_bound`` of their largest parameter
+    (``ends``: each client's max|x_i|), and the weights sum to 1."""
+    k = len(weights)
+    clients = sum(p * client_bound(n, momentum) * end for p, n, end in zip(weights, steps, ends))
+    big = max(ends)
+    return (clients + (k + 1) * EPS32 * big + (k + 3) * EPS32 * spread + EPS32 * (xmax + spread)) / xmax
+
+
 def compare_case(checkout, setting: dict, code_setting: dict | None = None) -> dict:
     """One case: fedrepro at ``setting``, the code at ``code_setting`` (default the same; a test breaks one term
     on one side only); returns the case's row. FedProx (the code's ``FedProx`` optimiser) has no a_i, tau_eff nor
-    normalised shares: its clients and its new model (``rounds_fednova_script.mean_bound``) are compared."""
+    normalised shares: its clients and its new model (``mean_bound``) are compared."""
     from fedrepro.algorithms.fednova import a_norm
-    from fedrepro.parity.rounds_fednova_script import mean_bound
 
     log, rounds = ours(setting)
     got = code(checkout, code_setting or setting, log, rounds)

@@ -43,6 +43,7 @@ import torch
 from fedrepro.parity import clients_fednova
 from fedrepro.parity.clients import LR_RELATIVE, generated_clients
 from fedrepro.parity.clients_fednova import A_RELATIVE, client_bound, ours
+from fedrepro.parity.rounds_fednova_script import SHRUNK as SCRIPT_SHRUNK
 from fedrepro.parity.shim import checkout_on_path
 
 SIZES = (30, 18, 45)
@@ -50,8 +51,7 @@ SIZES = (30, 18, 45)
 # rounding difference grows from step to step), the case is judged against the code's optimiser run in float64 on
 # the same batches: fedrepro's float32 run must be no farther from it than ORACLE_FACTOR times the code's own.
 ORACLE_FACTOR = 2.0
-SHRUNK = {"num_clients": len(SIZES), "participation": 1.0, "rounds": 4, "local_epochs": 2, "batch_size": 16,
-          "device": "cpu"}  # fmt: skip
+SHRUNK = {**SCRIPT_SHRUNK, "num_clients": len(SIZES)}
 
 
 def fednova_settings() -> dict[str, dict]:
@@ -286,10 +286,11 @@ def _oracle(checkout, setting: dict, log: list[dict], rounds: list[dict], masks:
 
 
 def compare_case(checkout, setting: dict, code_setting: dict | None = None, sizes: tuple = SIZES,
-                 pin_epochs: bool = True) -> dict:  # fmt: skip
+                 pin_epochs: bool = True, oracle: bool = True) -> dict:  # fmt: skip
     """One case: fedrepro at ``setting``, the code at ``code_setting`` (default the same; a test breaks one term
     on one side only), clients of ``sizes`` samples. With +random_epochs fedrepro takes the code's draws
-    (``pin_epochs`` False: its own, as a test of the check)."""
+    (``pin_epochs`` False: its own, as a test of the check). ``oracle``: past the float32 bounds, judge against
+    the code's float64 run (ORACLE_FACTOR); off, a case past its bounds differs."""
     from fedrepro.algorithms.fednova import a_norm
     from fedrepro.parity import rounds_fednova_script as script
 
@@ -328,7 +329,7 @@ def compare_case(checkout, setting: dict, code_setting: dict | None = None, size
     agree = not rates_differ and not steps_differ and not epochs_differ and ranks_agree
     equal = agree and all(v <= 1 for v in worst.values())
     oracle = {}
-    if agree and not equal:
+    if oracle and agree and not equal:
         exact = _oracle(checkout, code_setting, log, rounds, masks, sizes)
         oracle = {"ours_client": 0.0, "code_client": 0.0, "ours_global": 0.0, "code_global": 0.0}
         for t, mine in enumerate(rounds):
@@ -359,6 +360,15 @@ def compare_case(checkout, setting: dict, code_setting: dict | None = None, size
     }  # fmt: skip
 
 
+def compare_script_case(checkout, setting: dict, code_setting: dict | None = None, pin_epochs: bool = True) -> dict:
+    """One of ``rounds_fednova_script``'s cases, on its smaller clients, where the float32 bounds hold (each case
+    well inside them), so without the float64 fallback: that judgement cannot see FedProx's term at Table I's mu
+    (float32 rounding grows past what the whole term moves; docs/parity.md)."""
+    from fedrepro.parity import rounds_fednova_script as script
+
+    return compare_case(checkout, setting, code_setting, script.SIZES, pin_epochs, oracle=False)
+
+
 def compare_fednova(checkout) -> list[dict]:
     """The FedNova cases (E_i = 2: SGD, momentum, proximal) on SIZES, then the script's other settings
     (``rounds_fednova_script``: FedAvg, FedProx, server momentum with random epochs) on its smaller clients; the
@@ -367,7 +377,7 @@ def compare_fednova(checkout) -> list[dict]:
 
     rows = [{"case": label, **compare_case(checkout, setting)} for label, setting in fednova_settings().items()]
     for label, setting in script.script_settings().items():
-        row = {"case": label, **compare_case(checkout, setting, sizes=script.SIZES)}
+        row = {"case": label, **compare_script_case(checkout, setting)}
         if "random_epochs" in setting["plugins"]:
             row["draw_law"] = script.draw_law(checkout, setting)
         rows.append(row)

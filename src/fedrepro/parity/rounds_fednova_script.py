@@ -29,10 +29,13 @@ import sys
 import numpy as np
 
 from fedrepro.parity.clients import EPS32
-from fedrepro.parity.clients_fednova import client_bound, global_bound
+from fedrepro.parity.clients_fednova import global_bound, mean_bound
 from fedrepro.parity.shim import checkout_on_path
 
 SIZES = (12, 9, 20)  # 1, 1 and 2 batches of 16 an epoch, each epoch's last batch partial
+# every round case, the FedNova ones too (``rounds_fednova``): all clients every round, 4 rounds (the rate /10 at
+# round 2 and /100 at round 3, milestones at whole rounds), two epochs (or the case's draws) of batches of 16
+SHRUNK = {"participation": 1.0, "rounds": 4, "local_epochs": 2, "batch_size": 16, "device": "cpu"}
 SCRIPT_WEIGHT_DECAY = 1e-4  # train_LocalSGD.py builds every optimiser with weight_decay=1e-4
 # Table I's rows (experiment, algorithm, client momentum, server momentum) the cases run
 CASES = (("fednova_table1_e2", "fedavg", 0.9, 0.0), ("fednova_table1_e2", "fedprox", 0.0, 0.0),
@@ -53,10 +56,9 @@ def _label(s: dict) -> str:
 
 
 def script_settings() -> dict[str, dict]:
-    """The cases' fedrepro settings (params/fednova.yaml's rows), shrunk as ``rounds_fednova.SHRUNK``."""
+    """The cases' fedrepro settings (params/fednova.yaml's rows), shrunk (``SHRUNK``, on ``SIZES``)."""
     from fedrepro.configure import expansion, paramsfile
     from fedrepro.configure.paramsfile import ROOT
-    from fedrepro.parity.rounds_fednova import SHRUNK
 
     found = {}
     for run in expansion.expand(paramsfile.load_params_files([str(ROOT / "params" / "fednova.yaml")])):
@@ -141,20 +143,6 @@ def draw_law(checkout, setting: dict, clients: int = 16, rounds: int = 100) -> d
             "ours": summary(ours), "status": "equal" if code == ours else "differs"}  # fmt: skip
 
 
-def mean_bound(weights: list[float], steps: list[int], momentum: float, ends: list[float], xmax: float,
-               spread: float) -> float:  # fmt: skip
-    """The gap of FedAvg's and FedProx's new global model, relative to its largest parameter xmax. The code sums
-    fl(r_i) x_i^code over the ranks (the ratio rounded to float32, the product, K - 1 sums of partial sums at most
-    X = max_i max|x_i|: (K + 1) eps X); fedrepro computes x - sum_i p_i (x - x_i) (p_i, Delta_i and each product
-    rounded: 3 eps p_i max|Delta_i|, K - 1 sums of at most ``spread`` = sum_i p_i max|Delta_i|, the subtraction eps
-    (xmax + spread)). The client models themselves are within ``client_bound`` of their largest parameter
-    (``ends``: each client's max|x_i|), and the weights sum to 1."""
-    k = len(weights)
-    clients = sum(p * client_bound(n, momentum) * end for p, n, end in zip(weights, steps, ends))
-    big = max(ends)
-    return (clients + (k + 1) * EPS32 * big + (k + 3) * EPS32 * spread + EPS32 * (xmax + spread)) / xmax
-
-
 class CarriedMomentum:
     """The bound of FedNova's new global model with the code's server momentum (``--gmf``; fedrepro's
     ``LrScaledMomentum``): each side keeps its own buffer v (in d / lr units) across rounds while the round's start
@@ -180,7 +168,8 @@ class CarriedMomentum:
 
 def global_model_bound(setting: dict, mine: dict, lr: float, ends: list[float], carried) -> float:
     """The bound of the new global model's gap, in parameter units: FedNova's (``clients_fednova.global_bound``;
-    with server momentum, ``CarriedMomentum``), or FedAvg's and FedProx's weighted mean (``mean_bound``)."""
+    with server momentum, ``CarriedMomentum``), or FedAvg's and FedProx's weighted mean
+    (``clients_fednova.mean_bound``)."""
     xmax = float(mine["x"].abs().max())
     steps, momentum = [int(s) for s in mine["steps"]], setting["client"]["momentum"]
     spread = sum(float(sh.abs().max()) for sh in mine["shares"])
