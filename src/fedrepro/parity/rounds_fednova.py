@@ -328,10 +328,10 @@ def compare_case(checkout, setting: dict, code_setting: dict | None = None, size
         worst["global"] = max(worst["global"], float((code_global - mine["x_new"]).abs().max()) / bound)
     agree = not rates_differ and not steps_differ and not epochs_differ and ranks_agree
     equal = agree and all(v <= 1 for v in worst.values())
-    oracle = {}
+    distances = {}  # past the bounds: each float32 run's distance from the code's float64 run
     if oracle and agree and not equal:
         exact = _oracle(checkout, code_setting, log, rounds, masks, sizes)
-        oracle = {"ours_client": 0.0, "code_client": 0.0, "ours_global": 0.0, "code_global": 0.0}
+        distances = {"ours_client": 0.0, "code_client": 0.0, "ours_global": 0.0, "code_global": 0.0}
         for t, mine in enumerate(rounds):
             for c in mine["clients"]:
                 e = next(e for e in log if e["round"] == t and e["client"] == c)
@@ -339,13 +339,13 @@ def compare_case(checkout, setting: dict, code_setting: dict | None = None, size
                 scale = float(x64.abs().max())
                 for side, x in (("ours", e["end"]), ("code", got[c]["rounds"][t]["client"])):
                     gap = float((x.double() - x64).abs().max()) / scale
-                    oracle[f"{side}_client"] = max(oracle[f"{side}_client"], gap)
+                    distances[f"{side}_client"] = max(distances[f"{side}_client"], gap)
             x64 = exact[t]["x_new"]
             for side, x in (("ours", mine["x_new"]), ("code", got[0]["rounds"][t]["global"])):
                 gap = float((x.double() - x64).abs().max()) / float(x64.abs().max())
-                oracle[f"{side}_global"] = max(oracle[f"{side}_global"], gap)
+                distances[f"{side}_global"] = max(distances[f"{side}_global"], gap)
         # fedrepro no farther from the exact computation than twice the code's own float32 run
-        equal = all(oracle[f"ours_{k}"] <= ORACLE_FACTOR * oracle[f"code_{k}"] for k in ("client", "global"))
+        equal = all(distances[f"ours_{k}"] <= ORACLE_FACTOR * distances[f"code_{k}"] for k in ("client", "global"))
     return {
         "rounds": setting["rounds"], "clients": len(sizes), "sizes": list(sizes), "model": setting["model"],
         "client_gap_over_bound": worst["client"], "global_gap_over_bound": worst["global"],
@@ -356,7 +356,7 @@ def compare_case(checkout, setting: dict, code_setting: dict | None = None, size
         "parameters_hold_average": all(r["parameters_hold_average"] for g in got for r in g["rounds"]),
         "rates": [[got[0]["rounds"][t]["lr"], next(e["lr"] for e in log if e["round"] == t)]
                   for t in range(setting["rounds"])],
-        **({"float64_oracle": oracle} if oracle else {}), "status": "equal" if equal else "differs",
+        **({"float64_oracle": distances} if distances else {}), "status": "equal" if equal else "differs",
     }  # fmt: skip
 
 
