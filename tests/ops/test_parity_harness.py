@@ -532,7 +532,7 @@ def test_fednovas_own_optimiser_trains_and_normalises_as_our_clients():
     from fedrepro.parity import clients_fednova
 
     rows = clients_fednova.compare_fednova(FEDNOVA)
-    assert [r["status"] for r in rows] == ["equal"] * len(rows) and len(rows) == 4
+    assert [r["status"] for r in rows] == ["equal"] * len(rows) and len(rows) == 5  # 4 FedNova, 1 FedProx
     assert all(len(r["steps"]) > 2 for r in rows)  # unequal step counts across clients and rounds
 
 

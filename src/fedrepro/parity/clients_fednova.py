@@ -45,7 +45,8 @@ A_RELATIVE = 1e-12  # a_i: the same float64 recursion on both sides
 
 
 def fednova_settings() -> dict[str, dict]:
-    """Table I U(2,5)'s FedNova rows with a client solver the code has (no VR, no server momentum), shrunk."""
+    """Table I U(2,5)'s FedNova rows with a client solver the code has (no VR, no server momentum), shrunk; each
+    optimiser once more with every term up (FedNova's and, from the FedProx row, the code's FedProx)."""
     from fedrepro.configure import expansion, paramsfile
     from fedrepro.configure.paramsfile import ROOT
 
@@ -53,6 +54,8 @@ def fednova_settings() -> dict[str, dict]:
     for run in expansion.expand(paramsfile.load_params_files([str(ROOT / "params" / "fednova.yaml")])):
         s = run.setting
         nova = s.get("fednova", {})
+        if run.experiment == "fednova_table1_u25" and s["algorithm"] == "fedprox":
+            prox = {**copy.deepcopy(s), **SHRUNK}
         if run.experiment != "fednova_table1_u25" or s["algorithm"] != "fednova" or nova["vr"]:
             continue
         if nova["server_momentum"]:
@@ -65,6 +68,11 @@ def fednova_settings() -> dict[str, dict]:
     c = strong["client"]
     found[f"every term up: lr {c['lr']:g}, momentum {c['momentum']:g}, mu {strong['fednova']['mu']:g}, "
           f"weight decay {c['weight_decay']:g}"] = strong  # fmt: skip
+    # the code's FedProx optimiser (its fedavg and fedprox), every term up: its step's mu, momentum and decay
+    strong = merged(prox, {"client": STRONG["client"], "fedprox": STRONG["fednova"]})
+    c = strong["client"]
+    found[f"FedProx (the code's FedProx optimiser), every term up: lr {c['lr']:g}, momentum {c['momentum']:g}, "
+          f"mu {strong['fedprox']['mu']:g}, weight decay {c['weight_decay']:g}"] = strong  # fmt: skip
     return found
 
 
@@ -92,11 +100,15 @@ def ours(setting: dict, problem=None, module=None, wrap=None):
         def recorded(plan, updates):
             x_new = aggregate(plan, updates)
             info = updates.info
-            rounds.append({"clients": updates.clients.tolist(), "steps": updates.steps.tolist(),
-                           "a_norm": info["a_norm"].tolist(), "tau_eff": info["tau_eff"],
-                           "scale": info["nova_scale"].tolist(),
-                           "shares": info["nova_scale"][:, None] * updates.deltas, "x": plan.x.clone(),
-                           "x_new": x_new.clone()})  # fmt: skip
+            entry = {"clients": updates.clients.tolist(), "steps": updates.steps.tolist(), "x": plan.x.clone(),
+                     "x_new": x_new.clone()}  # fmt: skip
+            if "nova_scale" in info:  # FedNova: its normalised shares
+                scale = info["nova_scale"]
+                entry.update(a_norm=info["a_norm"].tolist(), tau_eff=info["tau_eff"])
+            else:  # FedAvg and FedProx (the round check's cases of the code's FedProx optimiser): the weights
+                scale = updates.weights
+            entry.update(scale=scale.tolist(), shares=scale[:, None] * updates.deltas)
+            rounds.append(entry)
             return x_new
 
         trainer.aggregate = recorded
@@ -136,30 +148,43 @@ class ThreadAllReduce:
             t.join()
 
 
+def code_optimiser(setting: dict) -> tuple[str, dict]:
+    """The code's optimiser for fedrepro's method (``train_LocalSGD.py``'s table: fedavg and fedprox are its
+    ``FedProx`` class, mu 0 for fedavg) and its method arguments: (class name, {mu, gmf})."""
+    method = setting["algorithm"]
+    if method == "fednova":
+        return "FedNova", {"mu": setting["fednova"]["mu"], "gmf": setting["fednova"]["server_momentum"]}
+    if method in ("fedavg", "fedprox"):  # FedProx.average never reads gmf: no server momentum in the code
+        return "FedProx", {"mu": setting["fedprox"]["mu"] if method == "fedprox" else 0.0, "gmf": 0.0}
+    raise ValueError(f"algorithm {method}: FedNova's code has fedavg, fedprox and fednova (distoptim)")
+
+
 def code(checkout, setting: dict, log: list[dict], rounds: list[dict], on_client=None, sizes=SIZES) -> list[dict]:
-    """The code's FedNova optimisers on fedrepro's batches from fedrepro's round-start models; per round what they
-    computed: each client's end model, steps and a_i, the tau_eff and shares they all-reduced, the new model.
-    In torch's default dtype (the round check's float64 oracle sets float64); ``on_client(c)`` before each
-    client's local steps."""
+    """The code's optimisers (``code_optimiser``: FedNova, or FedProx for fedavg and fedprox) on fedrepro's batches
+    from fedrepro's round-start models; per round what they computed: each client's end model and steps (and
+    FedNova's a_i), the tensors they all-reduced (FedNova: tau_eff's terms, then the shares; FedProx: the models
+    times their ratios), the new model. In torch's default dtype (the round check's float64 oracle sets float64);
+    ``on_client(c)`` before each client's local steps."""
     from fedrepro import models
 
-    cl, nova = setting["client"], setting["fednova"]
+    cl = setting["client"]
+    name, method_args = code_optimiser(setting)
     k = setting["num_clients"]
     with checkout_on_path(checkout):
-        import distoptim.FedNova  # noqa: F401  (the package binds the name FedNova to the class)
+        import distoptim  # noqa: F401  (the package binds the names FedNova and FedProx to the classes)
 
-        fednova_module = sys.modules["distoptim.FedNova"]
+        module = sys.modules[f"distoptim.{name}"]
 
         reduce = ThreadAllReduce(k)
-        fednova_module.dist = SimpleNamespace(all_reduce=reduce, ReduceOp=torch.distributed.ReduceOp)
+        module.dist = SimpleNamespace(all_reduce=reduce, ReduceOp=torch.distributed.ReduceOp)
         torch.manual_seed(0)
         template = models.build(setting["model"], setting["dataset"])
         nodes = []
         for c in range(k):
             model = copy.deepcopy(template)
-            opt = fednova_module.FedNova(
-                model.parameters(), ratio=sizes[c] / sum(sizes), gmf=0, mu=nova["mu"], lr=cl["lr"],
-                momentum=cl["momentum"], weight_decay=cl["weight_decay"],
+            opt = getattr(module, name)(
+                model.parameters(), ratio=sizes[c] / sum(sizes), lr=cl["lr"], momentum=cl["momentum"],
+                weight_decay=cl["weight_decay"], **method_args,
             )  # fmt: skip
             nodes.append(SimpleNamespace(model=model, opt=opt))
         out = []
@@ -178,6 +203,7 @@ def code(checkout, setting: dict, log: list[dict], rounds: list[dict], on_client
                         if "old_init" in node.opt.state[p]:
                             node.opt.state[p]["old_init"].copy_(p.data)
                 node.model.train()
+                steps = 0
                 for epoch in e["batches"]:
                     for x, y in epoch:
                         x = x.to(torch.get_default_dtype())
@@ -185,18 +211,28 @@ def code(checkout, setting: dict, log: list[dict], rounds: list[dict], on_client
                         loss.backward()
                         node.opt.step()
                         node.opt.zero_grad()
+                        steps += 1
                 got["clients"][e["client"]] = {
-                    "end": _vector(node.model), "a": float(node.opt.local_normalizing_vec),
-                    "steps": int(node.opt.local_steps),
+                    "end": _vector(node.model), "a": float(getattr(node.opt, "local_normalizing_vec", "nan")),
+                    "steps": int(getattr(node.opt, "local_steps", steps)),
                 }  # fmt: skip
             reduce.log.clear()
             reduce.run([nodes[e["client"]].opt.average for e in entries])
-            (tau_terms, shares) = reduce.log
-            got["tau_eff"] = float(sum(float(x) for x in tau_terms))
+            *tau_terms, shares = reduce.log  # FedProx all-reduces its models alone
+            got["tau_eff"] = float(sum(float(x) for x in tau_terms[0])) if tau_terms else float("nan")
             for j, e in enumerate(entries):
                 got["clients"][e["client"]]["share"] = shares[j].clone()
-            got["x_new"] = _vector(nodes[0].model)
-            got["ranks_agree"] = all(torch.equal(_vector(n.model), got["x_new"]) for n in nodes)
+            # FedProx's average() all-reduces ratio_i x_i, then rebinds ``p.data`` to the sum: on torch >= 1.13 that
+            # rebinds a shallow copy and the parameters keep ratio_i x_i (docs/parity.md), so its new model is the
+            # all-reduced sum itself (in rank order, as the threads summed it); FedNova copies the new model in
+            x_new = _vector(nodes[0].model)
+            if name == "FedProx":
+                x_new = shares[0].clone()
+                for share in shares[1:]:
+                    x_new += share
+            got["x_new"] = x_new
+            got["ranks_agree"] = name == "FedProx" or all(torch.equal(_vector(n.model), x_new) for n in nodes)
+            got["parameters_hold_average"] = all(torch.equal(_vector(n.model), x_new) for n in nodes)
             out.append(got)
     return out
 
@@ -226,45 +262,65 @@ def global_bound(shares_scale: list[float], steps: list[int], momentum: float) -
     )
 
 
+def mean_bound(weights: list[float], steps: list[int], momentum: float, ends: list[float], xmax: float,
+               spread: float) -> float:  # fmt: skip
+    """The gap of FedAvg's and FedProx's new global model, relative to its largest parameter xmax. The code sums
+    fl(r_i) x_i^code over the ranks (the ratio rounded to float32, the product, K - 1 sums of partial sums at most
+    X = max_i max|x_i|: (K + 1) eps X); fedrepro computes x - sum_i p_i (x - x_i) (p_i, Delta_i and each product
+    rounded: 3 eps p_i max|Delta_i|, K - 1 sums of at most ``spread`` = sum_i p_i max|Delta_i|, the subtraction eps
+    (xmax + spread)). The client models themselves are within ``client_bound`` of their largest parameter
+    (``ends``: each client's max|x_i|), and the weights sum to 1."""
+    k = len(weights)
+    clients = sum(p * client_bound(n, momentum) * end for p, n, end in zip(weights, steps, ends))
+    big = max(ends)
+    return (clients + (k + 1) * EPS32 * big + (k + 3) * EPS32 * spread + EPS32 * (xmax + spread)) / xmax
+
+
 def compare_case(checkout, setting: dict, code_setting: dict | None = None) -> dict:
     """One case: fedrepro at ``setting``, the code at ``code_setting`` (default the same; a test breaks one term
-    on one side only); returns the case's row."""
-    log, rounds = ours(setting)
-    got = code(checkout, code_setting or setting, log, rounds)
-    momentum = setting["client"]["momentum"]
-    rows, worst = [], {"client": 0.0, "share": 0.0, "global": 0.0, "a": 0.0, "tau": 0.0}
-    steps_equal, ranks_agree = True, all(g["ranks_agree"] for g in got)
+    on one side only); returns the case's row. FedProx (the code's ``FedProx`` optimiser) has no a_i, tau_eff nor
+    normalised shares: its clients and its new model (``mean_bound``) are compared."""
     from fedrepro.algorithms.fednova import a_norm
 
+    log, rounds = ours(setting)
+    got = code(checkout, code_setting or setting, log, rounds)
+    nova, momentum = setting["algorithm"] == "fednova", setting["client"]["momentum"]
+    rows, worst = [], {"client": 0.0, "global": 0.0, **({"share": 0.0, "a": 0.0, "tau": 0.0} if nova else {})}
+    steps_equal, ranks_agree = True, all(g["ranks_agree"] for g in got)
     k = setting["num_clients"]
     for t, (ours_round, code_round) in enumerate(zip(rounds, got)):
         xmax = float(ours_round["x"].abs().max())
-        scales, steps = [], []
+        scales, steps, ends = [], [], []
         for j, c in enumerate(ours_round["clients"]):
             e = next(e for e in log if e["round"] == t and e["client"] == c)
             mine, theirs = ours_round, code_round["clients"][c]
             n = int(mine["steps"][j])
             steps_equal &= theirs["steps"] == n
-            a = a_norm(n, e["lr"], momentum, setting["fednova"]["mu"])
-            worst["a"] = max(worst["a"], abs(theirs["a"] - a) / a / A_RELATIVE)
             cb = client_bound(n, momentum)
-            scale_end = float(e["end"].abs().max())
-            worst["client"] = max(worst["client"], float((theirs["end"] - e["end"]).abs().max()) / scale_end / cb)
+            ends.append(float(e["end"].abs().max()))
+            row = {"round": t, "client": c, "steps": n,
+                   "client_gap_over_bound": float((theirs["end"] - e["end"]).abs().max()) / ends[-1] / cb}  # fmt: skip
+            worst["client"] = max(worst["client"], row["client_gap_over_bound"])
             s = mine["scale"][j]
             scales.append(s)
             steps.append(n)
-            share_bound = s * (cb + 2 * n * EPS32) + 3 * EPS32 * float(mine["shares"][j].abs().max()) / xmax
-            share_gap = float((theirs["share"] - mine["shares"][j]).abs().max()) / xmax
-            worst["share"] = max(worst["share"], share_gap / share_bound)
-            rows.append({"round": t, "client": c, "steps": n, "a_code": theirs["a"], "a_ours": a,
-                         "client_gap_over_bound": float((theirs["end"] - e["end"]).abs().max()) / scale_end / cb,
-                         "share_gap_over_bound": share_gap / share_bound})  # fmt: skip
-        spread = sum(float(sh.abs().max()) for sh in ours_round["shares"]) / xmax
-        gb = global_bound(scales + [spread], steps, momentum)
+            if nova:
+                a = a_norm(n, e["lr"], momentum, setting["fednova"]["mu"])
+                worst["a"] = max(worst["a"], abs(theirs["a"] - a) / a / A_RELATIVE)
+                share_bound = s * (cb + 2 * n * EPS32) + 3 * EPS32 * float(mine["shares"][j].abs().max()) / xmax
+                share_gap = float((theirs["share"] - mine["shares"][j]).abs().max()) / xmax
+                worst["share"] = max(worst["share"], share_gap / share_bound)
+                row.update(a_code=theirs["a"], a_ours=a, share_gap_over_bound=share_gap / share_bound)
+            rows.append(row)
+        spread = sum(float(sh.abs().max()) for sh in ours_round["shares"])
+        if nova:
+            gb = global_bound(scales + [spread / xmax], steps, momentum)
+            tau_gap = abs(code_round["tau_eff"] - ours_round["tau_eff"]) / ours_round["tau_eff"]
+            worst["tau"] = max(worst["tau"], tau_gap / ((k + 2) * EPS32))
+        else:
+            gb = mean_bound(scales, steps, momentum, ends, xmax, spread)
         x_new = ours_round["x_new"]
         worst["global"] = max(worst["global"], float((code_round["x_new"] - x_new).abs().max()) / xmax / gb)
-        worst["tau"] = max(worst["tau"], abs(code_round["tau_eff"] - ours_round["tau_eff"]) / ours_round["tau_eff"]
-                           / ((k + 2) * EPS32))  # fmt: skip
     equal = steps_equal and ranks_agree and all(v <= 1 for v in worst.values())
     return {
         "rounds": setting["rounds"], "clients": k, "model": setting["model"],

@@ -63,6 +63,21 @@ ADAPTIVE_PLACEMENT = (
     "inside the optimiser) and restarts the moments for round t_s alone, fedrepro averages the server step's new "
     "models (docs/algorithms_papers.md, IMA's placement for adaptive servers); written down, not switched"
 )
+# FedNova's script draws its random epochs from numpy's global stream seeded per (rank, round): the round check
+# gives fedrepro those draws, and keeps how the two generators' draws differ over a Table I run (``draw_law``)
+DRAW_LAW_WHY = (
+    "the script seeds numpy with 2020 + rank + round + seed, so client r's epochs in round t are client r + 1's in "
+    "round t - 1; fedrepro draws each (seed, round, client) apart, from {2, ..., 5} as the script's localE 6; "
+    "written down (docs/parity.md)"
+)
+# FedNova's script's FedProx optimiser (its fedavg and fedprox) on a current torch: the record says whether the ranks'
+# parameters took the all-reduced average (``parameters_hold_average``)
+KEPT_OWN_WHY = (
+    "the ranks' parameters keep ratio_i x_i after `average()`: `comm_helpers.communicate` rebinds `p.data` to the "
+    "all-reduced sum, and `.data` is a shallow copy on this torch (before torch 1.1, the README names 1.0.0, it was "
+    "the parameter's own tensor: pytorch/pytorch#13645), so on a current torch the code's FedAvg and FedProx do not "
+    "average; compared is the average the code all-reduces; written down (docs/parity.md)"
+)
 ROUND_RESOLUTIONS = {
     ("fedaware", "cohort.assignment: per_client"): "the code credits upload j to the j-th id of the sampler's "
     "unsorted draw, so most uploads land in another client's momentum; switch: `cohort.assignment: code` (the "
@@ -294,6 +309,17 @@ def _rounds_cell(record: dict, dataset: str, model: str) -> str:
             f"; {r['case']}: {r['client_gap_over_bound']:.1f} times the float32 bound, judged against the code's "
             f"float64 run (fedrepro {o['ours_client']:.2g} from it, the code's float32 run {o['code_client']:.2g})"
         )
+    for r in [r for r in rows if r.get("draw_law", {}).get("status") == "differs"]:
+        law = r["draw_law"]
+        code, ours = (law[side]["repeats_next_client_round_before"] for side in ("code", "ours"))
+        text += (
+            f"; {r['case']}: the epochs' draws differ in law: over {law['clients']} clients and {law['rounds']} "
+            f"rounds a draw repeats the next client's of the round before in {code:.0%} of pairs (fedrepro's "
+            f"{ours:.0%}; {DRAW_LAW_WHY})"
+        )
+    kept = [r["case"] for r in rows if r.get("parameters_hold_average") is False]
+    if kept:
+        text += f"; {'; '.join(kept)}: {KEPT_OWN_WHY}"
     differs: dict[str, list[str]] = {}  # the cases one reason explains (a method in two precisions), in order
     for r in rows:
         if r["status"] != "equal":
