@@ -128,7 +128,8 @@ def prepare(module: str) -> Path:
     mutated, tests = MODULES[module]
     folder = BUILD / module
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("src", "tests", "params", "docs", "README.md"):  # the docs: tests check the tables they hold
+    # the docs: tests check the tables they hold; evidence/: the report's tests read its explanations and folders
+    for name in ("src", "tests", "params", "docs", "evidence", "README.md"):
         link = folder / name
         if not link.is_symlink():
             link.symlink_to(ROOT / name, target_is_directory=(ROOT / name).is_dir())
@@ -136,7 +137,7 @@ def prepare(module: str) -> Path:
         "[tool.mutmut]\n"
         'source_paths = ["src/"]\n'
         f"only_mutate = {_toml_list(mutated)}\n"
-        'also_copy = ["params/", "docs/", "README.md"]\n'
+        'also_copy = ["params/", "docs/", "evidence/", "README.md"]\n'
         f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(_selection(tests))}\n"
     )
