@@ -593,3 +593,108 @@ def test_rounds_to_target_is_the_first_round_at_or_above_it_and_inf_when_never()
     cell = _cell("a", 300.0, [250.0, INF])
     assert cell.delta == INF and paper.noise_interval(cell.ours) is None
     assert paper.verdict(cell.delta, 20.0, paper.noise_interval(cell.ours)) == "no interval"
+
+
+# ------------------------------------------------------------------------------------------------ run_metric
+
+DONE = {"status": "finished"}
+
+
+def _metrics():
+    """Ten rounds: accuracy NaN in rounds 4 and 10 (not evaluated), a loss logged every 3 rounds, an indicator
+    with an inf and a NaN inside rounds 3-7."""
+    return pd.DataFrame(
+        {
+            "round": list(range(1, 11)),
+            "test_acc": [0.1, 0.2, 0.3, NAN, 0.5, 0.6, 0.7, 0.8, 0.9, NAN],
+            "loss": [NAN, NAN, 3.0, NAN, NAN, 2.0, NAN, NAN, 1.0, NAN],
+            "gamma": [1.0, 2.0, 4.0, INF, 6.0, NAN, 8.0, 9.0, 10.0, 11.0],
+            "norm": [1.0, 1.0, 2.0, 1.0, 3.0, 1.0, 4.0, 1.0, 1.0, 1.0],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("metric", "expected"),
+    [
+        # the last 3 evaluated rounds (10 is not): 0.7, 0.8, 0.9, in points
+        ({"kind": "mean_last_rounds", "rounds": 3, "scale": 100}, 80.0),
+        ({"kind": "mean_last_rounds", "rounds": 3}, 0.8),  # scale 1 unless given
+        # the last ceil(0.25 x 10) = 3 rounds, 8-10, their evaluated ones: 0.8, 0.9
+        ({"kind": "mean_last_fraction", "fraction": 0.25, "scale": 100}, 85.0),
+        ({"kind": "mean_last_fraction", "fraction": 0.21}, 0.85),  # ceil, not round: 2.1 -> 3 rounds
+        ({"kind": "mean_over_rounds", "column": "norm", "scale": 2}, 3.2),
+        ({"kind": "mean_last_logged", "column": "loss", "rounds": 2}, 1.5),
+        ({"kind": "mean_last_logged", "column": "loss"}, 1.0),  # the last logged value alone
+        # rounds 3-7 inclusive, inf and NaN left out: 4, 6, 8
+        ({"kind": "mean_round_range", "column": "gamma", "first": 3, "last": 7, "scale": 10}, 60.0),
+        # per-round ratio gamma / norm over rounds 3-7: 2, inf, 2, NaN, 2
+        ({"kind": "mean_round_range", "column": "gamma", "divide_by": "norm", "first": 3, "last": 7}, 2.0),
+        ({"kind": "mean_round_range", "column": "cosine", "first": 3, "last": 7}, None),  # not logged
+        ({"kind": "mean_round_range", "column": "gamma", "divide_by": "cosine", "first": 3, "last": 7}, None),
+        ({"kind": "mean_round_range", "column": "gamma", "first": 4, "last": 4}, None),  # only an inf
+        ({"kind": "mean_round_range", "column": "gamma", "first": 6, "last": 6}, None),  # only a NaN
+    ],
+)
+def test_each_metric_kind_reads_its_window_of_the_run(metric, expected):
+    value = paper.run_metric(metric, DONE, _metrics())
+    assert value == (expected if expected is None else pytest.approx(expected, rel=1e-12))
+
+
+def test_the_last_fraction_is_at_least_one_round_and_a_window_of_unevaluated_rounds_has_no_mean():
+    nine = _metrics().iloc[:9]  # rounds 1-9, the last evaluated
+    assert paper.run_metric({"kind": "mean_last_fraction", "fraction": 0.0}, DONE, nine) == pytest.approx(0.9)
+    assert paper.run_metric({"kind": "mean_last_fraction", "fraction": 0.01}, DONE, nine) == pytest.approx(0.9)
+    assert math.isnan(paper.run_metric({"kind": "mean_last_fraction", "fraction": 0.01}, DONE, _metrics()))
+
+
+def test_no_metric_for_an_unfinished_run_or_one_without_metrics_and_an_unknown_kind_is_refused():
+    metric = {"kind": "mean_last_rounds", "rounds": 3}
+    assert paper.run_metric(metric, {"status": "diverged"}, _metrics()) is None
+    assert paper.run_metric(metric, {}, _metrics()) is None
+    assert paper.run_metric(metric, DONE, None) is None
+    assert paper.run_metric(metric, DONE, _metrics().iloc[:0]) is None
+    with pytest.raises(ValueError, match="^unknown metric kind 'median'$"):
+        paper.run_metric({"kind": "median"}, DONE, _metrics())
+
+
+def test_the_critical_round_and_the_gain_after_it_as_run_metrics():
+    """Coherence -> window-2 averages 0.5, 0.15, -0.15 (rounds 2, 3, 4): critical round 4; without a window the
+    default 5 gives (0.6 + 0.4 - 0.1 - 0.2 - 0.9) / 5 = -0.04, round 5. Accuracy (NaN at round 6 left out):
+    first 0.1, the mean of the last 2 logged rounds (5, 7) 0.7, at round 4: 0.4 -> (0.7 - 0.4) / 0.6."""
+    frame = pd.DataFrame(
+        {
+            "round": [1, 2, 3, 4, 5, 6, 7],
+            "coherence": [0.6, 0.4, -0.1, -0.2, -0.9, -1.0, -1.0],
+            "test_acc": [0.1, 0.2, 0.3, 0.4, 0.6, NAN, 0.8],
+        }
+    )
+    coherence = {"column": "coherence", "window": 2}
+    assert paper.run_metric({"kind": "critical_round", **coherence}, DONE, frame) == 4.0
+    assert paper.run_metric({"kind": "critical_round", "column": "coherence"}, DONE, frame) == 5.0
+    assert paper.run_metric({"kind": "critical_round", "column": "cosine"}, DONE, frame) is None
+    gain = {"kind": "gain_after_critical", **coherence}
+    assert paper.run_metric({**gain, "last_rounds": 2}, DONE, frame) == pytest.approx(0.3 / 0.6, rel=1e-12)
+    # the default: the last 10 logged rounds, here all six: mean 2.4 / 6 = 0.4, at round 4 0.4 -> no share after
+    assert paper.run_metric(gain, DONE, frame) == pytest.approx(0.0, abs=1e-15)
+    assert paper.run_metric({**gain, "window": 8}, DONE, frame) is None  # longer than the run: no critical point
+    assert paper.run_metric(gain, DONE, frame.drop(columns="test_acc")) is None
+
+
+def test_the_weight_correlation_as_a_run_metric_names_its_factor():
+    counts = [[6, 3, 1], [8, 2, 0], [1, 1, 1]]
+    summary = {**DONE, "client_class_counts": counts}
+    frame = pd.DataFrame(
+        {
+            "round": [1, 2],
+            "lambda_client_0": [0.2, 0.3],
+            "lambda_client_1": [0.1, NAN],
+            "lambda_client_2": [0.7, 0.7],
+            "test_acc": [0.1, 0.2],
+        }
+    )
+    factors = paper.client_factors(counts)
+    for factor in ("ds", "hd"):
+        expected = stats.pearsonr([0.5, 0.1, 1.4], factors[factor]).statistic
+        metric = {"kind": "weight_correlation", "factor": factor}
+        assert paper.run_metric(metric, summary, frame) == pytest.approx(expected, rel=1e-12)
