@@ -624,7 +624,7 @@ def _metrics():
         ({"kind": "mean_last_fraction", "fraction": 0.25, "scale": 100}, 85.0),
         ({"kind": "mean_last_fraction", "fraction": 0.21}, 0.85),  # ceil, not round: 2.1 -> 3 rounds
         ({"kind": "mean_over_rounds", "column": "norm", "scale": 2}, 3.2),
-        ({"kind": "mean_last_logged", "column": "loss", "rounds": 2}, 1.5),
+        ({"kind": "mean_last_logged", "column": "loss", "rounds": 2, "scale": 4}, 6.0),
         ({"kind": "mean_last_logged", "column": "loss"}, 1.0),  # the last logged value alone
         # rounds 3-7 inclusive, inf and NaN left out: 4, 6, 8
         ({"kind": "mean_round_range", "column": "gamma", "first": 3, "last": 7, "scale": 10}, 60.0),
@@ -679,6 +679,15 @@ def test_the_critical_round_and_the_gain_after_it_as_run_metrics():
     assert paper.run_metric(gain, DONE, frame) == pytest.approx(0.0, abs=1e-15)
     assert paper.run_metric({**gain, "window": 8}, DONE, frame) is None  # longer than the run: no critical point
     assert paper.run_metric(gain, DONE, frame.drop(columns="test_acc")) is None
+    # twelve rounds: the default's last 10 (0.2 and nine 0.6: 0.56), critical round 3 (an average of exactly 0)
+    twelve = pd.DataFrame(
+        {
+            "round": list(range(1, 13)),
+            "coherence": [1.0, 1.0, -1.0] + [-1.0] * 9,
+            "test_acc": [0.0, 0.5, 0.2] + [0.6] * 9,
+        }
+    )
+    assert paper.run_metric(gain, DONE, twelve) == pytest.approx((0.56 - 0.2) / 0.56, rel=1e-12)
 
 
 def test_the_weight_correlation_as_a_run_metric_names_its_factor():
