@@ -39,7 +39,12 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "minnorm": (
         ["src/fedrepro/minnorm.py"],
-        ["algorithms/test_fedaware.py", "algorithms/test_fedaware_na.py", "ground/test_minnorm_size.py"],
+        [
+            "algorithms/test_fedaware.py",
+            "algorithms/test_fedaware_na.py",
+            "ground/test_minnorm_size.py",
+            "ground/test_minnorm_steps.py",
+        ],
     ),
     "metrics": (["src/fedrepro/metrics.py"], ["ground/test_metrics.py"]),
     "cohorts": (
