@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedrepro.errors import FedreproError
 from fedrepro.parity.rounds import STUBS
 from fedrepro.parity.shim import checkout_on_path, pandas_positional_getitem
 
@@ -61,8 +62,8 @@ MUTATED = ("lr", "weight_decay", "E")  # what the loop's decay branches change i
 NAMES_ONLY = ("setup",)  # args the notebooks set to a file-name string (differs between them; names files alone)
 
 
-class Stopped(Exception):
-    """Raised after the checkpoint of ``stop_after`` rounds (an interruption on purpose)."""
+class Stopped(FedreproError):
+    """Raised after the checkpoint of ``stop_after`` rounds (an interruption on purpose, caught by the driver)."""
 
 
 def cells_through_training(notebook: Path) -> list[str]:
