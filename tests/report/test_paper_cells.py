@@ -22,6 +22,11 @@ from scipy import stats
 
 from fedrepro.report import paper
 
+# The 97.5% quantiles of Student's t in closed form (worked by hand, not read off scipy): with one degree of
+# freedom t is Cauchy, F^-1(p) = tan(pi (p - 1/2)); with two, F^-1(p) = (2p - 1) / sqrt(2 p (1 - p)).
+T_975_1 = math.tan(0.475 * math.pi)  # 12.7062...
+T_975_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # 4.3027...
+
 NAN, INF = float("nan"), float("inf")
 
 
@@ -81,8 +86,8 @@ def test_without_a_paper_std_the_interval_is_the_t_interval_of_our_mean(values):
 def test_n_2_and_n_3_use_their_own_t_quantiles():
     """Same mean and same s, one seed more: the interval shrinks by t(2)/t(1) * sqrt(2/3), not sqrt(2/3) alone."""
     two, three = [0.0, 2.0], [0.0, 1.0, 2.0]  # both: s = sqrt(2) and sqrt(1); hand-worked below
-    assert paper.noise_interval(two) == pytest.approx(12.706204736174698 * math.sqrt(2) / math.sqrt(2), rel=1e-12)
-    assert paper.noise_interval(three) == pytest.approx(4.302652729749464 * 1.0 / math.sqrt(3), rel=1e-12)
+    assert paper.noise_interval(two) == pytest.approx(T_975_1 * math.sqrt(2) / math.sqrt(2), rel=1e-12)
+    assert paper.noise_interval(three) == pytest.approx(T_975_2 * 1.0 / math.sqrt(3), rel=1e-12)
 
 
 def test_the_confidence_sets_the_quantile():
@@ -322,10 +327,10 @@ def test_the_table_frame_holds_each_cells_numbers_and_verdicts():
         "collapsed",
         "collapse_text",
     ]
-    e_half = 4.302652729749464 * math.sqrt(7 / 3) / math.sqrt(3)
-    assert frame.loc["a", "interval"] == pytest.approx(12.706204736174698, rel=1e-12)
+    e_half = T_975_2 * math.sqrt(7 / 3) / math.sqrt(3)
+    assert frame.loc["a", "interval"] == pytest.approx(T_975_1, rel=1e-12)
     assert frame.loc["e", "interval"] == pytest.approx(e_half, rel=1e-12)
-    assert frame.loc["f", "interval"] == pytest.approx(4.302652729749464 * 7 / math.sqrt(3), rel=1e-12)
+    assert frame.loc["f", "interval"] == pytest.approx(T_975_2 * 7 / math.sqrt(3), rel=1e-12)
     assert math.isnan(frame.loc["c", "interval"])
     assert list(frame["seeds"]) == [2, 3, 1, 3, 3, 3, 2]
     assert list(frame["diverged"]) == [0, 0, 1, 0, 0, 0, 0]
@@ -386,7 +391,7 @@ def test_the_typical_width_is_over_the_cells_the_paper_prints_and_a_collapse_or_
     ]
     frame = paper.table_frame(cells, "t").set_index("column")
     assert frame.loc["b", "delta"] == pytest.approx(1.52, abs=1e-12)
-    assert frame.loc["b", "interval"] == pytest.approx(4.302652729749464 * 2 / math.sqrt(3), rel=1e-12)
+    assert frame.loc["b", "interval"] == pytest.approx(T_975_2 * 2 / math.sqrt(3), rel=1e-12)
     assert list(frame["verdict"]) == ["through our spread"] * 2 + ["reproduced"] * 3 + ["", ""]
     # one narrow cell fewer: the median of 12.706, 4.968, 0.497, 0.497 is 2.73, beyond both Δs
     fewer = paper.table_frame(cells[:4] + cells[5:], "t").set_index("column")
@@ -404,7 +409,7 @@ def test_the_table_frame_passes_the_papers_std_and_seed_count_and_its_tolerance(
     welch = paper.table_frame(cells, "t", paper_seeds=3).set_index("column")
     p = stats.ttest_ind_from_stats(62.2, 0.2, 3, 62.2 + welch.loc["a", "interval"], 1.05, 3, equal_var=False).pvalue
     assert p == pytest.approx(0.05, rel=1e-9)
-    assert welch.loc["b", "interval"] == pytest.approx(12.706204736174698, rel=1e-12)  # no std printed
+    assert welch.loc["b", "interval"] == pytest.approx(T_975_1, rel=1e-12)  # no std printed
     wide = paper.table_frame(cells, "t", tolerance=2.0).set_index("column")
     assert list(wide["allowed"]) == [2.0, 2.0]
     assert list(wide["verdict"]) == ["reproduced", "reproduced"]  # Δ 1.52 and 2.0, at the edge
