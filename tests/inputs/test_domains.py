@@ -19,6 +19,7 @@ from fedrepro.data import digit5, pacs
 from fedrepro.data.base import DataError
 from fedrepro.data.domains import DomainDataset
 from fedrepro.evaluation import score
+from fedrepro.parity.generated import DIGIT_SHAPES  # FedBN's image shapes per domain
 from fedrepro.partitions import label_quantity, records as partition_records
 from fedrepro.partitions.base import PartitionError
 from fedrepro.run.trainer import Trainer
@@ -26,14 +27,6 @@ from fedrepro.run.trainer import Trainer
 # compares floating-point results: rerun under a lower kernel ISA (tests/README.md, "Floating point")
 pytestmark = pytest.mark.floats
 
-# FedBN's image shapes per domain: grey 28 (MNIST), RGB 32 (SVHN, SynthDigits), grey 16 (USPS), RGB 28 (MNIST-M)
-DIGIT_SHAPES = {
-    "MNIST": (28, 28),
-    "SVHN": (32, 32, 3),
-    "USPS": (16, 16),
-    "SynthDigits": (32, 32, 3),
-    "MNIST_M": (28, 28, 3),
-}
 PART, TEST = 12, 10
 
 
