@@ -259,6 +259,20 @@ def have_debian_fmnist() -> bool:
 
 # --------------------------------------------------------------------------- the end-to-end tests' data
 
+# The tuning stage's tests: a small FMNIST experiment, and a tune block of FedProx's mu
+TUNING_BASE = {
+    "dataset": "fmnist",
+    "model": "mlp",
+    "num_clients": 4,
+    "participation": 0.5,
+    "rounds": 2,
+    "device": "cpu",
+    "client": {"lr": 0.02},
+    "partition": {"kind": "iid", "seed": 1},
+    "ima": {"window": 1, "start_round": 1},
+}
+TUNE_PROX = {"when": {"algorithm": "fedprox"}, "grid": {"fedprox.mu": [0.1, 0.01]}, "seeds": [7]}
+
 FMNIST_CHOICE = "FEDREPRO_TEST_FMNIST"
 GENERATED_FMNIST_HOOK = ROOT / "tests" / "generated_fmnist"
 

@@ -13,22 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEBIAN_FMNIST, ROOT, job_counts, make_partition, snakemake_cmd, subprocess_env, write_yaml
+from conftest import (
+    DEBIAN_FMNIST,
+    ROOT,
+    TUNE_PROX as PROX,
+    TUNING_BASE as BASE,
+    job_counts,
+    make_partition,
+    snakemake_cmd,
+    subprocess_env,
+    write_yaml,
+)
 from fedrepro.configure import expansion, paramsfile, schema, settings, tuning
 from fedrepro.evaluation import validation_split
-
-BASE = {
-    "dataset": "fmnist",
-    "model": "mlp",
-    "num_clients": 4,
-    "participation": 0.5,
-    "rounds": 2,
-    "device": "cpu",
-    "client": {"lr": 0.02},
-    "partition": {"kind": "iid", "seed": 1},
-    "ima": {"window": 1, "start_round": 1},
-}
-PROX = {"when": {"algorithm": "fedprox"}, "grid": {"fedprox.mu": [0.1, 0.01]}, "seeds": [7]}
 
 
 def params(tune=PROX, grid=None, base=BASE) -> dict:

@@ -17,22 +17,11 @@ import re
 
 import pytest
 
+from conftest import TUNE_PROX as PROX, TUNING_BASE as BASE
 from fedrepro.configure import expansion, registry, schema, settings, tuning
 from fedrepro.configure.schema import ConfigError
 from fedrepro.identity import partition_id, run_id
 
-BASE = {
-    "dataset": "fmnist",
-    "model": "mlp",
-    "num_clients": 4,
-    "participation": 0.5,
-    "rounds": 2,
-    "device": "cpu",
-    "client": {"lr": 0.02},
-    "partition": {"kind": "iid", "seed": 1},
-    "ima": {"window": 1, "start_round": 1},
-}
-PROX = {"when": {"algorithm": "fedprox"}, "grid": {"fedprox.mu": [0.1, 0.01]}, "seeds": [7]}
 DYN = {"when": {"algorithm": "feddyn"}, "grid": {"feddyn.alpha": [0.1, 0.01]}, "seeds": [7]}
 
 
