@@ -44,6 +44,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "algorithms/test_fedaware_na.py",
             "ground/test_minnorm_size.py",
             "ground/test_minnorm_steps.py",
+            "ground/test_minnorm_minor_cycle.py",
         ],
     ),
     "metrics": (["src/fedrepro/metrics.py"], ["ground/test_metrics.py"]),
