@@ -19,10 +19,31 @@ needs_checkout = pytest.mark.skipif(not FEDNOVA, reason="FEDREPRO_FEDNOVA_CHECKO
 
 
 def _cases():
-    settings = script.script_settings()
-    by = {s["algorithm"]: (label, s) for label, s in settings.items()}
-    assert sorted(by) == ["fedavg", "fednova", "fedprox"]
-    return by
+    """The three cases these tests break terms of: FedAvg with momentum and FedProx at E_i = 2, FedNova with server
+    momentum at U(2,5)."""
+    rows = script.script_cases()
+    return {
+        "fedavg": rows[(script.E2, "fedavg", 0.9, 0.0, 0.0)],
+        "fedprox": rows[(script.E2, "fedprox", 0.0, 0.0, 0.0)],
+        "fednova": rows[(script.U25, "fednova", 0.0, 0.9, 0.0)],
+    }
+
+
+def test_every_row_of_table_one_the_script_has_is_a_case():
+    """Every U(2,5) row but SCAFFOLD and FedNova-VR (not in the script), and FedAvg with momentum and FedProx at
+    E_i = 2 (the FedNova cases hold its other E_i = 2 rows): one case a row, each with its own label."""
+    cases = script.script_cases()
+    assert sorted(cases) == sorted(script.CASES) and len(script.script_settings()) == 10
+    for (experiment, algorithm, momentum, gmf, mu), (label, s) in cases.items():
+        assert (s["algorithm"], s["client"]["momentum"]) == (algorithm, momentum)
+        assert ("random_epochs" in s["plugins"]) == (experiment == script.U25) == ("U(2,5)" in label)
+        if algorithm == "fednova":
+            assert (s["fednova"]["server_momentum"], s["fednova"]["mu"]) == (gmf, mu)
+            argv = script.script_argv(s, 3, 0, "/tmp/f")
+            assert (argv[argv.index("--gmf") + 1], argv[argv.index("--mu") + 1]) == (repr(gmf), repr(mu))
+    u25 = {row[1:] for row in cases if row[0] == script.U25}
+    assert {("fedavg", 0.0, 0.0, 0.0), ("fedavg", 0.9, 0.0, 0.0), ("fednova", 0.9, 0.9, 0.0)} <= u25
+    assert cases[(script.U25, "fedprox", 0.0, 0.0, 0.0)][1]["fedprox"]["mu"] == 0.001
 
 
 def test_each_case_is_the_scripts_command_line_of_its_table_row():

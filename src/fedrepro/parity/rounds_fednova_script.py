@@ -37,37 +37,57 @@ SIZES = (12, 9, 20)  # 1, 1 and 2 batches of 16 an epoch, each epoch's last batc
 # round 2 and /100 at round 3, milestones at whole rounds), two epochs (or the case's draws) of batches of 16
 SHRUNK = {"participation": 1.0, "rounds": 4, "local_epochs": 2, "batch_size": 16, "device": "cpu"}
 SCRIPT_WEIGHT_DECAY = 1e-4  # train_LocalSGD.py builds every optimiser with weight_decay=1e-4
-# Table I's rows (experiment, algorithm, client momentum, server momentum) the cases run
-CASES = (("fednova_table1_e2", "fedavg", 0.9, 0.0), ("fednova_table1_e2", "fedprox", 0.0, 0.0),
-         ("fednova_table1_u25", "fednova", 0.0, 0.9))  # fmt: skip
+# Table I's rows (experiment, algorithm, client momentum, server momentum, FedNova's mu) the cases run: at E_i = 2
+# the two the FedNova cases do not (FedAvg with momentum, FedProx), at U(2,5) every row the script has (SCAFFOLD and
+# FedNova-VR are not in it)
+E2, U25 = "fednova_table1_e2", "fednova_table1_u25"
+CASES = ((E2, "fedavg", 0.9, 0.0, 0.0), (E2, "fedprox", 0.0, 0.0, 0.0),
+         (U25, "fedavg", 0.0, 0.0, 0.0), (U25, "fedavg", 0.9, 0.0, 0.0), (U25, "fedprox", 0.0, 0.0, 0.0),
+         (U25, "fednova", 0.0, 0.0, 0.0), (U25, "fednova", 0.9, 0.0, 0.0), (U25, "fednova", 0.0, 0.0, 0.001),
+         (U25, "fednova", 0.0, 0.9, 0.0), (U25, "fednova", 0.9, 0.9, 0.0))  # fmt: skip
+
+
+def row_of(experiment: str, s: dict) -> tuple:
+    """A setting's Table I row, as CASES names them."""
+    nova = s.get("fednova", {})
+    return (experiment, s["algorithm"], s["client"]["momentum"], nova.get("server_momentum", 0.0), nova.get("mu", 0.0))
 
 
 def _label(s: dict) -> str:
-    lr = s["client"]["lr"]
-    if s["algorithm"] == "fedavg":
-        return f"FedAvg (code: --optimizer fedavg), lr {lr:g}, momentum {s['client']['momentum']:g}"
-    if s["algorithm"] == "fedprox":
-        return f"FedProx (code: --optimizer fedprox), lr {lr:g}, mu {s['fedprox']['mu']:g}"
-    gmf, c = s["fednova"]["server_momentum"], s["random_epochs"]
-    return (
-        f"FedNova, lr {lr:g}, server momentum {gmf:g} (code: --gmf {gmf:g}), E_i(t) ~ U({c['low']},{c['high']}) "
-        f"(code: --pattern uniform_random --localE {c['high'] + 1}, the code's draws)"
-    )
+    lr, momentum = s["client"]["lr"], s["client"]["momentum"]
+    if "random_epochs" in s["plugins"]:
+        c = s["random_epochs"]
+        code = f"--pattern uniform_random --localE {c['high'] + 1}"
+        epochs = f"E_i(t) ~ U({c['low']},{c['high']}) (code: {code}, the code's draws)"
+    else:
+        epochs = f"E_i = {s['local_epochs']}"
+    if s["algorithm"] in ("fedavg", "fedprox"):
+        mu = f", mu {s['fedprox']['mu']:g}" if s["algorithm"] == "fedprox" else ""
+        head = f"{'FedAvg' if s['algorithm'] == 'fedavg' else 'FedProx'} (code: --optimizer {s['algorithm']})"
+        return f"{head}, lr {lr:g}, momentum {momentum:g}{mu}, {epochs}"
+    nova = s["fednova"]
+    gmf, mu = nova["server_momentum"], nova.get("mu", 0.0)
+    server = f"server momentum {gmf:g} (code: --gmf {gmf:g})"
+    return f"FedNova, lr {lr:g}, momentum {momentum:g}, mu {mu:g}, {server}, {epochs}"
 
 
-def script_settings() -> dict[str, dict]:
-    """The cases' fedrepro settings (params/fednova.yaml's rows), shrunk (``SHRUNK``, on ``SIZES``)."""
+def script_cases() -> dict[tuple, tuple[str, dict]]:
+    """{Table I row (as CASES): (label, fedrepro setting)}: params/fednova.yaml's rows, shrunk (``SHRUNK``, on
+    ``SIZES``)."""
     from fedrepro.configure import expansion, paramsfile
     from fedrepro.configure.paramsfile import ROOT
 
     found = {}
     for run in expansion.expand(paramsfile.load_params_files([str(ROOT / "params" / "fednova.yaml")])):
-        s = run.setting
-        nova = s.get("fednova", {"server_momentum": 0.0})
-        row = (run.experiment, s["algorithm"], s["client"]["momentum"], nova["server_momentum"])
-        if row in CASES and not nova.get("vr") and not nova.get("mu"):
-            found.setdefault(_label(s), {**copy.deepcopy(s), **SHRUNK, "num_clients": len(SIZES)})
+        s, row = run.setting, row_of(run.experiment, run.setting)
+        if row in CASES and not s.get("fednova", {}).get("vr") and row not in found:
+            found[row] = (_label(s), {**copy.deepcopy(s), **SHRUNK, "num_clients": len(SIZES)})
     return found
+
+
+def script_settings() -> dict[str, dict]:
+    """The cases' fedrepro settings by label."""
+    return dict(script_cases().values())
 
 
 def script_argv(setting: dict, world: int, rank: int, folder: str) -> list[str]:
