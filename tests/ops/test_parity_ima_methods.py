@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -147,3 +148,59 @@ def test_imas_fednova_loop_normalises_as_ours_and_a_server_lr_1_percent_off_is_s
     wrong = merged(setting, {"server": {"lr": setting["server"]["lr"] * 1.01}})
     off = rounds.compare_case(IMA, setting, ours_setting=wrong)
     assert off["status"] == "differs" and min(off["global_gap_over_bound_by_round"]) > 50, off
+
+
+def test_the_codes_draw_of_a_rounds_clients_is_numpys_global_stream_seeded_with_seed_plus_round():
+    """``code_cohort`` against what IMA's server loops do, done here on numpy's global stream: ``np.random.seed(seed
+    + t)``, then ``np.random.choice(range(K), m, replace=False)``."""
+    from fedrepro.parity.ima_code_args import code_cohort
+
+    state = np.random.get_state()
+    try:
+        for seed, t, k in [(1, 0, 2), (1, 5, 2), (3, 7, 4), (10, 0, 9)]:
+            np.random.seed(seed + t)
+            assert code_cohort(seed, t, 10, k).tolist() == np.random.choice(range(0, 10), k, replace=False).tolist()
+    finally:
+        np.random.set_state(state)
+    assert code_cohort(1, 0, 10, 3).tolist() != code_cohort(1, 1, 10, 3).tolist()  # a new draw each round
+
+
+def test_a_method_without_ima_runs_the_code_modes_of_its_notebook():
+    from fedrepro.parity.ima_code_args import code_method
+
+    def mode(algorithm, plugins):
+        return code_method({"algorithm": algorithm, "plugins": plugins})
+
+    assert mode("fedavg", ["ima"]) == ("fedavg", "ima") and mode("fedavg", []) == ("fedavg", "wa")
+    assert mode("fedgma", []) == ("fedavg", "gma") and mode("fedadam", []) == ("fedavg", "fedadam")
+    assert mode("fednova", []) == ("fednova", "fednova") and mode("fedasam", []) == ("fedsam", "wa")
+    assert mode("fedfa", []) == ("fedfa_anchorloss", "wa") and mode("fedyogi", ["ima"]) == ("fedavg", "fedyogi+ima")
+
+
+@needs_checkout
+def test_the_methods_without_ima_run_as_the_codes_past_the_round_ima_would_start():
+    """Every method's own loop without IMA over all 8 rounds: equal but FedGMA (the code's aliased step, as with
+    IMA); FedAdam and FedYogi equal throughout, so their difference with IMA is IMA's place alone."""
+    from fedrepro.parity import rounds, rounds_ima_methods
+
+    settings = rounds_ima_methods.protocol_settings()
+    for name in ("fedadam without ima", "fedgma without ima"):
+        row = rounds.compare_case(IMA, settings[name])
+        assert (row["status"] == "equal") == (name != "fedgma without ima"), row
+        assert "without IMA" in row["case"] and not row["rounds_rates_differ"]
+
+
+@needs_checkout
+def test_fedavg_with_ima_below_full_participation_runs_as_the_code_on_its_draws(monkeypatch):
+    """Two of three clients a round, fedrepro's cohort pinned to the code's sampler: equal, over cohorts that
+    change; pinned to another draw (the code's of another seed), the rounds whose cohorts differ are named."""
+    from fedrepro.parity import rounds, rounds_ima_methods
+    from fedrepro.parity.ima_code_args import code_cohort
+
+    setting = rounds_ima_methods.protocol_settings()["fedavg partial"]
+    row = rounds.compare_case(IMA, setting)
+    assert row["status"] == "equal" and not row["rounds_cohorts_differ"]
+    assert {len(c) for c in row["cohorts"]} == {2} and len({tuple(c) for c in row["cohorts"]}) > 1
+    monkeypatch.setattr(rounds, "code_cohort", lambda seed, t, n, k: code_cohort(seed + 50, t, n, k))
+    off = rounds.compare_case(IMA, setting)
+    assert off["status"] == "differs" and off["rounds_cohorts_differ"]

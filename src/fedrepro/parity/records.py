@@ -134,7 +134,9 @@ def checks(paper: str) -> dict:
     if paper == "ima":
         found["servers"] = lambda checkout, inits: servers.compare_ima(checkout)
         found["rounds"] = lambda checkout, inits: (
-            rounds.compare_ima(checkout) + rounds_ima_methods.compare_methods(checkout)
+            rounds.compare_ima(checkout)
+            + rounds_ima_methods.compare_methods(checkout)
+            + rounds_ima_methods.compare_protocol(checkout)
         )
     return found
 

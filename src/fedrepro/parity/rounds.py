@@ -36,8 +36,8 @@ import contextlib
 import copy
 import os
 import tempfile
-from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from fedrepro.parity.clients import (
@@ -49,33 +49,17 @@ from fedrepro.parity.clients import (
     generated_clients,
     record_local_training,
 )
+from fedrepro.parity.ima_code_args import BARE_IMA, CODE_METHODS, DECAYS, case_name, code_args, code_cohort, code_method
 from fedrepro.parity.shim import checkout_on_path
 
 SIZES = (37, 52, 23)
 SHRUNK = {"num_clients": len(SIZES), "participation": 1.0, "rounds": 8, "local_epochs": 2, "batch_size": 16,
           "device": "cpu"}  # fmt: skip
 IMA_SHRUNK = {"start_round": 4, "window": 3, "cycle_rounds": 2}
-DECAYS = {"exponential": "EXD", "constant": "CLR", "none": "NAD", "epoch": "ED", "cyclic": "CD"}
+UNTUNED = {"fedprox": {"mu": 0.01}, "fedfa": {"lam": 0.1}}  # params/ima.yaml's base values, the code's args.py
 # the code's cyclic rate is constant over a cycle of 2 rounds (its two halves give lr_max alike): a cycle of 4 shows
 # both programs' shapes in the 4 rounds from t_s
 CYCLE = {"cyclic": {"cycle_rounds": 4}}
-# fedrepro's method -> the code's Server method and aggregation mode with IMA, as the IMA notebook calls them
-CODE_METHODS = {
-    "fedavg": ("fedavg", "ima"),
-    "fedprox": ("fedprox", "ima"),
-    "fedasam": ("fedsam", "ima"),
-    "fedgma": ("fedavg", "gma+ima"),
-    "fedfa": ("fedfa_anchorloss", "ima"),
-    "fedadam": ("fedavg", "fedadam+ima"),
-    "fedyogi": ("fedavg", "fedyogi+ima"),
-    "fednova": ("fednova", "fednova+ima"),
-}
-# the code picks ASAM's rho and eta by ``'CNN' in args.split`` (0.7 and 0.2, else 0.2 and 0.05); the notebook's
-# default split names the CNN
-CODE_SPLIT = "2CNN_2"
-UNTUNED = {"fedprox": {"mu": 0.01}, "fedfa": {"lam": 0.1}}  # params/ima.yaml's base values, the code's args.py
-
-
 # imported, absent at HEAD: utils.global_test's two, server_se1's analysis module, and the package __init__ of the
 # code's partial copy of FedLab (its four imports are missing; the partitioners below it are there), and pynvml
 # (FedLab's GPU queries)
@@ -152,9 +136,13 @@ def ours(setting: dict, dtype=torch.float32):
     """fedrepro's run: (initial module, every client's local training, the global model after every round, and for
     a method with anchors (FedFA) the global anchors at the start and the end of every round)."""
     from fedrepro import models
+    from fedrepro.run import trainer as trainer_module
     from fedrepro.run.trainer import Trainer
 
     log, globals_, anchors = [], [], {"start": [], "end": []}
+    drawn = trainer_module.sample_cohort
+    if setting["participation"] < 1:  # below full participation, fedrepro's cohort pinned to the code's draw
+        trainer_module.sample_cohort = lambda seed, t, n, k, warmup="none": np.sort(code_cohort(seed, t, n, k))
     with _in_dtype(dtype), tempfile.TemporaryDirectory(prefix="fedrepro-parity-rounds-") as tmp:
         train, test, parts = _problem(dtype=dtype)
         torch.manual_seed(setting["seed"])
@@ -175,7 +163,10 @@ def ours(setting: dict, dtype=torch.float32):
             return row
 
         trainer.round = round_and_global
-        trainer.run(progress=False)
+        try:
+            trainer.run(progress=False)
+        finally:
+            trainer_module.sample_cohort = drawn
     return initial, log, globals_, anchors
 
 
@@ -194,22 +185,6 @@ def _recording_sgd(record: dict):
         yield
     finally:
         torch.optim.SGD = original
-
-
-def _code_args(setting: dict) -> SimpleNamespace:
-    ima, cl = setting["ima"], setting["client"]
-    if setting["algorithm"] == "fedasam" and (setting["fedasam"]["rho"], setting["fedasam"]["eta"]) != (0.7, 0.2):
-        raise ValueError(f"fedasam {setting['fedasam']}: the code's split {CODE_SPLIT} gives rho 0.7, eta 0.2")
-    return SimpleNamespace(
-        K=len(SIZES), C=1.0, r=setting["rounds"], E=setting["local_epochs"], B=setting["batch_size"],
-        lr=cl["lr"], weight_decay=cl["lr_decay"], momentum=cl["momentum"], optimizer="sgd", device="cpu",
-        r_ima=ima["start_round"], window_size=ima["window"], lr_ima=ima["constant_lr"],
-        lr_ima_decay=ima["lr_decay"], ima_stage=ima["cycle_rounds"], decay_mode=DECAYS[ima["decay"]],
-        seed=setting["seed"], dataset="fmnist", skewness="label", verbose=False, saveModels=False,
-        num_classes=10, dims_feature=128, setup="parity", split=CODE_SPLIT,
-        mu=setting.get("fedprox", {}).get("mu", 0.0), lambda_anchor=setting.get("fedfa", {}).get("lam", 0.0),
-        momentum_anchor=setting.get("fedfa", {}).get("momentum", 0.0),
-    )  # fmt: skip
 
 
 def code(checkout, setting: dict, initial: torch.nn.Module, log: list[dict], anchors=None, dtype=torch.float32):
@@ -245,10 +220,10 @@ def _code(checkout, setting, initial, log, anchors) -> dict:
     train, _, parts = _problem(dtype=torch.get_default_dtype())
     train.targets = train.labels.numpy()  # FedFA's client reads each client's label set from dataset.targets
     starts = {e["round"]: e["start"] for e in log}
-    pinned = {k: [e for e in log if e["client"] == k] for k in range(len(SIZES))}
+    pinned = {(e["round"], e["client"]): e for e in log}
     record = {"clients": [], "globals": [], "anchors": [], "rates": {}, "epochs": {}, "training": None}
-    args = _code_args(setting)
-    method, agg_mode = CODE_METHODS[setting["algorithm"]]
+    args = code_args(setting, len(SIZES))
+    method, agg_mode = code_method(setting)
     with tempfile.TemporaryDirectory(prefix="fedrepro-parity-ima-") as tmp, checkout_on_path(checkout, stubs=STUBS):
         import client
         import server_se1
@@ -285,7 +260,10 @@ def _code(checkout, setting, initial, log, anchors) -> dict:
             k = next(k for k, part in enumerate(parts) if list(split.idxs) == part.tolist())
             record["training"] = k
             batches = _EpochBatches()
-            batches.epochs = [list(b) for b in pinned[k].pop(0)["batches"]]
+            # a client fedrepro did not sample this round (the cohorts differ, and the check says so) trains on its
+            # batches of another round
+            entry = pinned.get((len(record["globals"]), k)) or next(e for e in log if e["client"] == k)
+            batches.epochs = [list(b) for b in entry["batches"]]
             batches.dataset, batches.total = split, len(batches.epochs)
             record.setdefault("loaders", {})[k] = batches
             return batches
@@ -319,11 +297,15 @@ def compare_case(checkout, setting: dict, dtype=torch.float32, ours_setting=None
     initial, log, ours_globals, anchors = ours(ours_setting or setting, dtype)
     got = code(checkout, setting, initial, log, anchors, dtype)
     eps = float(torch.finfo(dtype).eps)
-    k, window = len(SIZES), setting["ima"]["window"]
+    k, window = len(SIZES), setting.get("ima", BARE_IMA)["window"]
     server_bound = (4 * k + 2 * window + 4) * eps
     client_ratio, rates_differ, epochs_differ = 0.0, set(), set()
+    cohorts = [sorted(int(c) for c in got["clients"][t]) for t in range(setting["rounds"])]
+    cohorts_differ = {t for t, c in enumerate(cohorts) if c != sorted(e["client"] for e in log if e["round"] == t)}
     for e in log:
         t, c = e["round"], e["client"]
+        if t in cohorts_differ:
+            continue
         steps = sum(len(b) for b in e["batches"])
         client_bound = bound(steps) * eps / EPS32  # the client check's bound, in the case's precision
         client_ratio = max(client_ratio, _relative(got["clients"][t][c], e["end"]) / client_bound)
@@ -332,9 +314,9 @@ def compare_case(checkout, setting: dict, dtype=torch.float32, ours_setting=None
         if got["epochs"][(t, c)] != len(e["batches"]):
             epochs_differ.add(t)
     by_round = [_relative(got["globals"][t], x) / server_bound for t, x in enumerate(ours_globals)]
-    equal = client_ratio <= 1 and max(by_round) <= 1 and not rates_differ and not epochs_differ
+    equal = client_ratio <= 1 and max(by_round) <= 1 and not rates_differ and not epochs_differ and not cohorts_differ
     row = {
-        "case": _case_name(setting),
+        "case": case_name(setting),
         "dtype": str(dtype).removeprefix("torch."),
         "rounds": setting["rounds"],
         "clients": k,
@@ -343,9 +325,15 @@ def compare_case(checkout, setting: dict, dtype=torch.float32, ours_setting=None
         "global_gap_over_bound_by_round": by_round,
         "rounds_rates_differ": sorted(rates_differ),
         "rounds_epochs_differ": sorted(epochs_differ),
-        "rates": {
-            f"{t}": [got["rates"][(t, 0)], next(e["lr"] for e in log if e["round"] == t)]
+        **(
+            {"cohorts": cohorts, "rounds_cohorts_differ": sorted(cohorts_differ)}
+            if setting["participation"] < 1
+            else {}
+        ),
+        "rates": {  # the round's first client's, on each side
+            f"{t}": [got["rates"].get((t, e["client"])), e["lr"]]
             for t in range(setting["rounds"])
+            for e in [next(e for e in log if e["round"] == t)]
         },  # fmt: skip
     }
     if anchors["end"]:  # FedFA's global anchors after each round: a data-size weighted mean of the clients'
@@ -357,18 +345,6 @@ def compare_case(checkout, setting: dict, dtype=torch.float32, ours_setting=None
         equal = equal and row["anchor_gap_over_bound"] <= 1
     row["status"] = "equal" if equal else "differs"
     return {**row, **(extra(setting, log, got) if extra else {})}
-
-
-def _case_name(setting: dict) -> str:
-    ima = setting["ima"]
-    method = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedasam": "FedASAM", "fedgma": "FedGMA", "fedfa": "FedFA",
-              "fedadam": "FedAdam", "fedyogi": "FedYogi", "fednova": "FedNova"}  # fmt: skip
-    code_method, agg_mode = CODE_METHODS[setting["algorithm"]]
-    return (
-        f"{method[setting['algorithm']]} + IMA, decay {ima['decay']} (code: {DECAYS[ima['decay']]}), window "
-        f"{ima['window']} from round {ima['start_round']}"
-        + ("" if setting["algorithm"] == "fedavg" else f" (code: Server.{code_method}, agg_mode {agg_mode})")
-    )
 
 
 def compare_ima(checkout) -> list[dict]:

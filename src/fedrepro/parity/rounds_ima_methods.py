@@ -148,3 +148,31 @@ def compare_methods(checkout) -> list[dict]:
         elif method in WRONG:
             exact["one_percent"] = _one_percent(checkout, setting, method, torch.float64)
     return rows
+
+
+PARTIAL = 0.67  # 2 of the 3 clients a round (the code's int(C K) and fedrepro's floor(C N) agree)
+
+
+def protocol_settings() -> dict[str, dict]:
+    """The runs the +IMA cases leave out: each method without IMA past the round IMA would start from (the code's
+    notebook modes without ``+ima``: ``wa``, ``gma``, ``fedadam``, ...), and FedAvg + IMA at participation below 1,
+    where fedrepro's cohort is pinned to the code's sampler (``ima_code_args.code_cohort``)."""
+    found = {}
+    for method, setting in rounds._table1_fmnist().items():
+        bare = {k: v for k, v in setting.items() if k != "ima"}
+        found[f"{method} without ima"] = {**bare, "plugins": [p for p in setting["plugins"] if p != "ima"]}
+    found["fedavg partial"] = {**rounds._table1_fmnist()["fedavg"], "participation": PARTIAL}
+    return found
+
+
+def compare_protocol(checkout) -> list[dict]:
+    """The methods without IMA (in float32; FedProx's and FedFA's in float64 too, where their small terms show),
+    and FedAvg + IMA at participation PARTIAL, the rounds' cohorts compared."""
+    rows = []
+    for name, setting in protocol_settings().items():
+        rows.append(rounds.compare_case(checkout, setting))
+        if setting["algorithm"] in ("fedprox", "fedfa") and "ima" not in setting["plugins"]:
+            exact = rounds.compare_case(checkout, setting, torch.float64)
+            exact["case"] += ", float64"
+            rows.append(exact)
+    return rows
