@@ -90,3 +90,80 @@ def test_when_the_affine_step_is_no_better_the_solver_searches_the_line_to_the_v
     monkeypatch.undo()
     fast = min_norm_weights(g, tol=1e-12)
     assert slow.value == pytest.approx(fast.value, rel=1e-6, abs=1e-9 * scale**2)
+
+
+def test_the_solver_stops_at_the_first_iteration_whose_gap_meets_the_tolerance():
+    """The stop is gap <= tol * max ||v_i||^2, tested at the very gap one run reaches: max ||v_i||^2 = 4 (a power of
+    2, so tol = gap / 4 gives tol * 4 == gap exactly) and tol = the gap after c iterations: the run stops at the
+    check after c iterations (iteration c + 1), no sooner and no later, at the capped run's weights."""
+    rng = np.random.default_rng(5)
+    v = rng.uniform(-0.5, 0.5, (12, 6)) + 0.3
+    v[0] = [2.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    g = torch.from_numpy(v @ v.T)
+    assert float(g.diagonal().max()) == 4.0
+    capped = [min_norm_weights(g, max_iter=c, tol=0.0) for c in range(6)]
+    gaps = [r.gap for r in capped]
+    c = max(c for c in range(1, 6) if 0 < gaps[c] < min(gaps[:c]))
+    r = min_norm_weights(g, tol=gaps[c] / 4)
+    assert r.iterations == c + 1 and torch.equal(r.weights, capped[c].weights)
+    assert min_norm_weights(g, tol=gaps[c] / 4 * (1 - 1e-12)).iterations > c + 1  # a hair tighter: on
+
+
+def test_the_default_cap_is_1000_major_iterations(monkeypatch):
+    """Frank-Wolfe with exact line searches (the fallback, forced) never reaches a negative tolerance: the loop
+    ends at the default cap, FedAWARE's code's 1000."""
+    monkeypatch.setattr(minnorm, "_minor_cycle", lambda m, lam, corral: (lam.copy(), list(corral)))
+    v = np.random.default_rng(0).standard_normal((20, 10)) + 1.0  # Frank-Wolfe's slow case: far from done at 1000
+    r = min_norm_weights(torch.from_numpy(v @ v.T), tol=-1.0)
+    assert r.iterations == 1000 and r.gap > 1e-3
+
+
+def test_each_minor_cycle_starts_from_the_current_support_and_the_new_vertex(monkeypatch):
+    """The corral handed to the minor cycle is the support of the current weights (the best pair's at the start,
+    after a line search the weights' new support) plus the Frank-Wolfe vertex unless already in it: recorded
+    against both, computed here, with the minor cycle forced to return its start so that the line search runs
+    every iteration."""
+    seen = []
+
+    def recording(m, lam, corral):
+        seen.append((lam.copy(), list(corral), int(np.argmin(m @ lam))))
+        return lam.copy(), list(corral)
+
+    monkeypatch.setattr(minnorm, "_minor_cycle", recording)
+    v = np.random.default_rng(0).standard_normal((7, 4)) + 0.4
+    min_norm_weights(torch.from_numpy(v @ v.T), max_iter=6, tol=0.0)
+    assert len(seen) == 6
+    for lam, corral, s in seen:
+        support = [int(i) for i in np.flatnonzero(lam > 0)]
+        assert corral == support + ([] if s in support else [s])  # never twice
+    assert len(seen[0][1]) == 3 and any(len(c) > 3 for _, c, _ in seen)  # the best pair's two, then more
+    # after line searches the vertex can already be in the support (its weights are not the face's minimum)
+    assert any(s in np.flatnonzero(lam > 0) for lam, _, s in seen)
+
+
+def test_the_line_search_stops_at_the_vertex_when_the_minimum_lies_beyond_it(monkeypatch):
+    """v_0 = (3, 0), v_1 = (1, 0) from x = (2, 0): the line x + g (v_1 - x) is nearest 0 at g = 2, past v_1; the
+    step stops at g = 1, at v_1 itself (weights (0, 1)), where the gap is 0 and the solver stops."""
+    monkeypatch.setattr(minnorm, "best_pair", lambda m: np.array([0.5, 0.5]))
+    monkeypatch.setattr(minnorm, "_minor_cycle", lambda m, lam, corral: (lam.copy(), list(corral)))
+    g = torch.tensor([[9.0, 3.0], [3.0, 1.0]], dtype=torch.float64)
+    one = min_norm_weights(g, max_iter=1, tol=0.0)
+    assert one.weights.tolist() == [0.0, 1.0] and one.value == 1.0 and one.gap == 0.0
+    assert min_norm_weights(g).iterations == 2
+
+
+@pytest.mark.parametrize("scale", [0.1, 3.0])  # 0.1: every edge's curvature |v_i - v_j|^2 below 1
+def test_the_start_is_the_nearest_point_of_the_nearest_edge_at_any_scale(scale):
+    """best_pair against the nearest point of each segment in closed form: t* = clip(<v_j, v_j - v_i> /
+    |v_i - v_j|^2, 0, 1) on v_i, the rest on v_j."""
+    v = scale * (np.random.default_rng(6).standard_normal((6, 3)) + 0.7)
+    best = np.inf
+    for i in range(6):
+        for j in range(i + 1, 6):
+            d = v[i] - v[j]
+            t = min(max(float(-(v[j] @ d) / (d @ d)), 0.0), 1.0)
+            best = min(best, float(np.sum((t * v[i] + (1 - t) * v[j]) ** 2)))
+    lam = best_pair(v @ v.T)
+    assert float(lam @ (v @ v.T) @ lam) == pytest.approx(best, rel=1e-12)
+    if scale < 1:
+        assert max(np.sum((v[i] - v[j]) ** 2) for i in range(6) for j in range(6)) < 1
