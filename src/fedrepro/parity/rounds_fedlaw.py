@@ -1,6 +1,7 @@
 """Whole rounds of FedLAW's code and of fedrepro, compared round by round: the code's main script run unchanged.
 
-The code's side is ``main_fedlaw.py`` (FedLAW) or ``main_baselines.py`` (FedAvg, FedDyn), run as a script
+The code's side is ``main_fedlaw.py`` (FedLAW) or ``main_baselines.py`` (FedAvg, FedDyn, FedProx, FedDF,
+Server-FT), run as a script
 (``runpy``, ``__name__ == "__main__"``) with its own arguments: its ``Data`` reads generated Fashion-MNIST idx
 files and draws its own Dirichlet split, its ``Node``s hold out 30% of each client and a class-balanced proxy of the
 test set (200 images: 0.5 of the generated 400, where FMNIST's 2% gives 200), and its loop calls, in its order,
@@ -15,14 +16,18 @@ decay 5e-4, FedDyn's alpha 0.01, FedLAW's server lr 0.005).
 
 Pinned from outside, by names in the code's modules (never its files): ``Node`` is a subclass that, after the
 code's own ``__init__``, records its training and proxy sizes and hands each client the batches fedrepro drew
-for it and the central node the proxy batches fedrepro's FedLAW drew, epoch by epoch (its evaluation loaders give
-the same samples in float64); ``Client_update`` first loads fedrepro's global model of the round into the central
-node, so each round starts from the same model on both sides while each side carries its own state (momentum
-buffers, FedDyn's client and server states); ``validate`` records the global model the script scores.
+for it and the central node the proxy batches fedrepro's FedLAW (or FedDF, Server-FT) drew, epoch by epoch (its
+evaluation loaders give the same samples in float64); ``Client_update`` first loads fedrepro's global model of
+the round into the central node, so each round starts from the same model on both sides while each side carries
+its own state (momentum buffers, FedDyn's client and server states); ``validate`` records the global model the
+script scores.
 
 Every case runs in float64 (torch's default dtype; fedrepro's weights and samples as the tests'
 ``float64_engine``): FedLAW's server step is 40 Adam steps whose float32 rounding has no useful bound, in float64
-the bound of ``parity.servers_fedlaw``; FedAvg and FedDyn run in float32 too, as the programs train. Each case
+the bound of ``parity.servers_fedlaw`` (FedDF's and Server-FT's distillation and fine-tuning loops too); FedAvg,
+FedDyn and FedProx run in float32 too, as the programs train. FedBE is not run over whole rounds: its Gaussian
+draws of client models would need pinning inside the code's ``fedbe`` (its server step is compared with them
+pinned, ``servers_fedlaw``). Each case
 records how many bounds a 1% change of its method's term moves the global model (``one_percent``)."""
 
 from __future__ import annotations
@@ -55,13 +60,19 @@ CASES = {
     "fedavg": ("main_baselines.py", ["--server_method", "fedavg", "--client_method", "local_train"], ("server", "lr")),
     "fedlaw": ("main_fedlaw.py", [], ("fedlaw", "server_lr")),
     "feddyn": ("main_baselines.py", ["--server_method", "feddyn", "--client_method", "feddyn"], ("feddyn", "alpha")),
-}
+    "fedprox": ("main_baselines.py", ["--server_method", "fedavg", "--client_method", "fedprox"], ("fedprox", "mu")),
+    "feddf": ("main_baselines.py", ["--server_method", "feddf", "--client_method", "local_train"], ("feddf", "lr")),
+    "serverft": (
+        "main_baselines.py", ["--server_method", "finetune", "--client_method", "local_train"], ("serverft", "lr")),
+}  # fmt: skip
 
 # the switches between the paper's protocol and the code's each case runs at the code's value
 COMMON = [("client", "keep_momentum"), ("client", "holdout"), ("evaluation", "proxy_holdout")]
-SWITCHES = {"fedavg": COMMON, "fedlaw": COMMON + [("fedlaw", "server_epochs")], "feddyn": COMMON + [("feddyn", "form")]}
+SWITCHES = {"fedavg": COMMON, "fedlaw": COMMON + [("fedlaw", "server_epochs")], "feddyn": COMMON + [("feddyn", "form")],
+            "fedprox": COMMON, "feddf": COMMON + [("feddf", "server_epochs")],
+            "serverft": COMMON + [("serverft", "server_epochs")]}  # fmt: skip
 # as the programs train: in float32 the methods whose server step has a rounding bound (FedLAW's Adam loop has none)
-FLOAT32 = ("fedavg", "feddyn")
+FLOAT32 = ("fedavg", "feddyn", "fedprox")
 # ours at the paper's value of a switch, against the code: what the switch does over whole rounds
 PAPER_FORMS = {
     "fedavg, momentum reset every round (paper; client.keep_momentum: false)": (
@@ -134,6 +145,8 @@ def ours(setting: dict, root: Path, parts: list[np.ndarray], dtype=torch.float64
     from fedrepro.run import trainer as trainer_module
 
     log, globals_, proxy_draws = [], [], {}
+    from fedrepro.algorithms import proxy as proxy_module
+
     build, draw = trainer_module.run_inputs.build, fedlaw_module.epoch_batches
     current = {"round": 0}
 
@@ -150,6 +163,7 @@ def ours(setting: dict, root: Path, parts: list[np.ndarray], dtype=torch.float64
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     trainer_module.run_inputs.build, fedlaw_module.epoch_batches = build_float64, recorded_draw
+    proxy_module.epoch_batches = recorded_draw  # FedDF's and Server-FT's proxy loops
     try:
         with tempfile.TemporaryDirectory(prefix="fedrepro-parity-fedlaw-rounds-") as tmp:
             torch.manual_seed(setting["seed"])
@@ -173,6 +187,7 @@ def ours(setting: dict, root: Path, parts: list[np.ndarray], dtype=torch.float64
             held = trainer.inputs.proxy  # the comparison's proxy hold-out, whether or not the method trains on it
     finally:
         trainer_module.run_inputs.build, fedlaw_module.epoch_batches = build, draw
+        proxy_module.epoch_batches = draw
         torch.set_default_dtype(default)
     proxy_epochs = {
         t: [[(proxy[0][i], proxy[1][i]) for i in epoch] for epoch in epochs] for t, epochs in proxy_draws.items()
@@ -202,10 +217,11 @@ def code_argv(script: str, method_args: list[str], setting: dict) -> list[str]:
             "--random_seed", str(DIRICHLET["seed"]), "--dirichlet_alpha", str(DIRICHLET["alpha"]),
             "--lr", repr(cl["lr"]), "--momentum", repr(cl["momentum"]), "--local_wd_rate", repr(cl["weight_decay"]),
             "--server_valid_ratio", repr(VALID_RATIO), "--device", "0"]  # fmt: skip
-    if setting["algorithm"] == "feddyn":
-        args += ["--mu", repr(setting["feddyn"]["alpha"])]
-    if setting["algorithm"] == "fedlaw":
-        args += ["--server_epochs", str(setting["fedlaw"]["server_epochs"])]
+    if setting["algorithm"] in ("feddyn", "fedprox"):  # the code's one --mu: FedDyn's alpha, FedProx's mu
+        mu = setting["feddyn"]["alpha"] if setting["algorithm"] == "feddyn" else setting["fedprox"]["mu"]
+        args += ["--mu", repr(mu)]
+    if setting["algorithm"] in ("fedlaw", "feddf", "serverft"):
+        args += ["--server_epochs", str(setting[setting["algorithm"]]["server_epochs"])]
     return args + method_args
 
 
@@ -304,7 +320,7 @@ def bounds(setting: dict, log: list[dict], eps: float) -> list[float]:
             if e["round"] == t:
                 steps[e["client"]] = steps.get(e["client"], 0) + sum(len(b) for b in e["batches"])
         client = 4 * max(steps.values()) * eps
-        if setting["algorithm"] == "fedlaw":
+        if setting["algorithm"] in ("fedlaw", "feddf", "serverft"):  # an optimiser loop on the proxy
             server = LOOP
         else:
             server = (4 * k + 4 + ((t + 1) * (3 * k + 2) if setting["algorithm"] == "feddyn" else 0)) * eps
