@@ -65,6 +65,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "report/test_verification.py",
             "report/test_report.py",
             "report/test_paper_cells.py",
+            "report/test_paper_tables.py",
             # the two that rebuild the whole matrix from evidence/ (12 s each) stay out: the others test its parts
             "-k not the_docs_hold_the_generated_matrix and not every_collapsed_run_of_the_matrix",
         ],
