@@ -155,19 +155,20 @@ PARTIAL = 0.67  # 2 of the 3 clients a round (the code's int(C K) and fedrepro's
 
 def protocol_settings() -> dict[str, dict]:
     """The runs the +IMA cases leave out: each method without IMA past the round IMA would start from (the code's
-    notebook modes without ``+ima``: ``wa``, ``gma``, ``fedadam``, ...), and FedAvg + IMA at participation below 1,
-    where fedrepro's cohort is pinned to the code's sampler (``ima_code_args.code_cohort``)."""
+    notebook modes without ``+ima``: ``wa``, ``gma``, ``fedadam``, ...), and each method + IMA at participation below
+    1, where fedrepro's cohort is pinned to the code's sampler (``ima_code_args.code_cohort``)."""
     found = {}
     for method, setting in rounds._table1_fmnist().items():
         bare = {k: v for k, v in setting.items() if k != "ima"}
         found[f"{method} without ima"] = {**bare, "plugins": [p for p in setting["plugins"] if p != "ima"]}
-    found["fedavg partial"] = {**rounds._table1_fmnist()["fedavg"], "participation": PARTIAL}
+    for method, setting in rounds._table1_fmnist().items():
+        found[f"{method} partial"] = {**setting, "participation": PARTIAL}
     return found
 
 
 def compare_protocol(checkout) -> list[dict]:
     """The methods without IMA (in float32; FedProx's and FedFA's in float64 too, where their small terms show),
-    and FedAvg + IMA at participation PARTIAL, the rounds' cohorts compared."""
+    and each method + IMA at participation PARTIAL, the rounds' cohorts compared."""
     rows = []
     for name, setting in protocol_settings().items():
         rows.append(rounds.compare_case(checkout, setting))
