@@ -94,6 +94,10 @@ ROUND_RESOLUTIONS = {
     "official-protocol subset)",
     ("fedlaw", "feddyn.form: paper"): "the code's server state and mean weight the cohort by data size, FedDyn's "
     "paper by 1/N and 1/|S|; switch: `feddyn.form: fedlaw_code` (the official-protocol subset)",
+    ("ima", "participation 0.67 (the code's draws) (code: Server.fedsam, agg_mode ima)"): "float32 rounding grown "
+    "past the client bound: ASAM's two passes (rho 0.7) amplify a rounding difference from step to step, more for "
+    "a client that trains again after sitting rounds out; the same case in float64 agrees within its bound (the "
+    "next case); written down",
     ("fednova", "mu 0.001"): "past the float32 bound: at lr 0.05 and up to 10 steps (U(2,5) epochs of 1 or 2 "
     "batches), VGG-11's float32 rounding differences grow from step to step (the bound's premise lr L < 1 fails, "
     "as for FedNova with mu 0.005 at E_i = 2); without the proximal term the same cases' client models agree bit "
