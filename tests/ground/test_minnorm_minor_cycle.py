@@ -106,16 +106,12 @@ def test_an_affine_weight_of_exactly_zero_steps_back_and_drops_that_vertex():
     # the cycle moves all the way (theta = x_2 / (x_2 - 0) = 1) and drops it, leaving a corral of positive weights.
     points = [(1, 1, 0), (1, -1, 0), (1, 0, 1)]
     v = np.array(points, dtype=float)
-    assert _affine_weights(v, [0, 1, 2])[2] == 0.0  # exactly 0 in floating point too
+    assert _affine_minimum(v @ v.T, [0, 1, 2])[2] == 0.0  # exactly 0 in floating point too
     lam = [Fraction(1, 4), Fraction(1, 4), Fraction(1, 2)]
     (got, corral), (want, want_corral, dropped) = run_both(points, lam, [0, 1, 2], zeros_exact_in_floats=True)
     assert dropped == [2] and want_corral == [0, 1]
     assert corral == [0, 1]
     np.testing.assert_allclose(got, [0.5, 0.5, 0.0], atol=1e-15)
-
-
-def _affine_weights(v: np.ndarray, corral: list[int]) -> np.ndarray:
-    return _affine_minimum(v @ v.T, corral)
 
 
 def random_cases(count: int, seed: int = 0):

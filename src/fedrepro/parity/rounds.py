@@ -140,10 +140,11 @@ def ours(setting: dict, dtype=torch.float32):
     from fedrepro.run.trainer import Trainer
 
     log, globals_, anchors = [], [], {"start": [], "end": []}
-    drawn = trainer_module.sample_cohort
-    if setting["participation"] < 1:  # below full participation, fedrepro's cohort pinned to the code's draw
-        trainer_module.sample_cohort = lambda seed, t, n, k, warmup="none": np.sort(code_cohort(seed, t, n, k))
-    with _in_dtype(dtype), tempfile.TemporaryDirectory(prefix="fedrepro-parity-rounds-") as tmp:
+    with (
+        _in_dtype(dtype),
+        _code_cohorts(setting, trainer_module),
+        tempfile.TemporaryDirectory(prefix="fedrepro-parity-rounds-") as tmp,
+    ):
         train, test, parts = _problem(dtype=dtype)
         torch.manual_seed(setting["seed"])
         module = models.build(setting["model"], setting["dataset"])
@@ -163,11 +164,20 @@ def ours(setting: dict, dtype=torch.float32):
             return row
 
         trainer.round = round_and_global
-        try:
-            trainer.run(progress=False)
-        finally:
-            trainer_module.sample_cohort = drawn
+        trainer.run(progress=False)
     return initial, log, globals_, anchors
+
+
+@contextlib.contextmanager
+def _code_cohorts(setting: dict, trainer_module):
+    """Below full participation, fedrepro's cohort of each round pinned to the code's draw (``code_cohort``)."""
+    drawn = trainer_module.sample_cohort
+    if setting["participation"] < 1:
+        trainer_module.sample_cohort = lambda seed, t, n, k, warmup="none": np.sort(code_cohort(seed, t, n, k))
+    try:
+        yield
+    finally:
+        trainer_module.sample_cohort = drawn
 
 
 @contextlib.contextmanager

@@ -157,11 +157,12 @@ def protocol_settings() -> dict[str, dict]:
     """The runs the +IMA cases leave out: each method without IMA past the round IMA would start from (the code's
     notebook modes without ``+ima``: ``wa``, ``gma``, ``fedadam``, ...), and each method + IMA at participation below
     1, where fedrepro's cohort is pinned to the code's sampler (``ima_code_args.code_cohort``)."""
+    with_ima = rounds._table1_fmnist()
     found = {}
-    for method, setting in rounds._table1_fmnist().items():
+    for method, setting in with_ima.items():
         bare = {k: v for k, v in setting.items() if k != "ima"}
         found[f"{method} without ima"] = {**bare, "plugins": [p for p in setting["plugins"] if p != "ima"]}
-    for method, setting in rounds._table1_fmnist().items():
+    for method, setting in with_ima.items():
         found[f"{method} partial"] = {**setting, "participation": PARTIAL}
     return found
 
